@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine (Python 3.11, Java 17, gcc):
+#   make demo   the main job on the embedded default
+#   make test   the test suite (what .ci/run calls)
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: demo test bench soak clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,spark,cli,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/walkv demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+soak: $(STAMP)
+	$(PY) -m pytest -q --soak -m soak
+
+clean:
+	rm -rf $(VENV) demo-store .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""walkv's write-ahead log: LevelDB-format records in segmented files, group commit."""

@@ -1,0 +1,64 @@
+"""CRC-32C (Castagnoli) and LevelDB's CRC mask.
+
+crcmod is the implementation that is always there. When a hardware-accelerated
+package (``google_crc32c`` or ``crc32c``) is importable it is used instead;
+``tests/test_crc.py`` proves both give identical values. Set
+``WALKV_PURE_CRC=1`` to force crcmod.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import crcmod.predefined
+
+_MASK_DELTA = 0xA282EAD8
+
+
+def _crcmod_crc32c() -> Callable[[bytes], int]:
+    fn = crcmod.predefined.mkCrcFun("crc-32c")
+    return lambda data, _fn=fn: _fn(data)
+
+
+def _crcmod_extend() -> Callable[[int, bytes], int]:
+    fn = crcmod.predefined.mkCrcFun("crc-32c")
+    return lambda crc, data, _fn=fn: _fn(data, crc)
+
+
+def _fast() -> tuple[str, Callable[[bytes], int], Callable[[int, bytes], int]] | None:
+    if os.environ.get("WALKV_PURE_CRC"):
+        return None
+    try:
+        import google_crc32c  # type: ignore[import-not-found]
+
+        if google_crc32c.implementation == "c":
+            return "google_crc32c", google_crc32c.value, google_crc32c.extend
+    except ImportError:
+        pass
+    try:
+        import crc32c as _c  # type: ignore[import-not-found]
+
+        return "crc32c", _c.crc32c, lambda crc, data: _c.crc32c(data, crc)
+    except ImportError:
+        return None
+
+
+pure_crc32c = _crcmod_crc32c()
+pure_extend = _crcmod_extend()
+_chosen = _fast()
+if _chosen is None:
+    IMPLEMENTATION, crc32c, extend = "crcmod", pure_crc32c, pure_extend
+else:
+    IMPLEMENTATION, crc32c, extend = _chosen
+
+
+def mask(crc: int) -> int:
+    """LevelDB's mask: storing the CRC of data that itself contains CRCs is
+    problematic, so the stored value is rotated right by 15 bits plus a constant."""
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def unmask(masked: int) -> int:
+    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF

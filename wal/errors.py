@@ -1,0 +1,73 @@
+"""The exceptions walkv raises, rooted at :class:`WalkvError`.
+
+This is the lowest layer, so every package (``wal``, ``snapshot``, ``kvstore``)
+raises these and ``kvstore`` re-exports them. Only these, plus ``TypeError`` and
+``ValueError`` for wrong arguments, ever reach a user. Every message says what
+happened, where (file, offset, LSN) and what to do next.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class WalkvError(Exception):
+    """Base class of every error walkv raises on purpose."""
+
+
+class CorruptionError(WalkvError):
+    """Stored bytes are not what walkv wrote: a CRC mismatch, a bad length, a
+    broken LSN sequence, a missing segment, an untrusted manifest.
+
+    ``path``, ``offset`` and ``lsn`` say where, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        offset: int | None = None,
+        lsn: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.offset = offset
+        self.lsn = lsn
+        self.reason = message
+        where = []
+        if self.path is not None:
+            where.append(self.path)
+        if offset is not None:
+            where.append(f"offset {offset}")
+        if lsn is not None:
+            where.append(f"LSN {lsn}")
+        text = message
+        if where:
+            text = f"{message} ({', '.join(where)})"
+        if hint:
+            text = f"{text}; {hint}"
+        super().__init__(text)
+
+
+class RecordTooLargeError(WalkvError, ValueError):
+    """A payload, key or value is over its configured limit. Nothing was written."""
+
+
+class LockedError(WalkvError):
+    """Another writer holds the directory's lock file."""
+
+
+class ClosedError(WalkvError):
+    """The log, store or snapshot was used after ``close()``."""
+
+
+class LogFailedError(WalkvError):
+    """An fsync or write failed (or the disk is full). The log refuses every
+    further append: a failed fsync may have dropped dirty pages, so retrying and
+    trusting the data would be wrong. Everything acknowledged before is safe;
+    close and reopen (after freeing space) to go on."""
+
+
+class SnapshotError(WalkvError):
+    """A snapshot could not be written, found or used."""

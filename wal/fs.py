@@ -1,0 +1,138 @@
+"""The file operations walkv's durability depends on, behind one small seam.
+
+The log and the snapshots do every write, sync, rename and unlink through a
+:class:`FileSystem`, so that tests can swap in a fault-injecting one (power
+loss, torn writes, failed fsyncs, ENOSPC) the way LevelDB's
+FaultInjectionTestEnv and SQLite's test VFS do. Production code always uses
+:data:`OS_FS`; nothing outside tests selects another.
+
+Durability rules this module makes easy to follow:
+
+* data is durable once ``File.sync()`` returns (``fdatasync`` where the file
+  size did not change, ``fsync`` otherwise is the caller's choice: ``sync(full=True)``);
+* a created, renamed or deleted name is durable once ``fsync_dir`` of its
+  directory returns.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Iterable
+
+_HAS_FDATASYNC = hasattr(os, "fdatasync")
+# Files walkv creates are private to their owner unless configured otherwise.
+DEFAULT_FILE_MODE = 0o600
+DEFAULT_DIR_MODE = 0o700
+
+
+class File:
+    """An open file addressed by offset (``pwrite``), as the log uses it."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    def pwrite(self, data: bytes, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (short writes are retried)."""
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, offset)
+            if n == 0:  # pragma: no cover - the kernel never does this for files
+                raise OSError(errno.EIO, "pwrite wrote nothing", self.path)
+            view = view[n:]
+            offset += n
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return os.pread(self.fd, size, offset)
+
+    def sync(self, *, full: bool = False) -> None:
+        """Make written data durable: fdatasync, or fsync when ``full`` (the
+        file's size or other metadata changed and must survive too)."""
+        if full or not _HAS_FDATASYNC:
+            os.fsync(self.fd)
+        else:
+            os.fdatasync(self.fd)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+
+    def preallocate(self, offset: int, length: int) -> None:
+        """Write zeros over ``[offset, offset+length)`` so later writes there
+        change no file metadata (a real allocation, unlike a sparse
+        ``ftruncate``; the format reads zeros as padding)."""
+        chunk = bytes(min(length, 1 << 20))
+        end = offset + length
+        while offset < end:
+            piece = chunk if end - offset >= len(chunk) else chunk[: end - offset]
+            self.pwrite(piece, offset)
+            offset += len(piece)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+class FileSystem:
+    """The real file system. Subclassed by the tests' fault injector."""
+
+    file_mode = DEFAULT_FILE_MODE
+    dir_mode = DEFAULT_DIR_MODE
+
+    def open(self, path: str, *, create: bool = False, exclusive: bool = False,
+             readonly: bool = False) -> File:
+        flags = os.O_RDONLY if readonly else os.O_RDWR
+        if create:
+            flags |= os.O_CREAT
+        if exclusive:
+            flags |= os.O_EXCL
+        flags |= getattr(os, "O_CLOEXEC", 0)
+        return File(path, os.open(path, flags, self.file_mode))
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Create (or replace) ``path`` with ``data`` and fsync it. Not atomic:
+        callers write to a temporary name and :meth:`rename`."""
+        f = self.open(path, create=True)
+        try:
+            f.truncate(0)
+            f.pwrite(data, 0)
+            f.sync(full=True)
+        finally:
+            f.close()
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, mode=self.dir_mode, exist_ok=True)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def fsync_dir(self, path: str) -> None:
+        """Make created, renamed and deleted names in ``path`` durable."""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def fsync_dirs(self, paths: Iterable[str]) -> None:
+        for p in dict.fromkeys(paths):
+            self.fsync_dir(p)
+
+
+OS_FS = FileSystem()
