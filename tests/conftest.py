@@ -1,0 +1,58 @@
+"""Test tiers (as python-diskcache does):
+
+* fast unit tests and hypothesis property tests: always;
+* crash and fault-injection tests (marker ``crash``): always, sized for CI;
+* soak runs (marker ``soak``): only with ``--soak``; ``--soak-seconds`` sets their length.
+* Spark tests (marker ``spark``): skipped when pyspark or Java is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", help="run the long soak tests")
+    parser.addoption("--soak-seconds", type=float, default=60.0, help="length of each soak run")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="soak run: pass --soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def soak_seconds(request: pytest.FixtureRequest) -> float:
+    return float(request.config.getoption("--soak-seconds"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole run (see DEVELOPERS notes)."""
+    pyspark = pytest.importorskip("pyspark")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Spark needs Java 17+")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("walkv-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
