@@ -1,1 +1,26 @@
-"""walkv's write-ahead log: LevelDB-format records in segmented files, group commit."""
+"""walkv's write-ahead log: LevelDB-format records in segmented files, group commit.
+
+``wal.open(directory, sync="always", segment_bytes=64 << 20)`` opens a log for
+its one writer; see :mod:`wal.log` for durability, :mod:`wal.segment` for the
+files, :mod:`wal.record` for the framing, :mod:`wal.recovery` for what open
+checks and what :func:`repair` does.
+"""
+
+from wal.errors import (
+    ClosedError,
+    CorruptionError,
+    LockedError,
+    LogFailedError,
+    RecordTooLargeError,
+    SnapshotError,
+    WalkvError,
+)
+from wal.log import SYNC_MODES, Log, open
+from wal.recovery import RepairReport, repair, verify
+from wal.segment import Entry, read_durable_lsn
+
+__all__ = [
+    "SYNC_MODES", "ClosedError", "CorruptionError", "Entry", "LockedError", "Log", "LogFailedError",
+    "RecordTooLargeError", "RepairReport", "SnapshotError", "WalkvError", "open", "read_durable_lsn",
+    "repair", "verify",
+]

@@ -1,0 +1,663 @@
+"""The segmented write-ahead log and its group commit.
+
+Durability, precisely:
+
+* ``sync="always"`` (default): :meth:`Log.append` returns only after an
+  ``fdatasync`` (``fsync`` when the file grew) that covers its record.
+  Concurrent appenders share it: the first waiting thread leads, frames every
+  queued record, writes them with one ``pwrite`` and syncs once; the others
+  wait and return together (LevelDB's writer queue).
+* ``sync="batch"``: append returns once the write reached the OS; a background
+  flusher syncs every ``sync_interval`` ms or ``sync_bytes``; :meth:`sync`
+  forces it. A crash of the process loses nothing; a crash of the machine may
+  lose what was appended since the last sync.
+* ``sync="none"``: the OS decides when data reaches the disk. Safe against a
+  crash of the process, not of the machine. :meth:`sync` and :meth:`close` sync.
+
+:meth:`Log.append_nowait` does the same without blocking: it returns the LSN at
+once and calls ``callback(lsn, error)`` from the committing thread when the
+entry is acknowledged under the mode above, so one event loop can have
+thousands of appends share each fsync without a thread each.
+
+``last_lsn`` is the last LSN appended, ``durable_lsn`` the last one fsynced.
+Readers see entries up to ``durable_lsn`` unless they ask otherwise; readers
+in other processes get it from the ``DURABLE`` file (:mod:`wal.segment`).
+
+A failed write or fsync (a full disk included) fails the log: every later
+append raises :class:`LogFailedError` (retrying an fsync and trusting the data
+is wrong after the kernel may have dropped the dirty pages). Nothing
+acknowledged before is lost; reopen to go on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import builtins
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import threading
+import time
+from collections import deque
+from typing import Callable, Iterable, Iterator
+
+from wal.errors import ClosedError, LockedError, LogFailedError, RecordTooLargeError
+from wal.fs import OS_FS, File, FileSystem
+from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, frame_into
+from wal.recovery import TRUNCATE_MARKER, ActiveSegment, cut_after, recover
+from wal.segment import (
+    DURABLE_NAME,
+    ENTRY_HEADER_SIZE,
+    INDEX_INTERVAL,
+    Entry,
+    SegmentFile,
+    SparseIndex,
+    encode_durable,
+    find_segment,
+    iter_entries,
+    pack_entry_header,
+    write_index,
+    write_new_segment,
+)
+
+logger = logging.getLogger("walkv.wal")
+
+SYNC_MODES = ("always", "batch", "none")
+DEFAULT_SEGMENT_BYTES = 64 << 20
+PREALLOC_STEP = 8 << 20
+Callback = Callable[[int, "BaseException | None"], None]
+CommitHook = Callable[[list[tuple[int, bytes]]], None]
+
+
+class Log:
+    """One log directory, opened by its one writer. Use :func:`wal.open`."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        sync: str = "always",
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        sync_interval: float = 50.0,
+        sync_bytes: int = 1 << 20,
+        recovery: str = "strict",
+        on_commit: CommitHook | None = None,
+        fs: FileSystem | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> None:
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {SYNC_MODES}, not {sync!r}")
+        if not isinstance(segment_bytes, int) or segment_bytes < 1024:
+            raise ValueError(f"segment_bytes must be an int of at least 1024, not {segment_bytes!r}")
+        self.directory = os.fspath(directory)
+        self.sync_mode = sync
+        self.segment_bytes = segment_bytes
+        self.sync_interval = sync_interval
+        self.sync_bytes = sync_bytes
+        self.max_record_bytes = max_record_bytes
+        self._max_payload = max_record_bytes - ENTRY_HEADER_SIZE
+        self._on_commit = on_commit
+        self._fs = fs or OS_FS
+        self._prealloc_step = min(PREALLOC_STEP, _round_block(segment_bytes))
+
+        self._fs.makedirs(self.directory)
+        self._lock_fd = _take_lock(self.directory)
+        try:
+            self._open_state(recovery)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+        self._mutex = threading.Lock()
+        self._done = threading.Condition(self._mutex)  # a group finished
+        self._work = threading.Condition(self._mutex)  # work for the committer thread
+        self._flush_due = threading.Condition(self._mutex)  # wakes the batch flusher early
+        self._queue: list[bytes] = []
+        self._callbacks: list[Callback | None] = []
+        self._has_callbacks = False
+        self._leading = False
+        self._closed = False
+        self._failure: LogFailedError | None = None
+        self._committer: threading.Thread | None = None
+        self._flusher: threading.Thread | None = None
+        self._unsynced_bytes = 0
+        self._stats = {"appends": 0, "bytes": 0, "groups": 0, "fsyncs": 0, "max_group": 0, "rolls": 0}
+        self._fsync_times: deque[float] = deque(maxlen=4096)
+        if sync == "batch":
+            self._flusher = threading.Thread(target=self._flush_loop, name="walkv-flusher", daemon=True)
+            self._flusher.start()
+
+    # -- opening -------------------------------------------------------------
+
+    def _open_state(self, recovery: str) -> None:
+        rec = recover(self.directory, fs=self._fs, mode=recovery, prealloc=self._prealloc_step,
+                      max_record_bytes=self.max_record_bytes)
+        self.store_id = rec.store_id
+        self.dropped_bytes_at_open = rec.dropped_bytes
+        self._sealed: list[SegmentFile] = [s.file for s in rec.sealed]
+        self._indexes: dict[int, SparseIndex] = {s.file.first_lsn: s.index for s in rec.sealed}
+        self._activate(rec.active)
+        self._file.sync(full=True)  # what a crashed process left in the page cache
+        last = rec.active.last_lsn
+        self._next_lsn = last + 1
+        self._written = (last, rec.active.data_end)
+        self._durable = self._written
+        self._first_lsn = self._sealed[0].first_lsn if self._sealed else rec.active.file.first_lsn
+        self._open_durable_file()
+
+    def _activate(self, active: ActiveSegment) -> None:
+        self._active = active
+        self._file: File = self._fs.open(active.file.path)
+        self._offset = active.data_end
+        self._prealloc_end = self._file.size()
+
+    def _open_durable_file(self) -> None:
+        path = os.path.join(self.directory, DURABLE_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, 16)
+            self._durable_map = mmap.mmap(fd, 16)
+        finally:
+            os.close(fd)
+        self._publish_durable()
+
+    def _publish_durable(self) -> None:
+        self._durable_map[:16] = encode_durable(self._durable[0])
+
+    # -- properties ----------------------------------------------------------
+
+    @property
+    def first_lsn(self) -> int:
+        """The first LSN the log still holds (1 until truncate_before)."""
+        return self._first_lsn
+
+    @property
+    def last_lsn(self) -> int:
+        """The last LSN appended (0 for an empty log)."""
+        return self._next_lsn - 1
+
+    @property
+    def durable_lsn(self) -> int:
+        """The last LSN known to be on disk (fsynced)."""
+        return self._durable[0]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- appending -------------------------------------------------------------
+
+    def _check(self, payload: object) -> bytes:
+        if type(payload) is not bytes:
+            if not isinstance(payload, (bytearray, memoryview)):
+                raise TypeError(f"log payload must be bytes, not {type(payload).__name__}")
+            payload = bytes(payload)
+        if len(payload) > self._max_payload:
+            raise RecordTooLargeError(
+                f"log entry of {len(payload)} bytes is over the limit of {self._max_payload} bytes "
+                f"(max_record_bytes={self.max_record_bytes}); nothing was written"
+            )
+        return payload
+
+    def _refuse(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the log at {self.directory} is closed; open it again to append")
+        if self._failure is not None:
+            raise self._failure
+
+    def append(self, payload: bytes) -> int:
+        """Append one entry; return its LSN. Durable on return when
+        ``sync="always"``, written to the OS otherwise."""
+        payload = self._check(payload)
+        with self._mutex:
+            self._refuse()
+            lsn = self._next_lsn
+            self._next_lsn = lsn + 1
+            self._queue.append(payload)
+            self._callbacks.append(None)
+            self._wait_for(lsn)
+        return lsn
+
+    def append_batch(self, payloads: Iterable[bytes]) -> tuple[int, int]:
+        """Append several entries written together; return ``(first, last)``
+        LSNs. Durability as :meth:`append`, for all of them at once."""
+        items = [self._check(p) for p in payloads]
+        if not items:
+            raise ValueError("append_batch needs at least one payload")
+        with self._mutex:
+            self._refuse()
+            first = self._next_lsn
+            self._next_lsn = first + len(items)
+            self._queue.extend(items)
+            self._callbacks.extend([None] * len(items))
+            self._wait_for(self._next_lsn - 1)
+        return first, self._next_lsn - 1
+
+    def append_nowait(self, payload: bytes, callback: Callback) -> int:
+        """Queue one entry without blocking; return its LSN. ``callback(lsn,
+        error)`` runs on the committing thread once the entry is acknowledged
+        (durable when ``sync="always"``), or with the error that failed it. It
+        must be quick and must not call back into the log."""
+        payload = self._check(payload)
+        with self._mutex:
+            self._refuse()
+            lsn = self._next_lsn
+            self._next_lsn = lsn + 1
+            self._queue.append(payload)
+            self._callbacks.append(callback)
+            self._has_callbacks = True
+            if self._committer is None:
+                self._committer = threading.Thread(target=self._commit_loop, name="walkv-committer", daemon=True)
+                self._committer.start()
+            if not self._leading:
+                self._work.notify()
+        return lsn
+
+    def _wait_for(self, lsn: int) -> None:
+        """With the mutex held: lead groups or wait until ``lsn`` is acknowledged."""
+        while self._written[0] < lsn or (self.sync_mode == "always" and self._durable[0] < lsn):
+            if self._failure is not None:
+                raise self._failure
+            if not self._leading:
+                self._lead()
+            else:
+                self._done.wait()
+
+    def _lead(self) -> None:
+        """With the mutex held and no leader: write (and sync) everything
+        queued as one group, then wake the group. Returns with the mutex held."""
+        payloads, callbacks = self._queue, self._callbacks
+        has_callbacks = self._has_callbacks
+        self._queue, self._callbacks, self._has_callbacks = [], [], False
+        first = self._written[0] + 1
+        self._leading = True
+        self._mutex.release()
+        error: BaseException | None = None
+        try:
+            written, synced = self._write_group(first, payloads)
+            if self._on_commit is not None:
+                self._on_commit(list(zip(range(first, first + len(payloads)), payloads)))
+        except BaseException as e:  # noqa: BLE001 - any failure here fails the log
+            error = e
+        self._mutex.acquire()
+        self._leading = False
+        if error is None:
+            self._written = written
+            if synced is not None:
+                self._durable = synced
+                self._publish_durable()
+            st = self._stats
+            st["groups"] += 1
+            st["appends"] += len(payloads)
+            if len(payloads) > st["max_group"]:
+                st["max_group"] = len(payloads)
+        else:
+            self._fail(error, first)
+            # Entries queued behind the failed group will never be written.
+            callbacks = callbacks + self._callbacks
+            has_callbacks = has_callbacks or self._has_callbacks
+            self._queue, self._callbacks, self._has_callbacks = [], [], False
+        self._done.notify_all()
+        if self._queue and self._committer is not None:
+            self._work.notify()
+        if has_callbacks:
+            self._mutex.release()
+            try:
+                err = None if error is None else self._failure
+                for i, cb in enumerate(callbacks):
+                    if cb is not None:
+                        try:
+                            cb(first + i, err)
+                        except Exception:  # a callback's bug must not fail the log
+                            logger.exception("append_nowait callback raised")
+            finally:
+                self._mutex.acquire()
+        if self.sync_mode == "batch" and self._unsynced_bytes >= self.sync_bytes:
+            self._flush_due.notify()
+
+    def _fail(self, error: BaseException, first_lsn: int) -> None:
+        if self._failure is not None:
+            return
+        what = "the disk is full" if isinstance(error, OSError) and error.errno == errno.ENOSPC else repr(error)
+        self._failure = LogFailedError(
+            f"the log at {self.directory} failed while writing LSN {first_lsn} and later: {what}. "
+            f"It refuses every further append; everything acknowledged (up to LSN {self._durable[0]} durable, "
+            f"{self._written[0]} written) is safe. Close it and reopen{' after freeing space' if 'full' in what else ''}."
+        )
+        self._failure.__cause__ = error
+        logger.error("%s", self._failure)
+
+    def _write_group(self, first: int, payloads: list[bytes]) -> tuple[tuple[int, int], tuple[int, int] | None]:
+        """Frame and write one group (mutex not held; only the leader is here).
+        Returns the new ``(lsn, offset)`` written and, if synced, durable."""
+        synced = None
+        if self._offset >= self.segment_bytes and self._active.last_lsn >= self._active.file.first_lsn:
+            self._roll(first)
+            synced = (first - 1, self._offset)
+        ts = time.time_ns() // 1000
+        parts: list[bytes] = []
+        off = start = self._offset
+        active = self._active
+        points, last_point = active.points, active.last_point
+        lsn = first
+        for payload in payloads:
+            rec = off if BLOCK_SIZE - off % BLOCK_SIZE >= HEADER_SIZE else off + BLOCK_SIZE - off % BLOCK_SIZE
+            if rec - last_point >= INDEX_INTERVAL:
+                points.append((lsn, rec))
+                last_point = rec
+            off = frame_into(parts, pack_entry_header(lsn, ts) + payload, off)
+            lsn += 1
+        active.last_point = last_point
+        full = False
+        if off > self._prealloc_end:
+            new_end = _round_block(max(off, self._prealloc_end + self._prealloc_step))
+            self._file.preallocate(self._prealloc_end, new_end - self._prealloc_end)
+            self._prealloc_end = new_end
+            full = True
+        self._file.pwrite(b"".join(parts), start)
+        self._offset = off
+        active.data_end = off
+        active.last_lsn = lsn - 1
+        self._stats["bytes"] += off - start
+        if self.sync_mode == "always":
+            self._timed_sync(full)
+            synced = (lsn - 1, off)
+        else:
+            self._unsynced_bytes += off - start
+        return (lsn - 1, off), synced
+
+    def _timed_sync(self, full: bool = False) -> None:
+        t0 = time.perf_counter()
+        self._file.sync(full=full)
+        self._fsync_times.append(time.perf_counter() - t0)
+        self._stats["fsyncs"] += 1
+        self._unsynced_bytes = 0
+
+    def _roll(self, first: int) -> None:
+        """Seal the active segment (cut its zeros, fsync, write its index) and
+        start a new one whose first LSN is ``first``."""
+        active = self._active
+        self._file.truncate(self._offset)
+        self._timed_sync(full=True)
+        index = SparseIndex(active.file.first_lsn, first - 1, self._offset, active.points)
+        write_index(active.file.path, index, self._fs)
+        path, end = write_new_segment(self.directory, self.store_id, first, self._prealloc_step, self._fs)
+        self._file.close()
+        header = active.header._replace(first_lsn=first)
+        new = ActiveSegment(SegmentFile(first, path), header, end, first - 1)
+        with self._mutex:
+            self._sealed.append(active.file)
+            self._indexes[active.file.first_lsn] = index
+            self._activate(new)
+            self._durable = (first - 1, end)
+            self._publish_durable()
+        self._stats["rolls"] += 1
+
+    # -- background threads ------------------------------------------------------
+
+    def _commit_loop(self) -> None:
+        with self._mutex:
+            while not self._closed:
+                if self._queue and not self._leading and self._failure is None:
+                    self._lead()
+                else:
+                    self._work.wait()
+
+    def _flush_loop(self) -> None:
+        interval = self.sync_interval / 1000.0
+        while True:
+            with self._mutex:
+                if self._closed:
+                    return
+                self._flush_due.wait(interval)
+                if self._closed:
+                    return
+            try:
+                self.sync()
+            except (LogFailedError, ClosedError):
+                return
+
+    # -- sync, reading, truncation -------------------------------------------------
+
+    def _exclusive(self) -> None:
+        """With the mutex held: drain the queue and take the leader role."""
+        while True:
+            self._refuse()
+            if self._leading:
+                self._done.wait()
+            elif self._queue:
+                self._lead()
+            else:
+                self._leading = True
+                return
+
+    def _release(self) -> None:
+        self._leading = False
+        self._done.notify_all()
+        if self._queue:
+            self._work.notify()
+
+    def sync(self) -> int:
+        """Make everything appended so far durable; return the durable LSN."""
+        with self._mutex:
+            self._exclusive()
+            target = self._written
+            if self._durable[0] >= target[0]:
+                self._release()
+                return self._durable[0]
+        error = None
+        try:
+            self._timed_sync()
+        except OSError as e:
+            error = e
+        with self._mutex:
+            if error is None:
+                self._durable = target
+                self._publish_durable()
+            else:
+                self._fail(error, target[0])
+            self._release()
+            if error is not None:
+                raise self._failure  # type: ignore[misc]
+            return target[0]
+
+    def read(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
+             ) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(lsn, payload)`` from ``from_lsn`` to ``to_lsn`` (inclusive),
+        up to the durable LSN (or everything written, ``durable_only=False``)."""
+        for entry in self.read_entries(from_lsn, to_lsn, durable_only=durable_only):
+            yield entry.lsn, entry.payload
+
+    def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
+                     ) -> Iterator[Entry]:
+        """As :meth:`read`, yielding :class:`wal.Entry` (lsn, timestamp_us, payload)."""
+        with self._mutex:
+            if self._closed:
+                raise ClosedError(f"the log at {self.directory} is closed")
+            limit_lsn, limit_off = self._durable if durable_only else self._written
+            segments = self._sealed + [self._active.file]
+            indexes = dict(self._indexes)
+            active_points = list(self._active.points)
+            first_held = self._first_lsn
+        if from_lsn < first_held:
+            raise ValueError(
+                f"LSN {from_lsn} is no longer in the log at {self.directory} (it starts at LSN {first_held}; "
+                "older entries were truncated after a snapshot covered them)"
+            )
+        last = limit_lsn if to_lsn is None else min(to_lsn, limit_lsn)
+        if from_lsn > last:
+            return
+        for i in range(max(0, find_segment(segments, from_lsn)), len(segments)):
+            seg = segments[i]
+            if seg.first_lsn > last:
+                return
+            is_active = i == len(segments) - 1
+            points = active_points if is_active else indexes[seg.first_lsn].points
+            j = bisect.bisect_right(points, (from_lsn, 1 << 64)) - 1
+            start = points[j][1] if j >= 0 else 0
+            try:
+                fh = builtins.open(seg.path, "rb")  # noqa: SIM115
+            except FileNotFoundError:
+                raise ValueError(
+                    f"segment {seg.path} was deleted by truncate_before while it was being read"
+                ) from None
+            with fh:
+                yield from iter_entries(fh, seg.path, start, from_lsn, last,
+                                        end_offset=limit_off if is_active else None,
+                                        max_record_bytes=self.max_record_bytes)
+
+    def truncate_before(self, lsn: int) -> int:
+        """Delete whole segments all of whose LSNs are below ``lsn`` (never the
+        active one); return the bytes freed. Oldest first, index before
+        segment, then a directory fsync: a crash leaves a gap-free suffix."""
+        with self._mutex:
+            self._refuse()
+            doomed = []
+            for k, seg in enumerate(self._sealed):
+                nxt = self._sealed[k + 1] if k + 1 < len(self._sealed) else self._active.file
+                if nxt.first_lsn <= lsn:
+                    doomed.append(seg)
+                else:
+                    break
+            if not doomed:
+                return 0
+            self._sealed = self._sealed[len(doomed):]
+            for seg in doomed:
+                del self._indexes[seg.first_lsn]
+            self._first_lsn = (self._sealed[0] if self._sealed else self._active.file).first_lsn
+        freed = 0
+        for seg in doomed:
+            idx = seg.path[:-4] + ".idx"
+            if os.path.exists(idx):
+                freed += os.path.getsize(idx)
+                self._fs.unlink(idx)
+            freed += os.path.getsize(seg.path)
+            self._fs.unlink(seg.path)
+        self._fs.fsync_dir(self.directory)
+        return freed
+
+    def truncate_after(self, lsn: int) -> None:
+        """Drop every entry after ``lsn``; the next append gets ``lsn + 1``.
+        Crash-safe: a ``TRUNCATE`` marker is made durable first, and an
+        interrupted truncation is finished by the next open."""
+        with self._mutex:
+            self._exclusive()
+        try:
+            if lsn < self._first_lsn - 1 or lsn < 0:
+                raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {self._first_lsn}")
+            if lsn >= self._next_lsn - 1:
+                return
+            marker = os.path.join(self.directory, TRUNCATE_MARKER)
+            self._durable = min(self._durable, (lsn, 1 << 62))
+            self._publish_durable()
+            self._fs.write_file(marker, str(lsn).encode())
+            self._fs.fsync_dir(self.directory)
+            self._file.close()
+            self._durable_map.close()
+            cut_after(self.directory, lsn, self._fs)
+            self._fs.unlink(marker)
+            self._fs.fsync_dir(self.directory)
+            self._open_state("strict")
+        except OSError as e:
+            with self._mutex:
+                self._fail(e, lsn + 1)
+            raise self._failure from e  # type: ignore[misc]
+        finally:
+            with self._mutex:
+                self._release()
+
+    # -- closing and stats -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync everything appended, write the active segment's index (so the
+        next open scans little), and release the lock. Idempotent."""
+        with self._mutex:
+            if self._closed:
+                return
+            while self._leading or (self._queue and self._failure is None):
+                if self._leading:
+                    self._done.wait()
+                else:
+                    self._lead()
+        try:
+            if self._failure is None:
+                self.sync()
+                a = self._active
+                write_index(a.file.path, SparseIndex(a.file.first_lsn, a.last_lsn, a.data_end, a.points), self._fs)
+                self._fs.fsync_dir(self.directory)
+        finally:
+            with self._mutex:
+                self._closed = True
+                self._work.notify_all()
+                self._flush_due.notify_all()
+                self._done.notify_all()
+                pending = list(zip(range(self._written[0] + 1, self._next_lsn), self._callbacks))
+                self._queue, self._callbacks = [], []
+            for lsn, cb in pending:
+                if cb is not None:
+                    cb(lsn, self._failure or ClosedError("the log was closed before this entry was written"))
+            for t in (self._committer, self._flusher):
+                if t is not None and t is not threading.current_thread():
+                    t.join(timeout=5)
+            self._file.close()
+            self._durable_map.close()
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> "Log":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, float | int | str]:
+        """Counters and latencies: appends, bytes, groups, fsyncs, fsync
+        latency p50/p99 (ms, over the last 4096), group sizes, segments."""
+        with self._mutex:
+            st = dict(self._stats)
+            times = sorted(self._fsync_times)
+            st.update(
+                first_lsn=self._first_lsn,
+                last_lsn=self._next_lsn - 1,
+                durable_lsn=self._durable[0],
+                segments=len(self._sealed) + 1,
+                sync=self.sync_mode,
+                dropped_bytes_at_open=self.dropped_bytes_at_open,
+            )
+        st["avg_group"] = st["appends"] / st["groups"] if st["groups"] else 0.0
+        st["fsync_p50_ms"] = times[len(times) // 2] * 1e3 if times else 0.0
+        st["fsync_p99_ms"] = times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3 if times else 0.0
+        return st
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"LSN {self.first_lsn}..{self.last_lsn}, durable {self.durable_lsn}"
+        return f"<wal.Log {self.directory!r} sync={self.sync_mode} {state}>"
+
+
+def _round_block(n: int) -> int:
+    return (n + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+
+
+def _take_lock(directory: str) -> int:
+    path = os.path.join(directory, "LOCK")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise LockedError(
+                f"the log at {directory} is open for writing by another process (pid {holder}); "
+                "close it there first, or open the store read-only"
+            ) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def open(directory: str | os.PathLike[str], **options: object) -> Log:  # noqa: A001 - the spec's name
+    """Open (or create) the log in ``directory`` for writing. See :class:`Log`."""
+    return Log(directory, **options)  # type: ignore[arg-type]

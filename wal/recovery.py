@@ -1,0 +1,449 @@
+"""Opening a log directory after a clean close or a crash, and repairing it.
+
+What open checks, and why it stops there:
+
+* Sealed segments were fsynced and never written again, so open reads only
+  their headers (store id, first LSN) and their index sidecars (last LSN; a
+  missing or bad index is rebuilt by a strict scan). LSNs must run on without a
+  gap from one segment to the next: a gap is a missing segment.
+* The active (newest) segment is scanned from its last indexed point (the
+  sidecar written at clean close) or its start. An invalid record there is a
+  *torn tail* (the normal result of a crash) when nothing valid follows it, or
+  when its bytes include an all-zero 512-byte sector (a write that never
+  reached the disk reads back as the preallocated zeros; etcd's rule). A torn
+  tail is cut: the bytes from the last whole record on are zeroed, so no stale
+  fragment is ever read as data, and the dropped byte count is logged.
+* Anything else is corruption: open refuses with :class:`CorruptionError`
+  naming the file, offset and :func:`repair`. With ``recovery="prefix"`` open
+  repairs instead: it keeps the longest valid prefix and logs what it dropped.
+
+:func:`repair` cuts the log at the first bad record. The cut-off bytes are kept
+in ``<segment>.broken``; later segments are renamed ``<segment>.broken``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from wal.errors import CorruptionError
+from wal.fs import OS_FS, File, FileSystem
+from wal.record import BLOCK_SIZE, RecordReader
+from wal.segment import (
+    INDEX_INTERVAL,
+    REPAIR_HINT,
+    SegmentFile,
+    SegmentHeader,
+    SparseIndex,
+    decode_entry,
+    decode_header,
+    index_path,
+    list_segments,
+    read_header,
+    read_index,
+    scan_segment,
+    write_index,
+    write_new_segment,
+)
+
+log = logging.getLogger("walkv.wal")
+
+SECTOR = 512
+_ZERO_SECTOR = bytes(SECTOR)
+_CHUNK = 1 << 20
+
+
+@dataclass
+class SealedSegment:
+    file: SegmentFile
+    index: SparseIndex
+
+
+@dataclass
+class ActiveSegment:
+    file: SegmentFile
+    header: SegmentHeader
+    data_end: int  # offset just after the last entry
+    last_lsn: int  # first_lsn - 1 when empty
+    points: list[tuple[int, int]] = field(default_factory=list)
+    last_point: int = -INDEX_INTERVAL
+
+
+@dataclass
+class Recovered:
+    store_id: str
+    sealed: list[SealedSegment]
+    active: ActiveSegment
+    dropped_bytes: int = 0
+
+
+@dataclass
+class RepairReport:
+    """What :func:`repair` found and did. ``cut`` is False when the log was whole."""
+
+    cut: bool
+    path: str | None = None
+    offset: int | None = None
+    reason: str | None = None
+    last_good_lsn: int | None = None
+    broken_files: list[str] = field(default_factory=list)
+    dropped_bytes: int = 0
+
+
+def _clean_temp_files(directory: str, fs: FileSystem) -> None:
+    for name in fs.listdir(directory):
+        if name.endswith(".tmp"):
+            fs.unlink(os.path.join(directory, name))
+
+
+def _nonzero_end(f: File, start: int, end: int) -> int:
+    """Offset just past the last non-zero byte in ``[start, end)``, or ``start``."""
+    last = start
+    pos = start
+    while pos < end:
+        data = f.pread(min(_CHUNK, end - pos), pos)
+        if not data:
+            break
+        stripped = data.rstrip(b"\x00")
+        if stripped:
+            last = pos + len(stripped)
+        pos += len(data)
+    return last
+
+
+def _has_zero_sector(f: File, start: int, end: int) -> bool:
+    first = (start + SECTOR - 1) // SECTOR * SECTOR
+    data = f.pread(max(0, end - first), first)
+    return any(data[i : i + SECTOR] == _ZERO_SECTOR for i in range(0, len(data) - SECTOR + 1, SECTOR))
+
+
+def _valid_record_after(path: str, start: int) -> int | None:
+    """Offset of the first valid record after ``start`` (resynchronising at
+    block boundaries, zeros read as padding), or ``None``."""
+    block = (start // BLOCK_SIZE + 1) * BLOCK_SIZE
+    with open(path, "rb") as fh:
+        reader = RecordReader(fh, path=path, start_offset=block, skip_corrupt=True)
+        for offset, _ in reader.records():
+            return offset
+    return None
+
+
+def _scan_active(path: str, header: SegmentHeader, start: int, expected: int,
+                 max_record_bytes: int) -> tuple[ActiveSegment, tuple[int, str] | None]:
+    """Scan the active segment from ``start`` (a record offset). Returns the
+    segment's state and the first problem ``(offset, reason)``, if any."""
+    seg = ActiveSegment(SegmentFile(header.first_lsn, path), header, start, expected - 1)
+    with open(path, "rb") as fh:
+        reader = RecordReader(fh, path=path, start_offset=start, zeros_end=True, max_record_bytes=max_record_bytes)
+        try:
+            for offset, payload in reader.records():
+                if offset == 0:
+                    continue
+                entry = decode_entry(payload, path, offset)
+                if entry.lsn != expected:
+                    return seg, (offset, f"LSN {entry.lsn} does not follow LSN {expected - 1}")
+                if offset - seg.last_point >= INDEX_INTERVAL:
+                    seg.points.append((entry.lsn, offset))
+                    seg.last_point = offset
+                seg.data_end = reader.end_offset
+                seg.last_lsn = expected
+                expected += 1
+        except CorruptionError as e:
+            return seg, (e.offset if e.offset is not None else seg.data_end, e.reason)
+        if reader.torn_tail is not None:
+            return seg, reader.torn_tail
+    return seg, None
+
+
+def _cut_tail(fs: FileSystem, path: str, cut: int, reason: str) -> int:
+    """Zero everything from ``cut`` to the last non-zero byte; return the count."""
+    f = fs.open(path)
+    try:
+        end = _nonzero_end(f, cut, f.size())
+        if end > cut:
+            f.preallocate(cut, end - cut)
+            f.sync()
+            log.warning("%s: cut a torn tail of %d bytes at offset %d (%s)", path, end - cut, cut, reason)
+        return end - cut
+    finally:
+        f.close()
+
+
+def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", prealloc: int,
+            max_record_bytes: int) -> Recovered:
+    """Open-time recovery of a log directory (creating it when empty)."""
+    if mode not in ("strict", "prefix"):
+        raise ValueError(f"recovery must be 'strict' or 'prefix', not {mode!r}")
+    fs.makedirs(directory)
+    _clean_temp_files(directory, fs)
+    finish_truncate(directory, fs)
+    segments = list_segments(directory, fs)
+    if not segments:
+        store_id = uuid.uuid4().hex
+        path, end = write_new_segment(directory, store_id, 1, prealloc, fs)
+        with open(path, "rb") as fh:
+            header, _ = read_header(fh, path)
+        return Recovered(store_id, [], ActiveSegment(SegmentFile(1, path), header, end, 0))
+    try:
+        return _recover_segments(directory, segments, fs, max_record_bytes)
+    except CorruptionError as e:
+        if mode != "prefix":
+            raise
+        report = repair(directory, fs=fs)
+        log.warning("recovery='prefix': %s; dropped %d bytes after LSN %s (kept in %s)",
+                    e, report.dropped_bytes, report.last_good_lsn, ", ".join(report.broken_files) or "-")
+        return _recover_segments(directory, list_segments(directory, fs), fs, max_record_bytes)
+
+
+def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSystem,
+                      max_record_bytes: int) -> Recovered:
+    newest = segments[-1]
+    with open(newest.path, "rb") as fh:
+        header, header_end = read_header(fh, newest.path)
+    store_id = header.store_id
+    sealed: list[SealedSegment] = []
+    prev_last: int | None = None
+    rebuilt = False
+    for seg in segments[:-1]:
+        with open(seg.path, "rb") as fh:
+            seg_header, _ = read_header(fh, seg.path)
+            _check_store(seg_header, store_id, seg.path)
+            index = read_index(seg.path)
+            if index is None or index.first_lsn != seg.first_lsn or index.data_end > os.fstat(fh.fileno()).st_size:
+                log.info("%s: rebuilding its sparse index", seg.path)
+                _, index = scan_segment(fh, seg.path, max_record_bytes=max_record_bytes)
+                write_index(seg.path, index, fs)
+                rebuilt = True
+        _check_follows(prev_last, seg.first_lsn, seg.path)
+        prev_last = index.last_lsn
+        sealed.append(SealedSegment(seg, index))
+    if rebuilt:
+        fs.fsync_dir(directory)
+    _check_follows(prev_last, header.first_lsn, newest.path)
+
+    # The active segment: from its last indexed point when a clean close left one.
+    start, expected = header_end, header.first_lsn
+    stale = read_index(newest.path)
+    if stale is not None and stale.first_lsn == header.first_lsn and stale.points:
+        start_lsn, start = stale.points[-1]
+        expected = start_lsn
+    active, problem = _scan_active(newest.path, header, start, expected, max_record_bytes)
+    if stale is not None:
+        active.points = [p for p in stale.points if p[1] < start] + active.points
+    if start != header_end and (problem is not None or active.last_lsn < expected):
+        # The indexed point did not hold what it promised: rescan from the start.
+        active, problem = _scan_active(newest.path, header, header_end, header.first_lsn, max_record_bytes)
+    dropped = 0
+    if problem is not None:
+        bad_offset, reason = problem
+        nxt = _valid_record_after(newest.path, bad_offset)
+        f = fs.open(newest.path, readonly=True)
+        try:
+            torn = nxt is None or _has_zero_sector(f, bad_offset, nxt)
+        finally:
+            f.close()
+        if not torn:
+            raise CorruptionError(
+                f"corrupt record in the active segment ({reason}), followed by valid data at offset {nxt}",
+                path=newest.path, offset=bad_offset, lsn=active.last_lsn + 1, hint=REPAIR_HINT,
+            )
+        dropped = _cut_tail(fs, newest.path, active.data_end, reason)
+    else:
+        # Bytes after the first zero header belong to a write that never fully
+        # reached the disk (a hole in it reads as zeros): a torn tail too.
+        dropped = _cut_tail(fs, newest.path, active.data_end, "data after a zero-filled hole")
+    if os.path.exists(index_path(newest.path)):
+        fs.unlink(index_path(newest.path))  # the active segment's index lives in memory
+        fs.fsync_dir(directory)
+    return Recovered(store_id, sealed, active, dropped)
+
+
+def _check_store(header: SegmentHeader, store_id: str, path: str) -> None:
+    if header.store_id != store_id:
+        raise CorruptionError(
+            f"segment belongs to another store ({header.store_id}, this log is {store_id})",
+            path=path, offset=0, hint="move the stray segment out of the log directory",
+        )
+
+
+def _check_follows(prev_last: int | None, first_lsn: int, path: str) -> None:
+    if prev_last is not None and first_lsn != prev_last + 1:
+        missing = f"LSNs {prev_last + 1}..{first_lsn - 1} are missing" if first_lsn > prev_last + 1 else (
+            f"it overlaps the previous segment, which ends at LSN {prev_last}")
+        raise CorruptionError(
+            f"segment does not follow its predecessor: {missing}", path=path, offset=0, lsn=first_lsn,
+            hint=REPAIR_HINT,
+        )
+
+
+def _first_problem(segments: list[SegmentFile], progress: Callable[[int, int | None], None] | None
+                   ) -> tuple[int, int, int, str, str | None] | None:
+    """Scan every segment strictly. Returns ``(segment index, good_end,
+    last_good_lsn, reason, store_id)`` of the first bad record, or ``None``."""
+    store_id: str | None = None
+    expected: int | None = None
+    last_good = 0
+    for i, seg in enumerate(segments):
+        good_end = 0
+        with open(seg.path, "rb") as fh:
+            reader = RecordReader(fh, path=seg.path, start_offset=0, zeros_end=True)
+            try:
+                for offset, payload in reader.records():
+                    if offset == 0:
+                        header = decode_header(payload, seg.path)
+                        if store_id is None:
+                            store_id = header.store_id
+                        if header.store_id != store_id:
+                            return i, 0, last_good, "segment belongs to another store", store_id
+                        if header.first_lsn != seg.first_lsn:
+                            return i, 0, last_good, "header and file name disagree on the first LSN", store_id
+                        if expected is not None and header.first_lsn != expected:
+                            return i, 0, last_good, f"LSNs {expected}..{header.first_lsn - 1} are missing", store_id
+                        expected = header.first_lsn
+                        good_end = reader.end_offset
+                        continue
+                    entry = decode_entry(payload, seg.path, offset)
+                    if entry.lsn != expected:
+                        return i, good_end, last_good, f"LSN {entry.lsn} does not follow {last_good}", store_id
+                    expected = entry.lsn + 1
+                    last_good = entry.lsn
+                    good_end = reader.end_offset
+            except CorruptionError as e:
+                return i, good_end, last_good, e.reason, store_id
+            if good_end == 0:
+                return i, 0, last_good, "segment has no header record", store_id
+            if reader.torn_tail is not None and i < len(segments) - 1:
+                return i, good_end, last_good, reader.torn_tail[1], store_id
+        if progress:
+            progress(i + 1, len(segments))
+    return None
+
+
+def verify(directory: str, progress: Callable[[int, int | None], None] | None = None) -> list[str]:
+    """Every CRC, header and LSN of every segment; returns the problems found
+    (the first bad record and what lies after it), empty when all is well."""
+    segments = list_segments(directory)
+    problems = []
+    found = _first_problem(segments, progress)
+    if found is not None:
+        i, good_end, last_good, reason, _ = found
+        problems.append(f"{segments[i].path}: offset {good_end}: {reason} (last good LSN {last_good})")
+    for seg in segments:
+        index = read_index(seg.path)
+        if os.path.exists(index_path(seg.path)) and index is None:
+            problems.append(f"{index_path(seg.path)}: damaged sparse index (rebuilt at next open)")
+    return problems
+
+
+def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False) -> RepairReport:
+    """Cut the log at its first bad record, keeping what was cut in ``.broken``
+    files. Must not run beside an open writer (take the lock first: ``walkv
+    repair`` does). Returns what it found (and, unless ``dry_run``, did)."""
+    segments = list_segments(directory, fs)
+    found = _first_problem(segments, None)
+    if found is None:
+        return RepairReport(cut=False)
+    i, good_end, last_good, reason, store_id = found
+    bad = segments[i]
+    report = RepairReport(True, bad.path, good_end, reason, last_good)
+    later = segments[i + 1 :]
+    report.dropped_bytes = sum(os.path.getsize(s.path) for s in later)
+    if dry_run:
+        report.dropped_bytes += max(0, os.path.getsize(bad.path) - good_end)
+        return report
+    for seg in reversed(later):  # newest first: what remains is always a prefix
+        fs.rename(seg.path, seg.path + ".broken")
+        report.broken_files.append(seg.path + ".broken")
+        if os.path.exists(index_path(seg.path)):
+            fs.unlink(index_path(seg.path))
+    f = fs.open(bad.path)
+    try:
+        end = _nonzero_end(f, good_end, f.size())
+        if good_end == 0:
+            f.close()
+            fs.rename(bad.path, bad.path + ".broken")
+            report.broken_files.append(bad.path + ".broken")
+            report.dropped_bytes += end
+            first = last_good + 1 if i > 0 else bad.first_lsn
+            write_new_segment(directory, store_id or uuid.uuid4().hex, first, 0, fs)
+        elif end > good_end:
+            fs.write_file(bad.path + ".broken", f.pread(end - good_end, good_end))
+            report.broken_files.append(bad.path + ".broken")
+            report.dropped_bytes += end - good_end
+            f.preallocate(good_end, end - good_end)
+            f.sync()
+    finally:
+        f.close()
+    if os.path.exists(index_path(bad.path)):
+        fs.unlink(index_path(bad.path))
+    fs.fsync_dir(directory)
+    log.warning("repair: cut %s at offset %d (%s); last good LSN %d; kept the cut bytes in %s",
+                bad.path, good_end, reason, last_good, ", ".join(report.broken_files))
+    return report
+
+
+# -- truncate_after, crash-safely -------------------------------------------------
+
+TRUNCATE_MARKER = "TRUNCATE"
+
+
+def _entry_end(path: str, header_end: int, lsn: int, start: int) -> int:
+    """Offset just after entry ``lsn`` in a segment (``header_end`` when the
+    segment's first LSN is ``lsn + 1``), scanning from record offset ``start``."""
+    end = header_end
+    with open(path, "rb") as fh:
+        reader = RecordReader(fh, path=path, start_offset=start, zeros_end=True)
+        for offset, payload in reader.records():
+            if offset == 0:
+                continue
+            if decode_entry(payload, path, offset).lsn > lsn:
+                break
+            end = reader.end_offset
+    return end
+
+
+def cut_after(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
+    """Drop every entry after ``lsn``. Idempotent, so that recovery can finish
+    it after a crash: :meth:`Log.truncate_after` first writes a ``TRUNCATE``
+    marker naming ``lsn`` and removes it only when this has returned."""
+    segments = list_segments(directory, fs)
+    keep = max((i for i, s in enumerate(segments) if s.first_lsn <= lsn + 1), default=0)
+    for seg in reversed(segments[keep + 1 :]):
+        if os.path.exists(index_path(seg.path)):
+            fs.unlink(index_path(seg.path))
+        fs.unlink(seg.path)
+    seg = segments[keep]
+    with open(seg.path, "rb") as fh:
+        _, header_end = read_header(fh, seg.path)
+    index = read_index(seg.path)
+    start = header_end
+    if index is not None and index.first_lsn == seg.first_lsn:
+        start = max((off for p_lsn, off in index.points if p_lsn <= lsn), default=header_end)
+    if os.path.exists(index_path(seg.path)):
+        fs.unlink(index_path(seg.path))
+    end = _entry_end(seg.path, header_end, lsn, start)
+    _cut_tail(fs, seg.path, end, f"truncate_after({lsn})")
+    f = fs.open(seg.path)
+    try:
+        f.sync(full=True)
+    finally:
+        f.close()
+    fs.fsync_dir(directory)
+
+
+def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> None:
+    """Complete a ``truncate_after`` that a crash interrupted, if any."""
+    marker = os.path.join(directory, TRUNCATE_MARKER)
+    if not fs.exists(marker):
+        return
+    with open(marker, "rb") as fh:
+        text = fh.read().decode("ascii", "replace").strip()
+    if not text.isdigit():
+        raise CorruptionError(f"unreadable {TRUNCATE_MARKER} marker {text!r}", path=marker, offset=0,
+                              hint="delete the marker if no truncate_after was running")
+    cut_after(directory, int(text), fs)
+    fs.unlink(marker)
+    fs.fsync_dir(directory)
