@@ -1,0 +1,55 @@
+"""``python -m benchmarks``: see :mod:`benchmarks`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from benchmarks import all_workloads, run
+from benchmarks.harness import Config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="walkv vs its peers (LevelDB, RocksDB, LMDB, SQLite, a plain fdatasync "
+                    "loop), alternating in one run; medians and walkv/peer ratios vs the "
+                    "issues' targets.")
+    parser.add_argument("--quick", action="store_true", help="small sizes, seconds in all")
+    parser.add_argument("--only", help="comma-separated workload names or prefixes "
+                                       "(log, kv, snap, spark, log.append.durable.8t, ...)")
+    parser.add_argument("--repeats", type=int, help="alternating repeats (default 3; 2 quick)")
+    parser.add_argument("--duration", type=float,
+                        help="seconds per time-boxed run (default 5; 0.5 quick)")
+    parser.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the ratios (matplotlib)")
+    parser.add_argument("--dir", metavar="DIR", help="where the data goes "
+                                                     "(default $WALKV_BENCH_DIR or the temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the data directories")
+    parser.add_argument("--plain", action="store_true", help="plain-text table even if rich is there")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for w in all_workloads(Config(quick=args.quick)):
+            print(f"{w.name:28} issue {w.issue}{'  (slow: only with --only)' if w.slow else ''}  {w.title}")
+        return 0
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    try:
+        report = run(quick=args.quick, only=args.only, repeats=args.repeats, json_path=None,
+                     plot_path=args.plot, bench_dir=args.dir, keep=args.keep,
+                     duration=args.duration, verbose=not args.quiet, plain=args.plain)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.json:
+        from benchmarks.report import write_json
+
+        report["command"] = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+        write_json(report, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

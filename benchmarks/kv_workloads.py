@@ -1,0 +1,328 @@
+"""Issue 3 workloads: the key-value store (``kvstore.open`` / ``open_async``)
+against LevelDB, LMDB, RocksDB and SQLite; 16-byte keys, 100-byte values.
+
+* ``kv.put.durable.8t`` / ``.1t``: durable puts/s from 8 threads / 1 thread for
+  a fixed time; targets vs plyvel ``put(sync=True)`` from as many threads:
+  >= 1x (8 threads), >= 0.9x (1 thread).
+* ``kv.put.async256``: durable puts/s from 256 coroutines on one event loop
+  through ``open_async`` vs plyvel ``put(sync=True)`` from 32 threads: >= 3x.
+* ``kv.put.nosync.1t``: ``sync="none"`` puts of N pre-built items vs py-lmdb
+  (one write transaction per put, ``sync=False``) >= 0.7x and plyvel ``put()``
+  >= 0.3x.
+* ``kv.batch.100k``: one durable batch of 100,000 puts vs plyvel
+  ``write_batch(sync=True)`` >= 0.7x.
+* ``kv.get``: gets/s of existing keys in a shuffled order vs py-lmdb ``get`` on
+  one read transaction >= 0.8x.
+* ``kv.recovery``: reopening a store whose log holds N entries not yet applied
+  to LMDB (made by appending them with ``wal`` to a closed, empty store) in a
+  fresh process, vs LevelDB's reopen replay of N puts: >= 0.5x records/s, peak
+  RSS < 200 MB.
+
+SQLite (WAL, synchronous=FULL when durable) and RocksDB (rocksdict) are extra
+columns (no target) wherever they fit.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from typing import Any, Callable
+
+from benchmarks import data
+from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
+from benchmarks.log_workloads import LEVELDB_BIG_BUFFER, _leveldb_replay, _leveldb_replay_prepare
+from benchmarks.peers import KV_PEERS, LMDB, LevelDB
+from benchmarks.timing import coroutines, counted, in_child, threaded
+
+KV = ("kvstore:open",)
+LOAD_CHUNK = 10_000  # items per batch when loading data (untimed)
+
+
+class WalkvKV:
+    """kvstore behind the same face as the peers (see :mod:`benchmarks.peers`)."""
+
+    name = "walkv"
+    requires = KV
+
+    def __init__(self, path: str, sync: bool) -> None:
+        import kvstore
+
+        self.db = kvstore.open(path, sync="always" if sync else "none")
+
+    def writer(self) -> Callable[[bytes, bytes], object]:
+        return self.db.put
+
+    def reader(self) -> Callable[[bytes], object]:
+        return self.db.get
+
+    def write_batch(self, items: Any) -> None:
+        with self.db.batch() as b:
+            put = b.put
+            for k, v in items:
+                put(k, v)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+SYSTEMS: dict[str, Any] = {"walkv": WalkvKV, **KV_PEERS}
+LABELS = {"walkv": "walkv", "leveldb": "LevelDB", "rocksdb": "RocksDB", "lmdb": "LMDB",
+          "sqlite": "SQLite WAL"}
+
+
+def _open(system: str, ctx: Context, sync: bool) -> Any:
+    return SYSTEMS[system](ctx.fresh_dir(system), sync)
+
+
+# ---- generic runs --------------------------------------------------------
+
+def _puts_timed(system: str, threads: int, seconds: float, sync: bool = True):
+    def run(ctx: Context) -> Measurement:
+        db = _open(system, ctx, sync)
+        try:
+            v = data.value(0)
+
+            def make(i: int):
+                put, key = db.writer(), data.key
+                return lambda n: put(key(n, i), v)
+
+            return threaded(threads, seconds, make)
+        finally:
+            db.close()
+
+    return run
+
+
+def _puts_counted(system: str, n: int, sync: bool = False):
+    def run(ctx: Context) -> Measurement:
+        items = data.items(n)
+        db = _open(system, ctx, sync)
+        try:
+            put = db.writer()
+
+            def block() -> int:
+                for k, v in items:
+                    put(k, v)
+                return len(items)
+
+            return counted(block)
+        finally:
+            db.close()
+
+    return run
+
+
+def _one_batch(system: str, n: int):
+    def run(ctx: Context) -> Measurement:
+        items = data.items(n)
+        db = _open(system, ctx, sync=True)
+        try:
+            return counted(lambda: db.write_batch(items) or len(items))
+        finally:
+            db.close()
+
+    return run
+
+
+def _async_puts(tasks: int, seconds: float):
+    def run(ctx: Context) -> Measurement:
+        import kvstore
+
+        path = ctx.fresh_dir("walkv")
+        v = data.value(0)
+        key = data.key
+
+        async def open_() -> Any:
+            return await kvstore.open_async(path, sync="always")
+
+        async def op(db: Any, i: int, n: int) -> None:
+            await db.put(key(n, i), v)
+
+        async def close(db: Any) -> None:
+            await db.close()
+
+        return coroutines(tasks, seconds, open_, op, close)
+
+    return run
+
+
+def load(db: Any, n: int) -> None:
+    """Put keys 0..n-1 in chunks of one batch each (untimed set-up)."""
+    for start in range(0, n, LOAD_CHUNK):
+        db.write_batch((data.key(i), data.value(i)) for i in range(start, min(n, start + LOAD_CHUNK)))
+
+
+def _gets(system: str, n_keys: int, n_gets: int, per_get_txn: bool = False):
+    def prepare(ctx: Context) -> Any:
+        db = SYSTEMS[system](os.path.join(ctx.directory, "db"), False)
+        load(db, n_keys)
+        rnd = random.Random(42)
+        order = [data.key(rnd.randrange(n_keys)) for _ in range(n_gets)]
+        return db, order
+
+    def run(ctx: Context) -> Measurement:
+        db, order = ctx.state
+        get = db.reader_txn_per_get() if per_get_txn else db.reader()
+        found = get(order[0])
+        if found is None or bytes(found) != data.value(int.from_bytes(order[0][8:], "big")):
+            raise AssertionError(f"{system}: get returned {found!r} for a loaded key")
+
+        def block() -> int:
+            for k in order:
+                get(k)
+            return len(order)
+
+        return counted(block)
+
+    return prepare, run, (lambda state: state[0].close())
+
+
+# ---- recovery ------------------------------------------------------------
+
+def encode_puts(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """One log entry payload (the contract's batch format), via kvstore's own
+    encoder when it has one."""
+    try:
+        from kvstore import batch as kvbatch
+
+        for name in ("encode", "encode_ops", "pack"):
+            fn = getattr(kvbatch, name, None)
+            if fn is not None:
+                try:
+                    return fn([(1, k, v) for k, v in pairs])
+                except Exception:
+                    break
+    except ImportError:
+        pass
+    import msgpack
+
+    return msgpack.packb([[1, k, v] for k, v in pairs], use_bin_type=True)
+
+
+def _walkv_recovery_prepare(entries: int):
+    def prepare(ctx: Context) -> str:
+        import kvstore
+        import wal
+
+        path = os.path.join(ctx.directory, "template")
+        kvstore.open(path, sync="always").close()
+        with wal.open(os.path.join(path, "wal"), sync="none") as log:
+            chunk: list[bytes] = []
+            for i in range(entries):
+                chunk.append(encode_puts([(data.key(i), data.value(i))]))
+                if len(chunk) == 1000:
+                    log.append_batch(chunk)
+                    chunk = []
+            if chunk:
+                log.append_batch(chunk)
+            log.sync()
+        return path
+
+    return prepare
+
+
+def _walkv_recovery(ctx: Context) -> Measurement:
+    copy = os.path.join(ctx.fresh_dir("walkv"), "store")
+    shutil.copytree(ctx.state, copy)
+    try:
+        return in_child("benchmarks.kv_workloads:child_reopen_walkv", path=copy)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def child_reopen_walkv(path: str) -> dict[str, Any]:
+    """In a fresh process: time kvstore.open (replay of the unapplied log),
+    then count what it holds (untimed)."""
+    import kvstore
+
+    t0 = time.perf_counter()
+    db = kvstore.open(path, sync="always")
+    seconds = time.perf_counter() - t0
+    try:
+        n = len(db)
+        applied = getattr(db, "applied_lsn", None)
+    finally:
+        db.close()
+    return {"ops": n, "seconds": seconds, "applied_lsn": applied}
+
+
+# ---- the workloads -------------------------------------------------------
+
+def workloads(cfg: Config) -> list[Workload]:
+    secs = cfg.seconds(full=5.0, quick=0.5)
+    nosync_n = cfg.size(full=300_000, quick=10_000)
+    batch_n = cfg.size(full=100_000, quick=10_000)
+    keys_n = cfg.size(full=200_000, quick=10_000)
+    gets_n = cfg.size(full=500_000, quick=20_000)
+    recover_n = cfg.size(full=1_000_000, quick=20_000)
+    peers = ("leveldb", "rocksdb", "sqlite", "lmdb")
+
+    def durable(threads: int, target: float) -> Workload:
+        return Workload(
+            name=f"kv.put.durable.{threads}t", issue=3, unit="puts/s",
+            title=f"durable puts, {threads} thread(s)", requires=KV,
+            targets=[Target("leveldb", target)], params={"threads": threads, "seconds": secs},
+            contenders=[Contender(s, _puts_timed(s, threads, secs), requires=SYSTEMS[s].requires,
+                                  label=f"{LABELS[s]} sync put x{threads}")
+                        for s in ("walkv", *peers)])
+
+    get_contenders = []
+    for s in ("walkv", *peers):
+        prep, run, clean = _gets(s, keys_n, gets_n)
+        get_contenders.append(Contender(s, run, prepare=prep, cleanup=clean,
+                                        requires=SYSTEMS[s].requires, label=f"{LABELS[s]} get"))
+    prep, run, clean = _gets("lmdb", keys_n, gets_n, per_get_txn=True)
+    get_contenders.append(Contender("lmdb-txn-per-get", run, prepare=prep, cleanup=clean,
+                                    requires=LMDB.requires, label="LMDB get, txn per get"))
+    return [
+        durable(8, 1.0),
+        durable(1, 0.9),
+        Workload(
+            name="kv.put.async256", issue=3, unit="puts/s",
+            title="durable puts from 256 coroutines (open_async) vs LevelDB from 32 threads",
+            requires=("kvstore:open_async",), targets=[Target("leveldb-32t", 3.0)],
+            params={"coroutines": 256, "peer_threads": 32, "seconds": secs},
+            contenders=[
+                Contender("walkv", _async_puts(256, secs), label="walkv async put x256"),
+                Contender("leveldb-32t", _puts_timed("leveldb", 32, secs),
+                          requires=LevelDB.requires, label="LevelDB sync put x32"),
+                Contender("rocksdb-32t", _puts_timed("rocksdb", 32, secs),
+                          requires=SYSTEMS["rocksdb"].requires, label="RocksDB sync put x32"),
+            ]),
+        Workload(
+            name="kv.put.nosync.1t", issue=3, unit="puts/s",
+            title="non-durable puts (sync=none), 1 thread", requires=KV,
+            targets=[Target("lmdb", 0.7), Target("leveldb", 0.3)], params={"items": nosync_n},
+            contenders=[Contender(s, _puts_counted(s, nosync_n), requires=SYSTEMS[s].requires,
+                                  label=f"{LABELS[s]} put" + (" (txn per put, sync=False)"
+                                                               if s == "lmdb" else ""))
+                        for s in ("walkv", *peers)]),
+        Workload(
+            name="kv.batch.100k", issue=3, unit="puts/s",
+            title=f"one durable batch of {batch_n:,} puts", requires=KV,
+            targets=[Target("leveldb", 0.7)], params={"items": batch_n},
+            contenders=[Contender(s, _one_batch(s, batch_n), requires=SYSTEMS[s].requires,
+                                  label=f"{LABELS[s]} batch") for s in ("walkv", *peers)]),
+        Workload(
+            name="kv.get", issue=3, unit="gets/s",
+            title=f"gets of existing keys ({keys_n:,} keys, {gets_n:,} random gets)", requires=KV,
+            targets=[Target("lmdb", 0.8)], params={"keys": keys_n, "gets": gets_n},
+            contenders=get_contenders),
+        Workload(
+            name="kv.recovery", issue=3, unit="records/s",
+            title=f"reopen with {recover_n:,} unapplied log entries vs LevelDB reopen replay",
+            requires=KV + ("wal:open",), targets=[Target("leveldb-replay", 0.5)],
+            limits=[Limit("rss_mb", 200.0)], params={"entries": recover_n},
+            contenders=[
+                Contender("walkv", _walkv_recovery, prepare=_walkv_recovery_prepare(recover_n),
+                          label="walkv reopen + apply"),
+                Contender("leveldb-replay", _leveldb_replay,
+                          prepare=_leveldb_replay_prepare(recover_n), requires=LevelDB.requires,
+                          label="LevelDB reopen replay"),
+            ]),
+    ]
+
+
+__all__ = ["workloads", "WalkvKV", "LEVELDB_BIG_BUFFER"]

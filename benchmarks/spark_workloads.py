@@ -1,0 +1,145 @@
+"""Issue 5 workloads (slow: only with ``--only spark``): the walkv Spark data
+source against Spark's own Parquet reader, in ``local[2]``.
+
+* ``spark.snapshot``: count the rows and sum the value lengths of a snapshot
+  of N entries (1,000,000; 20,000 in --quick) read with
+  ``spark.read.format("walkv").option("table", "snapshot")`` vs the same rows
+  written as Parquet (pyarrow, untimed) read with ``spark.read.parquet``:
+  >= 0.3x rows/s. Both share one SparkSession, started before timing.
+* ``spark.export``: rows/s of ``walkv export STORE OUT --table snapshot`` as a
+  command (JVM start-up included), reported without a target.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks import data
+from benchmarks.harness import Config, Context, Contender, Measurement, Target, Workload
+from benchmarks.snapshot_workloads import _store_prepare
+
+SPARK = ("pyspark", "kvstore.spark:register", "snapshot")
+_session: list[Any] = []
+
+
+def session() -> Any:
+    """One local[2] SparkSession for the workload (started untimed)."""
+    if not _session:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        s = (SparkSession.builder.master("local[2]").appName("walkv-bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "2g")
+             .getOrCreate())
+        s.sparkContext.setLogLevel("ERROR")
+        from kvstore.spark import register
+
+        register(s)
+        _session.append(s)
+    return _session[0]
+
+
+def stop_session(_state: Any = None) -> None:
+    while _session:
+        _session.pop().stop()
+
+
+def _count(df: Any) -> tuple[int, int]:
+    from pyspark.sql import functions as F
+
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("b")).collect()[0]
+    return int(row["n"]), int(row["b"] or 0)
+
+
+def _walkv_prepare(n: int):
+    store = _store_prepare(n, snapshot=True)
+
+    def prepare(ctx: Context) -> str:
+        path = store(ctx)
+        session()
+        return path
+
+    return prepare
+
+
+def _walkv_read(ctx: Context) -> Measurement:
+    spark = session()
+    t0 = time.perf_counter()
+    rows, nbytes = _count(spark.read.format("walkv").option("table", "snapshot").load(ctx.state))
+    return Measurement(ops=rows, seconds=time.perf_counter() - t0, extra={"value_bytes": nbytes})
+
+
+def _parquet_prepare(n: int):
+    def prepare(ctx: Context) -> str:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = os.path.join(ctx.directory, "snapshot.parquet")
+        os.makedirs(path)
+        chunk = 100_000
+        for part, start in enumerate(range(0, n, chunk)):
+            idx = range(start, min(n, start + chunk))
+            table = pa.table({"key": pa.array([data.key(i) for i in idx], pa.binary()),
+                              "value": pa.array([data.value(i) for i in idx], pa.binary()),
+                              "lsn": pa.array([i + 1 for i in idx], pa.int64())})
+            pq.write_table(table, os.path.join(path, f"part-{part:05d}.parquet"))
+        session()
+        return path
+
+    return prepare
+
+
+def _parquet_read(ctx: Context) -> Measurement:
+    spark = session()
+    t0 = time.perf_counter()
+    rows, nbytes = _count(spark.read.parquet(ctx.state))
+    return Measurement(ops=rows, seconds=time.perf_counter() - t0, extra={"value_bytes": nbytes})
+
+
+def _export(n: int):
+    def run(ctx: Context) -> Measurement:
+        out = os.path.join(ctx.fresh_dir("export"), "out")
+        walkv = shutil.which("walkv") or os.path.join(os.path.dirname(sys.executable), "walkv")
+        t0 = time.perf_counter()
+        proc = subprocess.run([walkv, "export", ctx.state, out, "--table", "snapshot",
+                               "--master", "local[2]"], capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"walkv export exited {proc.returncode}: "
+                               + " | ".join(proc.stderr.strip().splitlines()[-3:]))
+        shutil.rmtree(out, ignore_errors=True)
+        return Measurement(ops=n, seconds=seconds)
+
+    return run
+
+
+def workloads(cfg: Config) -> list[Workload]:
+    n = cfg.size(full=1_000_000, quick=20_000)
+    return [
+        Workload(
+            name="spark.snapshot", issue=5, unit="rows/s", slow=True,
+            title=f"Spark local[2]: count + sum(length(value)) of a {n:,}-row snapshot",
+            requires=SPARK, targets=[Target("parquet", 0.3)], params={"rows": n},
+            contenders=[
+                Contender("walkv", _walkv_read, prepare=_walkv_prepare(n),
+                          label="walkv data source"),
+                Contender("parquet", _parquet_read, prepare=_parquet_prepare(n),
+                          cleanup=stop_session, requires=("pyarrow", "pyspark"),
+                          label="Spark Parquet reader"),
+            ]),
+        Workload(
+            name="spark.export", issue=5, unit="rows/s", slow=True, repeats=1,
+            title=f"`walkv export --table snapshot` of {n:,} rows (JVM start included)",
+            requires=SPARK + ("kvstore.cli:main",), params={"rows": n},
+            contenders=[Contender("walkv", _export(n), prepare=_store_prepare(n, snapshot=True),
+                                  label="walkv export")]),
+    ]

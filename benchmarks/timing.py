@@ -1,0 +1,152 @@
+"""Timed loops: N threads for a fixed time, coroutines for a fixed time, a
+counted block, and a child process whose max RSS is measured.
+
+Time-boxed runs give every contender the same wall-clock budget, whatever its
+speed; the rate is the operations completed divided by the time until the
+last worker finished its last operation (so an operation that straddles the
+deadline is counted in full, time included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Awaitable, Callable
+
+from benchmarks.harness import Measurement
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def threaded(threads: int, seconds: float, make_op: Callable[[int], Callable[[int], Any]],
+             chunk: int = 1) -> Measurement:
+    """Run ``threads`` workers for ``seconds``. ``make_op(thread_index)`` is
+    called in the worker before the clock starts and returns ``op(n)``, which
+    does the worker's ``n``-th operation. The deadline is checked every
+    ``chunk`` operations."""
+    barrier = threading.Barrier(threads + 1)
+    counts = [0] * threads
+    errors: list[BaseException] = []
+    deadline = [0.0]
+
+    def body(index: int) -> None:
+        try:
+            op = make_op(index)
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+            return
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            return
+        n = 0
+        end = deadline[0]
+        clock = time.perf_counter
+        try:
+            while clock() < end:
+                for _ in range(chunk):
+                    op(n)
+                    n += 1
+        except BaseException as exc:
+            errors.append(exc)
+        counts[index] = n
+
+    workers = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    start = time.perf_counter()
+    deadline[0] = start + seconds
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return Measurement(ops=sum(counts), seconds=elapsed, extra={"threads": threads})
+
+
+def coroutines(tasks: int, seconds: float,
+               open_: Callable[[], Awaitable[Any]],
+               op: Callable[[Any, int, int], Awaitable[Any]],
+               close: Callable[[Any], Awaitable[Any]]) -> Measurement:
+    """Run ``tasks`` coroutines on one event loop for ``seconds``: ``handle =
+    await open_()`` (untimed), then each task awaits ``op(handle, task, n)``
+    until the deadline, then ``await close(handle)`` (untimed)."""
+
+    async def main() -> Measurement:
+        handle = await open_()
+        try:
+            counts = [0] * tasks
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            end = start + seconds
+
+            async def worker(index: int) -> None:
+                n = 0
+                while loop.time() < end:
+                    await op(handle, index, n)
+                    n += 1
+                counts[index] = n
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker(i) for i in range(tasks)))
+            elapsed = time.perf_counter() - t0
+        finally:
+            await close(handle)
+        return Measurement(ops=sum(counts), seconds=elapsed, extra={"coroutines": tasks})
+
+    return asyncio.run(main())
+
+
+def counted(block: Callable[[], int]) -> Measurement:
+    """Time ``block()``, which returns the number of operations it did."""
+    start = time.perf_counter()
+    ops = block()
+    return Measurement(ops=ops, seconds=time.perf_counter() - start)
+
+
+def in_child(target: str, timeout: float = 3600, **kwargs: Any) -> Measurement:
+    """Run ``target`` ("package.module:function") in a fresh Python process.
+
+    The function gets ``kwargs`` and returns a dict with ``ops`` and
+    ``seconds`` (timed inside the child) and anything else (kept in
+    ``extra``). The child's peak RSS comes from ``wait4`` (the kernel's
+    ru_maxrss of exactly that child), so it covers the whole child: the
+    interpreter, the imports and the work.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.child", target, json.dumps(kwargs)],
+                                stdout=out_f, stderr=err_f, env=env, cwd=REPO)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out_f.seek(0)
+        err_f.seek(0)
+        out, err = out_f.read(), err_f.read()
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"child {target} exited {proc.returncode}: {' | '.join(tail)}")
+    lines = out.decode().strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"child {target} printed no result")
+    data = json.loads(lines[-1])
+    ops = int(data.pop("ops"))
+    seconds = float(data.pop("seconds"))
+    rss_mb = usage.ru_maxrss / 1024.0  # Linux: kilobytes
+    return Measurement(ops=ops, seconds=seconds, rss_mb=rss_mb, extra=data)
