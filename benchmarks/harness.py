@@ -269,14 +269,21 @@ def _summarise(workload: Workload, result: dict[str, Any]) -> None:
 
 
 def select(workloads: list[Workload], only: list[str] | None) -> list[Workload]:
-    """Workloads named by ``only`` (exact names or dotted prefixes such as
-    ``log`` or ``kv.put``); without ``only``, every workload that is not slow."""
+    """Workloads named by ``only``: a pattern that is a workload's exact name
+    selects that one; any other selects every workload under it as a dotted
+    prefix (``log``, ``kv.put``, ``spark``). Without ``only``: every workload
+    that is not slow."""
     if not only:
         return [w for w in workloads if not w.slow]
+    names = {w.name for w in workloads}
     chosen = []
     for w in workloads:
         for pattern in only:
-            if w.name == pattern or w.name.startswith(pattern.rstrip(".") + "."):
+            if pattern in names:
+                hit = w.name == pattern
+            else:
+                hit = w.name.startswith(pattern.rstrip(".") + ".")
+            if hit:
                 chosen.append(w)
                 break
     return chosen

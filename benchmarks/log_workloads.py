@@ -14,7 +14,7 @@ append+fdatasync loop, 100-byte payloads.
   flushed to tables): the reopen replays the log into a memtable (and writes
   it out as a level-0 table, as LevelDB always does after recovery). Records/s,
   >= 0.5x; peak RSS of both children reported.
-* ``log.read.memory``: reading a 1 GiB log (16 MiB in --quick) in a fresh
+* ``log.memory``: reading a 1 GiB log (16 MiB in --quick) in a fresh
   process: peak RSS (wait4's ru_maxrss of the child, interpreter included)
   under 100 MB.
 """
@@ -260,7 +260,7 @@ def workloads(cfg: Config) -> list[Workload]:
                       requires=LevelDB.requires, label="LevelDB reopen replay"),
         ]))
     out.append(Workload(
-        name="log.read.memory", issue=2, unit="records/s",
+        name="log.memory", issue=2, unit="records/s",
         title=f"peak RSS reading a {mem_bytes >> 20} MiB log in a fresh process",
         requires=WAL, limits=[Limit("rss_mb", 100.0)], repeats=1,
         params={"log_bytes": mem_bytes, "entries": mem_entries},

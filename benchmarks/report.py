@@ -111,13 +111,23 @@ def plot(report: dict[str, Any], path: str) -> None:
     colours = {"PASS": "#2e7d32", "MISS": "#c62828"}
     fig, ax = plt.subplots(figsize=(11, 0.38 * len(bars) + 1.6))
     ys = list(range(len(bars)))[::-1]
-    ax.barh(ys, [b[1] for b in bars], color=[colours.get(b[3], "#9e9e9e") for b in bars], height=0.6)
+    # bars grow from 1x: right when walkv is faster, left when slower
+    ax.barh(ys, [b[1] - 1.0 for b in bars], left=1.0,
+            color=[colours.get(b[3], "#9e9e9e") for b in bars], height=0.6)
     for y, (_, ratio, target, _) in zip(ys, bars):
         if target is not None:
             ax.plot([target, target], [y - 0.42, y + 0.42], color="black", linewidth=2)
-        ax.text(ratio, y, f" {ratio:.2f}x", va="center", fontsize=8)
+        ax.text(ratio, y, f" {ratio:.2f}x " , va="center", ha="left" if ratio >= 1 else "right",
+                fontsize=8)
     ax.axvline(1.0, color="#555555", linestyle="--", linewidth=1)
     ax.set_xscale("log")
+    lo = min(min(b[1] for b in bars), min((b[2] for b in bars if b[2]), default=1.0), 1.0)
+    hi = max(max(b[1] for b in bars), max((b[2] for b in bars if b[2]), default=1.0), 1.0)
+    ax.set_xlim(lo / 1.6, hi * 1.6)
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
     ax.set_yticks(ys)
     ax.set_yticklabels([b[0] for b in bars], fontsize=8)
     ax.set_xlabel("walkv / peer (higher is better; black tick = target; green PASS, red MISS, grey extra)")
