@@ -46,6 +46,7 @@ from typing import Callable, Iterable, Iterator
 from wal.errors import ClosedError, LockedError, LogFailedError, RecordTooLargeError
 from wal.fs import OS_FS, File, FileSystem
 from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, frame_into
+from wal.commit import Callback, GroupCommit
 from wal.recovery import TRUNCATE_MARKER, ActiveSegment, cut_after, recover
 from wal.segment import (
     DURABLE_NAME,
@@ -56,6 +57,7 @@ from wal.segment import (
     SparseIndex,
     encode_durable,
     find_segment,
+    index_path,
     iter_entries,
     pack_entry_header,
     write_index,
@@ -67,7 +69,6 @@ logger = logging.getLogger("walkv.wal")
 SYNC_MODES = ("always", "batch", "none")
 DEFAULT_SEGMENT_BYTES = 64 << 20
 PREALLOC_STEP = 8 << 20
-Callback = Callable[[int, "BaseException | None"], None]
 CommitHook = Callable[[list[tuple[int, bytes]]], None]
 
 
@@ -110,18 +111,11 @@ class Log:
             os.close(self._lock_fd)
             raise
 
-        self._mutex = threading.Lock()
-        self._done = threading.Condition(self._mutex)  # a group finished
-        self._work = threading.Condition(self._mutex)  # work for the committer thread
-        self._flush_due = threading.Condition(self._mutex)  # wakes the batch flusher early
-        self._queue: list[bytes] = []
-        self._callbacks: list[Callback | None] = []
-        self._has_callbacks = False
-        self._leading = False
         self._closed = False
         self._failure: LogFailedError | None = None
-        self._committer: threading.Thread | None = None
+        self._gc = GroupCommit(self._write_group, self._fail, self._refuse, self._last_at_open + 1)
         self._flusher: threading.Thread | None = None
+        self._flush_due = threading.Condition(self._gc.mutex)  # wakes the batch flusher early
         self._unsynced_bytes = 0
         self._stats = {"appends": 0, "bytes": 0, "groups": 0, "fsyncs": 0, "max_group": 0, "rolls": 0}
         self._fsync_times: deque[float] = deque(maxlen=4096)
@@ -141,7 +135,7 @@ class Log:
         self._activate(rec.active)
         self._file.sync(full=True)  # what a crashed process left in the page cache
         last = rec.active.last_lsn
-        self._next_lsn = last + 1
+        self._last_at_open = last
         self._written = (last, rec.active.data_end)
         self._durable = self._written
         self._first_lsn = self._sealed[0].first_lsn if self._sealed else rec.active.file.first_lsn
@@ -176,7 +170,7 @@ class Log:
     @property
     def last_lsn(self) -> int:
         """The last LSN appended (0 for an empty log)."""
-        return self._next_lsn - 1
+        return self._gc.next_lsn - 1
 
     @property
     def durable_lsn(self) -> int:
@@ -210,116 +204,28 @@ class Log:
     def append(self, payload: bytes) -> int:
         """Append one entry; return its LSN. Durable on return when
         ``sync="always"``, written to the OS otherwise."""
-        payload = self._check(payload)
-        with self._mutex:
-            self._refuse()
-            lsn = self._next_lsn
-            self._next_lsn = lsn + 1
-            self._queue.append(payload)
-            self._callbacks.append(None)
-            self._wait_for(lsn)
-        return lsn
+        return self._gc.submit([self._check(payload)])
 
     def append_batch(self, payloads: Iterable[bytes]) -> tuple[int, int]:
-        """Append several entries written together; return ``(first, last)``
-        LSNs. Durability as :meth:`append`, for all of them at once."""
+        """Append several entries, written as one group; return ``(first,
+        last)`` LSNs. Durability as :meth:`append`, for all of them at once
+        (a crash may keep a prefix of them)."""
         items = [self._check(p) for p in payloads]
         if not items:
             raise ValueError("append_batch needs at least one payload")
-        with self._mutex:
-            self._refuse()
-            first = self._next_lsn
-            self._next_lsn = first + len(items)
-            self._queue.extend(items)
-            self._callbacks.extend([None] * len(items))
-            self._wait_for(self._next_lsn - 1)
-        return first, self._next_lsn - 1
+        first = self._gc.submit(items)
+        return first, first + len(items) - 1
 
     def append_nowait(self, payload: bytes, callback: Callback) -> int:
         """Queue one entry without blocking; return its LSN. ``callback(lsn,
         error)`` runs on the committing thread once the entry is acknowledged
         (durable when ``sync="always"``), or with the error that failed it. It
         must be quick and must not call back into the log."""
-        payload = self._check(payload)
-        with self._mutex:
-            self._refuse()
-            lsn = self._next_lsn
-            self._next_lsn = lsn + 1
-            self._queue.append(payload)
-            self._callbacks.append(callback)
-            self._has_callbacks = True
-            if self._committer is None:
-                self._committer = threading.Thread(target=self._commit_loop, name="walkv-committer", daemon=True)
-                self._committer.start()
-            if not self._leading:
-                self._work.notify()
-        return lsn
+        return self._gc.submit_nowait(self._check(payload), callback)
 
-    def _wait_for(self, lsn: int) -> None:
-        """With the mutex held: lead groups or wait until ``lsn`` is acknowledged."""
-        while self._written[0] < lsn or (self.sync_mode == "always" and self._durable[0] < lsn):
-            if self._failure is not None:
-                raise self._failure
-            if not self._leading:
-                self._lead()
-            else:
-                self._done.wait()
-
-    def _lead(self) -> None:
-        """With the mutex held and no leader: write (and sync) everything
-        queued as one group, then wake the group. Returns with the mutex held."""
-        payloads, callbacks = self._queue, self._callbacks
-        has_callbacks = self._has_callbacks
-        self._queue, self._callbacks, self._has_callbacks = [], [], False
-        first = self._written[0] + 1
-        self._leading = True
-        self._mutex.release()
-        error: BaseException | None = None
-        try:
-            written, synced = self._write_group(first, payloads)
-            if self._on_commit is not None:
-                self._on_commit(list(zip(range(first, first + len(payloads)), payloads)))
-        except BaseException as e:  # noqa: BLE001 - any failure here fails the log
-            error = e
-        self._mutex.acquire()
-        self._leading = False
-        if error is None:
-            self._written = written
-            if synced is not None:
-                self._durable = synced
-                self._publish_durable()
-            st = self._stats
-            st["groups"] += 1
-            st["appends"] += len(payloads)
-            if len(payloads) > st["max_group"]:
-                st["max_group"] = len(payloads)
-        else:
-            self._fail(error, first)
-            # Entries queued behind the failed group will never be written.
-            callbacks = callbacks + self._callbacks
-            has_callbacks = has_callbacks or self._has_callbacks
-            self._queue, self._callbacks, self._has_callbacks = [], [], False
-        self._done.notify_all()
-        if self._queue and self._committer is not None:
-            self._work.notify()
-        if has_callbacks:
-            self._mutex.release()
-            try:
-                err = None if error is None else self._failure
-                for i, cb in enumerate(callbacks):
-                    if cb is not None:
-                        try:
-                            cb(first + i, err)
-                        except Exception:  # a callback's bug must not fail the log
-                            logger.exception("append_nowait callback raised")
-            finally:
-                self._mutex.acquire()
-        if self.sync_mode == "batch" and self._unsynced_bytes >= self.sync_bytes:
-            self._flush_due.notify()
-
-    def _fail(self, error: BaseException, first_lsn: int) -> None:
+    def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:
-            return
+            return self._failure
         what = "the disk is full" if isinstance(error, OSError) and error.errno == errno.ENOSPC else repr(error)
         self._failure = LogFailedError(
             f"the log at {self.directory} failed while writing LSN {first_lsn} and later: {what}. "
@@ -328,14 +234,13 @@ class Log:
         )
         self._failure.__cause__ = error
         logger.error("%s", self._failure)
+        return self._failure
 
-    def _write_group(self, first: int, payloads: list[bytes]) -> tuple[tuple[int, int], tuple[int, int] | None]:
-        """Frame and write one group (mutex not held; only the leader is here).
-        Returns the new ``(lsn, offset)`` written and, if synced, durable."""
-        synced = None
+    def _write_group(self, first: int, payloads: list[bytes]) -> None:
+        """Frame, write and (when ``sync="always"``) sync one group, then hand
+        it to ``on_commit``. Called by the leader only, without the mutex."""
         if self._offset >= self.segment_bytes and self._active.last_lsn >= self._active.file.first_lsn:
             self._roll(first)
-            synced = (first - 1, self._offset)
         ts = time.time_ns() // 1000
         parts: list[bytes] = []
         off = start = self._offset
@@ -350,23 +255,32 @@ class Log:
             off = frame_into(parts, pack_entry_header(lsn, ts) + payload, off)
             lsn += 1
         active.last_point = last_point
-        full = False
-        if off > self._prealloc_end:
+        grew = off > self._prealloc_end
+        if grew:
             new_end = _round_block(max(off, self._prealloc_end + self._prealloc_step))
             self._file.preallocate(self._prealloc_end, new_end - self._prealloc_end)
             self._prealloc_end = new_end
-            full = True
         self._file.pwrite(b"".join(parts), start)
-        self._offset = off
-        active.data_end = off
+        self._offset = active.data_end = off
         active.last_lsn = lsn - 1
-        self._stats["bytes"] += off - start
+        self._written = (lsn - 1, off)
         if self.sync_mode == "always":
-            self._timed_sync(full)
-            synced = (lsn - 1, off)
+            self._timed_sync(full=grew)
+            self._durable = self._written
+            self._publish_durable()
         else:
             self._unsynced_bytes += off - start
-        return (lsn - 1, off), synced
+            if self._unsynced_bytes >= self.sync_bytes and self.sync_mode == "batch":
+                with self._gc.mutex:
+                    self._flush_due.notify()
+        st = self._stats
+        st["bytes"] += off - start
+        st["groups"] += 1
+        st["appends"] += len(payloads)
+        if len(payloads) > st["max_group"]:
+            st["max_group"] = len(payloads)
+        if self._on_commit is not None:
+            self._on_commit(list(zip(range(first, lsn), payloads)))
 
     def _timed_sync(self, full: bool = False) -> None:
         t0 = time.perf_counter()
@@ -384,31 +298,25 @@ class Log:
         index = SparseIndex(active.file.first_lsn, first - 1, self._offset, active.points)
         write_index(active.file.path, index, self._fs)
         path, end = write_new_segment(self.directory, self.store_id, first, self._prealloc_step, self._fs)
-        self._file.close()
+        old = self._file
         header = active.header._replace(first_lsn=first)
-        new = ActiveSegment(SegmentFile(first, path), header, end, first - 1)
-        with self._mutex:
+        with self._gc.mutex:  # readers copy the segment list under it
             self._sealed.append(active.file)
             self._indexes[active.file.first_lsn] = index
-            self._activate(new)
-            self._durable = (first - 1, end)
-            self._publish_durable()
+            self._activate(ActiveSegment(SegmentFile(first, path), header, end, first - 1))
+            self._written = self._durable = (first - 1, end)
+        old.close()
+        self._publish_durable()
         self._stats["rolls"] += 1
 
-    # -- background threads ------------------------------------------------------
-
-    def _commit_loop(self) -> None:
-        with self._mutex:
-            while not self._closed:
-                if self._queue and not self._leading and self._failure is None:
-                    self._lead()
-                else:
-                    self._work.wait()
+    # -- sync -------------------------------------------------------------------
 
     def _flush_loop(self) -> None:
+        """``sync="batch"``: sync every ``sync_interval`` ms, or sooner when
+        ``sync_bytes`` are waiting."""
         interval = self.sync_interval / 1000.0
         while True:
-            with self._mutex:
+            with self._gc.mutex:
                 if self._closed:
                     return
                 self._flush_due.wait(interval)
@@ -419,49 +327,22 @@ class Log:
             except (LogFailedError, ClosedError):
                 return
 
-    # -- sync, reading, truncation -------------------------------------------------
-
-    def _exclusive(self) -> None:
-        """With the mutex held: drain the queue and take the leader role."""
-        while True:
-            self._refuse()
-            if self._leading:
-                self._done.wait()
-            elif self._queue:
-                self._lead()
-            else:
-                self._leading = True
-                return
-
-    def _release(self) -> None:
-        self._leading = False
-        self._done.notify_all()
-        if self._queue:
-            self._work.notify()
-
     def sync(self) -> int:
         """Make everything appended so far durable; return the durable LSN."""
-        with self._mutex:
-            self._exclusive()
+        with self._gc.exclusive():
             target = self._written
-            if self._durable[0] >= target[0]:
-                self._release()
-                return self._durable[0]
-        error = None
-        try:
-            self._timed_sync()
-        except OSError as e:
-            error = e
-        with self._mutex:
-            if error is None:
+            if self._durable[0] < target[0]:
+                try:
+                    self._timed_sync()
+                except OSError as e:
+                    with self._gc.mutex:
+                        self._gc.failure = self._fail(e, self._durable[0] + 1)
+                    raise self._failure from e  # type: ignore[misc]
                 self._durable = target
                 self._publish_durable()
-            else:
-                self._fail(error, target[0])
-            self._release()
-            if error is not None:
-                raise self._failure  # type: ignore[misc]
-            return target[0]
+        return self._durable[0]
+
+    # -- reading and truncation ----------------------------------------------------
 
     def read(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
              ) -> Iterator[tuple[int, bytes]]:
@@ -473,7 +354,7 @@ class Log:
     def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
                      ) -> Iterator[Entry]:
         """As :meth:`read`, yielding :class:`wal.Entry` (lsn, timestamp_us, payload)."""
-        with self._mutex:
+        with self._gc.mutex:
             if self._closed:
                 raise ClosedError(f"the log at {self.directory} is closed")
             limit_lsn, limit_off = self._durable if durable_only else self._written
@@ -512,24 +393,19 @@ class Log:
         """Delete whole segments all of whose LSNs are below ``lsn`` (never the
         active one); return the bytes freed. Oldest first, index before
         segment, then a directory fsync: a crash leaves a gap-free suffix."""
-        with self._mutex:
+        with self._gc.mutex:
             self._refuse()
-            doomed = []
-            for k, seg in enumerate(self._sealed):
-                nxt = self._sealed[k + 1] if k + 1 < len(self._sealed) else self._active.file
-                if nxt.first_lsn <= lsn:
-                    doomed.append(seg)
-                else:
-                    break
+            segments = self._sealed + [self._active.file]
+            doomed = [seg for seg, nxt in zip(segments, segments[1:]) if nxt.first_lsn <= lsn]
             if not doomed:
                 return 0
             self._sealed = self._sealed[len(doomed):]
             for seg in doomed:
                 del self._indexes[seg.first_lsn]
-            self._first_lsn = (self._sealed[0] if self._sealed else self._active.file).first_lsn
+            self._first_lsn = segments[len(doomed)].first_lsn
         freed = 0
         for seg in doomed:
-            idx = seg.path[:-4] + ".idx"
+            idx = index_path(seg.path)
             if os.path.exists(idx):
                 freed += os.path.getsize(idx)
                 self._fs.unlink(idx)
@@ -542,65 +418,55 @@ class Log:
         """Drop every entry after ``lsn``; the next append gets ``lsn + 1``.
         Crash-safe: a ``TRUNCATE`` marker is made durable first, and an
         interrupted truncation is finished by the next open."""
-        with self._mutex:
-            self._exclusive()
-        try:
-            if lsn < self._first_lsn - 1 or lsn < 0:
-                raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {self._first_lsn}")
-            if lsn >= self._next_lsn - 1:
+        if lsn < self._first_lsn - 1 or lsn < 0:
+            raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {self._first_lsn}")
+        with self._gc.exclusive():
+            if lsn >= self._gc.next_lsn - 1:
                 return
-            marker = os.path.join(self.directory, TRUNCATE_MARKER)
-            self._durable = min(self._durable, (lsn, 1 << 62))
-            self._publish_durable()
-            self._fs.write_file(marker, str(lsn).encode())
-            self._fs.fsync_dir(self.directory)
-            self._file.close()
-            self._durable_map.close()
-            cut_after(self.directory, lsn, self._fs)
-            self._fs.unlink(marker)
-            self._fs.fsync_dir(self.directory)
-            self._open_state("strict")
-        except OSError as e:
-            with self._mutex:
-                self._fail(e, lsn + 1)
-            raise self._failure from e  # type: ignore[misc]
-        finally:
-            with self._mutex:
-                self._release()
+            try:
+                if self._durable[0] > lsn:
+                    self._durable = (lsn, 0)
+                    self._publish_durable()
+                marker = os.path.join(self.directory, TRUNCATE_MARKER)
+                self._fs.write_file(marker, str(lsn).encode())
+                self._fs.fsync_dir(self.directory)
+                self._file.close()
+                self._durable_map.close()
+                cut_after(self.directory, lsn, self._fs)
+                self._fs.unlink(marker)
+                self._fs.fsync_dir(self.directory)
+                self._open_state("strict")
+            except OSError as e:
+                with self._gc.mutex:
+                    self._gc.failure = self._fail(e, lsn + 1)
+                raise self._failure from e  # type: ignore[misc]
+            self._gc.next_lsn = lsn + 1
+            self._gc.acked_lsn = lsn
 
     # -- closing and stats -----------------------------------------------------------
 
     def close(self) -> None:
-        """Sync everything appended, write the active segment's index (so the
-        next open scans little), and release the lock. Idempotent."""
-        with self._mutex:
-            if self._closed:
-                return
-            while self._leading or (self._queue and self._failure is None):
-                if self._leading:
-                    self._done.wait()
-                else:
-                    self._lead()
+        """Write what is queued, sync everything, write the active segment's
+        index (so the next open scans little) and release the lock.
+        Idempotent. After a failure it only releases."""
+        if self._closed:
+            return
         try:
             if self._failure is None:
                 self.sync()
-                a = self._active
-                write_index(a.file.path, SparseIndex(a.file.first_lsn, a.last_lsn, a.data_end, a.points), self._fs)
-                self._fs.fsync_dir(self.directory)
+                with self._gc.exclusive():
+                    self._closed = True  # refuses appends from here on
+                    a = self._active
+                    index = SparseIndex(a.file.first_lsn, a.last_lsn, a.data_end, a.points)
+                    write_index(a.file.path, index, self._fs)
+                    self._fs.fsync_dir(self.directory)
         finally:
-            with self._mutex:
+            with self._gc.mutex:
                 self._closed = True
-                self._work.notify_all()
                 self._flush_due.notify_all()
-                self._done.notify_all()
-                pending = list(zip(range(self._written[0] + 1, self._next_lsn), self._callbacks))
-                self._queue, self._callbacks = [], []
-            for lsn, cb in pending:
-                if cb is not None:
-                    cb(lsn, self._failure or ClosedError("the log was closed before this entry was written"))
-            for t in (self._committer, self._flusher):
-                if t is not None and t is not threading.current_thread():
-                    t.join(timeout=5)
+            self._gc.stop(self._failure or ClosedError("the log was closed before this entry was written"))
+            if self._flusher is not None and self._flusher is not threading.current_thread():
+                self._flusher.join(timeout=5)
             self._file.close()
             self._durable_map.close()
             os.close(self._lock_fd)
@@ -614,12 +480,12 @@ class Log:
     def stats(self) -> dict[str, float | int | str]:
         """Counters and latencies: appends, bytes, groups, fsyncs, fsync
         latency p50/p99 (ms, over the last 4096), group sizes, segments."""
-        with self._mutex:
+        with self._gc.mutex:
             st = dict(self._stats)
             times = sorted(self._fsync_times)
             st.update(
                 first_lsn=self._first_lsn,
-                last_lsn=self._next_lsn - 1,
+                last_lsn=self._gc.next_lsn - 1,
                 durable_lsn=self._durable[0],
                 segments=len(self._sealed) + 1,
                 sync=self.sync_mode,

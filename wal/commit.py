@@ -1,0 +1,272 @@
+"""Group commit: many appenders, one write and one fsync (LevelDB's writer queue).
+
+Appenders queue their payloads under one mutex, which also assigns LSNs, so
+the queue is always in LSN order. The first appender to find no leader leads:
+it takes the whole queue, releases the mutex, has the log write (and sync) it
+as one group, then wakes the appenders the group covered and hands the
+leadership to the oldest appender still waiting, whose entries are already
+queued behind. Each waiting thread sleeps on a lock of its own, released by
+the leader, so waking a group costs one lock release per thread and no
+thundering herd on the mutex.
+
+Appenders that must not block (``submit_nowait``, the asyncio front) pass a
+callback instead; a committer thread leads when no appender thread is there
+to, and callbacks run on whichever thread led their group, after the mutex
+is released.
+
+Operations that need the log to themselves (sync, truncate, close) wait their
+turn in the same line with :meth:`GroupCommit.exclusive`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+logger = logging.getLogger("walkv.wal")
+
+Callback = Callable[[int, "BaseException | None"], None]
+
+
+class _Waiter:
+    __slots__ = ("lock", "lsn", "lead", "exclusive")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.lsn = 0
+        self.lead = False
+        self.exclusive = False
+
+
+class GroupCommit:
+    """The queue and leadership of one log.
+
+    ``write_group(first_lsn, payloads)`` does the I/O for a group (called by
+    one leader at a time, without the mutex); when it raises,
+    ``on_failure(error, first_lsn)`` returns the exception every later caller
+    gets. ``check()`` raises when the log is closed or failed.
+    """
+
+    def __init__(
+        self,
+        write_group: Callable[[int, list[bytes]], None],
+        on_failure: Callable[[BaseException, int], BaseException],
+        check: Callable[[], None],
+        next_lsn: int,
+    ) -> None:
+        self.mutex = threading.Lock()
+        self._work = threading.Condition(self.mutex)
+        self._write_group = write_group
+        self._on_failure = on_failure
+        self._check = check
+        self._queue: list[bytes] = []
+        self._callbacks: list[Callback | None] = []
+        self._has_callbacks = False
+        self._waiters: deque[_Waiter] = deque()
+        self._leading = False
+        self._local = threading.local()
+        self._committer: threading.Thread | None = None
+        self.stopping = False
+        self.next_lsn = next_lsn
+        self.acked_lsn = next_lsn - 1  # what appenders may be told is done
+        self.failure: BaseException | None = None
+
+    def _waiter(self) -> _Waiter:
+        w = getattr(self._local, "waiter", None)
+        if w is None:
+            w = self._local.waiter = _Waiter()
+        return w
+
+    # -- appending -------------------------------------------------------------
+
+    def submit(self, payloads: list[bytes]) -> int:
+        """Queue ``payloads`` and return once they are acknowledged; return
+        the first LSN. Raises the log's failure if their group failed."""
+        m = self.mutex
+        m.acquire()
+        try:
+            self._check()
+        except BaseException:
+            m.release()
+            raise
+        first = self.next_lsn
+        last = first + len(payloads) - 1
+        self.next_lsn = last + 1
+        if len(payloads) == 1:
+            self._queue.append(payloads[0])
+            self._callbacks.append(None)
+        else:
+            self._queue.extend(payloads)
+            self._callbacks.extend([None] * len(payloads))
+        if self._leading:
+            w = self._waiter()
+            w.lsn = last
+            w.lead = w.exclusive = False
+            self._waiters.append(w)
+            m.release()
+            w.lock.acquire()  # released by the leader: done, failed, or our turn to lead
+            if not w.lead:
+                if self.acked_lsn < last:
+                    raise self.failure  # type: ignore[misc]
+                return first
+            m.acquire()
+        else:
+            self._leading = True
+        done = self._lead_group()
+        self._handoff()
+        m.release()
+        _run_callbacks(done)
+        if self.acked_lsn < last:
+            raise self.failure  # type: ignore[misc]
+        return first
+
+    def submit_nowait(self, payload: bytes, callback: Callback) -> int:
+        """Queue one payload; ``callback(lsn, error)`` runs when it is
+        acknowledged or failed. Returns its LSN at once."""
+        with self.mutex:
+            self._check()
+            lsn = self.next_lsn
+            self.next_lsn = lsn + 1
+            self._queue.append(payload)
+            self._callbacks.append(callback)
+            self._has_callbacks = True
+            if self._committer is None:
+                self._committer = threading.Thread(target=self._commit_loop, name="walkv-committer", daemon=True)
+                self._committer.start()
+            if not self._leading:
+                self._work.notify()
+        return lsn
+
+    # -- leading -----------------------------------------------------------------
+
+    def _lead_group(self) -> tuple[int, list[Callback | None], BaseException | None] | None:
+        """Mutex held, leading: write the queue as one group and wake the
+        appenders it covered. Returns the callbacks to run, if any."""
+        payloads, callbacks, has_callbacks = self._queue, self._callbacks, self._has_callbacks
+        if not payloads:
+            return None
+        self._queue, self._callbacks, self._has_callbacks = [], [], False
+        first = self.acked_lsn + 1
+        error: BaseException | None = self.failure
+        if error is None:
+            self.mutex.release()
+            try:
+                self._write_group(first, payloads)
+            except BaseException as e:  # noqa: BLE001 - any failure here fails the log
+                error = e
+            self.mutex.acquire()
+        if error is None:
+            self.acked_lsn = first + len(payloads) - 1
+        else:
+            if self.failure is None:
+                self.failure = self._on_failure(error, first)
+            error = self.failure
+            # What is queued behind a failed group will never be written.
+            callbacks = callbacks + self._callbacks
+            has_callbacks = has_callbacks or self._has_callbacks
+            self._queue, self._callbacks, self._has_callbacks = [], [], False
+        waiters = self._waiters
+        acked = self.acked_lsn
+        while waiters and not waiters[0].exclusive and (waiters[0].lsn <= acked or error is not None):
+            waiters.popleft().lock.release()
+        if error is not None and waiters:
+            self._waiters = deque(w for w in waiters if w.exclusive)
+            for w in waiters:
+                if not w.exclusive:
+                    w.lock.release()
+        return (first, callbacks, error) if has_callbacks else None
+
+    def _handoff(self) -> None:
+        """Mutex held, leading: pass the leadership on, or give it up."""
+        if self._waiters:
+            w = self._waiters.popleft()
+            w.lead = True
+            w.lock.release()
+        else:
+            self._leading = False
+            if self._queue:
+                self._work.notify()
+
+    def _commit_loop(self) -> None:
+        m = self.mutex
+        with m:
+            while not self.stopping:
+                if self._queue and not self._leading and self.failure is None:
+                    self._leading = True
+                    done = self._lead_group()
+                    self._handoff()
+                    if done is not None:
+                        m.release()
+                        try:
+                            _run_callbacks(done)
+                        finally:
+                            m.acquire()
+                else:
+                    self._work.wait()
+
+    @contextmanager
+    def exclusive(self, *, drain: bool = True) -> Iterator[None]:
+        """Hold the leadership (no group is written meanwhile). With
+        ``drain``, everything queued before is written first."""
+        m = self.mutex
+        m.acquire()
+        try:
+            self._check()
+        except BaseException:
+            m.release()
+            raise
+        if self._leading:
+            w = self._waiter()
+            w.lsn = self.next_lsn - 1
+            w.lead = False
+            w.exclusive = True
+            self._waiters.append(w)
+            m.release()
+            w.lock.acquire()
+            m.acquire()
+        else:
+            self._leading = True
+        done = []
+        while drain and self._queue and self.failure is None:
+            done.append(self._lead_group())
+        failure = self.failure
+        if failure is not None:
+            self._handoff()
+        m.release()
+        for d in done:
+            _run_callbacks(d)
+        if failure is not None:
+            raise failure
+        try:
+            yield
+        finally:
+            with m:
+                self._handoff()
+
+    def stop(self, error: BaseException) -> None:
+        """Stop the committer thread and fail whatever is still queued."""
+        with self.mutex:
+            self.stopping = True
+            self._work.notify_all()
+            first = self.acked_lsn + 1
+            callbacks, self._queue, self._callbacks = self._callbacks, [], []
+        _run_callbacks((first, callbacks, error))
+        t = self._committer
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+
+
+def _run_callbacks(done: tuple[int, list[Callback | None], BaseException | None] | None) -> None:
+    if done is None:
+        return
+    first, callbacks, error = done
+    for i, cb in enumerate(callbacks):
+        if cb is not None:
+            try:
+                cb(first + i, error)
+            except Exception:  # a callback's bug must not fail the log
+                logger.exception("append_nowait callback raised")
