@@ -35,7 +35,11 @@ class File:
 
     def pwrite(self, data: bytes, offset: int) -> None:
         """Write all of ``data`` at ``offset`` (short writes are retried)."""
-        view = memoryview(data)
+        n = os.pwrite(self.fd, data, offset)
+        if n == len(data):
+            return
+        view = memoryview(data)[n:]
+        offset += n
         while view:
             n = os.pwrite(self.fd, view, offset)
             if n == 0:  # pragma: no cover - the kernel never does this for files

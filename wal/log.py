@@ -60,6 +60,7 @@ from wal.segment import (
     index_path,
     iter_entries,
     pack_entry_header,
+    record_start,
     write_index,
     write_new_segment,
 )
@@ -117,7 +118,7 @@ class Log:
         self._flusher: threading.Thread | None = None
         self._flush_due = threading.Condition(self._gc.mutex)  # wakes the batch flusher early
         self._unsynced_bytes = 0
-        self._stats = {"appends": 0, "bytes": 0, "groups": 0, "fsyncs": 0, "max_group": 0, "rolls": 0}
+        self._appends = self._bytes = self._groups = self._max_group = self._fsyncs = self._rolls = 0
         self._fsync_times: deque[float] = deque(maxlen=4096)
         if sync == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, name="walkv-flusher", daemon=True)
@@ -204,7 +205,9 @@ class Log:
     def append(self, payload: bytes) -> int:
         """Append one entry; return its LSN. Durable on return when
         ``sync="always"``, written to the OS otherwise."""
-        return self._gc.submit([self._check(payload)])
+        if type(payload) is not bytes or len(payload) > self._max_payload:
+            payload = self._check(payload)
+        return self._gc.submit([payload])
 
     def append_batch(self, payloads: Iterable[bytes]) -> tuple[int, int]:
         """Append several entries, written as one group; return ``(first,
@@ -239,17 +242,18 @@ class Log:
     def _write_group(self, first: int, payloads: list[bytes]) -> None:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
         it to ``on_commit``. Called by the leader only, without the mutex."""
-        if self._offset >= self.segment_bytes and self._active.last_lsn >= self._active.file.first_lsn:
+        active = self._active
+        if self._offset >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
             self._roll(first)
+            active = self._active
         ts = time.time_ns() // 1000
         parts: list[bytes] = []
         off = start = self._offset
-        active = self._active
         points, last_point = active.points, active.last_point
         lsn = first
         for payload in payloads:
-            rec = off if BLOCK_SIZE - off % BLOCK_SIZE >= HEADER_SIZE else off + BLOCK_SIZE - off % BLOCK_SIZE
-            if rec - last_point >= INDEX_INTERVAL:
+            if off - last_point >= INDEX_INTERVAL:
+                rec = record_start(off)
                 points.append((lsn, rec))
                 last_point = rec
             off = frame_into(parts, pack_entry_header(lsn, ts) + payload, off)
@@ -260,25 +264,24 @@ class Log:
             new_end = _round_block(max(off, self._prealloc_end + self._prealloc_step))
             self._file.preallocate(self._prealloc_end, new_end - self._prealloc_end)
             self._prealloc_end = new_end
-        self._file.pwrite(b"".join(parts), start)
+        self._file.pwrite(parts[0] + parts[1] if len(parts) == 2 else b"".join(parts), start)
         self._offset = active.data_end = off
         active.last_lsn = lsn - 1
         self._written = (lsn - 1, off)
         if self.sync_mode == "always":
             self._timed_sync(full=grew)
             self._durable = self._written
-            self._publish_durable()
+            self._durable_map[:16] = encode_durable(lsn - 1)
         else:
             self._unsynced_bytes += off - start
             if self._unsynced_bytes >= self.sync_bytes and self.sync_mode == "batch":
                 with self._gc.mutex:
                     self._flush_due.notify()
-        st = self._stats
-        st["bytes"] += off - start
-        st["groups"] += 1
-        st["appends"] += len(payloads)
-        if len(payloads) > st["max_group"]:
-            st["max_group"] = len(payloads)
+        self._bytes += off - start
+        self._groups += 1
+        self._appends += len(payloads)
+        if len(payloads) > self._max_group:
+            self._max_group = len(payloads)
         if self._on_commit is not None:
             self._on_commit(list(zip(range(first, lsn), payloads)))
 
@@ -286,7 +289,7 @@ class Log:
         t0 = time.perf_counter()
         self._file.sync(full=full)
         self._fsync_times.append(time.perf_counter() - t0)
-        self._stats["fsyncs"] += 1
+        self._fsyncs += 1
         self._unsynced_bytes = 0
 
     def _roll(self, first: int) -> None:
@@ -307,7 +310,7 @@ class Log:
             self._written = self._durable = (first - 1, end)
         old.close()
         self._publish_durable()
-        self._stats["rolls"] += 1
+        self._rolls += 1
 
     # -- sync -------------------------------------------------------------------
 
@@ -481,9 +484,14 @@ class Log:
         """Counters and latencies: appends, bytes, groups, fsyncs, fsync
         latency p50/p99 (ms, over the last 4096), group sizes, segments."""
         with self._gc.mutex:
-            st = dict(self._stats)
             times = sorted(self._fsync_times)
-            st.update(
+            st: dict[str, float | int | str] = dict(
+                appends=self._appends,
+                bytes=self._bytes,
+                groups=self._groups,
+                fsyncs=self._fsyncs,
+                max_group=self._max_group,
+                rolls=self._rolls,
                 first_lsn=self._first_lsn,
                 last_lsn=self._gc.next_lsn - 1,
                 durable_lsn=self._durable[0],

@@ -69,6 +69,7 @@ _unpack_header = _HEADER.unpack_from
 # CRC-32C of the single type byte, the start of every fragment's checksum.
 _TYPE_CRC = [crc32c(bytes([t])) for t in range(256)]
 _ZEROS = bytes(HEADER_SIZE)
+_FULL_CRC = _TYPE_CRC[FULL]
 
 
 def fragment_crc(fragment_type: int, payload: bytes) -> int:
@@ -84,11 +85,12 @@ def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
     group in memory and writes it with one call.
     """
     n = len(payload)
-    left = BLOCK_SIZE - offset % BLOCK_SIZE
-    if n + HEADER_SIZE <= left:  # the common case: one FULL fragment
-        out.append(_pack_header(mask(extend(_TYPE_CRC[FULL], payload)), n, FULL))
+    if n + HEADER_SIZE <= BLOCK_SIZE - offset % BLOCK_SIZE:  # the common case: one FULL fragment
+        crc = extend(_FULL_CRC, payload)  # mask() inlined: this is the hot path
+        out.append(_pack_header((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF, n, FULL))
         out.append(payload)
         return offset + HEADER_SIZE + n
+    left = BLOCK_SIZE - offset % BLOCK_SIZE
     view = memoryview(payload)
     pos = 0
     begin = True
