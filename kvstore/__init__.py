@@ -1,0 +1,60 @@
+"""walkv's key-value store: the database users open.
+
+    import kvstore
+    with kvstore.open(path) as db:          # sync="always": durable on return
+        lsn = db.put(b"k", b"v"); db.get(b"k"); db.delete(b"k")
+        with db.batch() as b:                # atomic: one LSN for all of it
+            b.put(b"a", b"1"); b.delete(b"b"); b.delete_range(b"c", b"d")
+        for key, value in db.scan(start=b"a", stop=b"z"): ...
+
+    async with kvstore.open_async(path) as adb:
+        await adb.put(b"k", b"v")            # thousands of coroutines share each fsync
+
+See :mod:`kvstore.store` for durability and locking, :mod:`kvstore.batch` for
+the log entry format, :mod:`kvstore.state` for the LMDB state machine and
+:mod:`kvstore.recovery` for what open checks and rebuilds.
+"""
+
+from __future__ import annotations
+
+from kvstore.batch import MAX_KEY_BYTES, WriteBatch
+from kvstore.store import KVStore, ReadOnlyError, open
+from wal.errors import (
+    ClosedError,
+    CorruptionError,
+    LockedError,
+    LogFailedError,
+    RecordTooLargeError,
+    SnapshotError,
+    WalkvError,
+)
+
+
+def open_async(path, sync: str = "always", **options):
+    """Open the store for asyncio: ``adb = await kvstore.open_async(path)`` or
+    ``async with kvstore.open_async(path) as adb:``. See :mod:`kvstore.aio`."""
+    from kvstore.aio import open_async as _open_async
+
+    return _open_async(path, sync=sync, **options)
+
+
+def __getattr__(name: str):
+    # Modules other engineers own, imported lazily so that a missing or
+    # heavy one (pyspark) costs nothing here.
+    if name in ("restore", "snapshot"):
+        import importlib
+
+        try:
+            mod = importlib.import_module("kvstore.restore")
+        except ImportError as exc:
+            raise AttributeError(name) from exc
+        if hasattr(mod, name):
+            return getattr(mod, name)
+    raise AttributeError(f"module 'kvstore' has no attribute {name!r}")
+
+
+__all__ = [
+    "MAX_KEY_BYTES", "ClosedError", "CorruptionError", "KVStore", "LockedError",
+    "LogFailedError", "ReadOnlyError", "RecordTooLargeError", "SnapshotError",
+    "WalkvError", "WriteBatch", "open", "open_async",
+]

@@ -1,0 +1,277 @@
+"""The log entry payload of a key-value store: one atomic batch of operations.
+
+Format (one log entry's payload; the log adds LSN and timestamp around it)::
+
+    payload := msgpack array of op           (packed with use_bin_type=True)
+    op      := [1, key, value]                put
+             | [2, key]                       delete
+             | [3, start, end]                delete_range: start <= key < end
+    key, value, start, end := msgpack bin     (never str: text must be encoded
+                                               by the caller, so no codec is
+                                               ever guessed on replay)
+
+Rules, and the reason for each:
+
+* One entry is one batch, so a batch is atomic: it has one LSN and is applied
+  in one LMDB write transaction, or not at all.
+* Ops apply in order, so ``[[1, k, a], [2, k]]`` leaves ``k`` absent.
+* ``key`` is 1..511 bytes: LMDB cannot store an empty key, and 511 bytes is
+  its default maximum key size (``mdb_env_get_maxkeysize``). Range bounds are
+  0..512 bytes: a bound is never stored, and ``b"\\xff" * 512`` sorts after
+  every possible key, which is how "to the end" is written.
+* ``value`` is bounded by the store's value limit, itself bounded by the log's
+  maximum record size, and checked before anything is logged.
+* Decoding is strict: a payload that is valid msgpack but not a batch of this
+  shape is corruption (:class:`~wal.errors.CorruptionError` naming the LSN),
+  never silently skipped, because skipping it would lose an acknowledged write.
+
+The Spark data source reads log segments directly and decodes them with
+:func:`decode`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable
+
+import msgpack
+
+from wal.errors import ClosedError, CorruptionError, RecordTooLargeError
+
+OP_PUT = 1
+OP_DELETE = 2
+OP_DELETE_RANGE = 3
+
+MAX_KEY_BYTES = 511
+"""LMDB's default maximum key size (``mdb_env_get_maxkeysize``)."""
+MAX_BOUND_BYTES = MAX_KEY_BYTES + 1
+"""Range bounds may be one byte longer than a key, see :data:`END_OF_KEYS`."""
+END_OF_KEYS = b"\xff" * MAX_BOUND_BYTES
+"""A range end that sorts after every key (keys are at most 511 bytes)."""
+
+ENTRY_OVERHEAD = 64
+"""Bytes a log entry adds around a batch payload, plus msgpack framing slack."""
+DEFAULT_MAX_VALUE_BYTES = (64 << 20) - 1024
+"""Default value limit: the log's default 64 MiB record, minus room for the
+key and framing. LMDB itself takes values up to 4 GiB."""
+
+REPAIR_HINT = "run `walkv repair STORE` to cut the log at the bad record"
+
+# msgpack's C Packer runs a pack of lists, ints and bytes without releasing the
+# GIL and without calling back into Python, so one shared Packer is safe with
+# the GIL. A free-threaded interpreter gets the stateless function.
+if getattr(sys, "_is_gil_enabled", lambda: True)():
+    _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+else:  # pragma: no cover - free-threaded CPython
+    def _pack(obj: object) -> bytes:
+        return msgpack.packb(obj, use_bin_type=True)
+
+_unpackb = msgpack.unpackb
+
+
+def _type_error(what: str, obj: object) -> TypeError:
+    hint = " (encode text first, e.g. s.encode())" if isinstance(obj, str) else ""
+    return TypeError(f"{what} must be bytes, not {type(obj).__name__}{hint}")
+
+
+def as_bytes(obj: object, what: str) -> bytes:
+    """``obj`` as ``bytes``: bytes as is, bytearray and memoryview copied,
+    anything else a TypeError that says so."""
+    if type(obj) is bytes:
+        return obj  # type: ignore[return-value]
+    if isinstance(obj, (bytes, bytearray)):
+        return bytes(obj)
+    if isinstance(obj, memoryview):
+        return obj.tobytes()
+    raise _type_error(what, obj)
+
+
+def check_key(key: object) -> bytes:
+    """Validate a key: bytes-like, 1..511 bytes. Returns it as ``bytes``."""
+    if type(key) is not bytes:
+        key = as_bytes(key, "key")
+    n = len(key)  # type: ignore[arg-type]
+    if 0 < n <= MAX_KEY_BYTES:
+        return key  # type: ignore[return-value]
+    if n == 0:
+        raise ValueError("key must not be empty (LMDB cannot store an empty key)")
+    raise RecordTooLargeError(
+        f"key is {n} bytes; the limit is {MAX_KEY_BYTES} bytes "
+        f"(LMDB's default maximum key size). Nothing was written."
+    )
+
+
+def check_value(value: object, limit: int) -> bytes:
+    """Validate a value: bytes-like, at most ``limit`` bytes."""
+    if type(value) is not bytes:
+        value = as_bytes(value, "value")
+    if len(value) > limit:  # type: ignore[arg-type]
+        raise RecordTooLargeError(
+            f"value is {len(value)} bytes; the limit is {limit} bytes "  # type: ignore[arg-type]
+            f"(option max_value_bytes, bounded by the log's max_record_bytes). "
+            f"Nothing was written."
+        )
+    return value  # type: ignore[return-value]
+
+
+def check_bound(bound: object, what: str) -> bytes:
+    """Validate a range bound: bytes-like, 0..512 bytes."""
+    if type(bound) is not bytes:
+        bound = as_bytes(bound, what)
+    if len(bound) > MAX_BOUND_BYTES:  # type: ignore[arg-type]
+        raise ValueError(
+            f"{what} is {len(bound)} bytes; range bounds are at most "  # type: ignore[arg-type]
+            f"{MAX_BOUND_BYTES} bytes (keys are at most {MAX_KEY_BYTES})"
+        )
+    return bound  # type: ignore[return-value]
+
+
+def encode_put(key: bytes, value: bytes) -> bytes:
+    """The payload of a batch holding one put (keys already validated)."""
+    return _pack([[OP_PUT, key, value]])
+
+
+def encode_delete(key: bytes) -> bytes:
+    return _pack([[OP_DELETE, key]])
+
+
+def encode_delete_range(start: bytes, end: bytes) -> bytes:
+    return _pack([[OP_DELETE_RANGE, start, end]])
+
+
+def encode(ops: Iterable[list | tuple]) -> bytes:
+    """The payload of a batch of already validated ops (lists or tuples of
+    the shapes in the module docstring)."""
+    return _pack(list(ops))
+
+
+def _bad(reason: str, lsn: int | None) -> CorruptionError:
+    return CorruptionError(f"log entry is not a valid walkv batch: {reason}",
+                           lsn=lsn, hint=REPAIR_HINT)
+
+
+def decode(payload: bytes, lsn: int | None = None) -> list[list]:
+    """Decode and strictly validate one batch payload.
+
+    Returns the list of ops, each a list ``[1, key, value]``, ``[2, key]`` or
+    ``[3, start, end]`` (keys and values ``bytes``). Raises
+    :class:`~wal.errors.CorruptionError` naming ``lsn`` when the payload is
+    not exactly that.
+    """
+    try:
+        ops = _unpackb(payload, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise _bad(f"not msgpack ({type(exc).__name__}: {exc})", lsn) from None
+    if type(ops) is not list:
+        raise _bad(f"top level is {type(ops).__name__}, not an array of ops", lsn)
+    for i, op in enumerate(ops):
+        if type(op) is not list or not op:
+            raise _bad(f"op {i} is {type(op).__name__}, not an array", lsn)
+        code = op[0]
+        n = len(op)
+        if code == OP_PUT and n == 3 and type(code) is int:
+            key, value = op[1], op[2]
+            if type(key) is not bytes or type(value) is not bytes:
+                raise _bad(f"op {i} (put) has a non-bin key or value", lsn)
+            if not 0 < len(key) <= MAX_KEY_BYTES:
+                raise _bad(f"op {i} (put) has a {len(key)}-byte key", lsn)
+        elif code == OP_DELETE and n == 2 and type(code) is int:
+            key = op[1]
+            if type(key) is not bytes:
+                raise _bad(f"op {i} (delete) has a non-bin key", lsn)
+            if not 0 < len(key) <= MAX_KEY_BYTES:
+                raise _bad(f"op {i} (delete) has a {len(key)}-byte key", lsn)
+        elif code == OP_DELETE_RANGE and n == 3 and type(code) is int:
+            start, end = op[1], op[2]
+            if type(start) is not bytes or type(end) is not bytes:
+                raise _bad(f"op {i} (delete_range) has a non-bin bound", lsn)
+            if len(start) > MAX_BOUND_BYTES or len(end) > MAX_BOUND_BYTES:
+                raise _bad(f"op {i} (delete_range) has a bound over "
+                           f"{MAX_BOUND_BYTES} bytes", lsn)
+        else:
+            raise _bad(f"op {i} has code {code!r} and {n} fields", lsn)
+    return ops
+
+
+class WriteBatch:
+    """Operations collected to be written atomically, as one log entry.
+
+    Use it as a context manager (``with db.batch() as b:``): on a normal exit
+    the batch is committed (one LSN, durable per the store's sync mode when the
+    ``with`` block returns, then visible to reads); when the block raises,
+    nothing is written. Every argument is validated as it is added, so a bad
+    key raises at the call that adds it. After commit, :attr:`lsn` holds the
+    entry's LSN (``None`` for an empty batch, which writes nothing).
+    """
+
+    __slots__ = ("_ops", "_commit", "_max_value", "_max_payload", "_size",
+                 "_done", "lsn")
+
+    def __init__(self, commit: Callable[[bytes], int], max_value: int,
+                 max_payload: int) -> None:
+        self._ops: list[list] = []
+        self._commit = commit
+        self._max_value = max_value
+        self._max_payload = max_payload
+        self._size = 8
+        self._done = False
+        self.lsn: int | None = None
+
+    def _add(self, op: list, size: int) -> None:
+        if self._done:
+            raise ClosedError("this batch was already committed or discarded; "
+                              "start a new one with db.batch()")
+        size += self._size
+        if size > self._max_payload:
+            raise RecordTooLargeError(
+                f"batch would be over {self._max_payload} bytes (the log's "
+                f"maximum record size); split it. Nothing was written.")
+        self._size = size
+        self._ops.append(op)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        key = check_key(key)
+        value = check_value(value, self._max_value)
+        self._add([OP_PUT, key, value], len(key) + len(value) + 12)
+
+    def delete(self, key: bytes) -> None:
+        key = check_key(key)
+        self._add([OP_DELETE, key], len(key) + 6)
+
+    def delete_range(self, start: bytes | None, end: bytes | None) -> None:
+        """Delete every key with ``start <= key < end`` (``None``: unbounded)."""
+        start = b"" if start is None else check_bound(start, "start")
+        end = END_OF_KEYS if end is None else check_bound(end, "end")
+        self._add([OP_DELETE_RANGE, start, end], len(start) + len(end) + 12)
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def payload(self) -> bytes:
+        return _pack(self._ops)
+
+    def commit(self) -> int | None:
+        """Write the batch as one log entry; returns its LSN (None if empty)."""
+        if self._done:
+            raise ClosedError("this batch was already committed or discarded")
+        self._done = True
+        if not self._ops:
+            return None
+        self.lsn = self._commit(_pack(self._ops))
+        self._ops = []
+        return self.lsn
+
+    def discard(self) -> None:
+        """Drop every collected operation; nothing is written."""
+        self._done = True
+        self._ops = []
+
+    def __enter__(self) -> "WriteBatch":
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            if not self._done:
+                self.commit()
+        else:
+            self.discard()

@@ -1,0 +1,264 @@
+"""Whether LMDB can be trusted at open, replaying the log, rebuilding LMDB.
+
+LMDB is a cache of "newest snapshot + log" (DESIGN section 5). It runs with
+``MDB_NOSYNC``: a crash of the process cannot corrupt it (dirty pages are in
+the kernel's page cache and reach the disk later), a crash of the machine can
+(pages reach the disk in any order, and the newest meta page may point at
+pages that never did). So on open:
+
+* after a clean close, or after a process crash (same kernel boot), LMDB is
+  used as is and the log is replayed from its applied LSN + 1;
+* after a machine crash (the kernel's boot id differs from the one recorded
+  at open and there was no clean close), or on any sign of damage (LMDB will
+  not open or read, its store id is not the log's, its applied LSN is past
+  the log's end or before the log's start, an interrupted rebuild), LMDB is
+  deleted and rebuilt: from the newest snapshot when there is one, then the
+  log (:func:`rebuild_state`).
+
+The evidence for that choice lives in a small file beside LMDB, never inside
+it: after a machine crash a page of LMDB may be any older version of itself,
+including one that says "closed cleanly".
+
+``STORE/lmdb/SESSION`` (JSON, replaced atomically: temp file, fsync, rename,
+fsync directory)::
+
+    {"format": 1, "store_id": "<log store id>", "boot_id": "<kernel boot id>",
+     "clean": false, "pid": 1234, "time": 1700000000.0}
+
+* Written with ``"clean": false`` and the current boot id before the first
+  LMDB write of a session (and made durable first), so any later LMDB write
+  that reaches the disk is covered by it.
+* Rewritten with ``"clean": true`` at close, after LMDB was flushed
+  (``mdb_env_sync``), while the store's lock is still held.
+* A missing or unreadable SESSION means LMDB cannot be trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Callable, Iterable, Iterator
+
+from kvstore.batch import REPAIR_HINT
+from kvstore.state import State
+from wal.errors import CorruptionError, SnapshotError
+from wal.fs import OS_FS, FileSystem
+
+log = logging.getLogger("walkv.recovery")
+
+SESSION_NAME = "SESSION"
+SESSION_FORMAT = 1
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+Progress = Callable[[int, "int | None"], None]
+
+REPLAY_CHUNK_ENTRIES = 4096
+REPLAY_CHUNK_BYTES = 16 << 20
+PROGRESS_EVERY = 2.0
+
+
+def boot_id() -> str:
+    """The running kernel's boot id (Linux), or ``"unknown"`` elsewhere, which
+    makes every unclean close look like a machine crash (safe, slower)."""
+    try:
+        with open(BOOT_ID_PATH, encoding="ascii") as f:
+            return f.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def read_session(lmdb_dir: str) -> dict | None:
+    """The SESSION record, or None when it is missing or unreadable."""
+    try:
+        with open(os.path.join(lmdb_dir, SESSION_NAME), "rb") as f:
+            raw = f.read(1 << 16)
+        rec = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("format") != SESSION_FORMAT:
+        return None
+    if not isinstance(rec.get("clean"), bool) or not isinstance(rec.get("boot_id"), str):
+        return None
+    return rec
+
+
+def write_session(lmdb_dir: str, store_id: str, *, clean: bool,
+                  fs: FileSystem = OS_FS) -> None:
+    """Replace the SESSION record atomically and durably."""
+    rec = {"format": SESSION_FORMAT, "store_id": store_id, "boot_id": boot_id(),
+           "clean": clean, "pid": os.getpid(), "time": time.time()}
+    path = os.path.join(lmdb_dir, SESSION_NAME)
+    tmp = path + ".tmp"
+    fs.write_file(tmp, json.dumps(rec, sort_keys=True).encode() + b"\n")
+    fs.rename(tmp, path)
+    fs.fsync_dir(lmdb_dir)
+
+
+def distrust_reason(lmdb_dir: str, session: dict | None, store_id: str) -> str | None:
+    """Why LMDB at ``lmdb_dir`` must be rebuilt, judged from SESSION alone
+    (None: it may be used, subject to the checks in :func:`check_state`)."""
+    if not os.path.exists(os.path.join(lmdb_dir, "data.mdb")):
+        return "there is no LMDB state yet"
+    if session is None:
+        return "its SESSION record is missing or unreadable"
+    if session.get("store_id") != store_id:
+        return (f"it was built from another log (store id {session.get('store_id')!r}, "
+                f"the log's is {store_id!r})")
+    if not session["clean"] and session["boot_id"] != boot_id():
+        return ("the machine crashed while the store was open (the kernel's boot id "
+                "changed and the store was not closed cleanly)")
+    return None
+
+
+def check_state(state: State, store_id: str, first_lsn: int, last_lsn: int) -> str | None:
+    """Why an opened LMDB cannot be used with this log (None: it can)."""
+    if not state.initialized:
+        return "its meta database is empty"
+    if not state.complete:
+        return "a rebuild of it was interrupted"
+    if state.store_id != store_id:
+        return f"its store id {state.store_id!r} is not the log's {store_id!r}"
+    if state.applied_lsn > last_lsn:
+        return (f"it has applied LSN {state.applied_lsn}, past the log's last LSN "
+                f"{last_lsn} (the log lost its tail, or was cut by a repair)")
+    if state.applied_lsn < first_lsn - 1:
+        return (f"it has applied LSN {state.applied_lsn}, but the log starts at LSN "
+                f"{first_lsn} (older entries were truncated)")
+    return None
+
+
+def replay(state: State, wal_log, *, to_lsn: int | None = None,
+           progress: Progress | None = None, what: str = "replay") -> int:
+    """Apply the log's entries after ``state.applied_lsn`` (up to ``to_lsn``,
+    default the log's end) in bounded chunks, each one LMDB write transaction.
+    Returns the number of entries applied. Reports progress through
+    ``progress(done, total)`` and, for replays that take more than a few
+    seconds, through ``logging``.
+
+    A corrupt entry raises :class:`CorruptionError` naming the file, offset
+    and LSN and the repair command; its chunk is not applied.
+    """
+    start = state.applied_lsn + 1
+    last = wal_log.last_lsn if to_lsn is None else min(to_lsn, wal_log.last_lsn)
+    if start > last:
+        return 0
+    total = last - start + 1
+    t0 = time.monotonic()
+    next_report = t0 + PROGRESS_EVERY
+    reported = False
+    done = 0
+    buf: list[tuple[int, bytes]] = []
+    size = 0
+    if progress is not None:
+        progress(0, total)
+    try:
+        for lsn, payload in wal_log.read(start, last, durable_only=False):
+            buf.append((lsn, payload))
+            size += len(payload)
+            if len(buf) >= REPLAY_CHUNK_ENTRIES or size >= REPLAY_CHUNK_BYTES:
+                state.apply(buf, strict=True)
+                done += len(buf)
+                buf = []
+                size = 0
+                if progress is not None:
+                    progress(done, total)
+                now = time.monotonic()
+                if now >= next_report:
+                    next_report = now + PROGRESS_EVERY
+                    reported = True
+                    log.info("%s of %s: %d of %d log entries applied (%.0f/s)", what,
+                             state.path, done, total, done / (now - t0))
+        if buf:
+            state.apply(buf, strict=True)
+            done += len(buf)
+    except CorruptionError as exc:
+        if "walkv repair" in str(exc):
+            raise
+        raise CorruptionError(exc.reason, path=exc.path, offset=exc.offset,
+                              lsn=exc.lsn, hint=REPAIR_HINT) from None
+    except ValueError as exc:  # the log's "LSN no longer in the log"
+        raise CorruptionError(f"cannot replay the log from LSN {start}: {exc}",
+                              hint=REPAIR_HINT) from None
+    if state.applied_lsn != last:
+        raise CorruptionError(
+            f"the log ended at LSN {state.applied_lsn} while replaying to LSN {last}",
+            path=getattr(wal_log, "directory", None), lsn=state.applied_lsn + 1,
+            hint=REPAIR_HINT)
+    if progress is not None:
+        progress(done, total)
+    elapsed = time.monotonic() - t0
+    if reported or elapsed >= PROGRESS_EVERY:
+        log.info("%s of %s done: %d log entries in %.1f s", what, state.path, done, elapsed)
+    return done
+
+
+def remove_state(lmdb_dir: str, fs: FileSystem = OS_FS) -> None:
+    """Delete the LMDB environment directory durably."""
+    if os.path.exists(lmdb_dir):
+        shutil.rmtree(lmdb_dir)
+        fs.fsync_dir(os.path.dirname(os.path.abspath(lmdb_dir)))
+
+
+def rebuild_state(
+    lmdb_dir: str,
+    wal_log,
+    *,
+    store_id: str,
+    base: Iterable[tuple[bytes, bytes]] | None = None,
+    base_lsn: int = 0,
+    progress: Progress | None = None,
+    fs: FileSystem = OS_FS,
+    state_options: dict | None = None,
+) -> State:
+    """Delete LMDB and build it again: the ``base`` (key, value) pairs, sorted
+    by key, as of ``base_lsn`` (the newest snapshot; none: an empty state at
+    LSN 0), then the log from ``base_lsn + 1``. Returns the open state.
+
+    Crash-safe: the old environment is deleted durably first, SESSION says
+    "not clean" before the first LMDB write, and ``complete`` is set only once
+    the base is loaded, so an interrupted rebuild is simply redone.
+    """
+    if base_lsn < wal_log.first_lsn - 1:
+        if base is None:
+            raise SnapshotError(
+                f"cannot rebuild the state of {os.path.dirname(lmdb_dir)}: the log starts at "
+                f"LSN {wal_log.first_lsn} (older entries were deleted after a snapshot covered "
+                f"them) and no snapshot was found. Restore the snapshots directory, or "
+                f"restore the store from a backup.")
+        raise SnapshotError(
+            f"the newest snapshot is at LSN {base_lsn}, but the log starts at LSN "
+            f"{wal_log.first_lsn}: the entries between are gone")
+    if base_lsn > wal_log.last_lsn:
+        raise CorruptionError(
+            f"the snapshot is at LSN {base_lsn}, past the log's last LSN {wal_log.last_lsn}",
+            path=getattr(wal_log, "directory", None), hint=REPAIR_HINT)
+    remove_state(lmdb_dir, fs)
+    fs.makedirs(lmdb_dir)
+    write_session(lmdb_dir, store_id, clean=False, fs=fs)
+    state = State(lmdb_dir, **(state_options or {}))
+    try:
+        state.initialize(store_id, base_lsn, complete=base is None)
+        if base is not None:
+            n = state.load_base(iter_pairs(base), base_lsn)
+            log.info("rebuild of %s: loaded %d pairs of the snapshot at LSN %d",
+                     lmdb_dir, n, base_lsn)
+        replay(state, wal_log, progress=progress, what="rebuild")
+    except BaseException:
+        state.close(sync=False)
+        raise
+    return state
+
+
+def iter_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """Check that base pairs are sorted (LMDB's bulk load assumes nothing, but
+    a snapshot that is not sorted is not one walkv wrote)."""
+    prev = None
+    for k, v in pairs:
+        if prev is not None and k <= prev:
+            raise SnapshotError(f"snapshot pairs are not sorted: {k!r} after {prev!r}")
+        prev = k
+        yield k, v
+

@@ -1,0 +1,520 @@
+"""KVStore: the database users open. A write-ahead log plus an LMDB state machine.
+
+Store directory layout::
+
+    STORE/
+      LOCK        fcntl lock held by the one writing process (holds its pid)
+      wal/        the log (wal package)
+      lmdb/       the state machine (kvstore/state.py) and its SESSION record
+                  (kvstore/recovery.py)
+      snapshots/  snap-<lsn>/ (snapshot package)
+
+Durability, precisely. A write (put, delete, delete_range, a committed batch)
+is one log entry with one LSN. It returns once the log acknowledged it, which
+with ``sync="always"`` (default) means after an fsync that covers it; it was
+also applied to LMDB before it returned, so the next read in any thread sees
+it. With ``sync="batch"`` or ``"none"`` it returns once the entry reached the
+OS: safe against a crash of the process, not of the machine (``sync()``
+forces it to disk). LMDB's own writes are never fsynced on the commit path;
+after a machine crash LMDB is rebuilt from the log (kvstore/recovery.py).
+
+Writers: one process at a time (``STORE/LOCK``, then the log's own lock); a
+second one gets :class:`LockedError`. Any number of threads in the writing
+process may read and write. ``readonly=True`` opens beside a writer (or
+none): it reads LMDB through LMDB's reader lock table and never writes,
+replays or takes the store lock. It sees what the writer has applied, which
+includes every write acknowledged by then; with no writer running it sees
+the state as the last writer left it (after a crash of that writer, possibly
+without its last group, which the next read-write open replays). It refuses
+to open a store whose last writer was on a machine that crashed since.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import time
+from typing import Callable, Iterator
+
+import wal
+from kvstore import recovery
+from kvstore.batch import (
+    DEFAULT_MAX_VALUE_BYTES,
+    END_OF_KEYS,
+    ENTRY_OVERHEAD,
+    MAX_KEY_BYTES,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_PUT,
+    WriteBatch,
+    as_bytes,
+    check_bound,
+    check_key,
+    check_value,
+)
+from kvstore.batch import _pack as _pack
+from kvstore.state import DEFAULT_MAP_SIZE, State
+from wal.errors import ClosedError, LockedError, WalkvError
+from wal.fs import OS_FS, FileSystem
+from wal.record import DEFAULT_MAX_RECORD_BYTES
+
+log = logging.getLogger("walkv.store")
+
+Progress = Callable[[int, "int | None"], None]
+
+WAL_DIR = "wal"
+LMDB_DIR = "lmdb"
+SNAPSHOTS_DIR = "snapshots"
+LOCK_NAME = "LOCK"
+
+class ReadOnlyError(WalkvError):
+    """A write was attempted on a store opened with ``readonly=True``."""
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The least byte string greater than every string starting with
+    ``prefix`` (None: there is none, the prefix is all 0xff)."""
+    p = prefix.rstrip(b"\xff")
+    if not p:
+        return None
+    return p[:-1] + bytes((p[-1] + 1,))
+
+
+class KVStore:
+    """An open store. Create with :func:`kvstore.open`.
+
+    Thread-safe: any number of threads may read and write; concurrent writers
+    share fsyncs (group commit). Use as a context manager, or call
+    :meth:`close`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, sync: str = "always",
+                 segment_bytes: int = 64 << 20, readonly: bool = False,
+                 map_size: int = DEFAULT_MAP_SIZE, writemap: bool = True,
+                 max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 max_readers: int = 1024,
+                 progress: Progress | None = None, fs: FileSystem | None = None,
+                 **log_options: object) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.readonly = bool(readonly)
+        self._fs = fs or OS_FS
+        self._closed = True
+        self._log = None
+        self._lock_fd = -1
+        self._gets = 0
+        self._reads_closed = False
+        self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
+        self.replayed = 0
+        self.open_seconds = 0.0
+        if max_record_bytes < 4096:
+            raise ValueError(f"max_record_bytes must be at least 4096, not {max_record_bytes!r}")
+        self.max_value_bytes = min(int(max_value_bytes),
+                                   max_record_bytes - ENTRY_OVERHEAD - MAX_KEY_BYTES)
+        if self.max_value_bytes < 1:
+            raise ValueError(f"max_value_bytes must be positive, not {max_value_bytes!r}")
+        self._max_payload = max_record_bytes - ENTRY_OVERHEAD
+        self._wal_dir = os.path.join(self.path, WAL_DIR)
+        self._lmdb_dir = os.path.join(self.path, LMDB_DIR)
+        self._state_options = {"map_size": map_size, "writemap": writemap,
+                               "max_readers": max_readers}
+        t0 = time.monotonic()
+        if self.readonly:
+            if log_options:
+                raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
+            self._open_readonly()
+        else:
+            self._open_writer(sync=sync, segment_bytes=segment_bytes,
+                              max_record_bytes=max_record_bytes, progress=progress,
+                              log_options=log_options)
+        self.open_seconds = time.monotonic() - t0
+        self._closed = False
+
+    # -- opening -------------------------------------------------------------
+
+    def _open_readonly(self) -> None:
+        if not os.path.isdir(self.path):
+            raise WalkvError(f"{self.path} is not a walkv store (no such directory)")
+        session = recovery.read_session(self._lmdb_dir)
+        if session is not None and not session["clean"] and \
+                session["boot_id"] != recovery.boot_id():
+            raise WalkvError(
+                f"{self.path} was open for writing when its machine crashed; its LMDB "
+                f"state may be damaged. Open it read-write once to recover it.")
+        self._state = State(self._lmdb_dir, readonly=True,
+                            max_readers=self._state_options["max_readers"])
+        self.store_id = self._state.store_id
+        self._append = self._refuse_write
+        self.max_record_bytes = None
+
+    def _take_lock(self) -> None:
+        self._fs.makedirs(self.path)
+        path = os.path.join(self.path, LOCK_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise LockedError(
+                    f"the store {self.path} is open for writing by another process "
+                    f"(pid {holder}) or another KVStore in this one; close it there "
+                    f"first, or open it with readonly=True") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            fd, self._lock_fd = self._lock_fd, -1
+            os.close(fd)
+
+    def _open_writer(self, *, sync: str, segment_bytes: int, max_record_bytes: int,
+                     progress: Progress | None, log_options: dict) -> None:
+        self._take_lock()
+        try:
+            self._log = wal.open(self._wal_dir, sync=sync, segment_bytes=segment_bytes,
+                                 max_record_bytes=max_record_bytes,
+                                 on_commit=self._on_commit, fs=self._fs, **log_options)
+            try:
+                self._open_state(progress)
+            except BaseException:
+                self._log.close()
+                raise
+        except BaseException:
+            self._release_lock()
+            raise
+        self.store_id = self._log.store_id
+        self.max_record_bytes = max_record_bytes
+        self._append = self._log.append
+
+    def _open_state(self, progress: Progress | None) -> None:
+        wlog = self._log
+        store_id = wlog.store_id
+        session = recovery.read_session(self._lmdb_dir)
+        reason = recovery.distrust_reason(self._lmdb_dir, session, store_id)
+        state = None
+        if reason is None:
+            try:
+                state = State(self._lmdb_dir, **self._state_options)
+            except WalkvError as exc:
+                reason = f"LMDB will not open ({exc})"
+            else:
+                reason = recovery.check_state(state, store_id, wlog.first_lsn, wlog.last_lsn)
+                if reason is not None:
+                    state.close(sync=False)
+                    state = None
+        if state is None:
+            self._state = self._rebuild(reason or "unknown", progress)
+            return
+        self._state = state
+        try:
+            recovery.write_session(self._lmdb_dir, store_id, clean=False, fs=self._fs)
+            self.replayed = recovery.replay(state, wlog, progress=progress)
+        except BaseException:
+            state.close(sync=False)
+            raise
+
+    def _rebuild(self, reason: str, progress: Progress | None) -> State:
+        """Rebuild LMDB from the newest snapshot (when the snapshot package
+        offers one through ``kvstore.snapshots.rebuild_base``) plus the log."""
+        wlog = self._log
+        fresh = reason == "there is no LMDB state yet" and wlog.last_lsn == 0
+        if not fresh:
+            log.warning("rebuilding the LMDB state of %s from the log: %s", self.path, reason)
+        self.rebuilt = None if fresh else reason
+        base, base_lsn = self._rebuild_base()
+        state = recovery.rebuild_state(
+            self._lmdb_dir, wlog, store_id=wlog.store_id, base=base, base_lsn=base_lsn,
+            progress=progress, fs=self._fs, state_options=self._state_options)
+        self.replayed = state.applied_entries
+        return state
+
+    def _rebuild_base(self):
+        """(pairs, lsn) of the newest snapshot, or (None, 0) without one.
+
+        Hook for the snapshot package: ``kvstore.snapshots.rebuild_base(path)``
+        returning ``(iterable of (key, value) sorted by key, lsn)`` or None.
+        """
+        try:
+            from kvstore import snapshots  # noqa: PLC0415 - optional, owned elsewhere
+        except ImportError:
+            return None, 0
+        hook = getattr(snapshots, "rebuild_base", None)
+        if hook is None:
+            return None, 0
+        found = hook(self.path)
+        if found is None:
+            return None, 0
+        return found
+
+    def _on_commit(self, entries: list[tuple[int, bytes]]) -> None:
+        # Called by the log's committing thread for every group, after its
+        # fsync and before any of its appenders is released.
+        self._state.apply(entries)
+
+    def _refuse_write(self, payload: bytes) -> int:
+        raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; "
+                            f"writes are refused")
+
+    # -- writing ---------------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> int:
+        """Set ``key`` to ``value``; return the write's LSN. Durable per the
+        sync mode when it returns, and visible to every later read."""
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = check_key(key)
+        if type(value) is not bytes or len(value) > self.max_value_bytes:
+            value = check_value(value, self.max_value_bytes)
+        return self._append(_pack([[OP_PUT, key, value]]))
+
+    def delete(self, key: bytes) -> int:
+        """Remove ``key`` (absent keys too: the delete is logged anyway);
+        return the LSN."""
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = check_key(key)
+        return self._append(_pack([[OP_DELETE, key]]))
+
+    def delete_range(self, start: bytes | None, end: bytes | None) -> int:
+        """Remove every key with ``start <= key < end`` (None: unbounded), as
+        one atomic write; return its LSN."""
+        start = b"" if start is None else check_bound(start, "start")
+        end = END_OF_KEYS if end is None else check_bound(end, "end")
+        return self._append(_pack([[OP_DELETE_RANGE, start, end]]))
+
+    def batch(self) -> WriteBatch:
+        """A batch of writes applied atomically as one log entry (one LSN)::
+
+            with db.batch() as b:
+                b.put(b"a", b"1"); b.delete(b"b"); b.delete_range(b"c", b"d")
+
+        Committed when the ``with`` block ends normally (durable per the sync
+        mode, then visible), discarded when it raises. ``b.lsn`` is the LSN.
+        """
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        if self.readonly:
+            self._refuse_write(b"")
+        return WriteBatch(self._append, self.max_value_bytes, self._max_payload)
+
+    def write(self, payload: bytes) -> int:
+        """Append a pre-encoded batch payload (kvstore.batch format) after
+        validating it; return its LSN. For tools that copy batches."""
+        from kvstore.batch import decode  # noqa: PLC0415
+        decode(payload)
+        return self._append(bytes(payload))
+
+    # -- reading ---------------------------------------------------------------
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key``, or ``default``. Sees every write that returned
+        before it was called (in any thread)."""
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        self._gets += 1
+        if not 0 < len(key) <= MAX_KEY_BYTES:
+            if self._closed:
+                raise ClosedError(f"the store {self.path} is closed")
+            return default
+        v = self._state.get(key)
+        return default if v is None else v
+
+    def __getitem__(self, key: bytes) -> bytes:
+        v = self.get(key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.put(key, value)
+
+    def __delitem__(self, key: bytes) -> None:
+        """``del db[k]``: KeyError when ``k`` is absent (checked just before
+        the delete is logged; a concurrent writer may race it)."""
+        if self.get(key) is None:
+            raise KeyError(key)
+        self.delete(key)
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        """The number of keys (LMDB keeps the count; O(1))."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        return self._state.count()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for k, _v in self.scan():
+            yield k
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(self)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        return self.scan()
+
+    def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
+             prefix: bytes | None = None, reverse: bool = False
+             ) -> Iterator[tuple[bytes, bytes]]:
+        """Yield ``(key, value)`` pairs in key order (descending when
+        ``reverse``), with range() semantics: ``start <= key < stop``, and
+        ``key.startswith(prefix)`` when a prefix is given (all three combine).
+
+        The pairs come from one LMDB snapshot taken at the first ``next()``
+        (so writes made meanwhile are not seen), unless LMDB's map is grown
+        during the scan, in which case it goes on from a newer snapshot after
+        the last key yielded. Close the iterator (or exhaust it) promptly: an
+        open snapshot keeps LMDB from reusing pages.
+        """
+        lo = b"" if start is None else as_bytes(start, "start")
+        hi = None if stop is None else as_bytes(stop, "stop")
+        if prefix is not None:
+            prefix = as_bytes(prefix, "prefix")
+            if prefix > lo:
+                lo = prefix
+            pend = _prefix_end(prefix)
+            if pend is not None and (hi is None or pend < hi):
+                hi = pend
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        if hi is not None and lo >= hi:
+            return iter(())
+        return self._state.scan(lo, hi, reverse)
+
+    # -- LSNs, sync, stats, close ---------------------------------------------
+
+    @property
+    def last_lsn(self) -> int:
+        """The last LSN written to the log."""
+        if self._log is None:
+            return wal.read_durable_lsn(self._wal_dir)
+        return self._log.last_lsn
+
+    @property
+    def durable_lsn(self) -> int:
+        """The last LSN known to be on disk."""
+        if self._log is None:
+            return wal.read_durable_lsn(self._wal_dir)
+        return self._log.durable_lsn
+
+    @property
+    def applied_lsn(self) -> int:
+        """The last LSN applied to LMDB (what reads see)."""
+        if self.readonly and not self._closed:
+            return self._state.read_meta_applied()
+        return self._state.applied_lsn
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def sync(self) -> int:
+        """Make every write so far durable (for ``sync="batch"``/``"none"``);
+        return the durable LSN."""
+        if self._log is None:
+            if self._closed:
+                raise ClosedError(f"the store {self.path} is closed")
+            return self.durable_lsn
+        return self._log.sync()
+
+    def stats(self) -> dict:
+        """Counters and latencies: the log's (under ``"log"``) and the state
+        machine's. Counters are approximate under concurrent use."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        st = self._state
+        groups = st.applied_groups
+        out: dict = {
+            "path": self.path,
+            "readonly": self.readonly,
+            "last_lsn": self.last_lsn,
+            "durable_lsn": self.durable_lsn,
+            "applied_lsn": self.applied_lsn,
+            "puts": st.puts,
+            "deletes": st.deletes,
+            "delete_ranges": st.delete_ranges,
+            "gets": self._gets,
+            "applied_entries": st.applied_entries,
+            "applied_groups": groups,
+            "apply_avg_us": st.apply_seconds / groups * 1e6 if groups else 0.0,
+            "apply_max_us": st.apply_max_seconds * 1e6,
+            "map_grows": st.map_grows,
+            "replayed_at_open": self.replayed,
+            "rebuilt_at_open": self.rebuilt,
+            "open_seconds": self.open_seconds,
+        }
+        out.update(st.info())
+        if self._log is not None:
+            out["log"] = self._log.stats()
+        return out
+
+    def close(self) -> None:
+        """Finish every write in flight, flush LMDB, record a clean close and
+        release the store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.readonly:
+            self._state.close(sync=False)
+            return
+        clean = True
+        try:
+            try:
+                self._log.close()
+            except WalkvError:
+                clean = False
+                raise
+            finally:
+                self._state.close(sync=clean)
+            if clean:
+                recovery.write_session(self._lmdb_dir, self.store_id, clean=True, fs=self._fs)
+        finally:
+            self._release_lock()
+
+    def _abandon(self) -> None:
+        """Tests only: stop as a crashed process would. The log's files and
+        locks are let go without the clean-close record, and LMDB is not
+        flushed (its writes stay in the page cache, as after a process
+        crash)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._log is not None:
+            lg = self._log
+            try:
+                lg.close()  # acknowledged entries are durable anyway
+            except WalkvError:
+                pass
+        self._state.close(sync=False)
+        self._release_lock()
+
+    def __enter__(self) -> "KVStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<KVStore {self.path!r} closed>"
+        mode = "readonly" if self.readonly else f"LSN {self.last_lsn}"
+        return f"<KVStore {self.path!r} {mode}>"
+
+
+def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
+         segment_bytes: int = 64 << 20, readonly: bool = False, **options: object) -> KVStore:
+    """Open (or create) the store at ``path``.
+
+    Options: ``map_size`` (initial LMDB map, grown as needed), ``writemap``
+    (default True), ``max_value_bytes``, ``max_record_bytes``, ``max_readers``,
+    ``progress`` (callback(done, total) during replay), ``fs``, and the log's
+    ``sync_interval``, ``sync_bytes``, ``recovery``.
+    """
+    return KVStore(path, sync=sync, segment_bytes=segment_bytes, readonly=readonly,
+                   **options)  # type: ignore[arg-type]
+
