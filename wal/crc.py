@@ -26,20 +26,28 @@ def _crcmod_extend() -> Callable[[int, bytes], int]:
     return lambda crc, data, _fn=fn: _fn(data, crc)
 
 
-def _fast() -> tuple[str, Callable[[bytes], int], Callable[[int, bytes], int]] | None:
+def _fast() -> tuple[str, Callable[[bytes], int], Callable[[int, bytes], int], Callable[[int, bytes], int]] | None:
     if os.environ.get("WALKV_PURE_CRC"):
         return None
     try:
         import google_crc32c  # type: ignore[import-not-found]
 
         if google_crc32c.implementation == "c":
-            return "google_crc32c", google_crc32c.value, google_crc32c.extend
+            value, ext = google_crc32c.value, google_crc32c.extend
+            # google_crc32c takes only bytes; walkv's hot paths pass bytes already.
+            return (
+                "google_crc32c",
+                lambda data: value(data if type(data) is bytes else bytes(data)),
+                lambda crc, data: ext(crc, data if type(data) is bytes else bytes(data)),
+                ext,
+            )
     except ImportError:
         pass
     try:
         import crc32c as _c  # type: ignore[import-not-found]
 
-        return "crc32c", _c.crc32c, lambda crc, data: _c.crc32c(data, crc)
+        fn = lambda crc, data: _c.crc32c(data, crc)  # noqa: E731
+        return "crc32c", _c.crc32c, fn, fn
     except ImportError:
         return None
 
@@ -47,10 +55,12 @@ def _fast() -> tuple[str, Callable[[bytes], int], Callable[[int, bytes], int]] |
 pure_crc32c = _crcmod_crc32c()
 pure_extend = _crcmod_extend()
 _chosen = _fast()
+# ``extend_bytes`` is ``extend`` for callers that pass ``bytes`` only (the
+# framing's hot paths), skipping the conversion of other bytes-like objects.
 if _chosen is None:
-    IMPLEMENTATION, crc32c, extend = "crcmod", pure_crc32c, pure_extend
+    IMPLEMENTATION, crc32c, extend, extend_bytes = "crcmod", pure_crc32c, pure_extend, pure_extend
 else:
-    IMPLEMENTATION, crc32c, extend = _chosen
+    IMPLEMENTATION, crc32c, extend, extend_bytes = _chosen
 
 
 def mask(crc: int) -> int:

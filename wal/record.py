@@ -48,7 +48,7 @@ import os
 import struct
 from typing import BinaryIO, Iterator
 
-from wal.crc import crc32c, extend, mask, unmask
+from wal.crc import crc32c, extend, extend_bytes, mask, unmask
 from wal.errors import CorruptionError, RecordTooLargeError
 
 BLOCK_SIZE = 32768
@@ -84,9 +84,11 @@ def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
     :class:`RecordWriter` and by the log's group commit, which frames a whole
     group in memory and writes it with one call.
     """
+    if type(payload) is not bytes:
+        payload = bytes(payload)
     n = len(payload)
     if n + HEADER_SIZE <= BLOCK_SIZE - offset % BLOCK_SIZE:  # the common case: one FULL fragment
-        crc = extend(_FULL_CRC, payload)  # mask() inlined: this is the hot path
+        crc = extend_bytes(_FULL_CRC, payload)  # mask() inlined: this is the hot path
         out.append(_pack_header((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF, n, FULL))
         out.append(payload)
         return offset + HEADER_SIZE + n
@@ -142,6 +144,7 @@ class RecordWriter:
         """Write one record; return the offset it starts at."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"record payload must be bytes, not {type(payload).__name__}")
+        payload = bytes(payload)
         if len(payload) > self.max_record_bytes:
             raise RecordTooLargeError(
                 f"record of {len(payload)} bytes is over the limit of "
@@ -151,7 +154,7 @@ class RecordWriter:
         if start % BLOCK_SIZE > BLOCK_SIZE - HEADER_SIZE:
             start += BLOCK_SIZE - start % BLOCK_SIZE
         parts: list[bytes] = []
-        self.offset = frame_into(parts, bytes(payload), self.offset)
+        self.offset = frame_into(parts, payload, self.offset)
         self._f.write(b"".join(parts))
         return start
 
@@ -160,6 +163,7 @@ class RecordWriter:
 _EOF = -1  # clean end of data
 _TORN = -2  # truncated header or payload at end of file
 _BAD = -3  # corrupt fragment: (offset, _BAD, (end, reason))
+_PAD = -4  # zero-filled space: the rest of the block is unused
 
 
 class RecordReader:
@@ -241,6 +245,7 @@ class RecordReader:
                     if not full_block:
                         yield block_start + i, _EOF, None
                         return
+                    yield block_start + i, _PAD, None
                     break  # padding: the rest of this block is unused
                 end = i + HEADER_SIZE + length
                 if end > n:
@@ -253,7 +258,7 @@ class RecordReader:
                     )
                     break
                 payload = buf[i + HEADER_SIZE : end]
-                if unmask(crc) != extend(_TYPE_CRC[ftype], payload):
+                if unmask(crc) != extend_bytes(_TYPE_CRC[ftype], payload):
                     # The length may be the corrupt field, so nothing after it
                     # in this block can be trusted.
                     yield block_start + i, _BAD, (block_start + n, "checksum mismatch")
@@ -334,6 +339,11 @@ class RecordReader:
                     parts = []
                     self.end_offset = offset + HEADER_SIZE + len(item)  # type: ignore[arg-type]
                     yield start, payload
+            elif ftype == _PAD:
+                if record_start >= 0:  # LevelDB: an error in the middle of a record
+                    self._corrupt(record_start, offset, "zero-filled space in the middle of a fragmented record")
+                    record_start = -1
+                    parts = []
             elif ftype == _BAD:
                 end, reason = item  # type: ignore[misc]
                 if record_start >= 0:
