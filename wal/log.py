@@ -74,7 +74,18 @@ CommitHook = Callable[[list[tuple[int, bytes]]], None]
 
 
 class Log:
-    """One log directory, opened by its one writer. Use :func:`wal.open`."""
+    """One log directory, opened by its one writer. Use :func:`wal.open`.
+
+    Options: ``sync`` (see the module docstring); ``segment_bytes``, the size
+    at which a segment is sealed and the next begun; ``sync_interval`` (ms) and
+    ``sync_bytes`` for ``sync="batch"``; ``recovery`` ("strict" refuses to open
+    a corrupt log, "prefix" keeps its longest valid prefix); ``on_commit``,
+    called with each group's ``[(lsn, payload), ...]`` after it is
+    acknowledged and before its appenders return; ``max_record_bytes``, the
+    bound on one entry; ``start_lsn``, the first LSN of a log created empty
+    (a restored store continues its LSNs); ``fs``, the file-system seam
+    (tests inject faults through it).
+    """
 
     def __init__(
         self,
@@ -88,6 +99,7 @@ class Log:
         on_commit: CommitHook | None = None,
         fs: FileSystem | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        start_lsn: int = 1,
     ) -> None:
         if sync not in SYNC_MODES:
             raise ValueError(f"sync must be one of {SYNC_MODES}, not {sync!r}")
@@ -103,6 +115,9 @@ class Log:
         self._on_commit = on_commit
         self._fs = fs or OS_FS
         self._prealloc_step = min(PREALLOC_STEP, _round_block(segment_bytes))
+        if not isinstance(start_lsn, int) or start_lsn < 1:
+            raise ValueError(f"start_lsn must be a positive int, not {start_lsn!r}")
+        self._start_lsn = start_lsn
 
         self._fs.makedirs(self.directory)
         self._lock_fd = _take_lock(self.directory)
@@ -128,7 +143,7 @@ class Log:
 
     def _open_state(self, recovery: str) -> None:
         rec = recover(self.directory, fs=self._fs, mode=recovery, prealloc=self._prealloc_step,
-                      max_record_bytes=self.max_record_bytes)
+                      max_record_bytes=self.max_record_bytes, start_lsn=self._start_lsn)
         self.store_id = rec.store_id
         self.dropped_bytes_at_open = rec.dropped_bytes
         self._sealed: list[SegmentFile] = [s.file for s in rec.sealed]

@@ -173,8 +173,9 @@ def _cut_tail(fs: FileSystem, path: str, cut: int, reason: str) -> int:
 
 
 def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", prealloc: int,
-            max_record_bytes: int) -> Recovered:
-    """Open-time recovery of a log directory (creating it when empty)."""
+            max_record_bytes: int, start_lsn: int = 1) -> Recovered:
+    """Open-time recovery of a log directory (creating it, with its first
+    entry to get ``start_lsn``, when it holds no segment)."""
     if mode not in ("strict", "prefix"):
         raise ValueError(f"recovery must be 'strict' or 'prefix', not {mode!r}")
     fs.makedirs(directory)
@@ -183,10 +184,10 @@ def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", pre
     segments = list_segments(directory, fs)
     if not segments:
         store_id = uuid.uuid4().hex
-        path, end = write_new_segment(directory, store_id, 1, prealloc, fs)
+        path, end = write_new_segment(directory, store_id, start_lsn, prealloc, fs)
         with open(path, "rb") as fh:
             header, _ = read_header(fh, path)
-        return Recovered(store_id, [], ActiveSegment(SegmentFile(1, path), header, end, 0))
+        return Recovered(store_id, [], ActiveSegment(SegmentFile(start_lsn, path), header, end, start_lsn - 1))
     try:
         return _recover_segments(directory, segments, fs, max_record_bytes)
     except CorruptionError as e:
