@@ -1,0 +1,57 @@
+"""walkv snapshots: a sorted map of bytes at one LSN, in chunk files plus a manifest.
+
+Knows nothing of LMDB or the store; uses ``wal.record`` for framing and
+``wal.fs`` for every durable write. On-disk formats: :mod:`snapshot.layout`
+(the directory and its commit protocol), :mod:`snapshot.chunk` (chunk
+files), :mod:`snapshot.manifest` (the MANIFEST).
+
+::
+
+    info = snapshot.write(parent, lsn, sorted_pairs)     # durable on return
+    snap = snapshot.open(info.path)                       # .lsn .count .chunks
+    for key, value in snap: ...
+    for key, value in snap.items(b"a", b"m"): ...
+    snap.verify()
+    snapshot.list_snapshots(parent); snapshot.newest(parent)
+    snapshot.prune(parent, keep=2); snapshot.cleanup_incomplete(parent)
+
+    # a Spark executor, given one ChunkInfo and any binary file object:
+    for keys, values in snapshot.read_chunk_columns(f, chunk_info): ...
+"""
+
+from __future__ import annotations
+
+import os
+
+from snapshot.catalog import cleanup_incomplete, list_snapshots, newest, prune
+from snapshot.chunk import ChunkInfo, read_chunk, read_chunk_columns
+from snapshot.layout import chunk_file_name, parse_snapshot_dir_name, snapshot_dir_name
+from snapshot.manifest import SnapshotInfo
+from snapshot.reader import Snapshot, open_snapshot, verify
+from snapshot.writer import DEFAULT_CHUNK_BYTES, DEFAULT_RECORD_BYTES, write
+
+__all__ = [
+    "ChunkInfo",
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_RECORD_BYTES",
+    "Snapshot",
+    "SnapshotInfo",
+    "chunk_file_name",
+    "cleanup_incomplete",
+    "list_snapshots",
+    "newest",
+    "open",
+    "open_snapshot",
+    "parse_snapshot_dir_name",
+    "prune",
+    "read_chunk",
+    "read_chunk_columns",
+    "snapshot_dir_name",
+    "verify",
+    "write",
+]
+
+
+def open(path: str | os.PathLike[str]) -> Snapshot:  # noqa: A001 - the public name is snapshot.open
+    """Open the snapshot directory ``path``; see :func:`snapshot.reader.open_snapshot`."""
+    return open_snapshot(path)

@@ -1,0 +1,263 @@
+"""The MANIFEST file: what a snapshot holds, and the proof that it is whole.
+
+Format (version 1)::
+
+    MANIFEST := one wal.record record, nothing after it
+    payload  := msgpack map, str keys:
+      "format"     str  = "walkv-snapshot"
+      "version"    int  = 1
+      "lsn"        int  the LSN the snapshot is consistent at (0 <= lsn < 2**64)
+      "store_id"   str | nil   the store it was taken from (the log's store id)
+      "created_us" int  creation time, unix microseconds
+      "count"      int  number of (key, value) pairs = sum of the chunks' pairs
+      "bytes"      int  total chunk file bytes = sum of the chunks' bytes
+      "chunks"     array, in key order, of maps:
+          "name"      str  chunk file name, a plain name inside the directory
+          "first_key" bin  "last_key" bin   the chunk's key range (inclusive)
+          "records"   int  data records (the header record not counted), >= 1
+          "pairs"     int  (key, value) pairs, >= records
+          "bytes"     int  size of the chunk file
+          "crc32c"    int  CRC-32C (unmasked) of the whole chunk file
+
+Rules, and the reason for each:
+
+* One ``wal.record`` record: the manifest is CRC-protected and its length is
+  bounded (:data:`MAX_MANIFEST_BYTES`) before anything is allocated. A torn,
+  truncated or padded manifest is corruption, never a shorter snapshot.
+* Written last: it can name only chunks that are already durable, so a
+  snapshot without a valid manifest does not exist.
+* It is untrusted input: every field is type- and range-checked, chunk names
+  must be plain file names and distinct, chunk key ranges must be ordered
+  and disjoint, totals must add up, and the LSN must match the directory
+  name (checked by the reader). Any disagreement is
+  :class:`~wal.errors.CorruptionError` naming the file.
+* Unknown keys are ignored, so optional fields can be added without a
+  version change; a version above 1 is refused with
+  :class:`~wal.errors.SnapshotError` (written by a newer walkv, not damaged).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from wal.errors import CorruptionError, SnapshotError
+from wal.record import BLOCK_SIZE, RecordReader, RecordWriter
+from snapshot.chunk import HEADER_SIZE, ChunkInfo
+from snapshot.layout import CORRUPTION_HINT, MAX_LSN, check_chunk_name
+
+MANIFEST_FORMAT = "walkv-snapshot"
+MANIFEST_VERSION = 1
+MAX_MANIFEST_BYTES = 64 << 20
+"""Largest manifest payload (about 100,000 chunks with 511-byte keys)."""
+MAX_MANIFEST_FILE_BYTES = MAX_MANIFEST_BYTES + MAX_MANIFEST_BYTES // 4096 + BLOCK_SIZE
+_MAX_STORE_ID = 256
+_MAX_INT = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """A committed snapshot, as listed or returned by :func:`snapshot.write`."""
+
+    lsn: int
+    path: str
+    count: int
+    bytes: int
+    chunks: int
+    created_us: int
+    store_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    lsn: int
+    store_id: str | None
+    created_us: int
+    count: int
+    bytes: int
+    chunks: tuple[ChunkInfo, ...]
+    version: int = MANIFEST_VERSION
+
+    def info(self, path: str) -> SnapshotInfo:
+        return SnapshotInfo(
+            lsn=self.lsn,
+            path=path,
+            count=self.count,
+            bytes=self.bytes,
+            chunks=len(self.chunks),
+            created_us=self.created_us,
+            store_id=self.store_id,
+        )
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """The bytes of a MANIFEST file (framed, ready to write)."""
+    body = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "lsn": manifest.lsn,
+        "store_id": manifest.store_id,
+        "created_us": manifest.created_us,
+        "count": manifest.count,
+        "bytes": manifest.bytes,
+        "chunks": [
+            {
+                "name": c.name,
+                "first_key": c.first_key,
+                "last_key": c.last_key,
+                "records": c.records,
+                "pairs": c.pairs,
+                "bytes": c.bytes,
+                "crc32c": c.crc32c,
+            }
+            for c in manifest.chunks
+        ],
+    }
+    payload = msgpack.packb(body, use_bin_type=True)
+    out = io.BytesIO()
+    RecordWriter(out, offset=0, max_record_bytes=MAX_MANIFEST_BYTES).add_record(payload)
+    return out.getvalue()
+
+
+class _Checker:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def fail(self, message: str, offset: int | None = None) -> CorruptionError:
+        return CorruptionError(message, path=self.path, offset=offset, hint=CORRUPTION_HINT)
+
+    def field(self, m: dict, key: str, where: str = "manifest") -> Any:
+        if key not in m:
+            raise self.fail(f"{where} has no {key!r}")
+        return m[key]
+
+    def int_(self, m: dict, key: str, where: str = "manifest", lo: int = 0, hi: int = _MAX_INT) -> int:
+        v = self.field(m, key, where)
+        if type(v) is not int:
+            raise self.fail(f"{where} {key!r} is {type(v).__name__}, not an integer")
+        if not lo <= v <= hi:
+            raise self.fail(f"{where} {key!r} = {v} is out of range [{lo}, {hi}]")
+        return v
+
+    def bytes_(self, m: dict, key: str, where: str) -> bytes:
+        v = self.field(m, key, where)
+        if type(v) is not bytes:
+            raise self.fail(f"{where} {key!r} is {type(v).__name__}, not bytes")
+        return v
+
+
+def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
+    """Parse and check the bytes of a MANIFEST file.
+
+    Raises CorruptionError (naming ``path``) for anything but a well-formed
+    version-1 manifest, SnapshotError for a newer version.
+    """
+    ck = _Checker(path)
+    if len(data) > MAX_MANIFEST_FILE_BYTES:
+        raise ck.fail(f"manifest is {len(data)} bytes, over the limit of {MAX_MANIFEST_FILE_BYTES}")
+    reader = RecordReader(io.BytesIO(data), path=path, start_offset=0, max_record_bytes=MAX_MANIFEST_BYTES)
+    records = reader.records()
+    try:
+        first = next(records, None)
+        second = next(records, None) if first is not None else None
+    except CorruptionError as e:
+        raise ck.fail(e.reason, e.offset) from e
+    if first is None:
+        if reader.torn_tail is not None:
+            raise ck.fail(f"manifest is truncated ({reader.torn_tail[1]})", reader.torn_tail[0])
+        raise ck.fail("manifest is empty")
+    if second is not None:
+        raise ck.fail("manifest holds more than one record", second[0])
+    if reader.torn_tail is not None or reader.end_offset != len(data):
+        raise ck.fail("manifest has bytes after its record", reader.end_offset)
+    try:
+        m = msgpack.unpackb(first[1], raw=False, use_list=True, strict_map_key=True)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise ck.fail(f"manifest is not valid msgpack ({type(e).__name__}: {e})") from None
+    if not isinstance(m, dict):
+        raise ck.fail(f"manifest is a msgpack {type(m).__name__}, not a map")
+    if m.get("format") != MANIFEST_FORMAT:
+        raise ck.fail("not a walkv snapshot manifest (no 'format': 'walkv-snapshot')")
+    version = ck.int_(m, "version", lo=1)
+    if version > MANIFEST_VERSION:
+        raise SnapshotError(
+            f"snapshot manifest {path} has format version {version}; this walkv reads "
+            f"version {MANIFEST_VERSION}: upgrade walkv to read it"
+        )
+    lsn = ck.int_(m, "lsn", hi=MAX_LSN)
+    store_id = ck.field(m, "store_id")
+    if store_id is not None and (type(store_id) is not str or len(store_id) > _MAX_STORE_ID):
+        raise ck.fail("manifest 'store_id' is not a string of at most 256 characters or nil")
+    created_us = ck.int_(m, "created_us")
+    count = ck.int_(m, "count")
+    total_bytes = ck.int_(m, "bytes")
+    raw_chunks = ck.field(m, "chunks")
+    if type(raw_chunks) is not list:
+        raise ck.fail("manifest 'chunks' is not an array")
+
+    chunks: list[ChunkInfo] = []
+    names: set[str] = set()
+    prev_last: bytes | None = None
+    sum_pairs = 0
+    sum_bytes = 0
+    for i, c in enumerate(raw_chunks):
+        where = f"manifest chunk {i}"
+        if not isinstance(c, dict):
+            raise ck.fail(f"{where} is not a map")
+        name = ck.field(c, "name", where)
+        why = check_chunk_name(name)
+        if why is not None:
+            raise ck.fail(f"{where}: {why}")
+        if name in names:
+            raise ck.fail(f"{where}: chunk name {name!r} appears twice")
+        names.add(name)
+        first_key = ck.bytes_(c, "first_key", where)
+        last_key = ck.bytes_(c, "last_key", where)
+        records = ck.int_(c, "records", where, lo=1)
+        pairs = ck.int_(c, "pairs", where, lo=records)
+        size = ck.int_(c, "bytes", where, lo=HEADER_SIZE + 7)
+        crc = ck.int_(c, "crc32c", where, hi=0xFFFFFFFF)
+        if first_key > last_key or (first_key == last_key and pairs != 1):
+            raise ck.fail(f"{where}: first key is not below its last key")
+        if prev_last is not None and not prev_last < first_key:
+            raise ck.fail(f"{where}: key range overlaps or precedes the previous chunk's")
+        prev_last = last_key
+        sum_pairs += pairs
+        sum_bytes += size
+        chunks.append(ChunkInfo(i, name, lsn, first_key, last_key, records, pairs, size, crc))
+    if sum_pairs != count:
+        raise ck.fail(f"manifest 'count' is {count} but its chunks hold {sum_pairs} pairs")
+    if sum_bytes != total_bytes:
+        raise ck.fail(f"manifest 'bytes' is {total_bytes} but its chunks add up to {sum_bytes}")
+    return Manifest(lsn, store_id, created_us, count, total_bytes, tuple(chunks), version)
+
+
+def read_manifest(path: str) -> Manifest:
+    """Read and check a MANIFEST file (bounded: an oversized file is refused
+    before it is read). Raises CorruptionError, or SnapshotError when the file
+    cannot be read or is missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise CorruptionError(
+            "snapshot has no MANIFEST (incomplete or damaged)", path=path, hint=CORRUPTION_HINT
+        ) from None
+    except OSError as e:
+        raise SnapshotError(f"cannot open snapshot manifest {path}: {e}") from e
+    try:
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_MANIFEST_FILE_BYTES:
+                raise CorruptionError(
+                    f"manifest is {size} bytes, over the limit of {MAX_MANIFEST_FILE_BYTES}",
+                    path=path,
+                    hint=CORRUPTION_HINT,
+                )
+            data = f.read(MAX_MANIFEST_FILE_BYTES + 1)
+    except OSError as e:
+        raise SnapshotError(f"cannot read snapshot manifest {path}: {e}") from e
+    return decode_manifest(data, path)

@@ -1,0 +1,270 @@
+"""Writing a snapshot from a sorted stream of (key, value) pairs.
+
+The protocol (the reasons are in :mod:`snapshot.layout`): fill a private
+``snap-<lsn>.tmp-<hex>/`` directory with chunk files, each fsynced, then the
+MANIFEST, fsynced; fsync the directory; rename it to ``snap-<lsn>``; fsync the
+parent. A crash before the rename leaves a ``.tmp-`` leftover that no reader
+accepts and :func:`snapshot.cleanup_incomplete` removes.
+
+Speed: pairs are taken from the iterator in slices sized to fill one record
+(about ``record_bytes``), and every per-pair step (type check, size, key
+order, msgpack) runs inside C over whole slices; Python code runs once per
+record, not once per pair.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from itertools import islice
+from operator import itemgetter, lt
+from typing import Callable, Iterable
+
+import msgpack
+
+from wal.errors import CorruptionError, SnapshotError
+from wal.fs import OS_FS, FileSystem
+from snapshot.chunk import MAX_RECORD_BYTES, ChunkInfo, ChunkWriter
+from snapshot.layout import (
+    MANIFEST_NAME,
+    MAX_LSN,
+    DirLock,
+    chunk_file_name,
+    discard_dir,
+    remove_tree,
+    snapshot_dir_name,
+    tmp_dir_name,
+)
+from snapshot.manifest import Manifest, SnapshotInfo, encode_manifest
+
+log = logging.getLogger("walkv.snapshot")
+
+Progress = Callable[[int, "int | None"], None]
+
+DEFAULT_CHUNK_BYTES = 64 << 20
+DEFAULT_RECORD_BYTES = 64 << 10
+_FIRST_SLICE = 16  # pairs in the first slice; later slices adapt to the pair size
+_MAX_SLICE = 1 << 16
+_PAIR_OVERHEAD = 3  # msgpack bytes per key or value header, about
+_PROGRESS_EVERY = 16  # records
+
+_key = itemgetter(0)
+_value = itemgetter(1)
+_join = b"".join
+
+
+def write(
+    parent: str | os.PathLike[str],
+    lsn: int,
+    items: Iterable[tuple[bytes, bytes]],
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    record_bytes: int = DEFAULT_RECORD_BYTES,
+    store_id: str | None = None,
+    fs: FileSystem | None = None,
+    progress: Progress | None = None,
+    total: int | None = None,
+    exist_ok: bool = False,
+) -> SnapshotInfo:
+    """Write the snapshot ``parent/snap-<lsn>/`` from ``items``.
+
+    ``items`` yields ``(key, value)`` pairs of bytes with strictly increasing
+    keys (a py-lmdb cursor does); a key out of order is a ValueError, a key
+    or value that is not bytes a TypeError, and nothing is left behind.
+    Chunks are closed once they reach ``chunk_bytes``; data records hold
+    about ``record_bytes`` of keys and values each (a single pair over
+    :data:`~snapshot.chunk.MAX_RECORD_BYTES` is a RecordTooLargeError).
+    ``progress(pairs_written, total)`` is called every few records.
+
+    Durability: when ``write`` returns, the snapshot and every byte it holds
+    are durable (files and directories fsynced). If it raises, or the process
+    or machine dies first, no snapshot at ``lsn`` exists (listing and opening
+    ignore the leftover; :func:`snapshot.cleanup_incomplete` removes it),
+    except that an error from the very last step (the parent directory's
+    fsync, after the rename) leaves a complete snapshot whose name may not
+    survive a power loss.
+
+    A valid snapshot at ``lsn`` already there is a SnapshotError, or, with
+    ``exist_ok=True``, is returned as is (``items`` is not read). A broken one
+    is replaced. Memory: one record of pairs at a time (plus the iterator's
+    own), however large the snapshot.
+    """
+    parent = os.fspath(parent)
+    if type(lsn) is not int or not 0 <= lsn <= MAX_LSN:
+        raise ValueError(f"lsn must be an integer in [0, 2**64), not {lsn!r}")
+    for name, v in (("chunk_bytes", chunk_bytes), ("record_bytes", record_bytes)):
+        if type(v) is not int or v < 1:
+            raise ValueError(f"{name} must be a positive integer, not {v!r}")
+    if store_id is not None and (not isinstance(store_id, str) or len(store_id) > 256):
+        raise ValueError("store_id must be None or a string of at most 256 characters")
+    fs = fs or OS_FS
+    final = os.path.join(parent, snapshot_dir_name(lsn))
+
+    try:
+        existing = _existing(final, lsn)
+        if existing is not None:
+            if exist_ok:
+                return existing
+            raise SnapshotError(f"a snapshot at LSN {lsn} already exists: {final}")
+        if not fs.exists(parent):
+            fs.makedirs(parent)
+            fs.fsync_dir(os.path.dirname(os.path.abspath(parent)))
+        tmp = os.path.join(parent, tmp_dir_name(lsn))
+        fs.makedirs(tmp)
+    except OSError as e:
+        raise SnapshotError(f"cannot write a snapshot at LSN {lsn} in {parent}: {e}") from e
+
+    lock = DirLock(tmp)
+    committed = False
+    cw: ChunkWriter | None = None
+    try:
+        fs.fsync_dir(parent)
+        chunks: list[ChunkInfo] = []
+        count = 0
+        records = 0
+        for keys, values in _records(items, record_bytes):
+            if cw is None:
+                name = chunk_file_name(len(chunks))
+                cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn)
+            cw.add(_pack(keys, values), keys[0], keys[-1], len(keys))
+            count += len(keys)
+            records += 1
+            if cw.size >= chunk_bytes:
+                chunks.append(cw.finish())
+                cw = None
+                if progress is not None:
+                    progress(count, total)
+            elif progress is not None and records % _PROGRESS_EVERY == 0:
+                progress(count, total)
+        if cw is not None:
+            chunks.append(cw.finish())
+            cw = None
+        fs.fsync_dir(tmp)  # every chunk's name is durable before the manifest names it
+        manifest = Manifest(
+            lsn=lsn,
+            store_id=store_id,
+            created_us=time.time_ns() // 1000,
+            count=count,
+            bytes=sum(c.bytes for c in chunks),
+            chunks=tuple(chunks),
+        )
+        fs.write_file(os.path.join(tmp, MANIFEST_NAME), encode_manifest(manifest))
+        fs.fsync_dir(tmp)
+        existing = _existing(final, lsn)
+        if existing is not None:  # another writer committed the same LSN meanwhile
+            if exist_ok:
+                return existing  # (finally removes ours)
+            raise SnapshotError(f"a snapshot at LSN {lsn} already exists: {final}")
+        if os.path.lexists(final):
+            log.warning("replacing the broken snapshot %s", final)
+            discard_dir(fs, parent, os.path.basename(final), lsn)
+        fs.rename(tmp, final)  # the commit point
+        committed = True
+        fs.fsync_dir(parent)
+        if progress is not None:
+            progress(count, total)
+        log.info("wrote snapshot %s: %d pairs in %d chunks, %d bytes", final, count, len(chunks), manifest.bytes)
+        return manifest.info(final)
+    except OSError as e:
+        if committed:
+            raise SnapshotError(
+                f"snapshot {final} is written but the fsync of {parent} failed ({e}); "
+                "its name may not survive a power loss: take the snapshot again"
+            ) from e
+        raise SnapshotError(f"cannot write a snapshot at LSN {lsn} in {parent}: {e}") from e
+    finally:
+        lock.release()
+        if cw is not None:
+            cw.abort()
+        if not committed:
+            _remove_quietly(fs, tmp)
+
+
+def _pack(keys: list, values: list) -> bytes:
+    return msgpack.packb((keys, values), use_bin_type=True)
+
+
+def _existing(final: str, lsn: int) -> SnapshotInfo | None:
+    """The valid snapshot already at ``final``, else None (missing or broken)."""
+    if not os.path.lexists(final):
+        return None
+    from snapshot.reader import open_snapshot
+
+    try:
+        return open_snapshot(final).info
+    except (CorruptionError, SnapshotError):
+        return None
+
+
+def _remove_quietly(fs: FileSystem, path: str) -> None:
+    try:
+        remove_tree(fs, path)
+    except Exception as e:  # the leftover is harmless; cleanup_incomplete takes it later
+        log.warning("could not remove the incomplete snapshot %s (%s); cleanup_incomplete will", path, e)
+
+
+def _records(items: Iterable[tuple[bytes, bytes]], record_bytes: int):
+    """Yield ``(keys, values)`` lists, one data record each, after checking
+    types and strict key order (TypeError/ValueError naming the bad pair)."""
+    it = iter(items)
+    n = _FIRST_SLICE
+    cap = max(1, min(_MAX_SLICE, record_bytes))
+    prev: bytes | None = None
+    while True:
+        batch = list(islice(it, n))
+        if not batch:
+            return
+        try:
+            keys = list(map(_key, batch))
+            values = list(map(_value, batch))
+            # join type-checks every key and value in C and gives the sizes;
+            # lt checks the order (and refuses keys that cannot be ordered).
+            size = len(_join(keys)) + len(_join(values))
+            ordered = all(map(lt, keys, islice(keys, 1, None))) and (prev is None or prev < keys[0])
+        except (TypeError, IndexError, KeyError):
+            _explain(batch, prev)
+            raise
+        if not ordered:
+            _explain(batch, prev)
+        if set(map(len, batch)) != {2}:
+            _explain(batch, prev)
+        prev = keys[-1]
+        estimate = size + _PAIR_OVERHEAD * 2 * len(batch)
+        if estimate > 2 * record_bytes and len(batch) > 1:
+            yield from _split(keys, values, record_bytes)
+        else:
+            yield keys, values
+        n = max(1, min(2 * n, cap, n * record_bytes // max(estimate, 1)))
+
+
+def _split(keys: list, values: list, record_bytes: int):
+    """Cut an oversized slice (the pair sizes jumped) into records of about
+    ``record_bytes`` each."""
+    begin = 0
+    acc = 0
+    for i, (k, v) in enumerate(zip(keys, values)):
+        size = len(k) + len(v) + 2 * _PAIR_OVERHEAD
+        if acc and acc + size > record_bytes:
+            yield keys[begin:i], values[begin:i]
+            begin = i
+            acc = 0
+        acc += size
+    yield keys[begin:], values[begin:]
+
+
+def _explain(batch: list, prev: bytes | None) -> None:
+    """Raise the TypeError/ValueError that says which pair is wrong."""
+    for i, pair in enumerate(batch):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"snapshot items must be (key, value) pairs, got {type(pair).__name__} {pair!r:.80}")
+        key, value = pair
+        for what, x in (("key", key), ("value", value)):
+            if not isinstance(x, (bytes, bytearray)):
+                raise TypeError(f"snapshot {what}s must be bytes, got {type(x).__name__} for key {key!r:.80}")
+        if prev is not None and not prev < key:
+            raise ValueError(
+                f"snapshot keys must be strictly increasing: {key!r:.80} comes after {prev!r:.80}"
+            )
+        prev = key
+    raise AssertionError("unreachable: batch has no bad pair")  # pragma: no cover
