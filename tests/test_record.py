@@ -356,6 +356,62 @@ def test_writer_type_error_for_non_bytes(bad) -> None:
     assert w.offset == 0
 
 
+class _FullDisk(io.BytesIO):
+    """A file whose next write fails with ENOSPC and writes nothing."""
+
+    fail_next = False
+
+    def write(self, b) -> int:  # type: ignore[override]
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError(28, "No space left on device")
+        return super().write(b)
+
+
+def test_writer_offset_unchanged_when_write_fails() -> None:
+    # After a failed write nothing of the record is in the file; the writer's
+    # offset must still be where the file ends, so a retry (after freeing
+    # space) frames the next record at the right block position.
+    f = _FullDisk()
+    w = RecordWriter(f)
+    a = pattern(BS - HDR - 20)
+    w.add_record(a)
+    f.fail_next = True
+    with pytest.raises(OSError):
+        w.add_record(pattern(40_000))
+    assert w.offset == len(f.getvalue()) == BS - 20
+    assert w.add_record(pattern(40_000)) == BS - 20
+    assert f.getvalue() == ref_frame([a, pattern(40_000)])[0]
+
+
+class _ShortWrites(io.RawIOBase):
+    """A raw file (like open(path, "ab", buffering=0)): each write() may
+    write fewer bytes than given and says how many, as RawIOBase allows."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return len(self.buf)
+
+    def write(self, b) -> int:  # type: ignore[override]
+        chunk = bytes(b[:1000])
+        self.buf += chunk
+        return len(chunk)
+
+
+def test_writer_completes_short_writes() -> None:
+    f = _ShortWrites()
+    w = RecordWriter(f)
+    payloads = [pattern(5000), b"x", pattern(70_000, 1)]
+    for p in payloads:
+        w.add_record(p)
+    assert bytes(f.buf) == ref_frame(payloads)[0]
+
+
 # -- reader helpers ------------------------------------------------------------
 
 
@@ -876,6 +932,24 @@ def test_zeroed_block_inside_fragmented_record_does_not_join() -> None:
     r2 = log.reader()
     with pytest.raises(CorruptionError):
         list(r2)
+
+
+@pytest.mark.parametrize("zeros", [1, 100, BS - 9 - 1, BS, BS + 100, 2 * BS, 3 * BS - 5])
+@pytest.mark.parametrize("zeros_end", [False, True])
+def test_fragmented_record_then_only_zeros_to_eof_is_torn(zeros: int, zeros_end: bool) -> None:
+    # A crash that grew the file but lost the data (the tail reads as zeros,
+    # as on XFS) after a FIRST: nothing follows, so it is a torn tail, the
+    # same whether the zeros are shorter or longer than a block. Only data
+    # after the hole makes it corruption (the tests above).
+    log = Log()
+    log.write(b"ok")
+    log.write(pattern(100_000))
+    log.data = log.data[:BS] + bytes(zeros)
+    recs, r = log.read(zeros_end=zeros_end)
+    assert recs == [b"ok"]
+    assert r.end_offset == HDR + 2
+    assert r.torn_tail is not None and r.torn_tail[0] == HDR + 2
+    assert_clean(r)
 
 
 def test_zeroed_middle_of_one_record_does_not_shorten_it() -> None:
