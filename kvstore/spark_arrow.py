@@ -1,0 +1,310 @@
+"""The Spark tables' columns and their conversion to Arrow (no pyspark here).
+
+Three tables, one schema each; ``K`` and ``V`` are ``binary`` by default, or
+``string`` (UTF-8, validated) with the options ``keyFormat`` / ``valueFormat``:
+
+``snapshot``   key K not null, value V not null, lsn bigint not null
+               (the snapshot's LSN, the same on every row)
+
+``changes``    key K not null, value V, end_key K, _change_type string not null,
+               _commit_version bigint not null, _commit_timestamp timestamp not
+               null, _op_index int not null: one row per operation of every
+               log entry (an entry is one atomic batch), named after Delta
+               Lake's change data feed. ``_commit_version`` is the entry's LSN,
+               ``_commit_timestamp`` its commit time (UTC, microseconds) and
+               ``_op_index`` the operation's position in its batch (0-based;
+               operations apply in that order). ``_change_type`` is:
+
+               * ``upsert``: put(key, value). walkv does not know whether the
+                 key existed, so Delta's insert/update_postimage are one type;
+               * ``delete``: delete(key); value is null;
+               * ``delete_range``: every key in [key, end_key) is deleted; value
+                 is null. end_key is null for the other types.
+
+``state``      key K not null, value V not null, lsn bigint not null (the LSN
+               that last wrote the key; the snapshot's LSN for untouched keys)
+
+Arrow types match what Spark expects for these schemas exactly
+(``binary``/``string``, ``int64``, ``int32``, ``timestamp[us, tz=UTC]``, with
+the same nullability), because Spark rejects record batches that differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from wal.errors import CorruptionError
+
+BINARY = "binary"
+STRING = "string"
+FORMATS = (BINARY, STRING)
+
+SNAPSHOT = "snapshot"
+CHANGES = "changes"
+STATE = "state"
+TABLES = (SNAPSHOT, CHANGES, STATE)
+
+UPSERT = "upsert"
+DELETE = "delete"
+DELETE_RANGE = "delete_range"
+CHANGE_TYPES = (UPSERT, DELETE, DELETE_RANGE)
+
+OP_PUT, OP_DELETE, OP_DELETE_RANGE = 1, 2, 3
+
+# (name, kind, nullable); kind "K"/"V" become binary or string.
+COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
+    SNAPSHOT: [("key", "K", False), ("value", "V", False), ("lsn", "long", False)],
+    CHANGES: [
+        ("key", "K", False),
+        ("value", "V", True),
+        ("end_key", "K", True),
+        ("_change_type", "string", False),
+        ("_commit_version", "long", False),
+        ("_commit_timestamp", "timestamp", False),
+        ("_op_index", "int", False),
+    ],
+    STATE: [("key", "K", False), ("value", "V", False), ("lsn", "long", False)],
+}
+
+_ARROW_KINDS = {
+    BINARY: pa.binary(),
+    STRING: pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+}
+
+ROWS_PER_BATCH = 65536
+
+
+def columns(table: str, key_format: str = BINARY, value_format: str = BINARY) -> list[tuple[str, str, bool]]:
+    """``(name, type, nullable)`` of a table, type one of binary, string,
+    long, int, timestamp."""
+    out = []
+    for name, kind, nullable in COLUMNS[table]:
+        if kind == "K":
+            kind = key_format
+        elif kind == "V":
+            kind = value_format
+        out.append((name, kind, nullable))
+    return out
+
+
+def arrow_schema(table: str, key_format: str = BINARY, value_format: str = BINARY) -> pa.Schema:
+    return pa.schema(
+        [pa.field(name, _ARROW_KINDS[kind], nullable=nullable) for name, kind, nullable in columns(table, key_format, value_format)]
+    )
+
+
+def _as_format(arr: pa.Array, fmt: str, what: str, where: Callable[[], str]) -> pa.Array:
+    if fmt == BINARY:
+        return arr
+    try:
+        return arr.cast(pa.string())
+    except pa.ArrowInvalid:
+        bad = next(i for i, v in enumerate(arr.to_pylist()) if v is not None and not _is_utf8(v))
+        raise ValueError(
+            f"{what} {arr[bad].as_py()!r} is not valid UTF-8 ({where()}); "
+            f"read it with option {what}Format=binary"
+        ) from None
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _binary(x: Any) -> pa.Array:
+    return x if isinstance(x, pa.Array) else pa.array(x, pa.binary())
+
+
+# -- snapshot rows -----------------------------------------------------------
+
+
+def snapshot_batch(
+    keys: Sequence[bytes] | pa.Array,
+    values: Sequence[bytes] | pa.Array,
+    lsn: int,
+    key_format: str,
+    value_format: str,
+    where: Callable[[], str],
+    table: str = SNAPSHOT,
+) -> pa.RecordBatch:
+    """One record batch of ``snapshot`` (or ``state``) rows, all at ``lsn``."""
+    k = _as_format(_binary(keys), key_format, "key", where)
+    v = _as_format(_binary(values), value_format, "value", where)
+    n = len(k)
+    lsns = pa.repeat(pa.scalar(lsn, pa.int64()), n)
+    return pa.RecordBatch.from_arrays([k, v, lsns], schema=arrow_schema(table, key_format, value_format))
+
+
+def state_batch(keys: Sequence[bytes], values: Sequence[bytes], lsns: Sequence[int], key_format: str,
+                value_format: str, where: Callable[[], str]) -> pa.RecordBatch:
+    k = _as_format(pa.array(keys, pa.binary()), key_format, "key", where)
+    v = _as_format(pa.array(values, pa.binary()), value_format, "value", where)
+    return pa.RecordBatch.from_arrays(
+        [k, v, pa.array(lsns, pa.int64())], schema=arrow_schema(STATE, key_format, value_format)
+    )
+
+
+# -- change rows -------------------------------------------------------------
+
+_TYPE_NAMES = pa.array(["", UPSERT, DELETE, DELETE_RANGE], pa.string())
+
+
+def bad_op(lsn: int, index: int, op: Any, path: str | None) -> CorruptionError:
+    return CorruptionError(
+        f"operation {index} of the batch is not a put, delete or delete_range: {op!r:.80}",
+        path=path, lsn=lsn, hint="run `walkv verify STORE`",
+    )
+
+
+def change_batches(
+    entries: Iterable[Any],
+    decode: Callable[[bytes, int, str | None], list],
+    key_format: str = BINARY,
+    value_format: str = BINARY,
+    path: str | None = None,
+    rows_per_batch: int = ROWS_PER_BATCH,
+) -> Iterator[pa.RecordBatch]:
+    """``changes`` rows of log entries (``(lsn, timestamp_us, payload)``),
+    in LSN order and, within an entry, in batch order."""
+    schema = arrow_schema(CHANGES, key_format, value_format)
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    ends: list[bytes | None] = []
+    codes: list[int] = []
+    lsns: list[int] = []
+    stamps: list[int] = []
+    idxs: list[int] = []
+    first_lsn = [0]
+
+    def where() -> str:
+        return f"{path}, LSNs {first_lsn[0]}..{lsns[-1] if lsns else first_lsn[0]}"
+
+    def flush() -> pa.RecordBatch:
+        k = _as_format(pa.array(keys, pa.binary()), key_format, "key", where)
+        v = _as_format(pa.array(values, pa.binary()), value_format, "value", where)
+        e = _as_format(pa.array(ends, pa.binary()), key_format, "key", where)
+        t = _TYPE_NAMES.take(pa.array(codes, pa.int8()))
+        batch = pa.RecordBatch.from_arrays(
+            [k, v, e, t, pa.array(lsns, pa.int64()), pa.array(stamps, pa.timestamp("us", tz="UTC")),
+             pa.array(idxs, pa.int32())],
+            schema=schema,
+        )
+        for lst in (keys, values, ends, codes, lsns, stamps, idxs):
+            lst.clear()
+        return batch
+
+    k_append, v_append, e_append = keys.append, values.append, ends.append
+    c_append, l_append, s_append, i_append = codes.append, lsns.append, stamps.append, idxs.append
+    for entry in entries:
+        lsn, ts, payload = entry[0], entry[1], entry[2]
+        if not lsns:
+            first_lsn[0] = lsn
+        ops = decode(payload, lsn, path)
+        for i, op in enumerate(ops):
+            try:
+                code = op[0]
+                if code == OP_PUT:
+                    k_append(op[1]); v_append(op[2]); e_append(None)
+                elif code == OP_DELETE:
+                    k_append(op[1]); v_append(None); e_append(None)
+                elif code == OP_DELETE_RANGE:
+                    k_append(op[1]); v_append(None); e_append(op[2])
+                else:
+                    raise bad_op(lsn, i, op, path)
+            except (IndexError, TypeError):
+                raise bad_op(lsn, i, op, path) from None
+            c_append(code); l_append(lsn); s_append(ts); i_append(i)
+        if len(lsns) >= rows_per_batch:
+            yield flush()
+    if lsns:
+        yield flush()
+
+
+# -- state, merged inside one partition (one key range) ---------------------
+
+
+class TailState:
+    """The effect of a run of log entries on the keys in ``[lo, hi)``: the
+    last put/delete of each key and every range delete, with their positions
+    ``(lsn, op index)``. Built from :func:`iter_ops` in LSN order."""
+
+    def __init__(self, lo: bytes | None = None, hi: bytes | None = None) -> None:
+        self.lo, self.hi = lo, hi
+        self.latest: dict[bytes, tuple[int, int, bytes | None]] = {}
+        self.ranges: list[tuple[bytes, bytes, int, int]] = []
+
+    def add(self, lsn: int, ops: list, path: str | None = None) -> None:
+        lo, hi = self.lo, self.hi
+        for i, op in enumerate(ops):
+            try:
+                code = op[0]
+                if code == OP_PUT or code == OP_DELETE:
+                    key = op[1]
+                    if (lo is None or key >= lo) and (hi is None or key < hi):
+                        self.latest[key] = (lsn, i, op[2] if code == OP_PUT else None)
+                elif code == OP_DELETE_RANGE:
+                    start, end = op[1], op[2]
+                    if start < end and (hi is None or start < hi) and (lo is None or end > lo):
+                        self.ranges.append((start, end, lsn, i))
+                else:
+                    raise bad_op(lsn, i, op, path)
+            except (IndexError, TypeError):
+                raise bad_op(lsn, i, op, path) from None
+
+    def merged_ranges(self) -> list[tuple[bytes, bytes]]:
+        """The union of the range deletes as disjoint sorted ``[start, end)``."""
+        out: list[list[bytes]] = []
+        for start, end, _, _ in sorted(self.ranges):
+            if out and start <= out[-1][1]:
+                if end > out[-1][1]:
+                    out[-1][1] = end
+            else:
+                out.append([start, end])
+        return [(s, e) for s, e in out]
+
+    def filter_snapshot(self, keys: pa.Array, values: pa.Array) -> tuple[pa.Array, pa.Array]:
+        """Snapshot rows (all older than the tail) that the tail leaves alone."""
+        mask = None
+        if self.latest:
+            touched = pc.is_in(keys, value_set=pa.array(list(self.latest), pa.binary()))
+            mask = pc.invert(touched)
+        for start, end in self.merged_ranges():
+            inside = pc.and_(
+                pc.greater_equal(keys, pa.scalar(start, pa.binary())), pc.less(keys, pa.scalar(end, pa.binary()))
+            )
+            keep = pc.invert(inside)
+            mask = keep if mask is None else pc.and_(mask, keep)
+        if mask is None:
+            return keys, values
+        return keys.filter(mask), values.filter(mask)
+
+    def survivors(self) -> tuple[list[bytes], list[bytes], list[int]]:
+        """Keys whose last write in the tail is a put not followed by a range
+        delete covering them: (keys, values, lsns), sorted by key."""
+        ranges = sorted(self.ranges)
+        keys, values, lsns = [], [], []
+        for key in sorted(self.latest):
+            lsn, idx, value = self.latest[key]
+            if value is None:
+                continue
+            dead = False
+            for start, end, rlsn, ridx in ranges:
+                if start > key:
+                    break
+                if key < end and (rlsn, ridx) > (lsn, idx):
+                    dead = True
+                    break
+            if not dead:
+                keys.append(key)
+                values.append(value)
+                lsns.append(lsn)
+        return keys, values, lsns

@@ -1,0 +1,146 @@
+"""The options of the ``walkv`` Spark data source, parsed and checked.
+
+No pyspark here, so planning and reading can be tested without a session.
+
+=====================  ===========================================================
+option                 meaning (names are case-insensitive, as Spark's are)
+=====================  ===========================================================
+``path``               the store: a local path or a URI (``load(path)`` sets it)
+``table``              ``changes`` (default; the only table a stream reads),
+                       ``snapshot`` or ``state``
+``keyFormat``          ``binary`` (default) or ``string`` (UTF-8, validated)
+``valueFormat``        ``binary`` (default) or ``string``
+``snapshotLsn``        use the snapshot at exactly this LSN (default: the newest
+                       valid one, or the newest at or before ``endingLsn``);
+                       ``0`` means no snapshot (the log from LSN 1)
+``startingLsn``        ``changes``: first LSN to read, inclusive: a number,
+                       ``earliest`` (the oldest LSN the log still holds) or
+                       ``latest`` (nothing yet). Batch default: the LSN after
+                       the snapshot. Stream default: ``earliest``
+``endingLsn``          batch ``changes``/``state``: last LSN, inclusive (default:
+                       the durable LSN when the query is planned). Past the
+                       durable LSN is an error. ``state`` at an ``endingLsn`` is
+                       the store as it was at that LSN (point in time)
+``maxRecordsPerBatch`` stream: at most this many log entries (committed batches,
+                       i.e. LSNs) per micro-batch; a micro-batch may hold more
+                       rows, one per operation
+``maxPartitionBytes``  split sealed log segments larger than this at sparse-index
+                       points (default 32 MiB)
+``rowsPerBatch``       rows per Arrow record batch a task yields (default 65536)
+=====================  ===========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from kvstore.spark_arrow import BINARY, CHANGES, FORMATS, STRING, TABLES
+
+EARLIEST = "earliest"
+LATEST = "latest"
+
+DEFAULT_MAX_PARTITION_BYTES = 32 << 20
+DEFAULT_ROWS_PER_BATCH = 65536
+
+KNOWN = {
+    "path": "path",
+    "table": "table",
+    "keyformat": "keyFormat",
+    "valueformat": "valueFormat",
+    "snapshotlsn": "snapshotLsn",
+    "startinglsn": "startingLsn",
+    "endinglsn": "endingLsn",
+    "maxrecordsperbatch": "maxRecordsPerBatch",
+    "maxpartitionbytes": "maxPartitionBytes",
+    "rowsperbatch": "rowsPerBatch",
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    path: str
+    table: str = CHANGES
+    key_format: str = BINARY
+    value_format: str = BINARY
+    snapshot_lsn: int | None = None
+    starting_lsn: int | str | None = None
+    ending_lsn: int | None = None
+    max_records_per_batch: int | None = None
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    rows_per_batch: int = DEFAULT_ROWS_PER_BATCH
+
+
+def _int(name: str, text: str, minimum: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"option {name} must be an integer, not {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"option {name} must be at least {minimum}, not {value}")
+    return value
+
+
+def _format(name: str, text: str) -> str:
+    value = str(text).strip().lower()
+    if value in ("utf8", "utf-8", "str"):
+        value = STRING
+    if value not in FORMATS:
+        raise ValueError(f"option {name} must be 'binary' or 'string', not {text!r}")
+    return value
+
+
+def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Options:
+    """Check the data source's options; ``ValueError`` names the bad one.
+
+    ``streaming=None`` (Spark asks for the schema before it says whether the
+    read is a stream) skips the checks that depend on it."""
+    raw: dict[str, str] = {}
+    for key, value in dict(options).items():
+        canon = KNOWN.get(str(key).lower())
+        if canon is None:
+            raise ValueError(
+                f"unknown option {key!r} for the walkv data source; known options: {', '.join(sorted(KNOWN.values()))}"
+            )
+        raw[canon] = value
+    path = raw.get("path")
+    if not path:
+        raise ValueError("give the store's path: spark.read.format('walkv').load('/path/to/store')")
+    table = str(raw.get("table", CHANGES)).strip().lower()
+    if table not in TABLES:
+        raise ValueError(f"option table must be one of {', '.join(TABLES)}, not {raw['table']!r}")
+    if streaming is True and table != CHANGES:
+        raise ValueError(f"a stream reads table=changes only (not {table!r}); use spark.read for {table}")
+    snapshot_lsn = _int("snapshotLsn", raw["snapshotLsn"], 0) if "snapshotLsn" in raw else None
+    starting: int | str | None = None
+    if "startingLsn" in raw:
+        text = str(raw["startingLsn"]).strip().lower()
+        starting = text if text in (EARLIEST, LATEST) else _int("startingLsn", text, 1)
+    if starting is not None and table != CHANGES:
+        raise ValueError(f"option startingLsn applies to table=changes, not {table}")
+    ending = _int("endingLsn", raw["endingLsn"], 0) if "endingLsn" in raw else None
+    if ending is not None and streaming is True:
+        raise ValueError("option endingLsn is for batch reads; a stream ends when it is stopped")
+    if ending is not None and table == "snapshot":
+        raise ValueError("option endingLsn applies to table=changes or state; use snapshotLsn for a snapshot")
+    if isinstance(starting, int) and ending is not None and ending < starting - 1:
+        raise ValueError(f"endingLsn {ending} is before startingLsn {starting}")
+    if snapshot_lsn is not None and ending is not None and snapshot_lsn > ending:
+        raise ValueError(f"snapshotLsn {snapshot_lsn} is after endingLsn {ending}")
+    max_records = None
+    if "maxRecordsPerBatch" in raw:
+        if streaming is False:
+            raise ValueError("option maxRecordsPerBatch is for streams (spark.readStream)")
+        max_records = _int("maxRecordsPerBatch", raw["maxRecordsPerBatch"], 1)
+    return Options(
+        path=str(path),
+        table=table,
+        key_format=_format("keyFormat", raw.get("keyFormat", BINARY)),
+        value_format=_format("valueFormat", raw.get("valueFormat", BINARY)),
+        snapshot_lsn=snapshot_lsn,
+        starting_lsn=starting,
+        ending_lsn=ending,
+        max_records_per_batch=max_records,
+        max_partition_bytes=_int("maxPartitionBytes", raw.get("maxPartitionBytes", DEFAULT_MAX_PARTITION_BYTES), 1),
+        rows_per_batch=_int("rowsPerBatch", raw.get("rowsPerBatch", DEFAULT_ROWS_PER_BATCH), 1),
+    )
