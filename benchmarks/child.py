@@ -2,14 +2,32 @@
 
 ``python -m benchmarks.child package.module:function '{"kw": ...}'`` calls the
 function with the keyword arguments and prints its result dict (``ops``,
-``seconds`` and extras) as one JSON line on stdout.
+``seconds`` and extras, plus ``peak_rss_mb``) as one JSON line on stdout.
+
+Peak RSS is the kernel's high-water mark of this process's own address space
+(``VmHWM`` in /proc/self/status). ``ru_maxrss`` (getrusage, wait4) is *not*
+used where VmHWM exists: Linux carries it across ``execve``, so a child
+spawned by a parent holding 200 MB reports at least 200 MB whatever it does.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import resource
 import sys
+
+
+def peak_rss_mb() -> float:
+    """Peak RSS of this process since its exec (VmHWM), in MiB."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def main(argv: list[str]) -> int:
@@ -17,6 +35,7 @@ def main(argv: list[str]) -> int:
     module, _, name = target.partition(":")
     fn = getattr(importlib.import_module(module), name)
     result = fn(**args)
+    result.setdefault("peak_rss_mb", peak_rss_mb())
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0

@@ -16,7 +16,6 @@ before the timed part and after it; the difference is the memory growth
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import time
 from typing import Any
@@ -25,13 +24,14 @@ from benchmarks import data
 from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
 from benchmarks.kv_workloads import WalkvKV, load
 from benchmarks.peers import LMDB
+from benchmarks.child import peak_rss_mb
 from benchmarks.timing import in_child
 
 SNAP = ("kvstore:open", "kvstore:restore", "snapshot")
 
 
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return peak_rss_mb()
 
 
 def _store_prepare(entries: int, snapshot: bool):
