@@ -37,6 +37,7 @@ from snapshot.layout import (
     tmp_dir_name,
 )
 from snapshot.manifest import Manifest, SnapshotInfo, encode_manifest
+from snapshot.reader import open_snapshot
 
 log = logging.getLogger("walkv.snapshot")
 
@@ -189,8 +190,6 @@ def _existing(final: str, lsn: int) -> SnapshotInfo | None:
     """The valid snapshot already at ``final``, else None (missing or broken)."""
     if not os.path.lexists(final):
         return None
-    from snapshot.reader import open_snapshot
-
     try:
         return open_snapshot(final).info
     except (CorruptionError, SnapshotError):
