@@ -1,0 +1,344 @@
+"""The walkv Spark data source without Spark: options, schemas, planning,
+partitions and read(), pickled as Spark ships them to executors."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+pytest.importorskip("pyspark")
+pa = pytest.importorskip("pyarrow")
+
+import kvstore  # noqa: E402
+import wal  # noqa: E402
+from kvstore import spark_arrow as sa  # noqa: E402
+from kvstore.spark import (  # noqa: E402
+    ChunkPartition,
+    LogPartition,
+    StatePartition,
+    WalkvDataSource,
+    WalkvReader,
+    WalkvStreamReader,
+    spark_schema,
+)
+from kvstore.spark_files import LogGapError, StoreFiles  # noqa: E402
+from kvstore.spark_options import parse  # noqa: E402
+from tests.test_spark_helpers import build_store, log_timestamps  # noqa: E402
+from wal.errors import CorruptionError  # noqa: E402
+
+
+def ship(obj):
+    """What Spark does to readers and partitions: pickle to another process."""
+    return pickle.loads(pickle.dumps(obj))
+
+
+def reader(path: str, **options: object) -> WalkvReader:
+    return ship(WalkvReader(parse({"path": path, **{k: str(v) for k, v in options.items()}})))
+
+
+def read_all(r, partitions=None) -> pa.Table | None:
+    batches = []
+    for p in partitions if partitions is not None else r.partitions():
+        for b in r.read(ship(p)):
+            assert isinstance(b, pa.RecordBatch)
+            batches.append(b)
+    return pa.Table.from_batches(batches) if batches else None
+
+
+def rows(table, cols) -> list[tuple]:
+    if table is None:
+        return []
+    d = table.to_pydict()
+    return list(zip(*(d[c] for c in cols)))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("spark-unit") / "store")
+    return build_store(path, seed=7, n_batches=150)
+
+
+# -- options and schemas -------------------------------------------------------
+
+
+def test_options_defaults_and_errors():
+    o = parse({"path": "/x"})
+    assert (o.table, o.key_format, o.value_format, o.starting_lsn, o.ending_lsn) == ("changes", "binary", "binary", None, None)
+    o = parse({"PATH": "/x", "Table": "STATE", "keyformat": "utf8", "valueFormat": "string", "endingLsn": "9"})
+    assert (o.table, o.key_format, o.value_format, o.ending_lsn) == ("state", "string", "string", 9)
+    assert parse({"path": "/x", "startingLsn": "earliest"}).starting_lsn == "earliest"
+    assert parse({"path": "/x", "startingLsn": "12"}).starting_lsn == 12
+    bad = [
+        ({"path": "/x", "table": "nope"}, "table"),
+        ({"path": "/x", "startinglsn": "0"}, "startingLsn"),
+        ({"path": "/x", "startingLsn": "soon"}, "startingLsn"),
+        ({"path": "/x", "keyFormat": "latin1"}, "keyFormat"),
+        ({"path": "/x", "startLsn": "3"}, "unknown option"),
+        ({"path": "/x", "table": "state", "startingLsn": "3"}, "startingLsn"),
+        ({"path": "/x", "table": "snapshot", "endingLsn": "3"}, "endingLsn"),
+        ({"path": "/x", "startingLsn": "10", "endingLsn": "3"}, "before"),
+        ({"path": "/x", "maxRecordsPerBatch": "3"}, "streams"),
+        ({}, "path"),
+    ]
+    for options, words in bad:
+        with pytest.raises(ValueError, match=words):
+            parse(options)
+    with pytest.raises(ValueError, match="table=changes only"):
+        parse({"path": "/x", "table": "state"}, streaming=True)
+    with pytest.raises(ValueError, match="maxRecordsPerBatch"):
+        parse({"path": "/x", "maxRecordsPerBatch": "0"}, streaming=True)
+    # Spark asks for the schema without saying whether the read is a stream.
+    assert parse({"path": "/x", "maxRecordsPerBatch": "5"}, streaming=None).max_records_per_batch == 5
+
+
+@pytest.mark.parametrize("table", sa.TABLES)
+@pytest.mark.parametrize("kf,vf", [("binary", "binary"), ("string", "binary"), ("binary", "string")])
+def test_arrow_schema_is_what_spark_expects(table, kf, vf):
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    expected = to_arrow_schema(spark_schema(table, kf, vf), timezone="UTC")
+    assert sa.arrow_schema(table, kf, vf).equals(expected)
+    ds = WalkvDataSource({"path": "/x", "table": table, "keyFormat": kf, "valueFormat": vf})
+    assert ds.schema() == spark_schema(table, kf, vf)
+    assert WalkvDataSource.name() == "walkv"
+
+
+# -- changes -----------------------------------------------------------------------
+
+
+CHANGE_COLS = ["key", "value", "end_key", "_change_type", "_commit_version", "_op_index"]
+
+
+def test_changes_after_newest_snapshot(store):
+    r = reader(store.path, table="changes")
+    snap = max(store.snapshots)
+    assert r.plan.snapshot.lsn == snap
+    assert (r.plan.from_lsn, r.plan.to_lsn) == (snap + 1, store.last_lsn)
+    parts = r.partitions()
+    assert parts and all(isinstance(p, LogPartition) for p in parts)
+    t = read_all(r, parts)
+    assert t.schema.equals(sa.arrow_schema("changes"))
+    assert rows(t, CHANGE_COLS) == store.change_rows(snap + 1)
+    stamps = log_timestamps(store.path)
+    got = rows(t, ["_commit_version", "_commit_timestamp"])
+    for lsn, ts in got:
+        us = int(ts.timestamp() * 1_000_000)
+        assert abs(us - stamps[lsn]) <= 1 and ts.tzinfo is not None
+
+
+def test_changes_between_lsns_and_earliest(store):
+    a, b = store.first_lsn + 3, store.last_lsn - 5
+    t = read_all(reader(store.path, startingLsn=a, endingLsn=b))
+    assert rows(t, CHANGE_COLS) == store.change_rows(a, b)
+    t = read_all(reader(store.path, startingLsn="earliest"))
+    assert rows(t, CHANGE_COLS) == store.change_rows(store.first_lsn)
+    assert read_all(reader(store.path, startingLsn="latest")) is None
+
+
+def test_changes_gone_to_retention_name_the_lsns(store):
+    assert store.first_lsn > 1  # the builder trimmed the log
+    with pytest.raises(LogGapError, match=f"LSNs 1\\.\\.{store.first_lsn - 1} are no longer in the log") as e:
+        reader(store.path, startingLsn=1)
+    assert (e.value.first_missing, e.value.last_missing) == (1, store.first_lsn - 1)
+    with pytest.raises(ValueError, match="past the durable LSN"):
+        reader(store.path, endingLsn=store.last_lsn + 1)
+
+
+def test_every_lsn_in_exactly_one_partition_and_large_segments_split(tmp_path):
+    built = build_store(str(tmp_path / "s"), seed=3, n_batches=1000, segment_bytes=32 << 10,
+                        snapshot_after=(), keyspace=500, sync="none")
+    whole = reader(built.path, startingLsn=1)
+    split = reader(built.path, startingLsn=1, maxPartitionBytes=8192)
+    assert len(split.partitions()) > 2 * len(whole.partitions())
+    for r in (whole, split):
+        pieces = [p.piece for p in r.partitions()]
+        assert pieces[0].from_lsn == 1 and pieces[-1].to_lsn == built.last_lsn
+        for x, y in zip(pieces, pieces[1:]):
+            assert y.from_lsn == x.to_lsn + 1
+        got = []
+        for p in r.partitions():
+            lsns = rows(read_all(r, [p]), ["_commit_version"])
+            assert {x[0] for x in lsns} == set(range(p.piece.from_lsn, p.piece.to_lsn + 1))
+            got.extend(lsns)
+        assert [g[0] for g in got] == [row[4] for row in built.change_rows()]
+    # A split inside the range starts at an index point at or before it.
+    mid = reader(built.path, startingLsn=built.last_lsn // 2, maxPartitionBytes=8192)
+    assert rows(read_all(mid), CHANGE_COLS) == built.change_rows(built.last_lsn // 2)
+
+
+def test_end_lsn_never_past_durable(tmp_path):
+    path = str(tmp_path / "s")
+    with kvstore.open(path) as db:
+        for i in range(5):
+            db.put(b"k%d" % i, b"v")
+    from kvstore.batch import encode
+
+    log = wal.open(os.path.join(path, "wal"), sync="none")
+    try:
+        for i in range(5):
+            log.append(encode([[1, b"late%d" % i, b"x"]]))
+        assert log.last_lsn == 10 and wal.read_durable_lsn(log.directory) == 5
+        r = reader(path)
+        assert r.plan.to_lsn == 5
+        assert [x[0] for x in rows(read_all(r), ["_commit_version"])] == [1, 2, 3, 4, 5]
+        log.sync()
+        assert reader(path).plan.to_lsn == 10
+        # The plan is fixed when the reader is made: a shipped reader does not move.
+        assert r.plan.to_lsn == 5 and ship(r).plan.to_lsn == 5
+    finally:
+        log.close()
+
+
+# -- snapshot and state ------------------------------------------------------------
+
+
+def test_snapshot_one_partition_per_chunk(store):
+    snap = max(store.snapshots)
+    r = reader(store.path, table="snapshot")
+    parts = r.partitions()
+    assert len(parts) > 1 and all(isinstance(p, ChunkPartition) for p in parts)
+    assert len(parts) == len(r.plan.snapshot.chunks)
+    t = read_all(r, parts)
+    assert t.schema.equals(sa.arrow_schema("snapshot"))
+    assert rows(t, ["key", "value", "lsn"]) == [(k, v, snap) for k, v in sorted(store.snapshots[snap].items())]
+    older = min(store.snapshots)
+    t = read_all(reader(store.path, table="snapshot", snapshotLsn=older))
+    assert dict(rows(t, ["key", "value"])) == store.snapshots[older]
+    with pytest.raises(ValueError, match="no usable snapshot at LSN 5"):
+        reader(store.path, table="snapshot", snapshotLsn=5)
+
+
+def test_state_partitions_merge_to_the_store(store):
+    r = reader(store.path, table="state")
+    parts = r.partitions()
+    assert all(isinstance(p, StatePartition) for p in parts) and len(parts) > 1
+    t = read_all(r, parts)
+    assert t.schema.equals(sa.arrow_schema("state"))
+    got = rows(t, ["key", "value", "lsn"])
+    assert len({k for k, _, _ in got}) == len(got)
+    assert {k: v for k, v, _ in got} == store.model
+    # lsn: the last write of the key (the snapshot's LSN when the tail left it alone).
+    snap = max(store.snapshots)
+    last_write = {}
+    for lsn, ops in store.batches:
+        for op in ops:
+            if op[0] == 1:
+                last_write[op[1]] = lsn
+    for k, _, lsn in got:
+        assert lsn == (last_write[k] if last_write.get(k, 0) > snap else snap)
+
+
+def test_state_at_an_older_lsn(store):
+    older, newer = min(store.snapshots), max(store.snapshots)
+    for end in (older, newer, newer + 2, store.last_lsn - 1):
+        r = reader(store.path, table="state", endingLsn=end)
+        assert r.plan.snapshot.lsn == max(s for s in store.snapshots if s <= end)
+        assert dict(rows(read_all(r), ["key", "value"])) == store.state_at(end)
+    # Between the snapshots the log was trimmed: that state is gone, and said so.
+    assert store.first_lsn > older + 1
+    with pytest.raises(LogGapError, match=rf"LSNs {older + 1}\.\."):
+        reader(store.path, table="state", endingLsn=older + 1)
+
+
+def test_store_without_snapshot(tmp_path):
+    built = build_store(str(tmp_path / "s"), seed=11, n_batches=60, snapshot_after=())
+    assert read_all(reader(built.path, table="snapshot")) is None
+    assert reader(built.path, table="snapshot").partitions() == []
+    assert dict(rows(read_all(reader(built.path, table="state")), ["key", "value"])) == built.model
+    assert rows(read_all(reader(built.path)), CHANGE_COLS) == built.change_rows()
+
+
+def test_uri_and_relative_paths_read_the_same(store, monkeypatch):
+    by_path = rows(read_all(reader(store.path, table="state")), ["key", "value", "lsn"])
+    by_uri = reader("file://" + store.path, table="state")
+    assert by_uri.files.location == "file://" + store.path
+    assert rows(read_all(by_uri), ["key", "value", "lsn"]) == by_path
+    monkeypatch.chdir(os.path.dirname(store.path))
+    rel = reader(os.path.basename(store.path), table="state")
+    assert rel.files.location == store.path
+    with pytest.raises(ValueError, match="not a walkv store"):
+        reader(os.path.dirname(store.path))
+
+
+def test_string_format(tmp_path):
+    built = build_store(str(tmp_path / "s"), seed=5, n_batches=50, text=True)
+    t = read_all(reader(built.path, table="state", keyFormat="string", valueFormat="string"))
+    assert t.schema.equals(sa.arrow_schema("state", "string", "string"))
+    assert {k.encode(): v.encode() for k, v in rows(t, ["key", "value"])} == built.model
+    t = read_all(reader(built.path, keyFormat="string"))
+    assert t.schema.field("key").type == pa.string() and t.schema.field("value").type == pa.binary()
+    with kvstore.open(built.path) as db:
+        db.put(b"\xff\xfe", b"x")
+    with pytest.raises(ValueError, match="not valid UTF-8.*keyFormat=binary"):
+        read_all(reader(built.path, keyFormat="string"))
+
+
+def test_missing_segment_fails_with_the_lsns(tmp_path):
+    built = build_store(str(tmp_path / "s"), seed=2, n_batches=80, snapshot_after=(), trim=False)
+    r = reader(built.path, startingLsn=1)
+    parts = r.partitions()
+    victim = parts[1].piece
+    os.unlink(victim.path)  # retention (or a person) removed it after planning
+    with pytest.raises(LogGapError, match=f"LSNs {victim.from_lsn}\\.\\.{victim.to_lsn}"):
+        read_all(r, [parts[1]])
+    # A sealed segment cut short is corruption, not a shorter result.
+    first = parts[0].piece
+    os.truncate(first.path, os.path.getsize(first.path) // 2)
+    with pytest.raises(CorruptionError, match=f"holds LSNs up to {first.to_lsn}"):
+        read_all(r, [parts[0]])
+
+
+# -- the stream reader ----------------------------------------------------------------
+
+
+def test_stream_reader_offsets(store, tmp_path):
+    opts = parse({"path": store.path, "maxRecordsPerBatch": "10"}, streaming=True)
+    sr = ship(WalkvStreamReader(opts))
+    start = sr.initialOffset()
+    sid = StoreFiles(store.path).store_id()
+    assert start == {"lsn": store.first_lsn - 1, "store": sid}
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    assert sr.getDefaultReadLimit() == ReadMaxRows(10)
+    end = sr.latestOffset(start, sr.getDefaultReadLimit())
+    assert end == {"lsn": store.first_lsn + 9, "store": sid}
+    assert sr.latestOffset(start, ReadAllAvailable())["lsn"] == store.last_lsn
+    got = []
+    cur = start
+    while True:
+        nxt = sr.latestOffset(cur, ReadMaxRows(25))
+        if nxt == cur:
+            break
+        for p in sr.partitions(cur, nxt):
+            got.extend(rows(read_all(sr, [p]), CHANGE_COLS))
+        cur = nxt
+    assert got == store.change_rows(store.first_lsn)
+    assert sr.partitions(cur, cur) == []
+    latest = ship(WalkvStreamReader(parse({"path": store.path, "startingLsn": "latest"}, streaming=True)))
+    assert latest.initialOffset()["lsn"] == store.last_lsn
+    # A checkpoint from another store is refused.
+    other = build_store(str(tmp_path / "other"), seed=1, n_batches=5, snapshot_after=())
+    osr = WalkvStreamReader(parse({"path": other.path}, streaming=True))
+    with pytest.raises(ValueError, match="checkpoint belongs to walkv store"):
+        osr.latestOffset(start, ReadAllAvailable())
+    # LSNs retention deleted are named.
+    with pytest.raises(LogGapError, match="LSNs 1\\.\\."):
+        sr.partitions({"lsn": 0, "store": sid}, {"lsn": store.first_lsn + 2, "store": sid})
+
+
+def test_stream_available_now_stops_at_the_durable_lsn_it_saw(tmp_path):
+    path = str(tmp_path / "s")
+    with kvstore.open(path) as db:
+        for i in range(10):
+            db.put(b"k%d" % i, b"v")
+        sr = WalkvStreamReader(parse({"path": path}, streaming=True))
+        from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+        start = sr.initialOffset()
+        sr.prepareForTriggerAvailableNow()
+        for i in range(5):
+            db.put(b"late%d" % i, b"v")
+        assert sr.latestOffset(start, ReadAllAvailable())["lsn"] == 10
+        assert WalkvStreamReader(parse({"path": path}, streaming=True)).latestOffset(start, ReadAllAvailable())["lsn"] == 15
