@@ -17,9 +17,10 @@ Faults it can produce:
   unsynced write is undone and every name change not covered by a directory
   fsync is reverted. Options keep a torn part of the last unsynced write
   (``tear_bytes`` = a prefix of any length, ``tear_sectors`` = any subset of its
-  512-byte sectors), a random subset of the unsynced sectors of every file
-  (``rng``: disks reorder writes), or a prefix of the pending name changes
-  (``keep_dir_ops``: a journaling file system commits them in order).
+  512-byte sectors; the other unsynced writes are dropped), any version of
+  every sector touched since the last sync (``rng``: disks reorder writes),
+  or a prefix of the pending name changes (``keep_dir_ops``: a journaling
+  file system commits them in order).
 * :meth:`FaultFS.crash_at` makes the machine "lose power" just before (or
   after) the k-th durability boundary (sync, fsync_dir, rename, unlink,
   rmdir): that operation raises :class:`SimulatedCrash` and so does every
@@ -47,7 +48,7 @@ import random
 import shutil
 import stat
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from wal.fs import File, FileSystem
 
@@ -442,8 +443,10 @@ class FaultFS(FileSystem):
         * ``tear_sectors={i, ...}``: those 512-byte sectors (counted from the
           sector holding the write's first byte) of the last unsynced write
           reached the disk;
-        * ``rng``: each 512-byte sector of each unsynced write independently
-          reached the disk or not (disks reorder writes);
+        * ``rng``: each 512-byte sector touched by unsynced writes ends up,
+          independently, as one random version from its history: as last
+          synced, or as it was after one of the unsynced writes to it (disks
+          write back sectors in any order);
         * ``keep_dir_ops=n``: the oldest ``n`` pending name changes persisted.
 
         Returns counts of what was undone (writes, name changes).
@@ -478,8 +481,16 @@ class FaultFS(FileSystem):
         writes = sorted((e for e in entries if e[0].new is not None), key=lambda e: e[0].seq)
         redo: list[tuple[_Node, int, bytes]] = []
         if rng is not None:
+            # Each sector ends up as one version from its history: the durable
+            # one, or as it was after some unsynced write to it (the page
+            # cache writes back whole sectors with whatever they held then).
+            history: dict[tuple[int, int], list[tuple[_Node, int, bytes]]] = {}
             for u, node in writes:
-                redo.extend((node, off, piece) for off, piece in _sectors(u.offset, u.new) if rng.random() < 0.5)
+                for off, piece in _sectors(u.offset, u.new):
+                    history.setdefault((id(node), off // SECTOR), []).append((node, off, piece))
+            for key in sorted(history):
+                versions = history[key]
+                redo.extend(versions[: rng.randrange(len(versions) + 1)])
         if writes and (tear_bytes is not None or tear_sectors is not None):
             u, node = writes[-1]
             if tear_bytes is not None:
@@ -562,3 +573,82 @@ def _sectors(offset: int, data: bytes) -> list[tuple[int, bytes]]:
 
 def file_mode(path: str) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
+
+
+# -- crash-point exploration (tests/test_crashpoints*.py) ----------------------------------
+#
+# The method (SQLite's crash tests, ALICE's crash states): run a deterministic,
+# single-threaded workload through FaultFS once and count its durability
+# boundaries, n; then for each k in 1..n+1 run it again in a fresh directory,
+# lose power at the k-th boundary (n+1: after the workload), put the disk back
+# to its durable state (optionally with a torn or reordered write, or a prefix
+# of the pending name changes), reopen with the real file system and check the
+# recovered state against an oracle of what was acknowledged.
+
+# Power-loss variants (see FaultFS.power_loss).
+PLAIN = "plain"          # before the k-th boundary; every unsynced write and name change lost
+TORN = "torn"            # after the k-th boundary; a torn prefix of the last write and a prefix of the name changes kept
+REORDERED = "reordered"  # before the k-th boundary; each touched sector in a random version
+VARIANTS = (PLAIN, TORN, REORDERED)
+
+
+@dataclass
+class Outcome:
+    crashed: bool
+    error: BaseException | None = None
+    undone: dict[str, int] = field(default_factory=dict)
+
+
+def run_to_crash(workload: Callable[[FaultFS], None], fs: FaultFS, k: int | None, variant: str,
+                 rng: random.Random) -> Outcome:
+    """Run ``workload`` losing power at boundary ``k`` (``None``: never, then
+    lose power at the end); then simulate the power loss."""
+    if k is not None:
+        fs.crash_at(k, after=(variant == TORN))
+    error: BaseException | None = None
+    try:
+        workload(fs)
+    except (SimulatedCrash, Exception) as e:  # noqa: BLE001 - a crash shows as whatever the code made of it
+        error = e
+    crashed = fs.crashed
+    if error is not None and not crashed:
+        raise AssertionError(f"workload failed without a crash: {error!r}") from error
+    fs.crash()
+    if variant == TORN:
+        pending = len(fs.pending_ops())
+        undone = fs.power_loss(tear_bytes=rng.randrange(0, 1 << 16), keep_dir_ops=rng.randrange(pending + 1))
+    elif variant == REORDERED:
+        undone = fs.power_loss(rng=rng)
+    else:
+        undone = fs.power_loss()
+    return Outcome(crashed, error, undone)
+
+
+def count_boundaries(workload: Callable[[FaultFS], None]) -> int:
+    fs = FaultFS()
+    workload(fs)
+    return fs.boundaries
+
+
+def plan_points(n: int, *, budget: int | None, seed: int) -> list[tuple[int, str]]:
+    """Crash points ``(k, variant)``: every k with the plain variant, and the
+    torn and reordered variants at every k too when ``budget`` is None (soak),
+    else at an evenly spread sample so that the total is about ``budget``."""
+    points = [(k, PLAIN) for k in range(1, n + 2)]
+    extra = [(k, v) for k in range(1, n + 2) for v in (TORN, REORDERED)]
+    if budget is None:
+        return points + extra
+    room = max(0, budget - len(points))
+    if room < len(extra):
+        rnd = random.Random(seed)
+        extra = sorted(rnd.sample(extra, room))
+    return points + extra
+
+
+def close_quietly(obj: object) -> None:
+    """Close a log or store after the machine "lost power": the process only
+    releases its descriptors and locks; every write fails."""
+    try:
+        obj.close()  # type: ignore[attr-defined]
+    except (SimulatedCrash, Exception):  # noqa: BLE001
+        pass
