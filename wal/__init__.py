@@ -17,10 +17,10 @@ from wal.errors import (
 )
 from wal.log import SYNC_MODES, Log, open
 from wal.recovery import RepairReport, repair, verify
-from wal.segment import Entry, read_durable_lsn
+from wal.segment import Entry, read_durable_lsn, read_log
 
 __all__ = [
     "SYNC_MODES", "ClosedError", "CorruptionError", "Entry", "LockedError", "Log", "LogFailedError",
     "RecordTooLargeError", "RepairReport", "SnapshotError", "WalkvError", "open", "read_durable_lsn",
-    "repair", "verify",
+    "read_log", "repair", "verify",
 ]

@@ -197,6 +197,12 @@ class Log:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def appended_bytes(self) -> int:
+        """Bytes of log written since this log object was opened (cheap: for
+        policies such as "snapshot every N bytes of log")."""
+        return self._bytes
+
     # -- appending -------------------------------------------------------------
 
     def _check(self, payload: object) -> bytes:

@@ -235,6 +235,48 @@ def iter_entries(
         if to_lsn is not None and lsn > to_lsn:
             return
         yield Entry(lsn, ts, payload[ENTRY_HEADER_SIZE:])
+        if lsn == to_lsn:
+            return  # never parse past the last wanted entry: it may be mid-write
+
+
+def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
+             durable_only: bool = True) -> Iterator[Entry]:
+    """Entries of a log directory, read straight from its files: no lock, so
+    safe beside a live writer (another process) and after it is gone. Reads up
+    to the published durable LSN (``durable_only``; every valid entry when no
+    ``DURABLE`` file exists). Raises ``ValueError`` when ``from_lsn`` is before
+    the first segment (retention deleted it) and :class:`CorruptionError`
+    when entries are missing in the middle."""
+    segments = list_segments(directory)
+    if not segments:
+        return
+    if from_lsn < segments[0].first_lsn:
+        raise ValueError(
+            f"LSN {from_lsn} is no longer in the log at {directory}: it starts at LSN "
+            f"{segments[0].first_lsn} (older segments were deleted after a snapshot covered them)"
+        )
+    limit = read_durable_lsn(directory) if durable_only else None
+    last = to_lsn if limit is None else (limit if to_lsn is None else min(to_lsn, limit))
+    expected = from_lsn
+    for i in range(max(0, find_segment(segments, from_lsn)), len(segments)):
+        seg = segments[i]
+        if last is not None and seg.first_lsn > last:
+            return
+        index = read_index(seg.path)
+        start = index.offset_for(expected) if index is not None and index.first_lsn == seg.first_lsn else 0
+        with open(seg.path, "rb") as fh:
+            for entry in iter_entries(fh, seg.path, start, expected, last):
+                if entry.lsn != expected:
+                    break
+                yield entry
+                expected += 1
+        nxt = segments[i + 1].first_lsn if i + 1 < len(segments) else None
+        if nxt is not None and expected < nxt and (last is None or expected <= last):
+            raise CorruptionError(
+                f"LSNs {expected}..{nxt - 1} are missing from the log", path=seg.path, lsn=expected, hint=REPAIR_HINT
+            )
+        if last is not None and expected > last:
+            return
 
 
 def record_start(offset: int) -> int:
