@@ -25,7 +25,7 @@ import msgpack
 
 from wal.errors import CorruptionError, SnapshotError
 from wal.fs import OS_FS, FileSystem
-from snapshot.chunk import MAX_RECORD_BYTES, ChunkInfo, ChunkWriter
+from snapshot.chunk import ChunkInfo, ChunkWriter
 from snapshot.layout import (
     MANIFEST_NAME,
     MAX_LSN,
@@ -87,9 +87,13 @@ def write(
     survive a power loss.
 
     A valid snapshot at ``lsn`` already there is a SnapshotError, or, with
-    ``exist_ok=True``, is returned as is (``items`` is not read). A broken one
-    is replaced. Memory: one record of pairs at a time (plus the iterator's
-    own), however large the snapshot.
+    ``exist_ok=True``, is returned as is (``items`` is not read; the parent
+    directory is fsynced again, so retrying after that last-step error makes
+    the snapshot durable). A broken one is replaced.
+
+    Memory does not grow with the snapshot: the writer holds one slice of
+    pairs, about ``record_bytes`` of them (when pair sizes jump, at most
+    twice as many pairs as filled the previous record), and 1 MiB of output.
     """
     parent = os.fspath(parent)
     if type(lsn) is not int or not 0 <= lsn <= MAX_LSN:
@@ -106,6 +110,7 @@ def write(
         existing = _existing(final, lsn)
         if existing is not None:
             if exist_ok:
+                fs.fsync_dir(parent)
                 return existing
             raise SnapshotError(f"a snapshot at LSN {lsn} already exists: {final}")
         if not fs.exists(parent):
@@ -171,7 +176,7 @@ def write(
         if committed:
             raise SnapshotError(
                 f"snapshot {final} is written but the fsync of {parent} failed ({e}); "
-                "its name may not survive a power loss: take the snapshot again"
+                "its name may not survive a power loss: retry with exist_ok=True before relying on it"
             ) from e
         raise SnapshotError(f"cannot write a snapshot at LSN {lsn} in {parent}: {e}") from e
     finally:

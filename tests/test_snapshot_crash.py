@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +22,9 @@ import snapshot
 from wal.errors import SnapshotError
 from wal.fs import File, FileSystem
 
-OLD = [(b"k%05d" % i, b"old-%d" % i) for i in range(400)]
-NEW = [(b"k%05d" % i, b"new-%d" % i * 2) for i in range(0, 900, 2)]
-KW = dict(chunk_bytes=2048, record_bytes=300)
+OLD = [(b"k%05d" % i, b"old-%d" % i) for i in range(200)]
+NEW = [(b"k%05d" % i, b"new-%d" % i * 2) for i in range(0, 500, 2)]
+KW = dict(chunk_bytes=2048, record_bytes=300)  # NEW: 3 chunks, several records each
 
 
 class Injected(OSError):
@@ -116,7 +117,7 @@ def test_write_protocol_order(tmp_path):
     manifest = os.path.join(tmp, "MANIFEST")
     m_open = ops.index(("open", manifest))
     chunks = [op[1] for op in ops if op[0] == "open" and op[1] != manifest]
-    assert len(chunks) == info.chunks > 3
+    assert len(chunks) == info.chunks >= 3
     for c in chunks:
         assert ops.index(("sync", c)) < m_open, f"{c} fsynced before the manifest is written"
     last_chunk_sync = max(ops.index(("sync", c)) for c in chunks)
@@ -126,13 +127,28 @@ def test_write_protocol_order(tmp_path):
     assert not any(op[0] in ("unlink", "rmdir") for op in ops)
 
 
+def _template(tmp_path, name, build) -> callable:
+    """Build a starting directory once (real fsyncs); each case gets a copy."""
+    src = tmp_path / f"template-{name}"
+    build(src)
+
+    def make(dst):
+        shutil.copytree(src, dst)
+        return dst
+
+    return make
+
+
 @pytest.mark.parametrize("crash", [True, False], ids=["crash", "fail-once"])
 def test_write_interrupted_at_every_operation(tmp_path, crash):
-    total = len(_ops_of_a_write(tmp_path / "ref"))
-    assert total > 20
+    make = _template(tmp_path, "old", lambda p: snapshot.write(p, 5, OLD, **KW))
+    ref = FaultFS()
+    snapshot.write(make(tmp_path / "ref"), 9, NEW, fs=ref, **KW)
+    total = len(ref.ops)
+    assert total > 15
     for n in range(total):
-        parent = tmp_path / f"p{n}"
-        old = snapshot.write(parent, 5, OLD, **KW)
+        parent = make(tmp_path / f"p{n}")
+        (old,) = snapshot.list_snapshots(parent)
         fs = FaultFS(n, crash=crash)
         with pytest.raises(SnapshotError, match="injected fault"):
             snapshot.write(parent, 9, NEW, fs=fs, **KW)
@@ -152,29 +168,21 @@ def test_write_interrupted_at_every_operation(tmp_path, crash):
         snapshot.cleanup_incomplete(parent)
         assert sorted(os.listdir(parent)) == _committed_dirs(parent)
         # And a retry works.
-        if not committed:
-            assert snapshot.write(parent, 9, NEW, **KW).count == len(NEW)
-
-
-def _ops_of_a_write(parent) -> list:
-    snapshot.write(parent, 5, OLD, **KW)
-    fs = FaultFS()
-    snapshot.write(parent, 9, NEW, fs=fs, **KW)
-    return fs.ops
+        assert snapshot.write(parent, 9, NEW, exist_ok=True, **KW).count == len(NEW)
+        assert list(snapshot.newest(parent)) == NEW
 
 
 def test_replacing_a_broken_snapshot_interrupted_at_every_operation(tmp_path):
-    def setup(parent):
+    def build(parent):
         snapshot.write(parent, 5, OLD, **KW)
         broken = snapshot.write(parent, 9, OLD, **KW)
         os.unlink(os.path.join(broken.path, "chunk-000001.wkc"))
 
-    setup(tmp_path / "ref")
+    make = _template(tmp_path, "broken", build)
     fs = FaultFS()
-    snapshot.write(tmp_path / "ref", 9, NEW, fs=fs, **KW)
+    snapshot.write(make(tmp_path / "ref"), 9, NEW, fs=fs, **KW)
     for n in range(len(fs.ops)):
-        parent = tmp_path / f"p{n}"
-        setup(parent)
+        parent = make(tmp_path / f"p{n}")
         with pytest.raises(SnapshotError):
             snapshot.write(parent, 9, NEW, fs=FaultFS(n), **KW)
         listed = [i.lsn for i in snapshot.list_snapshots(parent)]
@@ -189,17 +197,16 @@ def test_replacing_a_broken_snapshot_interrupted_at_every_operation(tmp_path):
 def test_prune_interrupted_at_every_operation(tmp_path):
     lsns = [1, 2, 3, 4, 5]
 
-    def setup(parent):
+    def build(parent):
         for lsn in lsns:
             snapshot.write(parent, lsn, OLD[: 100 + lsn], **KW)
 
-    setup(tmp_path / "ref")
+    make = _template(tmp_path, "five", build)
     fs = FaultFS()
-    snapshot.prune(tmp_path / "ref", keep=2, fs=fs)
+    snapshot.prune(make(tmp_path / "ref"), keep=2, fs=fs)
     assert len(fs.ops) > 10
     for n in range(len(fs.ops)):
-        parent = tmp_path / f"p{n}"
-        setup(parent)
+        parent = make(tmp_path / f"p{n}")
         with pytest.raises(SnapshotError):
             snapshot.prune(parent, keep=2, fs=FaultFS(n))
         listed = [i.lsn for i in snapshot.list_snapshots(parent)]
@@ -210,18 +217,17 @@ def test_prune_interrupted_at_every_operation(tmp_path):
 
 
 def test_cleanup_interrupted_is_resumable(tmp_path):
-    def setup(parent):
+    def build(parent):
         snapshot.write(parent, 1, OLD, **KW)
         for lsn in (2, 3):
             with pytest.raises(SnapshotError):
                 snapshot.write(parent, lsn, NEW, fs=FaultFS(12), **KW)
 
-    setup(tmp_path / "ref")
+    make = _template(tmp_path, "leftovers", build)
     fs = FaultFS()
-    assert len(snapshot.cleanup_incomplete(tmp_path / "ref", fs=fs)) == 2
+    assert len(snapshot.cleanup_incomplete(make(tmp_path / "ref"), fs=fs)) == 2
     for n in range(len(fs.ops)):
-        parent = tmp_path / f"p{n}"
-        setup(parent)
+        parent = make(tmp_path / f"p{n}")
         with pytest.raises(SnapshotError):
             snapshot.cleanup_incomplete(parent, fs=FaultFS(n))
         assert [i.lsn for i in snapshot.list_snapshots(parent)] == [1]
@@ -247,11 +253,11 @@ def test_sigkill_during_writes_and_prunes(tmp_path):
     rng = random.Random(1234)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for run in range(4):
+    for run in range(3):
         parent = tmp_path / f"snaps{run}"
         p = subprocess.Popen([sys.executable, "-c", _WRITER, str(parent)], env=env,
                              stdout=subprocess.PIPE, text=True)
-        time.sleep(rng.uniform(0.3, 1.2))
+        time.sleep(rng.uniform(0.3, 1.0))
         p.send_signal(signal.SIGKILL)
         out, _ = p.communicate()
         assert p.returncode == -signal.SIGKILL
