@@ -42,13 +42,15 @@ boundaries, then crash at each one in turn (see tests/test_crashpoints.py).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
 import shutil
 import stat
+import tempfile
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from wal.fs import File, FileSystem
 
@@ -652,3 +654,20 @@ def close_quietly(obj: object) -> None:
         obj.close()  # type: ignore[attr-defined]
     except (SimulatedCrash, Exception):  # noqa: BLE001
         pass
+
+
+@contextlib.contextmanager
+def scratch_dir(fallback: str | os.PathLike[str]) -> Iterator[str]:
+    """A directory for crash-point runs. The durability model is simulated,
+    so the files need not be on a real disk: on tmpfs (``/dev/shm``) each run
+    costs a fifth. ``WALKV_CRASH_DIR=disk`` uses ``fallback`` (pytest's
+    tmp_path) instead."""
+    shm = "/dev/shm"
+    if os.environ.get("WALKV_CRASH_DIR") != "disk" and os.path.isdir(shm) and os.access(shm, os.W_OK):
+        d = tempfile.mkdtemp(prefix="walkv-crash-", dir=shm)
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    else:
+        yield os.fspath(fallback)

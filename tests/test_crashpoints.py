@@ -38,11 +38,18 @@ from tests.faultfs import (
     count_boundaries,
     plan_points,
     run_to_crash,
+    scratch_dir,
 )
 
 SEGMENT_BYTES = 2048
 CI_POINTS = 360          # crash points in the CI run of the main workload
 MIN_CI_POINTS = 250
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    with scratch_dir(tmp_path) as d:
+        yield d
 
 
 @dataclass
@@ -202,23 +209,23 @@ def crash_recovery(d: str, oracle: LogOracle, where: str, rng: random.Random) ->
     return m
 
 
-def test_log_crash_points(tmp_path, capsys):
-    stats = explore_log(str(tmp_path), seed=7, budget=CI_POINTS)
+def test_log_crash_points(scratch, capsys):
+    stats = explore_log(scratch, seed=7, budget=CI_POINTS)
     with capsys.disabled():
         print(f"\nlog crash points explored: {stats['points']} (of {stats['boundaries']} boundaries, seed 7)")
     assert stats["boundaries"] >= 150, stats
     assert stats["points"] >= MIN_CI_POINTS, stats
 
 
-def test_log_crash_points_during_recovery(tmp_path, capsys):
+def test_log_crash_points_during_recovery(scratch, capsys):
     """A second power loss while recovering from the first (a sample in CI)."""
     plan_seed = 11
     plan = make_plan(plan_seed, steps=25)
-    n = count_boundaries(lambda fs: run_log_workload(fs, str(tmp_path / "dry"), plan, LogOracle()))
+    n = count_boundaries(lambda fs: run_log_workload(fs, os.path.join(scratch, "dry"), plan, LogOracle()))
     rng = random.Random(plan_seed)
     total = 0
     for k in sorted(rng.sample(range(1, n + 1), min(n, 12))):
-        d = str(tmp_path / f"k{k}")
+        d = os.path.join(scratch, f"k{k}")
         oracle = LogOracle()
         run_to_crash(lambda fs: run_log_workload(fs, d, plan, oracle), FaultFS(), k, "torn", rng)
         total += crash_recovery(d, oracle, f"seed {plan_seed}, crash point {k}", rng)
@@ -227,12 +234,12 @@ def test_log_crash_points_during_recovery(tmp_path, capsys):
     assert total >= 12
 
 
-def test_explorer_catches_acknowledged_but_unsynced_writes(tmp_path):
+def test_explorer_catches_acknowledged_but_unsynced_writes(scratch):
     """The explorer can fail: a log that acknowledges before fsyncing
     (sync="none", the documented trade-off) loses acknowledged appends at
     some crash point, and the explorer says which."""
     with pytest.raises(AssertionError, match="acknowledged LSNs .* lost"):
-        explore_log(str(tmp_path), seed=7, budget=40, sync="none")
+        explore_log(scratch, seed=7, budget=40, sync="none")
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -256,7 +263,7 @@ def test_new_log_directory_survives_power_loss(tmp_path):
 
 
 @pytest.mark.soak
-def test_log_crash_points_soak(tmp_path, capsys, soak_seconds):
+def test_log_crash_points_soak(scratch, capsys, soak_seconds):
     """Every boundary, every variant, a crash during each recovery, over as
     many workload seeds as fit in ``--soak-seconds`` (at least three)."""
     import time
@@ -265,7 +272,7 @@ def test_log_crash_points_soak(tmp_path, capsys, soak_seconds):
     totals = {"points": 0, "recovery_points": 0, "seeds": 0}
     seed = 100
     while totals["seeds"] < 3 or time.monotonic() < deadline:
-        stats = explore_log(str(tmp_path / f"s{seed}"), seed, None, recovery_crashes=True)
+        stats = explore_log(os.path.join(scratch, f"s{seed}"), seed, None, recovery_crashes=True)
         totals["points"] += stats["points"]
         totals["recovery_points"] += stats["recovery_points"]
         totals["seeds"] += 1
