@@ -368,10 +368,6 @@ class _FullDisk(io.BytesIO):
         return super().write(b)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wal/record.py RecordWriter.add_record sets self.offset before f.write(); reported",
-)
 def test_writer_offset_unchanged_when_write_fails() -> None:
     # After a failed write nothing of the record is in the file; the writer's
     # offset must still be where the file ends, so a retry (after freeing
@@ -407,10 +403,6 @@ class _ShortWrites(io.RawIOBase):
         return len(chunk)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wal/record.py RecordWriter.add_record ignores the count f.write() returns; reported",
-)
 def test_writer_completes_short_writes() -> None:
     f = _ShortWrites()
     w = RecordWriter(f)
@@ -942,18 +934,10 @@ def test_zeroed_block_inside_fragmented_record_does_not_join() -> None:
         list(r2)
 
 
-_ZERO_TAIL_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="wal/record.py RecordReader.records(): a zero header in a full block inside a "
-    "fragmented record raises at once, even when only zeros follow to EOF (a torn tail); "
-    "reported to the lead with a patch",
-)
-
-
 @pytest.mark.parametrize(
     "zeros,zeros_end",
     [
-        pytest.param(z, ze, marks=[_ZERO_TAIL_BUG] if (not ze and z >= BS) else [])
+        pytest.param(z, ze)
         for z in [1, 100, BS - 9 - 1, BS, BS + 100, 2 * BS, 3 * BS - 5]
         for ze in (False, True)
     ],

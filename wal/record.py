@@ -154,8 +154,11 @@ class RecordWriter:
         if start % BLOCK_SIZE > BLOCK_SIZE - HEADER_SIZE:
             start += BLOCK_SIZE - start % BLOCK_SIZE
         parts: list[bytes] = []
-        self.offset = frame_into(parts, payload, self.offset)
-        self._f.write(b"".join(parts))
+        end = frame_into(parts, payload, self.offset)
+        data = memoryview(b"".join(parts))
+        while data:  # a raw file may write less than it was given
+            data = data[self._f.write(data) :]
+        self.offset = end  # only once the whole record is in the file
         return start
 
 
@@ -296,7 +299,12 @@ class RecordReader:
         size = 0
         record_start = -1  # >= 0 while inside a fragmented record
         max_bytes = self.max_record_bytes
+        holed = -1  # start of a fragmented record cut by zero-filled space
         for offset, ftype, item in self._fragments():
+            if holed >= 0 and ftype != _PAD and ftype != _EOF and ftype != _TORN:
+                # Data after the zeros: the record was damaged, not torn.
+                self._corrupt(holed, offset, "zero-filled space in the middle of a fragmented record")
+                holed = -1
             if ftype == FULL:
                 resyncing = False
                 if record_start >= 0:
@@ -340,8 +348,8 @@ class RecordReader:
                     self.end_offset = offset + HEADER_SIZE + len(item)  # type: ignore[arg-type]
                     yield start, payload
             elif ftype == _PAD:
-                if record_start >= 0:  # LevelDB: an error in the middle of a record
-                    self._corrupt(record_start, offset, "zero-filled space in the middle of a fragmented record")
+                if record_start >= 0:  # LevelDB: an error in the middle of a record,
+                    holed = record_start  # unless only zeros follow (a torn tail)
                     record_start = -1
                     parts = []
             elif ftype == _BAD:
@@ -355,6 +363,9 @@ class RecordReader:
                 else:
                     self._corrupt(offset, end, reason)
             else:  # _EOF or _TORN
+                if holed >= 0:
+                    self.torn_tail = (holed, "fragmented record followed only by zeros at end of file")
+                    return
                 if record_start >= 0:
                     self.torn_tail = (record_start, "fragmented record without its LAST fragment at end of file")
                 elif ftype == _TORN:
