@@ -154,7 +154,9 @@ def _read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterato
     elif isinstance(partition, ChunkPartition):
         snap, chunk = partition.snapshot, partition.chunk
         for keys, values in ss.read_chunk(files, snap, chunk, rows):
-            yield sa.snapshot_batch(keys, values, snap.lsn, kf, vf, lambda: ss.where(files, snap, chunk))
+            yield sa.snapshot_batch(
+                sa.binary_array(keys), sa.binary_array(values), snap.lsn, kf, vf, lambda: ss.where(files, snap, chunk)
+            )
     elif isinstance(partition, StatePartition):
         yield from _read_state_partition(files, opts, partition)
     elif partition is None or type(partition) is InputPartition:
@@ -177,7 +179,7 @@ def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -
             return ss.where(files, snap, chunk)
 
         for keys, values in ss.read_chunk(files, snap, chunk, opts.rows_per_batch):
-            k, v = tail.filter_snapshot(sa._binary(keys), sa._binary(values))
+            k, v = tail.filter_snapshot(sa.binary_array(keys), sa.binary_array(values))
             if len(k):
                 yield sa.snapshot_batch(k, v, snap.lsn, kf, vf, where, sa.STATE)
     keys, values, lsns = tail.survivors()

@@ -31,6 +31,7 @@ the same nullability), because Spark rejects record batches that differ.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
@@ -120,8 +121,22 @@ def _is_utf8(b: bytes) -> bool:
         return False
 
 
+MAX_BATCH_BYTES = 64 << 20
+"""Key and value bytes per record batch; well under the 2 GiB that 32-bit
+Arrow offsets (Spark's ``binary``) allow, whatever the values' sizes."""
+
+def binary_array(parts: Sequence[Sequence[bytes]]) -> pa.Array:
+    """One ``binary`` array of the byte strings of ``parts`` (sequences of
+    bytes, no nulls). (``pa.array`` on one list is as fast as building the
+    buffers by hand: measured.)"""
+    items = parts[0] if len(parts) == 1 else list(chain.from_iterable(parts))
+    return pa.array(items, pa.binary())
+
+
 def _binary(x: Any) -> pa.Array:
-    return x if isinstance(x, pa.Array) else pa.array(x, pa.binary())
+    if isinstance(x, pa.Array):
+        return x
+    return binary_array([x])
 
 
 # -- snapshot rows -----------------------------------------------------------
@@ -146,8 +161,8 @@ def snapshot_batch(
 
 def state_batch(keys: Sequence[bytes], values: Sequence[bytes], lsns: Sequence[int], key_format: str,
                 value_format: str, where: Callable[[], str]) -> pa.RecordBatch:
-    k = _as_format(pa.array(keys, pa.binary()), key_format, "key", where)
-    v = _as_format(pa.array(values, pa.binary()), value_format, "value", where)
+    k = _as_format(binary_array([keys]), key_format, "key", where)
+    v = _as_format(binary_array([values]), value_format, "value", where)
     return pa.RecordBatch.from_arrays(
         [k, v, pa.array(lsns, pa.int64())], schema=arrow_schema(STATE, key_format, value_format)
     )
@@ -184,12 +199,13 @@ def change_batches(
     stamps: list[int] = []
     idxs: list[int] = []
     first_lsn = [0]
+    pending = 0
 
     def where() -> str:
         return f"{path}, LSNs {first_lsn[0]}..{lsns[-1] if lsns else first_lsn[0]}"
 
     def flush() -> pa.RecordBatch:
-        k = _as_format(pa.array(keys, pa.binary()), key_format, "key", where)
+        k = _as_format(binary_array([keys]), key_format, "key", where)
         v = _as_format(pa.array(values, pa.binary()), value_format, "value", where)
         e = _as_format(pa.array(ends, pa.binary()), key_format, "key", where)
         t = _TYPE_NAMES.take(pa.array(codes, pa.int8()))
@@ -209,6 +225,7 @@ def change_batches(
         if not lsns:
             first_lsn[0] = lsn
         ops = decode(payload, lsn, path)
+        pending += len(payload)
         for i, op in enumerate(ops):
             try:
                 code = op[0]
@@ -223,8 +240,9 @@ def change_batches(
             except (IndexError, TypeError):
                 raise bad_op(lsn, i, op, path) from None
             c_append(code); l_append(lsn); s_append(ts); i_append(i)
-        if len(lsns) >= rows_per_batch:
+        if len(lsns) >= rows_per_batch or pending >= MAX_BATCH_BYTES:
             yield flush()
+            pending = 0
     if lsns:
         yield flush()
 

@@ -116,12 +116,18 @@ def where(files: StoreFiles, snap: SnapshotRef, chunk: Any) -> str:
 
 
 def read_chunk(files: StoreFiles, snap: SnapshotRef, chunk: Any, rows: int) -> Iterator[tuple[list, list]]:
-    """A chunk's ``(keys, values)`` in key order, in runs of about ``rows``
-    (whole data records are joined until a run reaches ``rows``)."""
+    """A chunk's keys and values in key order, as runs of whole data records
+    ``(key_parts, value_parts)`` (lists of sequences of bytes) of about
+    ``rows`` pairs, or fewer when the pairs are large (about
+    :data:`~kvstore.spark_arrow.MAX_BATCH_BYTES` per run)."""
     from snapshot import read_chunk_columns
+
+    from kvstore.spark_arrow import MAX_BATCH_BYTES
 
     path = snap.path + "/" + chunk.name
     shown = files.display(path)
+    per_pair = max(1, chunk.bytes // max(1, chunk.pairs))
+    limit = max(1, min(rows, MAX_BATCH_BYTES // per_pair))
     try:
         f = files.open(path)
     except FileNotFoundError:
@@ -130,16 +136,15 @@ def read_chunk(files: StoreFiles, snap: SnapshotRef, chunk: Any, rows: int) -> I
             "while the query ran); rerun the query"
         ) from None
     with f:
-        keys: list[bytes] = []
-        values: list[bytes] = []
+        keys: list = []
+        values: list = []
+        n = 0
         for k, v in read_chunk_columns(f, chunk, path=shown):
-            if not keys and len(k) >= rows:
-                yield list(k), list(v)
-                continue
-            keys.extend(k)
-            values.extend(v)
-            if len(keys) >= rows:
+            keys.append(k)
+            values.append(v)
+            n += len(k)
+            if n >= limit:
                 yield keys, values
-                keys, values = [], []
+                keys, values, n = [], [], 0
         if keys:
             yield keys, values

@@ -342,3 +342,26 @@ def test_stream_available_now_stops_at_the_durable_lsn_it_saw(tmp_path):
             db.put(b"late%d" % i, b"v")
         assert sr.latestOffset(start, ReadAllAvailable())["lsn"] == 10
         assert WalkvStreamReader(parse({"path": path}, streaming=True)).latestOffset(start, ReadAllAvailable())["lsn"] == 15
+
+
+def test_reads_files_only_no_lmdb(store, tmp_path):
+    """Executors need the log and snapshot files only: a copy without lmdb/
+    (and without write permission anywhere) reads the same."""
+    import shutil
+    import stat
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(store.path, copy, ignore=shutil.ignore_patterns("lmdb", "LOCK"))
+    assert not os.path.exists(os.path.join(copy, "lmdb"))
+    for root, dirs, names in os.walk(copy):
+        for n in names:
+            os.chmod(os.path.join(root, n), stat.S_IRUSR)
+    try:
+        for table in ("snapshot", "changes", "state"):
+            a = rows(read_all(reader(store.path, table=table)), ["key", "value"])
+            b = rows(read_all(reader(copy, table=table)), ["key", "value"])
+            assert a == b
+    finally:
+        for root, dirs, names in os.walk(copy):
+            for n in names:
+                os.chmod(os.path.join(root, n), stat.S_IRUSR | stat.S_IWUSR)
