@@ -336,6 +336,11 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lsn = durable
         else:
             lsn = int(start) - 1
+            if lsn > durable:
+                raise ValueError(
+                    f"startingLsn {start} is past the end of the log of {self.files.location} (durable LSN "
+                    f"{durable}); give at most {durable + 1}, or 'latest'"
+                )
         if self.store_id is None:
             self.store_id = self.files.store_id()
         return _offset(lsn, self.store_id)
