@@ -75,7 +75,7 @@ class _Undo:
     new: bytes | None   # the bytes written (None for a truncate)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Node:
     """One file (an inode): its current path and its unsynced changes."""
 
@@ -83,7 +83,7 @@ class _Node:
     undo: list[_Undo] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)  # ops are compared by identity
 class _Op:
     """One name change not yet durable."""
 
@@ -400,7 +400,7 @@ class FaultFS(FileSystem):
         key = _dir_key(path)
         for op in list(self._ops):
             op.dirs.discard(key)
-            if not op.dirs:
+            if not op.dirs and op in self._ops:  # (a durable rmdir may have taken it already)
                 self._make_durable(op)
         self._done()
 
@@ -408,6 +408,14 @@ class FaultFS(FileSystem):
         """``op`` survives a power loss: drop it from the journal. When it is a
         rename, earlier pending ops that name paths under its source now live
         under its destination."""
+        if op.kind == "rmdir":
+            # A durable rmdir means the directory was empty on disk: every
+            # earlier change inside it is durable too (and can no longer be
+            # covered by an fsync of the directory, which is gone).
+            for earlier in list(self._ops[: self._ops.index(op)]):
+                if earlier in self._ops and (
+                        _under(earlier.path, op.path) or (earlier.dst is not None and _under(earlier.dst, op.path))):
+                    self._make_durable(earlier)
         i = self._ops.index(op)
         del self._ops[i]
         if op.kind == "rename" and op.dst is not None:

@@ -175,6 +175,30 @@ def test_rmdir_reverted(tmp_path):
     assert (tmp_path / "d").is_dir()
 
 
+def test_removed_tree_with_only_the_parent_fsynced(tmp_path):
+    """Unlink files, rmdir their directory, fsync only the parent (the
+    directory itself is gone): the whole removal is durable."""
+    fs = FaultFS()
+    fs.makedirs(str(tmp_path / "d"))
+    fs.fsync_dir(str(tmp_path))
+    make(fs, tmp_path / "d" / "f", b"x")
+    make(fs, tmp_path / "d" / "g", b"y")
+    fs.unlink(str(tmp_path / "d" / "f"))
+    fs.unlink(str(tmp_path / "d" / "g"))
+    fs.rmdir(str(tmp_path / "d"))
+    fs.fsync_dir(str(tmp_path))
+    fs.power_loss()
+    assert os.listdir(tmp_path) == []
+    # and without the parent fsync, all of it comes back
+    fs.makedirs(str(tmp_path / "d"))
+    fs.fsync_dir(str(tmp_path))
+    make(fs, tmp_path / "d" / "f", b"x")
+    fs.unlink(str(tmp_path / "d" / "f"))
+    fs.rmdir(str(tmp_path / "d"))
+    fs.power_loss()
+    assert os.listdir(tmp_path / "d") == ["f"] and read(tmp_path / "d" / "f") == b"x"
+
+
 def test_directory_rename_commit_protocol(tmp_path):
     """The snapshot writer's protocol: files in a temp dir, fsync it, rename
     the dir, fsync the parent. Crash before the parent fsync: no snapshot."""
