@@ -141,6 +141,7 @@ class SQLite:
     requires = ("sqlite3",)
 
     def __init__(self, path: str, sync: bool) -> None:
+        os.makedirs(path, exist_ok=True)
         self.file = os.path.join(path, "kv.sqlite")
         self.synchronous = "FULL" if sync else "NORMAL"
         self._cons: list[sqlite3.Connection] = []

@@ -34,6 +34,17 @@ def _peak_mb() -> float:
     return peak_rss_mb()
 
 
+def take_snapshot(db: Any) -> Any:
+    """``db.snapshot()`` (DESIGN section 9), or kvstore.snapshots.take(db)
+    while the method is not on KVStore yet."""
+    method = getattr(db, "snapshot", None)
+    if method is not None:
+        return method()
+    from kvstore.snapshots import take
+
+    return take(db)
+
+
 def _store_prepare(entries: int, snapshot: bool):
     def prepare(ctx: Context) -> str:
         path = os.path.join(ctx.directory, "store")
@@ -41,7 +52,7 @@ def _store_prepare(entries: int, snapshot: bool):
         try:
             load(db, entries)
             if snapshot:
-                db.db.snapshot()
+                take_snapshot(db.db)
         finally:
             db.close()
         return path
@@ -70,7 +81,7 @@ def child_snapshot_walkv(path: str, n: int) -> dict[str, Any]:
         db.put(b"snapshot-bench-tick", str(time.time()).encode())
         before = _peak_mb()
         t0 = time.perf_counter()
-        info = db.snapshot()
+        info = take_snapshot(db)
         seconds = time.perf_counter() - t0
         after = _peak_mb()
     finally:
@@ -126,10 +137,10 @@ def child_putmulti_lmdb(source: str, target: str) -> dict[str, Any]:
     return {"ops": added, "seconds": seconds, "rss_growth_mb": after - before}
 
 
-def _in_child_fresh(ctx: Context, target: str, **kwargs: Any) -> Measurement:
+def _in_child_fresh(ctx: Context, function: str, **kwargs: Any) -> Measurement:
     out = os.path.join(ctx.fresh_dir("restore"), "target")
     try:
-        return in_child(target, target=out, **kwargs)
+        return in_child(function, target=out, **kwargs)
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -115,8 +115,8 @@ def counted(block: Callable[[], int]) -> Measurement:
     return Measurement(ops=ops, seconds=time.perf_counter() - start)
 
 
-def in_child(target: str, timeout: float = 3600, **kwargs: Any) -> Measurement:
-    """Run ``target`` ("package.module:function") in a fresh Python process.
+def in_child(function: str, /, *, child_timeout: float = 3600, **kwargs: Any) -> Measurement:
+    """Run ``function`` ("package.module:name") in a fresh Python process.
 
     The function gets ``kwargs`` and returns a dict with ``ops`` and
     ``seconds`` (timed inside the child) and anything else (kept in
@@ -129,9 +129,9 @@ def in_child(target: str, timeout: float = 3600, **kwargs: Any) -> Measurement:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.child", target, json.dumps(kwargs)],
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.child", function, json.dumps(kwargs)],
                                 stdout=out_f, stderr=err_f, env=env, cwd=REPO)
-        timer = threading.Timer(timeout, proc.kill)
+        timer = threading.Timer(child_timeout, proc.kill)
         timer.start()
         try:
             _, status, usage = os.wait4(proc.pid, 0)
@@ -143,10 +143,10 @@ def in_child(target: str, timeout: float = 3600, **kwargs: Any) -> Measurement:
         out, err = out_f.read(), err_f.read()
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-3:]
-        raise RuntimeError(f"child {target} exited {proc.returncode}: {' | '.join(tail)}")
+        raise RuntimeError(f"child {function} exited {proc.returncode}: {' | '.join(tail)}")
     lines = out.decode().strip().splitlines()
     if not lines:
-        raise RuntimeError(f"child {target} printed no result")
+        raise RuntimeError(f"child {function} printed no result")
     data = json.loads(lines[-1])
     ops = int(data.pop("ops"))
     seconds = float(data.pop("seconds"))
