@@ -144,20 +144,23 @@ def test_many_threads_append_durably(tmp_path: Path) -> None:
 
 def test_append_nowait_callbacks(tmp_path: Path) -> None:
     d = tmp_path / "log"
-    calls: list[tuple[int, int, BaseException | None, int, int | None]] = []
+    calls: list[tuple[int, int, bytes, BaseException | None, int, int | None]] = []
     lock = threading.Lock()
     returned: dict[int, bytes] = {}
     with wal.open(d, segment_bytes=16384) as log:
 
-        def cb(lsn: int, err: BaseException | None) -> None:
-            # Durable before the callback: in memory and in the DURABLE file.
-            with lock:
-                calls.append((threading.get_ident(), lsn, err, log.durable_lsn, wal.read_durable_lsn(str(d))))
+        def callback_for(p: bytes):
+            def cb(lsn: int, err: BaseException | None) -> None:
+                # Durable before the callback: in memory and in the DURABLE file.
+                with lock:
+                    calls.append((threading.get_ident(), lsn, p, err, log.durable_lsn,
+                                  wal.read_durable_lsn(str(d))))
+            return cb
 
         def work(t: int) -> None:
             for i in range(150):
                 p = pl(t, i)
-                lsn = log.append_nowait(p, cb)
+                lsn = log.append_nowait(p, callback_for(p))
                 with lock:
                     returned[lsn] = p
 
@@ -166,8 +169,9 @@ def test_append_nowait_callbacks(tmp_path: Path) -> None:
         assert read_all(log) == sorted(returned.items())
     assert len(calls) == len(returned) == 1200
     assert sorted(c[1] for c in calls) == sorted(returned) == list(range(1, 1201)), "each callback exactly once"
-    assert all(err is None for _, _, err, _, _ in calls)
-    assert all(durable >= lsn and published >= lsn for _, lsn, _, durable, published in calls)
+    assert all(returned[lsn] == p for _, lsn, p, *_ in calls), "each callback gets its own entry's LSN"
+    assert all(err is None for _, _, _, err, _, _ in calls)
+    assert all(durable >= lsn and published >= lsn for _, lsn, _, _, durable, published in calls)
     by_thread: dict[int, list[int]] = defaultdict(list)
     for ident, lsn, *_ in calls:
         by_thread[ident].append(lsn)
@@ -284,6 +288,22 @@ def test_close_while_threads_wait_on_nowait_entries(tmp_path: Path) -> None:
     ok = {lsn for lsn, v in outcome.items() if v[0] is None}
     with wal.open(d) as log:
         assert {lsn for lsn, _ in read_all(log)} == ok
+
+
+def test_a_raising_callback_does_not_fail_the_log(tmp_path: Path, caplog) -> None:
+    calls: list[int] = []
+
+    def bad(lsn: int, err: BaseException | None) -> None:
+        calls.append(lsn)
+        raise RuntimeError("callback bug")
+
+    with wal.open(tmp_path / "log") as log:
+        for i in range(20):
+            log.append_nowait(pl(0, i), bad)
+        log.sync()
+        assert log.append(b"still fine") == 21
+    assert sorted(calls) == list(range(1, 21))
+    assert "callback raised" in caplog.text
 
 
 # -- failures ---------------------------------------------------------------------------
@@ -564,11 +584,6 @@ def test_blocking_appends_racing_close(tmp_path: Path) -> None:
         assert all(got.get(lsn) == p for lsn, p in results)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'bug: appends queued while truncate_after holds the log keep LSNs of the old sequence; '
-    'GroupCommit.submit then does `raise self.failure` with failure None (TypeError) and the entry is '
-    'written under another LSN'
-))
 def test_appends_racing_truncate_after(tmp_path: Path) -> None:
     """Appenders that queue while truncate_after holds the log: each append
     either returns the LSN that holds its payload, or raises a walkv error;

@@ -71,6 +71,8 @@ class GroupCommit:
         self._local = threading.local()
         self._committer: threading.Thread | None = None
         self.stopping = False
+        self._frozen = False  # no LSN may be handed out (truncate_after renumbers)
+        self._thawed = threading.Condition(self.mutex)
         self.next_lsn = next_lsn
         self.acked_lsn = next_lsn - 1  # what appenders may be told is done
         self.failure: BaseException | None = None
@@ -89,6 +91,8 @@ class GroupCommit:
         m = self.mutex
         m.acquire()
         try:
+            while self._frozen:
+                self._thawed.wait()
             self._check()
         except BaseException:
             m.release()
@@ -128,6 +132,8 @@ class GroupCommit:
         """Queue one payload; ``callback(lsn, error)`` runs when it is
         acknowledged or failed. Returns its LSN at once."""
         with self.mutex:
+            while self._frozen:
+                self._thawed.wait()
             self._check()
             lsn = self.next_lsn
             self.next_lsn = lsn + 1
@@ -209,9 +215,10 @@ class GroupCommit:
                     self._work.wait()
 
     @contextmanager
-    def exclusive(self, *, drain: bool = True) -> Iterator[None]:
+    def exclusive(self, *, drain: bool = True, freeze: bool = False) -> Iterator[None]:
         """Hold the leadership (no group is written meanwhile). With
-        ``drain``, everything queued before is written first."""
+        ``drain``, everything queued before is written first; with
+        ``freeze``, new appends wait (they get no LSN) until the end."""
         m = self.mutex
         m.acquire()
         try:
@@ -236,6 +243,8 @@ class GroupCommit:
         failure = self.failure
         if failure is not None:
             self._handoff()
+        elif freeze:
+            self._frozen = True
         m.release()
         for d in done:
             _run_callbacks(d)
@@ -245,12 +254,17 @@ class GroupCommit:
             yield
         finally:
             with m:
+                if freeze:
+                    self._frozen = False
+                    self._thawed.notify_all()
                 self._handoff()
 
     def stop(self, error: BaseException) -> None:
         """Stop the committer thread and fail whatever is still queued."""
         with self.mutex:
             self.stopping = True
+            self._frozen = False
+            self._thawed.notify_all()
             self._work.notify_all()
             first = self.acked_lsn + 1
             callbacks, self._queue, self._callbacks = self._callbacks, [], []

@@ -444,7 +444,7 @@ class Log:
         interrupted truncation is finished by the next open."""
         if lsn < self._first_lsn - 1 or lsn < 0:
             raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {self._first_lsn}")
-        with self._gc.exclusive():
+        with self._gc.exclusive(freeze=True):
             if lsn >= self._gc.next_lsn - 1:
                 return
             try:
@@ -452,7 +452,8 @@ class Log:
                     self._durable = (lsn, 0)
                     self._publish_durable()
                 marker = os.path.join(self.directory, TRUNCATE_MARKER)
-                self._fs.write_file(marker, str(lsn).encode())
+                self._fs.write_file(marker + ".tmp", str(lsn).encode())
+                self._fs.rename(marker + ".tmp", marker)
                 self._fs.fsync_dir(self.directory)
                 self._file.close()
                 self._durable_map.close()

@@ -31,7 +31,7 @@ from typing import Callable
 
 from wal.errors import CorruptionError
 from wal.fs import OS_FS, File, FileSystem
-from wal.record import BLOCK_SIZE, RecordReader
+from wal.record import _HEADER, BLOCK_SIZE, FULL, HEADER_SIZE, LAST, RecordReader, fragment_crc
 from wal.segment import (
     INDEX_INTERVAL,
     REPAIR_HINT,
@@ -121,14 +121,30 @@ def _has_zero_sector(f: File, start: int, end: int) -> bool:
 
 
 def _valid_record_after(path: str, start: int) -> int | None:
-    """Offset of the first valid record after ``start`` (resynchronising at
-    block boundaries, zeros read as padding), or ``None``."""
-    block = (start // BLOCK_SIZE + 1) * BLOCK_SIZE
+    """Offset of the first valid fragment after the bad record at ``start``,
+    or ``None``. The bad header's length may be the damaged field, so every
+    offset of the rest of its block is tried, then every later block is read
+    with resynchronisation (zeros read as padding)."""
     with open(path, "rb") as fh:
-        reader = RecordReader(fh, path=path, start_offset=block, skip_corrupt=True)
+        block = start - start % BLOCK_SIZE
+        fh.seek(block)
+        buf = fh.read(BLOCK_SIZE)
+        for i in range(start - block + 1, len(buf) - HEADER_SIZE + 1):
+            crc, length, ftype = _HEADER.unpack_from(buf, i)
+            if FULL <= ftype <= LAST and i + HEADER_SIZE + length <= len(buf) and \
+                    fragment_crc(ftype, buf[i + HEADER_SIZE : i + HEADER_SIZE + length]) == crc:
+                return block + i
+        reader = RecordReader(fh, path=path, start_offset=block + BLOCK_SIZE, skip_corrupt=True)
         for offset, _ in reader.records():
             return offset
     return None
+
+
+def _is_torn(f: File, path: str, bad_offset: int) -> tuple[bool, int | None]:
+    """DESIGN section 4: an invalid record is a torn tail when nothing valid
+    follows it, or when its bytes include an all-zero 512-byte sector."""
+    nxt = _valid_record_after(path, bad_offset)
+    return nxt is None or _has_zero_sector(f, bad_offset, nxt), nxt
 
 
 def _scan_active(path: str, header: SegmentHeader, start: int, expected: int,
@@ -204,7 +220,8 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
     newest = segments[-1]
     with open(newest.path, "rb") as fh:
         header, header_end = read_header(fh, newest.path)
-    store_id = header.store_id
+    store_id = _store_id(segments)
+    _check_store(header, store_id, newest.path)
     sealed: list[SealedSegment] = []
     prev_last: int | None = None
     rebuilt = False
@@ -240,10 +257,14 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
     dropped = 0
     if problem is not None:
         bad_offset, reason = problem
-        nxt = _valid_record_after(newest.path, bad_offset)
+        if reason.startswith("record over the limit"):
+            raise CorruptionError(
+                f"{reason}: an entry larger than this open's max_record_bytes", path=newest.path,
+                offset=bad_offset, lsn=active.last_lsn + 1, hint="reopen with a larger max_record_bytes",
+            )
         f = fs.open(newest.path, readonly=True)
         try:
-            torn = nxt is None or _has_zero_sector(f, bad_offset, nxt)
+            torn, nxt = _is_torn(f, newest.path, bad_offset)
         finally:
             f.close()
         if not torn:
@@ -260,6 +281,16 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
         fs.unlink(index_path(newest.path))  # the active segment's index lives in memory
         fs.fsync_dir(directory)
     return Recovered(store_id, sealed, active, dropped)
+
+
+def _store_id(segments: list[SegmentFile]) -> str:
+    """The store id most segments carry (a tie goes to the oldest segment),
+    so that a stray segment is the one named, whichever its place."""
+    ids = []
+    for seg in segments:
+        with open(seg.path, "rb") as fh:
+            ids.append(read_header(fh, seg.path)[0].store_id)
+    return max(dict.fromkeys(ids), key=ids.count)
 
 
 def _check_store(header: SegmentHeader, store_id: str, path: str) -> None:
@@ -313,7 +344,17 @@ def _first_problem(segments: list[SegmentFile], progress: Callable[[int, int | N
                     last_good = entry.lsn
                     good_end = reader.end_offset
             except CorruptionError as e:
-                return i, good_end, last_good, e.reason, store_id
+                if i == len(segments) - 1 and e.offset is not None and good_end > 0:
+                    f = OS_FS.open(seg.path, readonly=True)
+                    try:
+                        torn, _ = _is_torn(f, seg.path, e.offset)
+                    finally:
+                        f.close()
+                    if not torn:
+                        return i, good_end, last_good, e.reason, store_id
+                    # else: a crash's torn tail, which open cuts: not damage
+                else:
+                    return i, good_end, last_good, e.reason, store_id
             if good_end == 0:
                 return i, 0, last_good, "segment has no header record", store_id
             if reader.torn_tail is not None and i < len(segments) - 1:
@@ -353,7 +394,11 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False) -> 
     later = segments[i + 1 :]
     report.dropped_bytes = sum(os.path.getsize(s.path) for s in later)
     if dry_run:
-        report.dropped_bytes += max(0, os.path.getsize(bad.path) - good_end)
+        f = fs.open(bad.path, readonly=True)
+        try:
+            report.dropped_bytes += _nonzero_end(f, good_end, f.size()) - good_end
+        finally:
+            f.close()
         return report
     for seg in reversed(later):  # newest first: what remains is always a prefix
         fs.rename(seg.path, seg.path + ".broken")
@@ -442,6 +487,12 @@ def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> None:
         return
     with open(marker, "rb") as fh:
         text = fh.read().decode("ascii", "replace").strip()
+    if not text:
+        # Written by a walkv that did not rename it into place: its content never
+        # landed, so the cut (which follows the marker's fsync) never began.
+        fs.unlink(marker)
+        fs.fsync_dir(directory)
+        return
     if not text.isdigit():
         raise CorruptionError(f"unreadable {TRUNCATE_MARKER} marker {text!r}", path=marker, offset=0,
                               hint="delete the marker if no truncate_after was running")
