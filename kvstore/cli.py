@@ -511,33 +511,26 @@ def _require_api(module: str, name: str, what: str) -> Callable[..., Any]:
 
 
 def cmd_snapshot(args: argparse.Namespace, rep: Reporter) -> int:
-    import inspect as _inspect
-
-    before = _dir_bytes(os.path.join(os.path.abspath(args.store), "wal"))
+    wal_dir = os.path.join(os.path.abspath(args.store), "wal")
     with open_store(args.store, reporter=rep) as db:
-        take = getattr(db, "snapshot", None)
-        if take is None:
-            raise CliError("snapshots are not available in this build (KVStore.snapshot is missing)")
-        kwargs = {}
+        before = _dir_bytes(wal_dir, allocated=True)
         with rep.task("writing snapshot", unit="pairs") as progress:
-            if "progress" in _inspect.signature(take).parameters:
-                kwargs["progress"] = progress
-            info = take(**kwargs)
-    after = _dir_bytes(os.path.join(os.path.abspath(args.store), "wal"))
+            info = take_snapshot(db, progress)
+        after = _dir_bytes(wal_dir, allocated=True)
+        first = db.stats().get("log", {}).get("first_lsn")
     print(f"snapshot at LSN {info.lsn}: {info.path}")
-    count = getattr(info, "count", None)
-    if count is not None:
-        print(f"  {count} pairs, {human_bytes(getattr(info, 'bytes', 0))} in {getattr(info, 'chunks', '?')} chunks")
-    print(f"  log: {human_bytes(max(0, before - after))} trimmed")
+    print(f"  {info.count} pairs, {human_bytes(info.bytes)} in {info.chunks} chunks")
+    print(f"  log: {human_bytes(max(0, before - after))} trimmed"
+          + (f"; it now starts at LSN {first}" if first else ""))
     return EXIT_OK
 
 
 def cmd_restore(args: argparse.Namespace, rep: Reporter) -> int:
     import inspect as _inspect
 
-    restore = _require_api("kvstore", "restore", "restore")
     if not os.path.exists(args.src):
         raise CliError(f"no store or snapshot at {args.src}")
+    restore = _require_api("kvstore", "restore", "restore")
     if os.path.exists(args.dst) and os.listdir(args.dst):
         raise CliError(f"{args.dst} exists and is not empty; restore into a new directory")
     kwargs: dict[str, Any] = {"to_lsn": args.to_lsn}
@@ -581,8 +574,7 @@ def cmd_export(args: argparse.Namespace, rep: Reporter) -> int:
     if why:
         raise CliError(f"cannot export: {why}")
     export = _require_api("kvstore.spark_export", "export", "the Spark export job")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark_env(args.master)
     kwargs: dict[str, Any] = {"master": args.master, "table": args.table, "incremental": args.incremental}
     t0 = time.monotonic()
     with rep.task("exporting with Spark", unit="") as progress:
@@ -597,29 +589,66 @@ def cmd_export(args: argparse.Namespace, rep: Reporter) -> int:
 
 
 def _export_rows(result: Any) -> dict[str, int]:
-    """Rows per table from whatever the export job returned."""
-    if isinstance(result, dict):
-        out = {}
-        for k, v in result.items():
-            if isinstance(v, int):
-                out[str(k)] = v
-            elif isinstance(v, dict) and isinstance(v.get("rows"), int):
-                out[str(k)] = v["rows"]
-            elif hasattr(v, "rows"):
-                out[str(k)] = int(v.rows)
-        if out:
-            return out
-    tables = getattr(result, "tables", None)
+    """Rows per table from the export job's result (``{"tables": {name:
+    {"rows": n, ...}}, ...}``, as ``OUT/_walkv_export.json`` holds it)."""
+    tables = result.get("tables") if isinstance(result, dict) else getattr(result, "tables", None)
+    out: dict[str, int] = {}
     if isinstance(tables, dict):
-        return _export_rows(tables)
-    rows = getattr(result, "rows", None)
-    if isinstance(rows, dict):
-        return _export_rows(rows)
-    if isinstance(rows, int):
-        return {"rows": rows}
-    if isinstance(result, int):
-        return {"rows": result}
-    return {}
+        for name, info in tables.items():
+            rows = info.get("rows") if isinstance(info, dict) else getattr(info, "rows", info)
+            if isinstance(rows, int) and not isinstance(rows, bool):
+                out[str(name)] = rows
+    return out
+
+
+def spark_env(master: str) -> None:
+    """Environment for a Spark job started from the CLI: this Python for the
+    workers, and (unless the user has their own Spark configuration) a
+    log4j2 configuration that keeps Spark's console to errors only."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if "SPARK_CONF_DIR" not in os.environ:
+        import tempfile
+
+        conf = os.path.join(tempfile.gettempdir(), f"walkv-spark-conf-{os.getuid()}")
+        os.makedirs(conf, exist_ok=True)
+        path = os.path.join(conf, "log4j2.properties")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w") as fh:
+                fh.write("rootLogger.level = error\n"
+                         "rootLogger.appenderRef.stderr.ref = console\n"
+                         "appender.console.type = Console\n"
+                         "appender.console.name = console\n"
+                         "appender.console.target = SYSTEM_ERR\n"
+                         "appender.console.layout.type = PatternLayout\n"
+                         "appender.console.layout.pattern = spark: %p %c{1}: %m%n%ex\n")
+            os.replace(tmp, path)
+        os.environ["SPARK_CONF_DIR"] = conf
+
+
+def take_snapshot(db: Any, progress: Any = None) -> Any:
+    """``db.snapshot()``, or the snapshot package's ``take`` behind it."""
+    import inspect as _inspect
+
+    take = getattr(db, "snapshot", None)
+    if take is None:
+        try:
+            from kvstore.snapshots import take as _take
+        except ImportError:
+            raise CliError("snapshots are not available in this build (KVStore.snapshot is missing)") from None
+
+        def take(**kw: Any) -> Any:
+            return _take(db, **kw)
+    kwargs = {}
+    try:
+        if "progress" in _inspect.signature(take).parameters:
+            kwargs["progress"] = progress
+    except (TypeError, ValueError):
+        pass
+    return take(**kwargs)
 
 
 def cmd_bench(args: argparse.Namespace, rep: Reporter) -> int:
