@@ -37,7 +37,7 @@ import pytest
 
 import wal
 from wal.errors import CorruptionError, LockedError
-from wal.record import BLOCK_SIZE, RecordReader
+from wal.record import BLOCK_SIZE, RecordReader, frame_into
 from wal.segment import index_path, iter_entries, list_segments, read_index
 
 SECTOR = 512
@@ -275,6 +275,37 @@ def test_bit_flip_followed_by_valid_records_in_the_same_block_refuses_to_open(fo
         wal.open(d)
     assert ei.value.path == seg and ei.value.offset == off
     assert Path(seg).read_bytes() == before, "acknowledged entries were zeroed"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug (from db1fa33): recovery._valid_record_after's byte scan of the bad record's block accepts any "
+    "CRC-valid fragment, including one inside the torn record's own payload, so a crash that tears such an "
+    "entry makes open refuse (and verify report damage)"
+))
+def test_torn_last_entry_whose_payload_holds_framed_bytes(tmp_path: Path) -> None:
+    """A crash tears the last entry, whose payload happens to contain bytes that
+    form a valid record (a value holding a LevelDB log or walkv segment, say).
+    That is still a torn tail: the valid-looking bytes are inside the torn
+    record, not a later entry (they do not carry the next LSN)."""
+    d = tmp_path / "log"
+    inner: list[bytes] = []
+    frame_into(inner, b"an embedded record " * 4, 0)
+    big = b"y" * 100 + b"".join(inner) + b"z" * 400
+    with wal.open(d, segment_bytes=1 << 20) as log:
+        for i in range(1, 21):
+            log.append(pl(i, 300))
+        assert log.append(big) == 21
+    drop_active_index(d)
+    seg = list_segments(str(d))[-1].path
+    off, end, lsn = records(seg)[-1]
+    assert lsn == 21
+    data = bytearray(Path(seg).read_bytes())
+    data[end - 40 : end] = bytes(40)  # the end of the last write never reached the disk
+    Path(seg).write_bytes(bytes(data))
+    assert wal.verify(str(d)) == []
+    with wal.open(d) as log:
+        assert log.last_lsn == 20
+    assert_reopens_and_appends(d, [(k, pl(k, 300)) for k in range(1, 21)])
 
 
 def test_bit_flip_in_the_last_record_is_a_torn_tail(four_blocks) -> None:
