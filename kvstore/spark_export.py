@@ -204,7 +204,9 @@ def export(
                         frame = df.load(location)
                     frame.write.mode("overwrite").parquet(path)
                     rows = spark.read.parquet(path).count()
-                    lo = snap_lsn if name == SNAPSHOT else p.from_lsn if name == CHANGES else 0
+                    # snapshot: the snapshot's LSN; changes: the LSNs exported;
+                    # state: the snapshot plus the log from from_lsn to to_lsn.
+                    lo = snap_lsn if name == SNAPSHOT else p.from_lsn
                     hi = snap_lsn if name == SNAPSHOT else p.to_lsn
                     info = {"path": path, "rows": rows, "from_lsn": lo, "to_lsn": hi}
             except WalkvError:
