@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
+# `make demo` runs the full-size demo; CI (CI set) or DEMO_ARGS=--small runs the small one.
+DEMO_ARGS ?= $(if $(CI),--small,)
 
 .PHONY: demo test bench soak clean
 
@@ -15,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/walkv demo
+	$(VENV)/bin/walkv demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
