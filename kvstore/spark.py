@@ -56,6 +56,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from wal.errors import CorruptionError
 
 from kvstore import spark_arrow as sa
+from kvstore.batch import decode as _decode
 from kvstore import spark_snapshots as ss
 from kvstore.spark_files import LogGapError, LogSlice, StoreFiles, gap_error, normalize_location
 from kvstore.spark_options import EARLIEST, LATEST, Options, parse
@@ -102,10 +103,8 @@ def spark_schema(table: str, key_format: str = sa.BINARY, value_format: str = sa
 
 def _decode_batch(payload: bytes, lsn: int | None = None, path: str | None = None) -> list:
     """Decode one log entry's batch (the format kvstore.batch owns)."""
-    from kvstore.batch import decode
-
     try:
-        return decode(payload, lsn)
+        return _decode(payload, lsn)
     except CorruptionError as exc:
         if path is None or exc.path is not None:
             raise
