@@ -3,39 +3,48 @@
 Layout of ``STORE/lmdb/`` (an LMDB environment directory)::
 
     data.mdb, lock.mdb   LMDB's own files
-    SESSION              the session record (kvstore/session.py)
+    SESSION              the session record (see kvstore/recovery.py)
 
-Named databases inside the environment:
+Inside the environment:
 
-* ``data``: the user's keys and values, exactly as given (LMDB's byte order).
-* ``meta``: walkv's bookkeeping, keys and values as follows:
+* the named database ``data`` holds the user's keys and values, as given
+  (LMDB's byte order: memcmp, shorter first);
+* walkv's bookkeeping are plain keys of LMDB's main (unnamed) database, beside
+  the record of ``data``. (Keeping them there rather than in a second named
+  database saves a page copy per write transaction: the main database's leaf
+  is rewritten by every commit anyway, for ``data``'s root.)
 
-  ============  ==========================================================
-  ``format``    ``b"1"``; a newer number is refused
-  ``store_id``  the log's store id (hex); a mismatch means this LMDB was
-                built from another log, so it is rebuilt
-  ``applied``   uint64 little-endian: every entry with an LSN up to this
-                one is applied, and none after it. Written in the same
-                write transaction as the entries it covers, so LMDB's own
-                atomicity makes applying idempotent (replay skips LSNs at or
-                below it).
-  ``complete``  ``b"1"`` once a rebuild's base (snapshot) load finished;
-                ``b"0"`` while it runs, so an interrupted rebuild restarts
-  ============  ==========================================================
+  ==================  ======================================================
+  ``walkv.format``    ``b"1"``; another number is refused
+  ``walkv.store_id``  the log's store id (hex); a mismatch means this LMDB
+                      was built from another log, so it is rebuilt
+  ``walkv.applied``   uint64 little-endian: every log entry up to this LSN
+                      is applied, none after it. Written in the same write
+                      transaction as the entries it covers, so LMDB's own
+                      atomicity makes applying idempotent (replay skips
+                      LSNs at or below it).
+  ``walkv.complete``  ``b"1"`` once a rebuild's base (snapshot) load is
+                      done; ``b"0"`` while it runs, so an interrupted
+                      rebuild is redone
+  ==================  ======================================================
 
 Durability: LMDB is opened with ``sync=False, metasync=False``: its fsyncs are
 not on the commit path, the log's are. A process crash cannot corrupt such an
-environment (the dirty pages live in the kernel's page cache), a machine crash
-can (pages reach the disk in any order), so whether to trust it on open is
-decided from the SESSION record (see kvstore/recovery.py), not from LMDB's
-contents, which might be a stale page after a machine crash.
+environment (dirty pages live in the kernel's page cache), a machine crash can
+(pages reach the disk in any order), so whether to trust it at open is decided
+from the SESSION record (kvstore/recovery.py), never from LMDB's contents.
+``writemap`` (default) has LMDB write through its shared map (3x faster
+commits than ``pwrite``); the map's file is then fully allocated up front
+(``posix_fallocate``), so that a full disk is an error and not a SIGBUS.
 
 Concurrency: one thread at a time applies (the log's committing thread, or the
-opener while replaying); any number of threads read. Growing the map
-(``set_mapsize``) needs no LMDB transaction active in this process, and
-py-lmdb invalidates every open one; :class:`ReadGate` gives the writer that
-moment without a lock on the read path, and scans re-seek when their
-transaction was invalidated.
+opener while replaying); any number of threads read. Each reading thread
+keeps one read transaction and reuses it until the next group is applied
+(``gen`` changes), so a get is one LMDB lookup. Growing the map, closing, and
+dropping idle threads' stale read transactions (so that they do not pin old
+pages, which would make LMDB's file grow) need every reader out of LMDB for a
+moment: :class:`ReadGate` gives the writer that moment with no lock on the
+read path.
 """
 
 from __future__ import annotations
@@ -46,25 +55,29 @@ import os
 import struct
 import threading
 import time
+import weakref
 from itertools import islice
 from typing import Iterator
 
 import lmdb
 import msgpack
 
-from kvstore.batch import OP_DELETE, OP_PUT, decode
+from kvstore.batch import OP_DELETE, OP_PUT, as_bytes, decode
 from wal.errors import ClosedError, CorruptionError, LogFailedError, WalkvError
 
 log = logging.getLogger("walkv.state")
 
 FORMAT = b"1"
-K_FORMAT = b"format"
-K_STORE_ID = b"store_id"
-K_APPLIED = b"applied"
-K_COMPLETE = b"complete"
+K_FORMAT = b"walkv.format"
+K_STORE_ID = b"walkv.store_id"
+K_APPLIED = b"walkv.applied"
+K_COMPLETE = b"walkv.complete"
 
 DEFAULT_MAP_SIZE = 64 << 20
 _GROW_DOUBLE_UNTIL = 1 << 30
+SWEEP_SECONDS = 1.0
+_MAXK = 511
+
 _U64 = struct.Struct("<Q")
 _pack_u64 = _U64.pack
 _unpackb = msgpack.unpackb
@@ -72,22 +85,26 @@ _unpackb = msgpack.unpackb
 
 class ReadGate:
     """Readers run concurrently; the writer can wait for a moment when no
-    reader is inside LMDB (to remap, or to close).
+    reader is inside LMDB (to remap, sweep stale transactions, or close).
 
-    A reader appends to :attr:`active` (atomic under the GIL), then checks
-    :attr:`blocking`; the writer sets :attr:`blocking`, then waits for
-    :attr:`active` to empty. Either the writer sees the reader or the reader
-    sees the flag (Dekker's handshake; the GIL orders the steps), so there is
-    no lock on the read path. A reader that sees the flag steps back and
-    waits on the writer's mutex.
+    A reader announces itself, then checks :attr:`blocking`; the writer sets
+    :attr:`blocking`, then waits until no reader is announced. Either the
+    writer sees the reader or the reader sees the flag (Dekker's handshake;
+    the GIL orders the steps), so there is no lock on the read path. A reader
+    that sees the flag steps back and waits on the writer's mutex.
+
+    Readers announce themselves in one of two ways: a thread's cached
+    :class:`_Reader` sets its ``busy`` flag (the get fast path: two attribute
+    stores), anything else appends to :attr:`active` (atomic under the GIL).
     """
 
-    __slots__ = ("active", "blocking", "_mutex")
+    __slots__ = ("active", "blocking", "_mutex", "_readers")
 
-    def __init__(self) -> None:
+    def __init__(self, readers) -> None:
         self.active: list[None] = []
         self.blocking = False
         self._mutex = threading.Lock()
+        self._readers = readers  # () -> list of registered _Reader
 
     def enter(self) -> None:
         active = self.active
@@ -102,11 +119,17 @@ class ReadGate:
     def exit(self) -> None:
         self.active.pop()
 
+    def wait(self) -> None:
+        """A reader saw :attr:`blocking`: wait for the writer to finish."""
+        with self._mutex:
+            pass
+
     def acquire_exclusive(self) -> None:
         self._mutex.acquire()
         self.blocking = True
+        readers = self._readers()  # taken after the flag: later ones see it
         spins = 0
-        while self.active:
+        while self.active or any(r.busy for r in readers):
             spins += 1
             time.sleep(0 if spins < 100 else 0.0005)
 
@@ -115,11 +138,29 @@ class ReadGate:
         self._mutex.release()
 
 
-class State:
-    """The LMDB environment of one store, and the apply and read paths.
+class _Reader:
+    """One thread's cached read transaction."""
 
-    Not the public API (that is :class:`kvstore.KVStore`): keys here are
-    already validated.
+    __slots__ = ("txn", "gen", "gets", "busy", "owner", "__weakref__")
+
+    def __init__(self, owner: "State") -> None:
+        self.txn: lmdb.Transaction | None = None
+        self.gen = -1
+        self.gets = 0
+        self.busy = False
+        self.owner = owner
+
+    def __del__(self) -> None:  # the thread ended: keep its count
+        self.owner._dead_gets += self.gets
+
+
+_SLOW = object()
+
+
+class State:
+    """The LMDB environment of one store, and its apply and read paths.
+
+    Not the public API (that is :class:`kvstore.KVStore`).
     """
 
     def __init__(self, path: str, *, readonly: bool = False,
@@ -128,10 +169,16 @@ class State:
         self.path = path
         self.readonly = readonly
         self.writemap = writemap and not readonly
-        self._gate = ReadGate()
         self._closed = False
+        self.gen = 0              # bumped after every commit and remap
         self.map_gen = 0          # bumped whenever open transactions die
         self.map_grows = 0
+        self._local = threading.local()
+        self._readers: weakref.WeakSet[_Reader] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()
+        self._dead_gets = 0
+        self._gate = ReadGate(self._reader_list)
+        self._last_sweep = time.perf_counter()
         # counters (updated only by the applying thread)
         self.applied_groups = 0
         self.applied_entries = 0
@@ -156,22 +203,26 @@ class State:
             self.env = lmdb.open(
                 path, map_size=size, subdir=True, readonly=readonly,
                 metasync=False, sync=False, writemap=self.writemap,
-                map_async=False, max_dbs=4, max_readers=max_readers,
+                map_async=False, max_dbs=2, max_readers=max_readers,
                 max_spare_txns=16, lock=True, mode=0o600, create=not readonly,
                 readahead=False,
             )
         except lmdb.Error as exc:
+            if "already open in this process" in str(exc):
+                raise WalkvError(
+                    f"the store's LMDB environment {path} is already open in this "
+                    f"process (LMDB allows one open per process); share that "
+                    f"KVStore between threads instead") from None
             raise CorruptionError(f"cannot open the LMDB environment: {exc}",
                                   path=path) from None
         try:
             if self.writemap:
                 _preallocate(data_file, size)
+            self._main = self.env.open_db(None)
             if readonly:
                 self._data = self.env.open_db(b"data", create=False)
-                self._meta = self.env.open_db(b"meta", create=False)
             else:
                 self._data = self.env.open_db(b"data")
-                self._meta = self.env.open_db(b"meta")
             self._load_meta()
         except BaseException as exc:
             self.env.close()
@@ -181,18 +232,20 @@ class State:
                 raise CorruptionError(f"LMDB environment is unreadable: {exc}",
                                       path=path) from None
             raise
+        if readonly:
+            self.get = self._get_uncached  # type: ignore[method-assign]
 
     # -- meta ---------------------------------------------------------------
 
     def _load_meta(self) -> None:
-        with self.env.begin(db=self._meta) as txn:
+        with self.env.begin(db=self._main) as txn:
             fmt = txn.get(K_FORMAT)
             sid = txn.get(K_STORE_ID)
             applied = txn.get(K_APPLIED)
             complete = txn.get(K_COMPLETE)
         if fmt is not None and fmt != FORMAT:
-            raise WalkvError(f"{self.path}: LMDB state format {fmt!r} is newer "
-                             f"than this walkv ({FORMAT!r}); upgrade walkv")
+            raise WalkvError(f"{self.path}: LMDB state format {fmt!r} is not this "
+                             f"walkv's ({FORMAT!r}); use the walkv that wrote it")
         self.store_id = sid.decode("ascii", "replace") if sid else None
         self.applied_lsn = _U64.unpack(applied)[0] if applied and len(applied) == 8 else 0
         self.complete = complete == b"1"
@@ -200,40 +253,43 @@ class State:
 
     def initialize(self, store_id: str, base_lsn: int = 0, *, complete: bool) -> None:
         """Write the meta of a fresh (or rebuilding) environment."""
-        meta = self._meta
+        main = self._main
 
         def write(txn: lmdb.Transaction) -> None:
-            txn.put(K_FORMAT, FORMAT, db=meta)
-            txn.put(K_STORE_ID, store_id.encode("ascii"), db=meta)
-            txn.put(K_APPLIED, _pack_u64(base_lsn), db=meta)
-            txn.put(K_COMPLETE, b"1" if complete else b"0", db=meta)
+            txn.put(K_FORMAT, FORMAT, db=main)
+            txn.put(K_STORE_ID, store_id.encode("ascii"), db=main)
+            txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
+            txn.put(K_COMPLETE, b"1" if complete else b"0", db=main)
         self._with_write(write)
         self.store_id = store_id
         self.applied_lsn = base_lsn
         self.complete = complete
         self.initialized = True
+        self.gen += 1
 
     def load_base(self, pairs: Iterator[tuple[bytes, bytes]], base_lsn: int,
                   chunk: int = 10000) -> int:
-        """Bulk-load sorted (key, value) pairs, then mark the environment
-        complete at ``base_lsn``. Returns the number of pairs loaded."""
+        """Bulk-load (key, value) pairs sorted by key, then mark the
+        environment complete at ``base_lsn``. Returns the number loaded."""
         n = 0
         it = iter(pairs)
+        data = self._data
         while True:
             items = list(islice(it, chunk))
             if not items:
                 break
-            self._with_write(lambda txn: txn.cursor(db=self._data).putmulti(
+            self._with_write(lambda txn: txn.cursor(db=data).putmulti(
                 items, dupdata=False, overwrite=True, append=False))
             n += len(items)
-        meta = self._meta
+        main = self._main
 
         def finish(txn: lmdb.Transaction) -> None:
-            txn.put(K_APPLIED, _pack_u64(base_lsn), db=meta)
-            txn.put(K_COMPLETE, b"1", db=meta)
+            txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
+            txn.put(K_COMPLETE, b"1", db=main)
         self._with_write(finish)
         self.applied_lsn = base_lsn
         self.complete = True
+        self.gen += 1
         return n
 
     # -- writing ------------------------------------------------------------
@@ -248,10 +304,9 @@ class State:
                 txn.commit()
                 return
             except lmdb.MapFullError:
-                txn.abort()
-                self.grow()
+                self.grow(txn)
             except BaseException:
-                txn.abort()
+                self._abort_write(txn)
                 raise
 
     def apply(self, entries: list[tuple[int, bytes]], *, strict: bool = False) -> None:
@@ -266,21 +321,24 @@ class State:
         if self._closed:
             raise ClosedError("the store's state machine is closed")
         applied = self.applied_lsn
+        t0 = time.perf_counter()
         if strict:
             todo = [(lsn, decode(p, lsn)) for lsn, p in entries if lsn > applied]
+        elif len(entries) == 1:
+            lsn, p = entries[0]
+            todo = [(lsn, _unpackb(p))] if lsn > applied else []
         else:
             todo = [(lsn, _unpackb(p)) for lsn, p in entries if lsn > applied]
         if not todo:
             return
-        t0 = time.perf_counter()
         last = todo[-1][0]
-        meta = self._meta
+        main = self._main
         data = self._data
+        begin = self.env.begin
         while True:
-            txn = self.env.begin(write=True, db=data)
+            txn = begin(write=True, db=data)
             try:
                 put = txn.put
-                delete = txn.delete
                 puts = deletes = ranges = 0
                 for _lsn, ops in todo:
                     for op in ops:
@@ -289,29 +347,30 @@ class State:
                             put(op[1], op[2])
                             puts += 1
                         elif code == OP_DELETE:
-                            delete(op[1])
+                            txn.delete(op[1])
                             deletes += 1
                         else:
                             _delete_range(txn, op[1], op[2])
                             ranges += 1
-                put(K_APPLIED, _pack_u64(last), db=meta)
+                put(K_APPLIED, _pack_u64(last), db=main)
                 txn.commit()
             except lmdb.MapFullError:
-                txn.abort()
-                self.grow()
+                self.grow(txn)
                 continue
             except lmdb.Error as exc:
-                txn.abort()
+                self._abort_write(txn)
                 raise LogFailedError(
                     f"applying LSNs {todo[0][0]}..{last} to LMDB ({self.path}) "
                     f"failed: {exc}. Every acknowledged write is in the log; "
                     f"close and reopen the store to go on.") from None
             except BaseException:
-                txn.abort()
+                self._abort_write(txn)
                 raise
             break
         self.applied_lsn = last
-        dt = time.perf_counter() - t0
+        self.gen += 1
+        t1 = time.perf_counter()
+        dt = t1 - t0
         self.applied_groups += 1
         self.applied_entries += len(todo)
         self.puts += puts
@@ -320,22 +379,42 @@ class State:
         self.apply_seconds += dt
         if dt > self.apply_max_seconds:
             self.apply_max_seconds = dt
+        if t1 - self._last_sweep > SWEEP_SECONDS:
+            self._last_sweep = t1
+            self._sweep()
 
-    def grow(self, at_least: int = 0) -> None:
-        """Grow the map: double up to 1 GiB, then by half. Waits for readers
-        to leave LMDB; their open transactions are invalidated (scans
+    def _abort_write(self, txn: lmdb.Transaction) -> None:
+        """Abort a write transaction with readers held out of LMDB (py-lmdb's
+        abort waits for every call in flight and starves behind busy
+        readers)."""
+        gate = self._gate
+        gate.acquire_exclusive()
+        try:
+            txn.abort()
+        finally:
+            gate.release_exclusive()
+
+    def grow(self, failed: lmdb.Transaction | None = None, at_least: int = 0) -> None:
+        """Grow the map: double up to 1 GiB, then by half. ``failed`` is the
+        write transaction that hit MDB_MAP_FULL, aborted here. Waits for
+        readers to leave LMDB (py-lmdb's abort and remap wait for every call
+        in flight, and would starve behind busy readers); their open
+        transactions are invalidated (cached ones are renewed, scans
         re-seek)."""
         old = self.env.info()["map_size"]
         new = old * 2 if old < _GROW_DOUBLE_UNTIL else old + old // 2
         new = max(new, at_least)
         new = (new + 0xFFFFF) & ~0xFFFFF
-        if self.writemap:
-            _preallocate(os.path.join(self.path, "data.mdb"), new)
         gate = self._gate
         gate.acquire_exclusive()
         try:
+            if failed is not None:
+                failed.abort()
+            if self.writemap:
+                _preallocate(os.path.join(self.path, "data.mdb"), new)
             self.env.set_mapsize(new)
             self.map_gen += 1
+            self.gen += 1
         finally:
             gate.release_exclusive()
         self.map_grows += 1
@@ -349,10 +428,143 @@ class State:
         try:
             self.env.set_mapsize(0)
             self.map_gen += 1
+            self.gen += 1
+        finally:
+            gate.release_exclusive()
+
+    def _reader_list(self) -> list[_Reader]:
+        with self._readers_lock:
+            return list(self._readers)
+
+    def _sweep(self) -> None:
+        """Drop cached read transactions older than the newest commit, so an
+        idle reading thread does not pin old pages."""
+        readers = self._reader_list()
+        gen = self.gen
+        if not any(r.txn is not None and r.gen != gen for r in readers):
+            return
+        gate = self._gate
+        gate.acquire_exclusive()
+        try:
+            for r in readers:
+                if r.txn is not None and r.gen != gen:
+                    try:
+                        r.txn.abort()
+                    except lmdb.Error:
+                        pass
+                    r.txn = None
+                    r.gen = -1
         finally:
             gate.release_exclusive()
 
     # -- reading ------------------------------------------------------------
+
+    def _new_reader(self) -> _Reader:
+        r = _Reader(self)
+        self._local.r = r
+        with self._readers_lock:
+            self._readers.add(r)
+        return r
+
+    def _renew(self, r: _Reader) -> lmdb.Transaction:
+        gen = self.gen  # read before begin: never record a newer gen than the snapshot
+        t = r.txn
+        if t is not None:
+            r.txn = None
+            try:
+                t.abort()
+            except lmdb.Error:
+                pass
+        t = r.txn = self.env.begin(db=self._data)
+        r.gen = gen
+        return t
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key`` or ``default``; sees every group applied
+        before it was called."""
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        try:
+            r = self._local.r
+        except AttributeError:
+            r = self._new_reader()
+        r.busy = True
+        try:
+            if self._gate.blocking:
+                v = _SLOW
+            elif r.gen == self.gen:
+                v = r.txn.get(key)  # type: ignore[union-attr]
+            else:
+                v = self._renew(r).get(key)
+        except lmdb.Error as exc:
+            v = exc
+        finally:
+            r.busy = False
+        r.gets += 1
+        if v is None:
+            return default
+        if type(v) is bytes:
+            return v  # type: ignore[return-value]
+        return self._get_other(key, default, v)
+
+    def _get_other(self, key: bytes, default: bytes | None, why: object) -> bytes | None:
+        if isinstance(why, lmdb.BadValsizeError):
+            return default  # an empty or over-long key: no such key can exist
+        if self._closed:
+            raise ClosedError("the store is closed")
+        if isinstance(why, lmdb.MapResizedError):
+            self._adopt_mapsize()
+            return self.get(key, default)
+        if isinstance(why, lmdb.Error):
+            # e.g. a cached transaction invalidated by a remap we raced with
+            self._enter()
+            try:
+                return self._plain_get(key, default)
+            finally:
+                self._gate.exit()
+        # _SLOW: a writer had the gate; wait for it, then read plainly
+        self._enter()
+        try:
+            return self._plain_get(key, default)
+        finally:
+            self._gate.exit()
+
+    def _plain_get(self, key: bytes, default: bytes | None) -> bytes | None:
+        try:
+            txn = self.env.begin(db=self._data)
+            try:
+                v = txn.get(key)
+            finally:
+                txn.abort()
+        except lmdb.BadValsizeError:
+            return default
+        except lmdb.MapResizedError:
+            raise
+        except lmdb.Error as exc:
+            raise _read_error(exc, self.path) from None
+        return default if v is None else v
+
+    def _get_uncached(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """Read-only opens: a fresh read transaction per get (another process
+        writes, so there is no commit counter to cache against)."""
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        for attempt in (0, 1):
+            self._enter()
+            try:
+                return self._plain_get(key, default)
+            except lmdb.MapResizedError as exc:
+                if attempt:
+                    raise _read_error(exc, self.path) from None
+            finally:
+                self._gate.exit()
+            self._adopt_mapsize()  # the writer grew the map
+        raise AssertionError("unreachable")
+
+    @property
+    def gets(self) -> int:
+        with self._readers_lock:
+            return self._dead_gets + sum(r.gets for r in self._readers)
 
     def _enter(self) -> None:
         gate = self._gate
@@ -361,83 +573,41 @@ class State:
             gate.exit()
             raise ClosedError("the store is closed")
 
-    def get(self, key: bytes) -> bytes | None:
-        gate = self._gate
-        active = gate.active
-        active.append(None)
-        if gate.blocking or self._closed:
-            active.pop()
-            return self._get_slow(key)
-        try:
-            txn = self.env.begin(db=self._data)
+    def _read(self, fn):
+        """``fn(txn)`` in a fresh read transaction, inside the gate."""
+        for attempt in (0, 1):
+            self._enter()
             try:
-                return txn.get(key)
+                try:
+                    with self.env.begin(db=self._data) as txn:
+                        return fn(txn)
+                except lmdb.MapResizedError:
+                    if attempt:
+                        raise
+                except lmdb.Error as exc:
+                    raise _read_error(exc, self.path) from None
             finally:
-                txn.abort()
-        except lmdb.Error as exc:
-            err = exc
-        finally:
-            active.pop()
-        if isinstance(err, lmdb.MapResizedError):
+                self._gate.exit()
             self._adopt_mapsize()
-            return self.get(key)
-        raise _read_error(err, self.path) from None
-
-    def _get_slow(self, key: bytes) -> bytes | None:
-        self._enter()
-        try:
-            with self.env.begin(db=self._data) as txn:
-                return txn.get(key)
-        except lmdb.Error as exc:
-            err = exc
-        finally:
-            self._gate.exit()
-        if isinstance(err, lmdb.MapResizedError):
-            self._adopt_mapsize()
-            return self.get(key)
-        raise _read_error(err, self.path) from None
+        raise AssertionError("unreachable")
 
     def read_meta_applied(self) -> int:
         """The applied LSN as LMDB holds it now (read-only opens: the
         writer's progress)."""
-        self._enter()
-        try:
-            try:
-                with self.env.begin(db=self._meta) as txn:
-                    v = txn.get(K_APPLIED)
-            except lmdb.MapResizedError:
-                self._gate.exit()
-                self._adopt_mapsize()
-                self._gate.enter()
-                with self.env.begin(db=self._meta) as txn:
-                    v = txn.get(K_APPLIED)
-        finally:
-            self._gate.exit()
+        main = self._main
+        v = self._read(lambda txn: txn.get(K_APPLIED, db=main))
         return _U64.unpack(v)[0] if v and len(v) == 8 else 0
 
     def count(self) -> int:
-        self._enter()
-        try:
-            try:
-                with self.env.begin() as txn:
-                    return txn.stat(self._data)["entries"]
-            except lmdb.MapResizedError:
-                pass
-        finally:
-            self._gate.exit()
-        self._adopt_mapsize()
-        return self.count()
+        data = self._data
+        return self._read(lambda txn: txn.stat(data)["entries"])
 
     def info(self) -> dict:
-        self._enter()
-        try:
-            info = self.env.info()
-            stat = self.env.stat()
-            psize = stat["psize"]
-            with self.env.begin() as txn:
-                dstat = txn.stat(self._data)
-        finally:
-            self._gate.exit()
+        data = self._data
+
+        def read(txn: lmdb.Transaction) -> tuple:
+            return txn.stat(data), self.env.info(), self.env.stat()["psize"]
+        dstat, info, psize = self._read(read)
         return {
             "lmdb_map_bytes": info["map_size"],
             "lmdb_used_bytes": (info["last_pgno"] + 1) * psize,
@@ -448,14 +618,14 @@ class State:
 
     def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
              ) -> Iterator[tuple[bytes, bytes]]:
-        """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound),
-        ascending or descending.
+        """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
+        bounds of any length), ascending or descending.
 
         The scan reads from one LMDB read transaction (one consistent
-        snapshot) in chunks, leaving LMDB between chunks so that it never
-        blocks the writer; only if the map is grown meanwhile does it go on
-        in a newer snapshot, from the key after the last one it yielded.
-        Each key is yielded at most once, in strict order.
+        snapshot, taken at the first ``next()``) in chunks, leaving LMDB
+        between chunks so that it never blocks the writer; only if the map is
+        grown meanwhile does it go on in a newer snapshot, from the key after
+        the last one it yielded. Each key is yielded at most once, in order.
         """
         txn = None
         it = None
@@ -506,7 +676,7 @@ class State:
                 if n < 1024:
                     n *= 2
         finally:
-            if txn is not None:
+            if txn is not None and not self._closed:
                 self._gate.enter()
                 try:
                     txn.abort()
@@ -516,11 +686,6 @@ class State:
                     self._gate.exit()
 
     # -- lifecycle ----------------------------------------------------------
-
-    def sync(self) -> None:
-        """Flush LMDB to disk (not on the commit path; used at close)."""
-        if not self.readonly:
-            self.env.sync(True)
 
     def close(self, *, sync: bool = True) -> None:
         """Wait for readers to leave, flush (unless ``sync=False``) and close."""
@@ -541,9 +706,6 @@ class State:
     @property
     def closed(self) -> bool:
         return self._closed
-
-
-_MAXK = 511
 
 
 def _seek_ge(cur: lmdb.Cursor, bound: bytes) -> bool:
@@ -609,7 +771,8 @@ def _read_error(exc: lmdb.Error, path: str) -> Exception:
             hint="close the store and reopen it read-write: walkv rebuilds "
                  "LMDB from the log when it finds it damaged")
     if isinstance(exc, lmdb.ReadersFullError):
-        return WalkvError(f"too many concurrent LMDB readers ({path}): {exc}")
+        return WalkvError(f"too many concurrent LMDB readers ({path}): {exc}; "
+                          f"raise the max_readers option")
     return WalkvError(f"LMDB read failed ({path}): {exc}")
 
 
@@ -624,7 +787,8 @@ def _preallocate(path: str, size: int) -> None:
             os.posix_fallocate(fd, 0, size)
         except OSError as exc:
             if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
-                os.ftruncate(fd, size)  # no fallocate here; a sparse file it is
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)  # no fallocate here: a sparse file it is
             elif exc.errno == errno.ENOSPC:
                 raise LogFailedError(
                     f"no space to grow the LMDB map of {path} to {size >> 20} MiB; "
@@ -634,4 +798,3 @@ def _preallocate(path: str, size: int) -> None:
                 raise
     finally:
         os.close(fd)
-

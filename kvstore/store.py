@@ -56,7 +56,7 @@ from kvstore.batch import (
 )
 from kvstore.batch import _pack as _pack
 from kvstore.state import DEFAULT_MAP_SIZE, State
-from wal.errors import ClosedError, LockedError, WalkvError
+from wal.errors import ClosedError, CorruptionError, LockedError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.record import DEFAULT_MAX_RECORD_BYTES
 
@@ -104,7 +104,6 @@ class KVStore:
         self._closed = True
         self._log = None
         self._lock_fd = -1
-        self._gets = 0
         self._reads_closed = False
         self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
         self.replayed = 0
@@ -131,6 +130,7 @@ class KVStore:
                               log_options=log_options)
         self.open_seconds = time.monotonic() - t0
         self._closed = False
+        self.get = self._state.get  # type: ignore[method-assign]
 
     # -- opening -------------------------------------------------------------
 
@@ -201,7 +201,7 @@ class KVStore:
         if reason is None:
             try:
                 state = State(self._lmdb_dir, **self._state_options)
-            except WalkvError as exc:
+            except CorruptionError as exc:
                 reason = f"LMDB will not open ({exc})"
             else:
                 reason = recovery.check_state(state, store_id, wlog.first_lsn, wlog.last_lsn)
@@ -312,16 +312,11 @@ class KVStore:
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         """The value of ``key``, or ``default``. Sees every write that returned
-        before it was called (in any thread)."""
-        if type(key) is not bytes:
-            key = as_bytes(key, "key")
-        self._gets += 1
-        if not 0 < len(key) <= MAX_KEY_BYTES:
-            if self._closed:
-                raise ClosedError(f"the store {self.path} is closed")
-            return default
-        v = self._state.get(key)
-        return default if v is None else v
+        before it was called (in any thread). (Each open store binds this
+        name straight to its state machine's read path.)"""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        return self._state.get(key, default)
 
     def __getitem__(self, key: bytes) -> bytes:
         v = self.get(key)
@@ -438,7 +433,7 @@ class KVStore:
             "puts": st.puts,
             "deletes": st.deletes,
             "delete_ranges": st.delete_ranges,
-            "gets": self._gets,
+            "gets": st.gets,
             "applied_entries": st.applied_entries,
             "applied_groups": groups,
             "apply_avg_us": st.apply_seconds / groups * 1e6 if groups else 0.0,
