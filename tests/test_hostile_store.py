@@ -375,14 +375,6 @@ def _store_with_segments(tmp_path) -> str:
     return path
 
 
-UNREADABLE_BUG = (
-    "bug: an unreadable or unwritable log file surfaces as a raw PermissionError from deep "
-    "inside recovery (wal/recovery.py _recover_segments/_scan_active open(...), wal/fs.py open) "
-    "instead of a WalkvError naming the file and the fix (check its owner and mode)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=UNREADABLE_BUG)
 def test_unreadable_sealed_segment_is_a_clear_error(tmp_path):
     path = _store_with_segments(tmp_path)
     seg = wal.segment.list_segments(os.path.join(path, "wal"))[1].path
@@ -392,7 +384,6 @@ def test_unreadable_sealed_segment_is_a_clear_error(tmp_path):
     _perm_check(result, err, seg)
 
 
-@pytest.mark.xfail(strict=True, reason=UNREADABLE_BUG)
 def test_read_only_active_segment_is_a_clear_error(tmp_path):
     path = _store_with_segments(tmp_path)
     seg = wal.segment.list_segments(os.path.join(path, "wal"))[-1].path

@@ -277,11 +277,6 @@ def test_bit_flip_followed_by_valid_records_in_the_same_block_refuses_to_open(fo
     assert Path(seg).read_bytes() == before, "acknowledged entries were zeroed"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug (from db1fa33): recovery._valid_record_after's byte scan of the bad record's block accepts any "
-    "CRC-valid fragment, including one inside the torn record's own payload, so a crash that tears such an "
-    "entry makes open refuse (and verify report damage)"
-))
 def test_torn_last_entry_whose_payload_holds_framed_bytes(tmp_path: Path) -> None:
     """A crash tears the last entry, whose payload happens to contain bytes that
     form a valid record (a value holding a LevelDB log or walkv segment, say).
@@ -306,6 +301,22 @@ def test_torn_last_entry_whose_payload_holds_framed_bytes(tmp_path: Path) -> Non
     with wal.open(d) as log:
         assert log.last_lsn == 20
     assert_reopens_and_appends(d, [(k, pl(k, 300)) for k in range(1, 21)])
+
+
+def test_length_bit_flip_that_hides_the_last_record_refuses_to_open(four_blocks) -> None:
+    """A bit flip in the length of the second-to-last record makes it claim the
+    start of the last record. The last record is valid and acknowledged, and no
+    zero sector lies between: corruption, not a torn tail (a torn write leaves
+    a length either right or zero, never larger)."""
+    d, seg, model, recs = four_blocks
+    off, end, lsn = recs[-2]
+    assert recs[-1][0] == end and recs[-1][1] + 300 < (end // BLOCK_SIZE + 1) * BLOCK_SIZE
+    flip(seg, off + 5, 0x01)  # the length's high byte: +256, so it ends inside the last record
+    before = Path(seg).read_bytes()
+    with pytest.raises(CorruptionError) as ei:
+        wal.open(d)
+    assert ei.value.path == seg and ei.value.offset == off
+    assert Path(seg).read_bytes() == before, "the acknowledged last entry was zeroed"
 
 
 def test_bit_flip_in_the_last_record_is_a_torn_tail(four_blocks) -> None:

@@ -43,7 +43,7 @@ import time
 from collections import deque
 from typing import Callable, Iterable, Iterator
 
-from wal.errors import ClosedError, LockedError, LogFailedError, RecordTooLargeError
+from wal.errors import ClosedError, LockedError, LogFailedError, RecordTooLargeError, WalkvError
 from wal.fs import OS_FS, File, FileSystem
 from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, frame_into
 from wal.commit import Callback, GroupCommit
@@ -123,6 +123,12 @@ class Log:
         self._lock_fd = _take_lock(self.directory)
         try:
             self._open_state(recovery)
+        except PermissionError as e:
+            os.close(self._lock_fd)
+            raise WalkvError(
+                f"cannot open {e.filename or self.directory} ({e.strerror}): check its owner and mode "
+                "(walkv's files are read and written by the user that owns the store)"
+            ) from None
         except BaseException:
             os.close(self._lock_fd)
             raise

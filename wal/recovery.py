@@ -31,8 +31,9 @@ from typing import Callable
 
 from wal.errors import CorruptionError
 from wal.fs import OS_FS, File, FileSystem
-from wal.record import _HEADER, BLOCK_SIZE, FULL, HEADER_SIZE, LAST, RecordReader, fragment_crc
+from wal.record import _HEADER, BLOCK_SIZE, FIRST, FULL, HEADER_SIZE, RecordReader, fragment_crc
 from wal.segment import (
+    ENTRY_HEADER_SIZE,
     INDEX_INTERVAL,
     REPAIR_HINT,
     SegmentFile,
@@ -120,30 +121,49 @@ def _has_zero_sector(f: File, start: int, end: int) -> bool:
     return any(data[i : i + SECTOR] == _ZERO_SECTOR for i in range(0, len(data) - SECTOR + 1, SECTOR))
 
 
-def _valid_record_after(path: str, start: int) -> int | None:
-    """Offset of the first valid fragment after the bad record at ``start``,
-    or ``None``. The bad header's length may be the damaged field, so every
-    offset of the rest of its block is tried, then every later block is read
+def _later_entry(payload: bytes, min_lsn: int) -> bool:
+    """Does a (FULL or FIRST) fragment's payload start a log entry at or after
+    ``min_lsn``? Bytes that merely look like a record (inside a value, say)
+    do not carry the next LSNs."""
+    if len(payload) < ENTRY_HEADER_SIZE:
+        return False
+    lsn = int.from_bytes(payload[:8], "little")
+    return min_lsn <= lsn < min_lsn + (1 << 32)
+
+
+def _valid_record_after(path: str, start: int, min_lsn: int) -> int | None:
+    """Offset of the first valid entry (LSN ``min_lsn`` or later) after the bad
+    record at ``start``, or ``None``. The bad header's length may be the
+    damaged field, so the rest of its block is tried at every offset (past
+    the span it claims, when that fits the block), then later blocks are read
     with resynchronisation (zeros read as padding)."""
     with open(path, "rb") as fh:
         block = start - start % BLOCK_SIZE
         fh.seek(block)
         buf = fh.read(BLOCK_SIZE)
-        for i in range(start - block + 1, len(buf) - HEADER_SIZE + 1):
-            crc, length, ftype = _HEADER.unpack_from(buf, i)
-            if FULL <= ftype <= LAST and i + HEADER_SIZE + length <= len(buf) and \
-                    fragment_crc(ftype, buf[i + HEADER_SIZE : i + HEADER_SIZE + length]) == crc:
-                return block + i
+        i = start - block
+        first = i + 1
+        if i + HEADER_SIZE <= len(buf):
+            claimed = i + HEADER_SIZE + _HEADER.unpack_from(buf, i)[1]
+            if claimed <= len(buf):
+                first = claimed
+        for j in range(first, len(buf) - HEADER_SIZE + 1):
+            crc, length, ftype = _HEADER.unpack_from(buf, j)
+            if (ftype == FULL or ftype == FIRST) and j + HEADER_SIZE + length <= len(buf):
+                payload = buf[j + HEADER_SIZE : j + HEADER_SIZE + length]
+                if fragment_crc(ftype, payload) == crc and _later_entry(payload, min_lsn):
+                    return block + j
         reader = RecordReader(fh, path=path, start_offset=block + BLOCK_SIZE, skip_corrupt=True)
-        for offset, _ in reader.records():
-            return offset
+        for offset, payload in reader.records():
+            if _later_entry(payload, min_lsn):
+                return offset
     return None
 
 
-def _is_torn(f: File, path: str, bad_offset: int) -> tuple[bool, int | None]:
-    """DESIGN section 4: an invalid record is a torn tail when nothing valid
+def _is_torn(f: File, path: str, bad_offset: int, min_lsn: int) -> tuple[bool, int | None]:
+    """DESIGN section 4: an invalid record is a torn tail when no later entry
     follows it, or when its bytes include an all-zero 512-byte sector."""
-    nxt = _valid_record_after(path, bad_offset)
+    nxt = _valid_record_after(path, bad_offset, min_lsn)
     return nxt is None or _has_zero_sector(f, bad_offset, nxt), nxt
 
 
@@ -264,7 +284,7 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
             )
         f = fs.open(newest.path, readonly=True)
         try:
-            torn, nxt = _is_torn(f, newest.path, bad_offset)
+            torn, nxt = _is_torn(f, newest.path, bad_offset, active.last_lsn + 1)
         finally:
             f.close()
         if not torn:
@@ -347,7 +367,7 @@ def _first_problem(segments: list[SegmentFile], progress: Callable[[int, int | N
                 if i == len(segments) - 1 and e.offset is not None and good_end > 0:
                     f = OS_FS.open(seg.path, readonly=True)
                     try:
-                        torn, _ = _is_torn(f, seg.path, e.offset)
+                        torn, _ = _is_torn(f, seg.path, e.offset, last_good + 1)
                     finally:
                         f.close()
                     if not torn:
