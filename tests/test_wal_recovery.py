@@ -303,6 +303,11 @@ def test_torn_last_entry_whose_payload_holds_framed_bytes(tmp_path: Path) -> Non
     assert_reopens_and_appends(d, [(k, pl(k, 300)) for k in range(1, 21)])
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "bug (from bff0001): recovery._valid_record_after starts its same-block scan past the span the bad "
+    "header claims; a flipped length bit that claims the next record hides it, so a valid acknowledged "
+    "entry is cut as a torn tail"
+))
 def test_length_bit_flip_that_hides_the_last_record_refuses_to_open(four_blocks) -> None:
     """A bit flip in the length of the second-to-last record makes it claim the
     start of the last record. The last record is valid and acknowledged, and no
@@ -311,7 +316,13 @@ def test_length_bit_flip_that_hides_the_last_record_refuses_to_open(four_blocks)
     d, seg, model, recs = four_blocks
     off, end, lsn = recs[-2]
     assert recs[-1][0] == end and recs[-1][1] + 300 < (end // BLOCK_SIZE + 1) * BLOCK_SIZE
-    flip(seg, off + 5, 0x01)  # the length's high byte: +256, so it ends inside the last record
+    length = int.from_bytes(Path(seg).read_bytes()[off + 4 : off + 6], "little")
+    # Set a clear bit of the length's high byte so the record claims the whole
+    # last record and still fits its block.
+    bit = next(b for b in (0x01, 0x02, 0x04, 0x08) if not (length >> 8) & b
+               and off + 7 + (length | b << 8) >= recs[-1][1]
+               and off % BLOCK_SIZE + 7 + (length | b << 8) <= BLOCK_SIZE)
+    flip(seg, off + 5, bit)
     before = Path(seg).read_bytes()
     with pytest.raises(CorruptionError) as ei:
         wal.open(d)
