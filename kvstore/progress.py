@@ -75,16 +75,24 @@ class Reporter:
                     TimeRemainingColumn(),
                     console=Console(stderr=True),
                     transient=True,
+                    # stdout carries data (`walkv scan > file`): never send it
+                    # to the terminal. Log lines on stderr go above the bars.
+                    redirect_stdout=False,
+                    redirect_stderr=True,
                 )
+        self._active = 0
+        self._entered = False
 
     def __enter__(self) -> "Reporter":
-        if self._progress is not None:
-            self._progress.start()
+        self._entered = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        self._entered = False
+        with self._lock:
+            if self._progress is not None and self._active:
+                self._active = 0
+                self._progress.stop()
 
     @contextlib.contextmanager
     def task(self, description: str, total: int | None = None, unit: str = "") -> Iterator[ProgressFn]:
@@ -94,7 +102,13 @@ class Reporter:
             yield _noop
             return
         bar = self._progress
-        task_id = bar.add_task(description, total=total, unit=unit)
+        with self._lock:
+            # The live display runs only while a task does, so that what the
+            # command prints between tasks goes out plainly.
+            if self._active == 0:
+                bar.start()
+            self._active += 1
+            task_id = bar.add_task(description, total=total, unit=unit)
         last = [0.0]
 
         def progress(done: int, total: int | None = None) -> None:
@@ -114,6 +128,9 @@ class Reporter:
         finally:
             with self._lock:
                 bar.remove_task(task_id)
+                self._active -= 1
+                if self._active == 0:
+                    bar.stop()
 
     def console_print(self, text: str) -> None:
         """Print a line above the bars (or plainly to stderr without them)."""
