@@ -22,8 +22,6 @@ implementation), so they work on a store that will not open.
 from __future__ import annotations
 
 import argparse
-import errno
-import fcntl
 import json
 import os
 import re
@@ -44,6 +42,7 @@ from kvstore.cli import (
     store_dirs,
 )
 from kvstore.progress import Reporter
+from wal.lock import DirectoryLock
 
 _FRAGMENT_NAMES = {1: "FULL", 2: "FIRST", 3: "MIDDLE", 4: "LAST"}
 
@@ -498,30 +497,6 @@ def cmd_verify(args: argparse.Namespace, rep: Reporter) -> int:
 # -- repair -------------------------------------------------------------------------------
 
 
-class _Lock:
-    """An exclusive, non-blocking flock on a walkv LOCK file, taken the way
-    the store and the log take theirs (and writing our pid into it)."""
-
-    def __init__(self, path: str, what: str) -> None:
-        from wal.errors import LockedError
-
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(self.fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(self.fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise LockedError(f"{what} is open for writing by another process (pid {holder}); "
-                                  "close it there first, then run repair again") from None
-            raise
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
-
-    def release(self) -> None:
-        os.close(self.fd)
-
-
 def _log_dir(path: str) -> tuple[str, str | None]:
     """(log directory, store root or None for a bare log directory)."""
     from wal.segment import list_segments
@@ -543,9 +518,9 @@ def cmd_repair(args: argparse.Namespace, rep: Reporter) -> int:
     locks = []
     try:
         if root is not None:
-            locks.append(_Lock(os.path.join(root, "LOCK"), f"the store {root}"))
-        locks.append(_Lock(os.path.join(log_dir, "LOCK"), f"the log {log_dir}"))
-        report = wal.repair(log_dir, dry_run=True)
+            locks.append(DirectoryLock(root, f"the store {root}"))
+        locks.append(DirectoryLock(log_dir, f"the log {log_dir}"))
+        report = wal.repair(log_dir, dry_run=True, lock=False)
         if not report.cut:
             print(f"{log_dir}: the log is whole; nothing to cut")
             return EXIT_OK
@@ -576,7 +551,7 @@ def cmd_repair(args: argparse.Namespace, rep: Reporter) -> int:
             if answer not in ("y", "yes"):
                 print("nothing was changed")
                 return EXIT_PROBLEM
-        done = wal.repair(log_dir)
+        done = wal.repair(log_dir, lock=False)
         print(f"cut {done.path} at offset {done.offset}; dropped {done.dropped_bytes} bytes; "
               f"the log now ends at LSN {done.last_good_lsn}")
         for f in done.broken_files:

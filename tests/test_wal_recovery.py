@@ -303,11 +303,6 @@ def test_torn_last_entry_whose_payload_holds_framed_bytes(tmp_path: Path) -> Non
     assert_reopens_and_appends(d, [(k, pl(k, 300)) for k in range(1, 21)])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug (from bff0001): recovery._valid_record_after starts its same-block scan past the span the bad "
-    "header claims; a flipped length bit that claims the next record hides it, so a valid acknowledged "
-    "entry is cut as a torn tail"
-))
 def test_length_bit_flip_that_hides_the_last_record_refuses_to_open(four_blocks) -> None:
     """A bit flip in the length of the second-to-last record makes it claim the
     start of the last record. The last record is valid and acknowledged, and no

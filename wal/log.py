@@ -34,7 +34,6 @@ from __future__ import annotations
 import bisect
 import builtins
 import errno
-import fcntl
 import logging
 import mmap
 import os
@@ -45,6 +44,7 @@ from typing import Callable, Iterable, Iterator
 
 from wal.errors import ClosedError, LockedError, LogFailedError, RecordTooLargeError, WalkvError
 from wal.fs import OS_FS, File, FileSystem
+from wal.lock import DirectoryLock
 from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, frame_into
 from wal.commit import Callback, GroupCommit
 from wal.recovery import TRUNCATE_MARKER, ActiveSegment, cut_after, recover
@@ -120,17 +120,17 @@ class Log:
         self._start_lsn = start_lsn
 
         self._fs.makedirs(self.directory)
-        self._lock_fd = _take_lock(self.directory)
+        self._lock = DirectoryLock(self.directory, f"the log at {self.directory}")
         try:
             self._open_state(recovery)
         except PermissionError as e:
-            os.close(self._lock_fd)
+            self._lock.release()
             raise WalkvError(
                 f"cannot open {e.filename or self.directory} ({e.strerror}): check its owner and mode "
                 "(walkv's files are read and written by the user that owns the store)"
             ) from None
         except BaseException:
-            os.close(self._lock_fd)
+            self._lock.release()
             raise
 
         self._closed = False
@@ -392,6 +392,8 @@ class Log:
             indexes = dict(self._indexes)
             active_points = list(self._active.points)
             first_held = self._first_lsn
+        if from_lsn < 1:
+            raise ValueError(f"LSNs start at 1; cannot read from LSN {from_lsn}")
         if from_lsn < first_held:
             raise ValueError(
                 f"LSN {from_lsn} is no longer in the log at {self.directory} (it starts at LSN {first_held}; "
@@ -484,9 +486,12 @@ class Log:
             return
         try:
             if self._failure is None:
-                self.sync()
                 with self._gc.exclusive():
                     self._closed = True  # refuses appends from here on
+                    if self._durable[0] < self._written[0]:
+                        self._timed_sync()
+                        self._durable = self._written
+                        self._publish_durable()
                     a = self._active
                     index = SparseIndex(a.file.first_lsn, a.last_lsn, a.data_end, a.points)
                     write_index(a.file.path, index, self._fs)
@@ -500,7 +505,7 @@ class Log:
                 self._flusher.join(timeout=5)
             self._file.close()
             self._durable_map.close()
-            os.close(self._lock_fd)
+            self._lock.release()
 
     def __enter__(self) -> "Log":
         return self
@@ -539,25 +544,6 @@ class Log:
 
 def _round_block(n: int) -> int:
     return (n + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
-
-
-def _take_lock(directory: str) -> int:
-    path = os.path.join(directory, "LOCK")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise LockedError(
-                f"the log at {directory} is open for writing by another process (pid {holder}); "
-                "close it there first, or open the store read-only"
-            ) from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def open(directory: str | os.PathLike[str], **options: object) -> Log:  # noqa: A001 - the spec's name

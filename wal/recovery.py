@@ -31,6 +31,7 @@ from typing import Callable
 
 from wal.errors import CorruptionError
 from wal.fs import OS_FS, File, FileSystem
+from wal.lock import DirectoryLock
 from wal.record import _HEADER, BLOCK_SIZE, FIRST, FULL, HEADER_SIZE, RecordReader, fragment_crc
 from wal.segment import (
     ENTRY_HEADER_SIZE,
@@ -121,6 +122,9 @@ def _has_zero_sector(f: File, start: int, end: int) -> bool:
     return any(data[i : i + SECTOR] == _ZERO_SECTOR for i in range(0, len(data) - SECTOR + 1, SECTOR))
 
 
+_MAX_ENTRIES_PER_BLOCK = BLOCK_SIZE // (HEADER_SIZE + ENTRY_HEADER_SIZE) + 1
+
+
 def _later_entry(payload: bytes, min_lsn: int) -> bool:
     """Does a (FULL or FIRST) fragment's payload start a log entry at or after
     ``min_lsn``? Bytes that merely look like a record (inside a value, say)
@@ -128,26 +132,20 @@ def _later_entry(payload: bytes, min_lsn: int) -> bool:
     if len(payload) < ENTRY_HEADER_SIZE:
         return False
     lsn = int.from_bytes(payload[:8], "little")
-    return min_lsn <= lsn < min_lsn + (1 << 32)
+    return min_lsn <= lsn < min_lsn + _MAX_ENTRIES_PER_BLOCK
 
 
 def _valid_record_after(path: str, start: int, min_lsn: int) -> int | None:
-    """Offset of the first valid entry (LSN ``min_lsn`` or later) after the bad
-    record at ``start``, or ``None``. The bad header's length may be the
-    damaged field, so the rest of its block is tried at every offset (past
-    the span it claims, when that fits the block), then later blocks are read
-    with resynchronisation (zeros read as padding)."""
+    """Offset of the first valid entry (a FULL or FIRST fragment holding an
+    LSN from ``min_lsn`` on) after the bad record at ``start``, or ``None``.
+    The bad header's length may be the damaged field, so every offset of the
+    rest of its block is tried, then later blocks are read with
+    resynchronisation (zeros read as padding)."""
     with open(path, "rb") as fh:
         block = start - start % BLOCK_SIZE
         fh.seek(block)
         buf = fh.read(BLOCK_SIZE)
-        i = start - block
-        first = i + 1
-        if i + HEADER_SIZE <= len(buf):
-            claimed = i + HEADER_SIZE + _HEADER.unpack_from(buf, i)[1]
-            if claimed <= len(buf):
-                first = claimed
-        for j in range(first, len(buf) - HEADER_SIZE + 1):
+        for j in range(start - block + 1, len(buf) - HEADER_SIZE + 1):
             crc, length, ftype = _HEADER.unpack_from(buf, j)
             if (ftype == FULL or ftype == FIRST) and j + HEADER_SIZE + length <= len(buf):
                 payload = buf[j + HEADER_SIZE : j + HEADER_SIZE + length]
@@ -229,7 +227,7 @@ def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", pre
     except CorruptionError as e:
         if mode != "prefix":
             raise
-        report = repair(directory, fs=fs)
+        report = repair(directory, fs=fs, lock=False)
         log.warning("recovery='prefix': %s; dropped %d bytes after LSN %s (kept in %s)",
                     e, report.dropped_bytes, report.last_good_lsn, ", ".join(report.broken_files) or "-")
         return _recover_segments(directory, list_segments(directory, fs), fs, max_record_bytes)
@@ -400,10 +398,14 @@ def verify(directory: str, progress: Callable[[int, int | None], None] | None = 
     return problems
 
 
-def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False) -> RepairReport:
+def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, lock: bool = True) -> RepairReport:
     """Cut the log at its first bad record, keeping what was cut in ``.broken``
-    files. Must not run beside an open writer (take the lock first: ``walkv
-    repair`` does). Returns what it found (and, unless ``dry_run``, did)."""
+    files. Takes the log's lock (a writer holding it is :class:`LockedError`)
+    unless the caller holds it (``lock=False``). Returns what it found (and,
+    unless ``dry_run``, did)."""
+    if lock:
+        with DirectoryLock(directory, f"the log at {directory}"):
+            return repair(directory, fs=fs, dry_run=dry_run, lock=False)
     segments = list_segments(directory, fs)
     found = _first_problem(segments, None)
     if found is None:
