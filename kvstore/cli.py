@@ -485,6 +485,7 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
         ("LMDB", f"{human_bytes(st.get('lmdb_used_bytes', st['lmdb_file_bytes']))} used, "
                  f"{human_bytes(st['lmdb_disk_bytes'])} on disk"
                  + (f", map {human_bytes(st['lmdb_map_bytes'])}" if "lmdb_map_bytes" in st else "")),
+        ("fsyncs", "counted per process: db.stats()['log'] in the writer, or `walkv demo`"),
         ("snapshots", str(len(st["snapshots"]))),
     ]
     for s in st["snapshots"]:

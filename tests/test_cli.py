@@ -319,10 +319,10 @@ def test_locked_store(held_store):
 def test_stats_does_not_block_a_writer_opening(store):
     # stats looks at the lock without taking it: a writer opening meanwhile must not fail.
     holder = subprocess.Popen([sys.executable, "-c", "import sys,time,kvstore\n"
-                               "for _ in range(40):\n"
+                               "for _ in range(15):\n"
                                "    kvstore.open(sys.argv[1]).close()\n", store],
                               env={**os.environ, "PYTHONPATH": REPO}, stderr=subprocess.PIPE, text=True)
-    for _ in range(10):
+    for _ in range(4):
         assert walkv("stats", store, "--json").returncode == 0
     _, err = holder.communicate(timeout=60)
     assert holder.returncode == 0, err
@@ -465,3 +465,27 @@ def test_progress_bar_in_a_terminal(tmp_path):
     err = b"".join(chunks).decode("utf-8", "replace")
     assert proc.returncode == 0, err
     assert "loading in.jsonl" in err
+
+
+def test_stdout_stays_data_when_stderr_is_a_terminal(tmp_path, store):
+    # `walkv scan STORE > file` from a terminal: the bars go to the terminal,
+    # the data to the file, whole.
+    pty = pytest.importorskip("pty")
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": REPO, "TERM": "xterm"}
+    env.pop("WALKV_NO_PROGRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "kvstore.cli", "scan", store, "--keys-only"],
+                          stdout=subprocess.PIPE, stderr=slave, env=env, cwd=REPO, timeout=120)
+    os.close(slave)
+    os.close(master)
+    assert proc.returncode == 0
+    assert proc.stdout.decode().split() == ["key%02d" % i for i in range(20)]
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    quiet = walkv("get", str(tmp_path / "nope"), "k")
+    loud = walkv("-v", "get", str(tmp_path / "nope"), "k")
+    assert quiet.returncode == loud.returncode == 1
+    assert "Traceback" not in quiet.stderr and "Traceback" in loud.stderr
+    after = walkv("get", str(tmp_path / "nope"), "k", "--verbose")  # also after the command
+    assert "Traceback" in after.stderr
