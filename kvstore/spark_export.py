@@ -89,6 +89,14 @@ def _write_meta(out: str, meta: dict) -> None:
     fs.move(tmp, _join(root, META_NAME))
 
 
+def _count_rows(path: str) -> int:
+    """Rows of a Parquet directory, from the files' footers (no Spark job)."""
+    import pyarrow.dataset as pads
+
+    fs, root = _out_fs(path)
+    return int(pads.dataset(root, format="parquet", filesystem=fs).count_rows())
+
+
 def _session(master: str) -> tuple[Any, bool]:
     """The active SparkSession, or a new one on ``master`` (then we stop it)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -203,7 +211,7 @@ def export(
                     else:
                         frame = df.load(location)
                     frame.write.mode("overwrite").parquet(path)
-                    rows = spark.read.parquet(path).count()
+                    rows = _count_rows(path)
                     # snapshot: the snapshot's LSN; changes: the LSNs exported;
                     # state: the snapshot plus the log from from_lsn to to_lsn.
                     lo = snap_lsn if name == SNAPSHOT else p.from_lsn
