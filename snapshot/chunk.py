@@ -58,7 +58,8 @@ _HEADER = struct.Struct("<8sHIQ")
 HEADER_SIZE = _HEADER.size  # 22
 MAX_RECORD_BYTES = DEFAULT_MAX_RECORD_BYTES
 """Largest data record written or read (one pair larger than this cannot be stored)."""
-_FLUSH_BYTES = 1 << 20
+_FLUSH_BYTES = 1 << 20  # small records are gathered into writes of this size
+_DIRECT_BYTES = 32 << 10  # a record this large is written as it comes
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,11 +292,16 @@ class _Sink:
 
     def write(self, data: bytes) -> int:
         self.crc = extend(self.crc, data)
+        n = len(data)
+        if n >= _DIRECT_BYTES and not self._parts:  # big enough alone: no extra copy
+            self.file.pwrite(data, self.offset)
+            self.offset += n
+            return n
         self._parts.append(data)
-        self._pending += len(data)
+        self._pending += n
         if self._pending >= _FLUSH_BYTES:
             self.flush()
-        return len(data)
+        return n
 
     def flush(self) -> None:
         if self._parts:

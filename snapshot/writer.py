@@ -7,9 +7,9 @@ parent. A crash before the rename leaves a ``.tmp-`` leftover that no reader
 accepts and :func:`snapshot.cleanup_incomplete` removes.
 
 Speed: pairs are taken from the iterator in slices sized to fill one record
-(about ``record_bytes``), and every per-pair step (type check, size, key
-order, msgpack) runs inside C over whole slices; Python code runs once per
-record, not once per pair.
+(about ``record_bytes``), and every per-pair step (splitting pairs, type and
+order checks, msgpack) runs inside C over whole slices; Python code runs once
+per record, not once per pair.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import logging
 import os
 import time
 from itertools import islice
-from operator import itemgetter, lt
-from typing import Callable, Iterable
+from operator import lt
+from typing import Callable, Iterable, Iterator
 
 import msgpack
 
@@ -50,9 +50,7 @@ _MAX_SLICE = 1 << 16
 _PAIR_OVERHEAD = 3  # msgpack bytes per key or value header, about
 _PROGRESS_EVERY = 16  # records
 
-_key = itemgetter(0)
-_value = itemgetter(1)
-_join = b"".join
+_BYTES_ONLY = {bytes}
 
 
 def write(
@@ -129,12 +127,12 @@ def write(
         chunks: list[ChunkInfo] = []
         count = 0
         records = 0
-        for keys, values in _records(items, record_bytes):
+        for payload, first, last, pairs in _records(items, record_bytes):
             if cw is None:
                 name = chunk_file_name(len(chunks))
                 cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn)
-            cw.add(_pack(keys, values), keys[0], keys[-1], len(keys))
-            count += len(keys)
+            cw.add(payload, first, last, pairs)
+            count += pairs
             records += 1
             if cw.size >= chunk_bytes:
                 chunks.append(cw.finish())
@@ -180,15 +178,11 @@ def write(
             ) from e
         raise SnapshotError(f"cannot write a snapshot at LSN {lsn} in {parent}: {e}") from e
     finally:
-        lock.release()
         if cw is not None:
             cw.abort()
+        lock.release()
         if not committed:
             _remove_quietly(fs, tmp)
-
-
-def _pack(keys: list, values: list) -> bytes:
-    return msgpack.packb((keys, values), use_bin_type=True)
 
 
 def _existing(final: str, lsn: int) -> SnapshotInfo | None:
@@ -208,10 +202,13 @@ def _remove_quietly(fs: FileSystem, path: str) -> None:
         log.warning("could not remove the incomplete snapshot %s (%s); cleanup_incomplete will", path, e)
 
 
-def _records(items: Iterable[tuple[bytes, bytes]], record_bytes: int):
-    """Yield ``(keys, values)`` lists, one data record each, after checking
-    types and strict key order (TypeError/ValueError naming the bad pair)."""
+def _records(items: Iterable[tuple[bytes, bytes]], record_bytes: int
+             ) -> Iterator[tuple[bytes, bytes, bytes, int]]:
+    """Yield ``(payload, first_key, last_key, pairs)``, one data record each,
+    after checking arity, types and strict key order (TypeError/ValueError
+    naming the bad pair)."""
     it = iter(items)
+    pack = msgpack.Packer(use_bin_type=True).pack
     n = _FIRST_SLICE
     cap = max(1, min(_MAX_SLICE, record_bytes))
     prev: bytes | None = None
@@ -219,27 +216,32 @@ def _records(items: Iterable[tuple[bytes, bytes]], record_bytes: int):
         batch = list(islice(it, n))
         if not batch:
             return
+        # All in C, over the whole slice: dict() splits the pairs (refusing
+        # any item that is not a pair) and drops repeated keys, which the
+        # length test catches; lt checks the order and refuses keys that
+        # cannot be compared with the first, which must be bytes.
         try:
-            keys = list(map(_key, batch))
-            values = list(map(_value, batch))
-            # join type-checks every key and value in C and gives the sizes;
-            # lt checks the order (and refuses keys that cannot be ordered).
-            size = len(_join(keys)) + len(_join(values))
-            ordered = all(map(lt, keys, islice(keys, 1, None))) and (prev is None or prev < keys[0])
-        except (TypeError, IndexError, KeyError):
+            pairs = dict(batch)
+            keys = list(pairs)
+            ok = (len(keys) == len(batch) and type(keys[0]) is bytes
+                  and (prev is None or prev < keys[0])
+                  and all(map(lt, keys, islice(keys, 1, None))))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
             _explain(batch, prev)
-            raise
-        if not ordered:
-            _explain(batch, prev)
-        if set(map(len, batch)) != {2}:
+        values = list(pairs.values())
+        if set(map(type, values)) != _BYTES_ONLY:
             _explain(batch, prev)
         prev = keys[-1]
-        estimate = size + _PAIR_OVERHEAD * 2 * len(batch)
-        if estimate > 2 * record_bytes and len(batch) > 1:
-            yield from _split(keys, values, record_bytes)
+        payload = pack((keys, values))
+        size = len(payload)
+        if size > 2 * record_bytes and len(keys) > 1:
+            for k, v in _split(keys, values, record_bytes):
+                yield pack((k, v)), k[0], k[-1], len(k)
         else:
-            yield keys, values
-        n = max(1, min(2 * n, cap, n * record_bytes // max(estimate, 1)))
+            yield payload, keys[0], keys[-1], len(keys)
+        n = max(1, min(2 * n, cap, n * record_bytes // size))
 
 
 def _split(keys: list, values: list, record_bytes: int):
@@ -264,7 +266,7 @@ def _explain(batch: list, prev: bytes | None) -> None:
             raise TypeError(f"snapshot items must be (key, value) pairs, got {type(pair).__name__} {pair!r:.80}")
         key, value = pair
         for what, x in (("key", key), ("value", value)):
-            if not isinstance(x, (bytes, bytearray)):
+            if type(x) is not bytes:
                 raise TypeError(f"snapshot {what}s must be bytes, got {type(x).__name__} for key {key!r:.80}")
         if prev is not None and not prev < key:
             raise ValueError(
