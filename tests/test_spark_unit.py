@@ -392,3 +392,23 @@ def test_random_stores_state_and_changes(tmp_path, seed):
     if built.snapshots:
         t = read_all(reader(built.path, table="snapshot"))
         assert dict(rows(t, ["key", "value"])) == built.snapshots[newest]
+
+
+def test_empty_snapshot(tmp_path):
+    from kvstore.snapshots import take
+
+    path = str(tmp_path / "s")
+    with kvstore.open(path, segment_bytes=4096) as db:
+        db.put(b"a", b"1")
+        db.delete_range(None, None)
+        info = take(db)
+        db.put(b"b", b"2")
+        db.delete(b"b")
+        db.put(b"c", b"3")
+    r = reader(path, table="snapshot")
+    assert r.plan.snapshot.lsn == info.lsn and r.plan.snapshot.chunks == () and r.partitions() == []
+    from pyspark.sql.datasource import InputPartition
+
+    assert list(r.read(ship(InputPartition(None)))) == []  # Spark's placeholder for "no partitions"
+    assert rows(read_all(reader(path, table="state")), ["key", "value", "lsn"]) == [(b"c", b"3", info.lsn + 3)]
+    assert [x[3] for x in rows(read_all(reader(path)), CHANGE_COLS)] == ["upsert", "delete", "upsert"]
