@@ -37,21 +37,30 @@ without Spark, under two with it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstore.cli import EXIT_OK, CliError, human_bytes, spark_available, spark_env, take_snapshot
+from kvstore.cli import EXIT_OK, CliError, human_bytes
+from kvstore.cli_admin import export_rows, spark_available, spark_env, take_snapshot
+from kvstore.cli_demo_work import (
+    FULL,
+    SMALL,
+    DemoFailed,
+    crash_values,
+    digest,
+    dir_bytes,
+    new_user,
+    run_and_kill,
+    worker,
+)
 from kvstore.progress import Reporter
 
 DESCRIPTION = (
@@ -62,23 +71,6 @@ DESCRIPTION = (
     "previous demo made it."
 )
 MARKER = ".walkv-demo"
-_COUNTERS_LOCK = threading.Lock()
-
-
-@dataclass
-class Size:
-    threads: int
-    ops_per_thread: int
-    crash_threads: int
-    crash_acks: int
-    after_snapshot: int
-    segment_bytes: int
-
-
-FULL = Size(threads=8, ops_per_thread=2500, crash_threads=4, crash_acks=4000, after_snapshot=2000,
-            segment_bytes=1 << 20)
-SMALL = Size(threads=4, ops_per_thread=300, crash_threads=4, crash_acks=400, after_snapshot=300,
-             segment_bytes=128 << 10)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,152 +82,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="writer threads in step 1 (default 8, 4 with --small)")
     p.add_argument("--master", default="local[2]", help="Spark master for step 6 (default local[2])")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
-
-
-class DemoFailed(CliError):
-    pass
-
-
-# -- the workload ----------------------------------------------------------------------
-
-
-def _user(uid: int, rng: random.Random) -> bytes:
-    plan = rng.choice(["free", "pro", "team"])
-    return json.dumps({"id": uid, "name": f"user {uid}", "email": f"user{uid}@example.com", "plan": plan,
-                       "since": 1700000000 + uid}, separators=(",", ":")).encode()
-
-
-def _order(uid: int, n: int, rng: random.Random) -> bytes:
-    items = [{"sku": f"SKU-{rng.randrange(1000):04d}", "qty": rng.randint(1, 3)} for _ in range(rng.randint(1, 3))]
-    return json.dumps({"user": uid, "n": n, "items": items, "total_cents": rng.randrange(500, 50000),
-                       "status": "placed"}, separators=(",", ":")).encode()
-
-
-def _worker(db: Any, t: int, threads: int, ops: int, seed: int, model: dict[bytes, bytes],
-            counters: dict[str, int], errors: list[BaseException], tick: Any) -> None:
-    """One thread's share of the shop: users ``uid % threads == t`` only, so the
-    thread's model of its keys is exact."""
-    rng = random.Random(seed * 1000 + t)
-    uids = list(range(t, threads * 200, threads))
-    orders: dict[int, int] = {}
-    puts = batches = deletes = reads = 0
-    try:
-        for i in range(ops):
-            uid = rng.choice(uids)
-            r = rng.random()
-            if r < 0.45:  # new order
-                n = orders.get(uid, 0) + 1
-                orders[uid] = n
-                k, v = f"order:{uid:06d}:{n:04d}".encode(), _order(uid, n, rng)
-                db.put(k, v)
-                model[k] = v
-                puts += 1
-            elif r < 0.65:  # profile update
-                k, v = f"user:{uid:06d}".encode(), _user(uid, rng)
-                db.put(k, v)
-                model[k] = v
-                puts += 1
-            elif r < 0.8:  # order shipped: order status and the user's counter, atomically
-                n = orders.get(uid, 0) + 1
-                orders[uid] = n
-                k1, v1 = f"order:{uid:06d}:{n:04d}".encode(), _order(uid, n, rng).replace(b'"placed"', b'"shipped"')
-                k2 = f"stats:{uid:06d}".encode()
-                shipped = int(model.get(k2, b"0")) + 1
-                with db.batch() as b:
-                    b.put(k1, v1)
-                    b.put(k2, str(shipped).encode())
-                model[k1] = v1
-                model[k2] = str(shipped).encode()
-                batches += 1
-            elif r < 0.9:  # cancel an order
-                n = orders.get(uid, 0)
-                if n:
-                    k = f"order:{uid:06d}:{rng.randint(1, n):04d}".encode()
-                    db.delete(k)
-                    model.pop(k, None)
-                    deletes += 1
-            else:  # read your writes
-                k = f"user:{uid:06d}".encode()
-                got = db.get(k)
-                if got != model.get(k):
-                    raise AssertionError(f"thread {t}: read {k!r} = {got!r}, expected {model.get(k)!r}")
-                reads += 1
-            if i % 32 == 31:
-                tick(32)
-        tick(ops % 32)
-    except BaseException as e:  # noqa: BLE001 - reported by the main thread
-        errors.append(e)
-    with _COUNTERS_LOCK:
-        counters["puts"] += puts
-        counters["batches"] += batches
-        counters["deletes"] += deletes
-        counters["reads"] += reads
-
-
-def digest(db: Any) -> tuple[int, str]:
-    """(pairs, sha256) of a store's whole contents, in key order."""
-    h = hashlib.sha256()
-    n = 0
-    for k, v in db.scan():
-        h.update(len(k).to_bytes(4, "little") + k + len(v).to_bytes(4, "little") + v)
-        n += 1
-    return n, h.hexdigest()
-
-
-def _dir_bytes(path: str) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-# -- the crash child ---------------------------------------------------------------------
-
-
-def child_main(argv: list[str]) -> int:
-    """``python -m kvstore.cli_demo child STORE THREADS SEED``: write until
-    killed, printing ``ack THREAD SEQ LSN`` after each put returned."""
-    import kvstore
-
-    store, threads, seed = argv[0], int(argv[1]), int(argv[2])
-    db = kvstore.open(store, sync="always", segment_bytes=int(argv[3]) if len(argv) > 3 else 64 << 20)
-    out = sys.stdout
-    lock = threading.Lock()
-    print("ready", flush=True)
-
-    def write(t: int) -> None:
-        rng = random.Random(seed + t)
-        i = 0
-        while True:
-            key = f"crash:{t:02d}:{i:08d}".encode()
-            value = crash_value(t, i, rng)
-            lsn = db.put(key, value)
-            with lock:
-                out.write(f"ack {t} {i} {lsn}\n")
-                out.flush()
-            i += 1
-
-    for t in range(threads):
-        threading.Thread(target=write, args=(t,), daemon=True).start()
-    while True:
-        time.sleep(60)
-
-
-def crash_value(t: int, i: int, rng: random.Random) -> bytes:
-    return f"thread {t} write {i} ".encode() + rng.randbytes(rng.randint(20, 300))
-
-
-def _crash_values(threads: int, seed: int, upto: dict[int, int]) -> dict[bytes, bytes]:
-    out = {}
-    for t in range(threads):
-        rng = random.Random(seed + t)
-        for i in range(upto.get(t, 0)):
-            out[f"crash:{t:02d}:{i:08d}".encode()] = crash_value(t, i, rng)
-    return out
 
 
 # -- the demo -----------------------------------------------------------------------------------
@@ -314,7 +160,7 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
                     done[0] += n
                     progress(done[0], threads * ops)
 
-            workers = [threading.Thread(target=_worker, args=(db, t, threads, ops, seed, models[t], counters,
+            workers = [threading.Thread(target=worker, args=(db, t, threads, ops, seed, models[t], counters,
                                                               errors, tick)) for t in range(threads)]
             t0 = time.perf_counter()
             for w in workers:
@@ -346,7 +192,7 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
 
     # 2. crash a writer process ---------------------------------------------------------
     _step(2, steps, f"crash: a writer process with {size.crash_threads} threads, killed with SIGKILL mid-stream")
-    acked = _run_and_kill(store, size, seed, rep)
+    acked = run_and_kill(store, size, seed, rep)
     ack_count = sum(acked.values())
     _say(f"killed the writer after {ack_count} acknowledged writes")
     t0 = time.perf_counter()
@@ -358,7 +204,7 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
         cut = lst["log"].get("dropped_bytes_at_open", 0)
         _say(f"reopened in {recovery_s * 1000:.0f} ms: replayed {lst.get('replayed_at_open', 0)} entries, "
              f"cut a torn tail of {cut} bytes; log ends at LSN {db.last_lsn}")
-        expected = _crash_values(size.crash_threads, seed, acked)
+        expected = crash_values(size.crash_threads, seed, acked)
         present = {k: v for k, v in db.scan(prefix=b"crash:")}
         lost = [k for k, v in expected.items() if present.get(k) != v]
         _check(not lost, f"all {len(expected)} acknowledged writes survived"
@@ -401,13 +247,13 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
 
         # 4. snapshot and trim -----------------------------------------------------------
         _step(4, steps, "snapshot: one consistent copy at an LSN; the log it covers is trimmed")
-        wal_before = _dir_bytes(os.path.join(store, "wal"))
+        wal_before = dir_bytes(os.path.join(store, "wal"))
         segs_before = len([n for n in os.listdir(os.path.join(store, "wal")) if n.endswith(".wal")])
         t0 = time.perf_counter()
         with rep.task("writing snapshot", unit="pairs") as progress:
             info = take_snapshot(db, progress)
         snap_s = time.perf_counter() - t0
-        wal_after = _dir_bytes(os.path.join(store, "wal"))
+        wal_after = dir_bytes(os.path.join(store, "wal"))
         segs_after = len([n for n in os.listdir(os.path.join(store, "wal")) if n.endswith(".wal")])
         trimmed = max(0, wal_before - wal_after)
         _say(f"snapshot at LSN {info.lsn}: {getattr(info, 'count', '?')} pairs, "
@@ -429,7 +275,7 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
         rng = random.Random(seed + 99)
         for i in range(size.after_snapshot):
             uid = rng.randrange(threads * 200)
-            db.put(f"user:{uid:06d}".encode(), _user(uid, rng))
+            db.put(f"user:{uid:06d}".encode(), new_user(uid, rng))
         good_lsn = db.last_lsn
         good = digest(db)
         orders = sum(1 for _ in db.scan(prefix=b"order:"))
@@ -492,55 +338,6 @@ def _call(fn: Any, *args: Any, progress: Any = None, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
-def _run_and_kill(store: str, size: Size, seed: int, rep: Reporter) -> dict[int, int]:
-    """Start the writer child, SIGKILL it after ``size.crash_acks`` acks; return
-    per thread the number of acknowledged writes (a prefix: 0..n-1)."""
-    env = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore.cli_demo", "child", store, str(size.crash_threads), str(seed),
-         str(size.segment_bytes)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, bufsize=1)
-    acked: dict[int, int] = {}
-    n = 0
-    deadline = time.monotonic() + 60
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        if first.strip() != "ready":
-            err = proc.stderr.read() if proc.stderr else ""
-            raise DemoFailed(f"the writer process did not start: {first.strip()} {err.strip()[-500:]}")
-        with rep.task("writer process", size.crash_acks, "acks") as progress:
-            for line in proc.stdout:
-                parts = line.split()
-                if len(parts) == 4 and parts[0] == "ack":
-                    t, i = int(parts[1]), int(parts[2])
-                    acked[t] = max(acked.get(t, 0), i + 1)
-                    n += 1
-                    progress(n, size.crash_acks)
-                if n >= size.crash_acks or time.monotonic() > deadline:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    break
-            # Acks already in the pipe were acknowledged before the kill.
-            for line in proc.stdout:
-                parts = line.split()
-                if len(parts) == 4 and parts[0] == "ack":
-                    t, i = int(parts[1]), int(parts[2])
-                    acked[t] = max(acked.get(t, 0), i + 1)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
-        if proc.stdout:
-            proc.stdout.close()
-    if proc.returncode != -signal.SIGKILL:
-        raise DemoFailed(f"the writer process exited with {proc.returncode} before it was killed")
-    return acked
-
-
 def _spark_step(store: str, out: str, master: str, summary: Summary, rep: Reporter) -> None:
     import kvstore
 
@@ -553,9 +350,7 @@ def _spark_step(store: str, out: str, master: str, summary: Summary, rep: Report
     with rep.task("Spark export", unit="") as progress:
         result = _call(export, store, out, master=master, table="all", incremental=False, progress=progress)
     spark_s = time.perf_counter() - t0
-    from kvstore.cli import _export_rows
-
-    rows = _export_rows(result)
+    rows = export_rows(result)
     with kvstore.open(store, readonly=True) as db:
         keys = len(db)
     for table, n in rows.items():
@@ -568,8 +363,6 @@ def _spark_step(store: str, out: str, master: str, summary: Summary, rep: Report
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "child":
-        sys.exit(child_main(sys.argv[2:]))
     from kvstore.cli import main
 
     sys.exit(main(["demo", *sys.argv[1:]]))

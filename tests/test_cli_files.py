@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
 import kvstore
 import snapshot
 from tests.test_cli import one_line_error, walkv
@@ -256,16 +254,14 @@ def test_repair_refuses_a_locked_store(tmp_path):
     assert str(os.getpid()) in one_line_error(proc)
 
 
-def test_repair_lock_keeps_writers_out(tmp_path):
-    # While repair holds the lock (here: waiting at its prompt would, but we
-    # take the same lock files by hand), a writer cannot open the store.
-    from kvstore.cli_files import _Lock
+def test_repair_refuses_a_log_open_by_itself(tmp_path):
+    # The log's own lock counts too: a process with only the log open (no
+    # store) keeps repair out.
+    import wal
 
     s = _store(str(tmp_path / "s"), n=10)
-    lock = _Lock(os.path.join(s, "LOCK"), "the store")
-    try:
-        with pytest.raises(kvstore.LockedError):
-            kvstore.open(s)
-    finally:
-        lock.release()
-    kvstore.open(s).close()
+    with wal.open(os.path.join(s, "wal")):
+        proc = walkv("repair", s, "--yes")
+        bare = walkv("repair", os.path.join(s, "wal"), "--yes")
+    assert proc.returncode == 3 and bare.returncode == 3
+    assert "the log" in one_line_error(proc) and str(os.getpid()) in one_line_error(bare)

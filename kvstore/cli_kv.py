@@ -1,0 +1,311 @@
+"""``walkv put``, ``get``, ``delete``, ``scan`` and ``load``: keys and values.
+
+Keys and values are UTF-8 text on the command line and in output, or hex with
+``--hex``. ``scan`` prints ``key<TAB>value`` lines (tabs, newlines and
+undecodable bytes backslash-escaped), or JSON lines with ``--json`` in the
+format ``load`` reads. ``load`` writes each ``--batch-size`` rows as one atomic
+batch; a bad line stops it with the line number, and the batch holding that
+line is not written.
+
+Writers open the store read-write (taking its lock: exit 3 if another process
+has it); ``get`` and ``scan`` open it read-only, so they work beside a writer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import binascii
+import csv
+import io
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+from kvstore.cli import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    escape_field,
+    from_bytes,
+    hex_arg,
+    open_store,
+    sync_arg,
+    to_bytes,
+)
+from kvstore.progress import Reporter
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    p = add("put", "set a key to a value", cmd_put)
+    p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("value", metavar="VALUE")
+    hex_arg(p)
+    sync_arg(p)
+
+    p = add("get", "print the value of a key (exit 1 if it is absent)", cmd_get)
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("key", metavar="KEY")
+    hex_arg(p)
+    p.add_argument("--raw", action="store_true", help="no newline after the value when piped")
+
+    p = add("delete", "delete keys (atomically, in one batch), or a range with --range", cmd_delete)
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("keys", metavar="KEY", nargs="+")
+    p.add_argument("--range", action="store_true", help="delete every key with START <= key < END")
+    hex_arg(p)
+    sync_arg(p)
+
+    p = add("scan", "print key/value pairs in key order (tab-separated, or JSON lines)", cmd_scan)
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("--start", help="first key (inclusive)")
+    p.add_argument("--stop", help="end key (exclusive)")
+    p.add_argument("--prefix", help="only keys with this prefix")
+    p.add_argument("--reverse", action="store_true", help="descending key order")
+    p.add_argument("--limit", type=int, help="at most this many pairs")
+    p.add_argument("--keys-only", action="store_true", help="print keys only")
+    p.add_argument("--json", action="store_true", help='JSON lines {"key": .., "value": ..} (what load reads)')
+    p.add_argument("--count", action="store_true", help="print the number of pairs on stderr")
+    hex_arg(p)
+
+    p = add("load", "load key/value pairs from JSON lines or CSV, in atomic batches", cmd_load,
+            description="Load key/value pairs from FILE ('-' for stdin): JSON lines "
+                        '{"key": "...", "value": "..."} or CSV rows key,value (an optional header '
+                        "row key,value is skipped). Each batch of --batch-size rows is one atomic "
+                        "write. A bad line stops the load with its line number: the batches before "
+                        "it are written, the batch holding it is not.")
+    p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
+    p.add_argument("file", metavar="FILE", help="input file, or - for stdin")
+    p.add_argument("--format", choices=("jsonl", "csv"), help="input format (default: from the file "
+                                                              "name, else from its first byte)")
+    p.add_argument("--batch-size", type=int, default=1000, help="rows per atomic batch (default 1000)")
+    hex_arg(p)
+    sync_arg(p)
+
+
+# -- put / get / delete / scan ---------------------------------------------------
+
+
+def cmd_put(args: argparse.Namespace, rep: Reporter) -> int:
+    key = to_bytes(args.key, args.hex, "key")
+    value = to_bytes(args.value, args.hex, "value")
+    with open_store(args.store, create=True, reporter=rep, sync=args.sync) as db:
+        lsn = db.put(key, value)
+    if not args.quiet:
+        print(f"ok: LSN {lsn}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_get(args: argparse.Namespace, rep: Reporter) -> int:
+    key = to_bytes(args.key, args.hex, "key")
+    with open_store(args.store, readonly=True) as db:
+        value = db.get(key)
+    if value is None:
+        raise CliError(f"key {args.key!r} not found in {args.store}")
+    out = sys.stdout.buffer
+    if args.hex:
+        out.write(value.hex().encode() + b"\n")
+    else:
+        out.write(value)
+        if sys.stdout.isatty() or not args.raw:
+            out.write(b"\n")
+    out.flush()
+    return EXIT_OK
+
+
+def cmd_delete(args: argparse.Namespace, rep: Reporter) -> int:
+    keys = [to_bytes(k, args.hex, "key") for k in args.keys]
+    with open_store(args.store, reporter=rep, sync=args.sync) as db:
+        if args.range:
+            if len(keys) != 2:
+                raise CliError("--range takes exactly two keys: START END", EXIT_USAGE)
+            lsn = db.delete_range(keys[0], keys[1])
+        elif len(keys) == 1:
+            lsn = db.delete(keys[0])
+        else:
+            with db.batch() as b:
+                for k in keys:
+                    b.delete(k)
+            lsn = b.lsn
+    if not args.quiet:
+        print(f"ok: LSN {lsn}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_scan(args: argparse.Namespace, rep: Reporter) -> int:
+    h = args.hex
+    start = None if args.start is None else to_bytes(args.start, h, "--start")
+    stop = None if args.stop is None else to_bytes(args.stop, h, "--stop")
+    prefix = None if args.prefix is None else to_bytes(args.prefix, h, "--prefix")
+    n = 0
+    out = sys.stdout
+    with open_store(args.store, readonly=True) as db:
+        it = db.scan(start, stop, prefix=prefix, reverse=args.reverse)
+        try:
+            for key, value in it:
+                if args.limit is not None and n >= args.limit:
+                    break
+                if args.json:
+                    if args.keys_only:
+                        out.write(json.dumps({"key": from_bytes(key, h)}, ensure_ascii=False) + "\n")
+                    else:
+                        out.write(json.dumps({"key": from_bytes(key, h), "value": from_bytes(value, h)},
+                                             ensure_ascii=False) + "\n")
+                elif h:
+                    out.write(key.hex() if args.keys_only else f"{key.hex()}\t{value.hex()}")
+                    out.write("\n")
+                else:
+                    out.write(escape_field(key) if args.keys_only else f"{escape_field(key)}\t{escape_field(value)}")
+                    out.write("\n")
+                n += 1
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+    out.flush()
+    if args.count:
+        print(f"{n} keys", file=sys.stderr)
+    return EXIT_OK
+
+
+# -- load ------------------------------------------------------------------------
+
+
+class BadLine(Exception):
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+def _detect_format(path: str, fmt: str | None, first: bytes) -> str:
+    if fmt:
+        return fmt
+    low = path.lower()
+    if low.endswith((".jsonl", ".ndjson", ".json")):
+        return "jsonl"
+    if low.endswith((".csv", ".tsv")):
+        return "csv"
+    return "jsonl" if first.lstrip().startswith(b"{") else "csv"
+
+
+def _jsonl_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
+    """(line number, key, value, bytes read so far) for each JSON line."""
+    done = 0
+    for lineno, raw in enumerate(stream, 1):
+        done += len(raw)
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadLine(lineno, f"not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        if not isinstance(obj, dict) or "key" not in obj or "value" not in obj:
+            raise BadLine(lineno, 'expected an object {"key": ..., "value": ...}')
+        k, v = obj["key"], obj["value"]
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise BadLine(lineno, "key and value must be JSON strings" + (" (hex)" if hex_mode else ""))
+        yield lineno, _field(k, hex_mode, lineno, "key"), _field(v, hex_mode, lineno, "value"), done
+
+
+def _csv_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
+    text = io.TextIOWrapper(stream, encoding="utf-8", newline="", errors="strict")
+    reader = csv.reader(text)
+    try:
+        for row in reader:
+            lineno = reader.line_num
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if lineno == 1 and [c.strip().lower() for c in row] == ["key", "value"]:
+                continue  # a header row
+            if len(row) != 2:
+                raise BadLine(lineno, f"expected 2 fields (key,value), found {len(row)}")
+            yield lineno, _field(row[0], hex_mode, lineno, "key"), _field(row[1], hex_mode, lineno, "value"), \
+                _tell(stream)
+    except csv.Error as e:
+        raise BadLine(reader.line_num, f"bad CSV: {e}") from None
+    except UnicodeDecodeError as e:
+        raise BadLine(reader.line_num + 1, f"not valid UTF-8 ({e.reason})") from None
+    finally:
+        text.detach()
+
+
+def _tell(stream: Any) -> int:
+    try:
+        return stream.tell()
+    except (OSError, ValueError):
+        return 0
+
+
+def _field(text: str, hex_mode: bool, lineno: int, what: str) -> bytes:
+    if hex_mode:
+        try:
+            return binascii.unhexlify(text.strip())
+        except (binascii.Error, ValueError):
+            raise BadLine(lineno, f"{what} is not valid hex") from None
+    return text.encode("utf-8")
+
+
+def cmd_load(args: argparse.Namespace, rep: Reporter) -> int:
+    from wal.errors import WalkvError
+
+    if args.batch_size < 1:
+        raise CliError("--batch-size must be at least 1", EXIT_USAGE)
+    if args.file == "-":
+        stream: Any = sys.stdin.buffer
+        total = None
+    else:
+        try:
+            stream = open(args.file, "rb")  # noqa: SIM115
+        except OSError as e:
+            raise CliError(f"cannot read {args.file}: {e.strerror}") from None
+        total = os.fstat(stream.fileno()).st_size
+    if not isinstance(stream, io.BufferedReader):
+        stream = io.BufferedReader(stream)  # type: ignore[arg-type]
+    fmt = _detect_format(args.file, args.format, stream.peek(64)[:64])
+    rows = _jsonl_rows(stream, args.hex) if fmt == "jsonl" else _csv_rows(stream, args.hex)
+    loaded = batches = 0
+    first_line = last_line = 0
+    t0 = time.monotonic()
+    try:
+        with open_store(args.store, create=True, reporter=rep, sync=args.sync) as db, \
+                rep.task(f"loading {os.path.basename(args.file)}", total, "bytes") as progress:
+            done = False
+            while not done:
+                pending = 0
+                first_line = 0
+                try:
+                    with db.batch() as b:
+                        for lineno, key, value, pos in rows:
+                            if not first_line:
+                                first_line = lineno
+                            last_line = lineno
+                            try:
+                                b.put(key, value)
+                            except (ValueError, TypeError, WalkvError) as e:
+                                raise BadLine(lineno, str(e)) from None
+                            pending += 1
+                            if pending >= args.batch_size:
+                                progress(pos, total)
+                                break
+                        else:
+                            done = True
+                except BadLine as e:
+                    where = f"lines {first_line}..{e.line - 1} " if first_line and first_line < e.line else ""
+                    raise CliError(
+                        f"{args.file}: line {e.line}: {e}. Stopped there: {loaded} rows in {batches} "
+                        f"batches were loaded before it; the batch holding line {e.line} "
+                        f"({where}not yet written) was discarded") from None
+                if pending:
+                    loaded += pending
+                    batches += 1
+            progress(total or 0, total)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    if not args.quiet:
+        dt = time.monotonic() - t0
+        print(f"loaded {loaded} rows in {batches} batches from {args.file} ({fmt}, {dt:.2f} s)",
+              file=sys.stderr)
+    return EXIT_OK
