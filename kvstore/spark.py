@@ -58,7 +58,7 @@ from wal.errors import CorruptionError
 from kvstore import spark_arrow as sa
 from kvstore.batch import decode as _decode
 from kvstore import spark_snapshots as ss
-from kvstore.spark_files import LogGapError, LogSlice, StoreFiles, gap_error, normalize_location
+from kvstore.spark_files import LogGapError, LogSlice, StoreFiles, normalize_location
 from kvstore.spark_options import EARLIEST, LATEST, Options, parse
 
 __all__ = [
