@@ -33,20 +33,17 @@ from __future__ import annotations
 
 import bisect
 import os
-import re
-import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from snapshot.layout import parse_snapshot_dir_name
 from wal.errors import CorruptionError, WalkvError
 from wal.record import RecordReader
+from wal.segment import DURABLE_NAME, decode_durable, segment_first_lsn
 
 WAL_DIR = "wal"
 SNAPSHOTS_DIR = "snapshots"
-DURABLE_NAME = "DURABLE"
 
-_SEGMENT_NAME = re.compile(r"^(\d{20})\.wal$")
-_SNAPSHOT_NAME = re.compile(r"^snap-(\d{20})$")
 
 
 class LogGapError(WalkvError):
@@ -220,7 +217,7 @@ class StoreFiles:
         lsn = None
         for _ in range(10):  # a read racing the writer's update fails its check: retry
             data = self.read_bytes(self.wal_dir + "/" + DURABLE_NAME)
-            lsn = _decode_durable(data) if data is not None else None
+            lsn = decode_durable(data) if data is not None else None
             if lsn is not None or data is None:
                 break
         if lsn is None:
@@ -236,9 +233,9 @@ class StoreFiles:
     def list_segment_files(self) -> list[tuple[int, str, int]]:
         found = []
         for name, path, size, is_dir in self.listdir(self.wal_dir):
-            m = _SEGMENT_NAME.match(name)
-            if m and not is_dir:
-                found.append((int(m.group(1)), path, size))
+            first = segment_first_lsn(name)
+            if first is not None and not is_dir:
+                found.append((first, path, size))
         found.sort()
         return found
 
@@ -387,9 +384,9 @@ class StoreFiles:
         or not: :func:`kvstore.spark_snapshots` checks manifests)."""
         out = []
         for name, path, _, is_dir in self.listdir(self.snapshots_dir):
-            m = _SNAPSHOT_NAME.match(name)
-            if m and is_dir:
-                out.append((int(m.group(1)), path))
+            lsn = parse_snapshot_dir_name(name)
+            if lsn is not None and is_dir:
+                out.append((lsn, path))
         out.sort()
         return out
 
@@ -405,21 +402,6 @@ def gap_error(location: str, first: int, last: int, first_held: int | None) -> L
     )
 
 
-_DURABLE = struct.Struct("<QQ")
-
-
-def _decode_durable(data: bytes) -> int | None:
-    """Decode ``wal/DURABLE`` (format owned by :mod:`wal.segment`)."""
-    from wal import segment as wseg
-
-    decode = getattr(wseg, "decode_durable", None)
-    if decode is not None:
-        return decode(data)
-    # wal.segment has only the encoder; check our decoding against it.
-    if len(data) != _DURABLE.size:
-        return None
-    lsn, _ = _DURABLE.unpack(data)
-    return lsn if wseg.encode_durable(lsn) == data else None
 
 
 __all__ = ["LogGapError", "LogSlice", "SegmentInfo", "StoreFiles", "gap_error", "normalize_location"]

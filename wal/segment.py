@@ -115,9 +115,9 @@ def list_segments(directory: str, fs: FileSystem = OS_FS) -> list[SegmentFile]:
     """The segment files of a log directory, oldest first."""
     found = []
     for name in fs.listdir(directory):
-        m = _NAME.match(name)
-        if m:
-            found.append(SegmentFile(int(m.group(1)), os.path.join(directory, name)))
+        first = segment_first_lsn(name)
+        if first is not None:
+            found.append(SegmentFile(first, os.path.join(directory, name)))
     found.sort()
     return found
 
@@ -376,6 +376,21 @@ def encode_durable(lsn: int) -> bytes:
     return _DURABLE.pack(lsn, lsn ^ 0xFFFFFFFFFFFFFFFF)
 
 
+def decode_durable(data: bytes) -> int | None:
+    """The LSN in a ``DURABLE`` file's bytes, or ``None`` when they are not
+    whole (a read racing the writer's update: read again)."""
+    if len(data) != _DURABLE.size:
+        return None
+    lsn, check = _DURABLE.unpack(data)
+    return lsn if check == lsn ^ 0xFFFFFFFFFFFFFFFF else None
+
+
+def segment_first_lsn(name: str) -> int | None:
+    """The first LSN a segment file name promises, or ``None`` for other names."""
+    m = _NAME.match(name)
+    return int(m.group(1)) if m else None
+
+
 def read_durable_lsn(directory: str) -> int | None:
     """The durable LSN published by the log's writer, or ``None`` when there is
     no (readable) ``DURABLE`` file. Entries up to it are fsynced; a reader in
@@ -388,7 +403,7 @@ def read_durable_lsn(directory: str) -> int | None:
             return None
         if len(data) != _DURABLE.size:
             return None
-        lsn, check = _DURABLE.unpack(data)
-        if check == lsn ^ 0xFFFFFFFFFFFFFFFF:
+        lsn = decode_durable(data)
+        if lsn is not None:
             return lsn
     return None
