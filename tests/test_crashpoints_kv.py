@@ -40,7 +40,7 @@ from tests.faultfs import (
 )
 
 SEGMENT_BYTES = 2048
-CI_POINTS = 160
+CI_POINTS = 250
 MIN_CI_POINTS = 120
 KEYS = [f"k{i:02d}".encode() for i in range(24)]
 OPTIONS = {"segment_bytes": SEGMENT_BYTES, "map_size": 1 << 20}
