@@ -204,13 +204,42 @@ def reboot(monkeypatch):
     return _reboot
 
 
-def explore_kv(base: str, seed: int, budget: int | None, reboot, deadline: float | None = None) -> dict[str, int]:
+def crash_kv_recovery(d: str, oracle: KVOracle, where: str, rng: random.Random, reboot) -> int:
+    """After a power loss, lose power again at each boundary of the store's
+    recovery (open after a reboot: LMDB rebuilt from snapshot plus log; then
+    close), reboot, and check. Works on copies of the crashed store."""
+    def reopen(fs: FaultFS, path: str) -> None:
+        db = kvstore.open(path, fs=fs, **OPTIONS)
+        try:
+            db.close()
+        finally:
+            if not db.closed:
+                close_quietly(db)
+
+    probe = d + ".probe"
+    shutil.copytree(d, probe)
+    reboot()
+    m = count_boundaries(lambda fs: reopen(fs, probe))
+    shutil.rmtree(probe)
+    for j in range(1, m + 1):
+        copy = f"{d}.r{j}"
+        shutil.copytree(d, copy)
+        reboot()
+        run_to_crash(lambda fs: reopen(fs, copy), FaultFS(), j, PLAIN, rng)
+        reboot()
+        check_store(copy, oracle, f"{where}, then again at recovery boundary {j}/{m}")
+        shutil.rmtree(copy)
+    return m
+
+
+def explore_kv(base: str, seed: int, budget: int | None, reboot, deadline: float | None = None,
+               *, recovery_crashes: bool = False) -> dict[str, int]:
     plan = make_plan(seed)
     n = count_boundaries(lambda fs: run_kv_workload(fs, os.path.join(base, "dry"), plan, KVOracle()))
     shutil.rmtree(os.path.join(base, "dry"))
     points = plan_points(n, budget=budget, seed=seed)
     rng = random.Random(seed)
-    stats = {"boundaries": n, "points": 0, "lmdb_deleted": 0}
+    stats = {"boundaries": n, "points": 0, "lmdb_deleted": 0, "recovery_points": 0}
     for k, variant in points:
         if deadline is not None and time.monotonic() > deadline:
             break
@@ -219,10 +248,13 @@ def explore_kv(base: str, seed: int, budget: int | None, reboot, deadline: float
         run_to_crash(lambda fs: run_kv_workload(fs, d, plan, oracle), FaultFS(), k if k <= n else None,
                      variant, rng)
         reboot()
+        where = f"seed {seed}, crash point {k}/{n + 1} ({variant})"
+        if recovery_crashes:
+            stats["recovery_points"] += crash_kv_recovery(d, oracle, where, rng, reboot)
         if variant == PLAIN and k % 5 == 0:
             shutil.rmtree(os.path.join(d, "lmdb"), ignore_errors=True)
             stats["lmdb_deleted"] += 1
-        check_store(d, oracle, f"seed {seed}, crash point {k}/{n + 1} ({variant})")
+        check_store(d, oracle, where)
         stats["points"] += 1
         shutil.rmtree(d)
     return stats
@@ -234,6 +266,24 @@ def test_store_crash_points(scratch, reboot, capsys):
         print(f"\nstore crash points explored: {stats['points']} (of {stats['boundaries']} boundaries, "
               f"seed 6, snapshots {'on' if HAS_SNAPSHOTS else 'not available yet'})")
     assert stats["points"] >= MIN_CI_POINTS, stats
+
+
+def test_store_crash_points_during_recovery(scratch, reboot, capsys):
+    """A second power loss while the store rebuilds after the first (a sample
+    of first crash points in CI; every one with --soak)."""
+    plan = make_plan(6)
+    n = count_boundaries(lambda fs: run_kv_workload(fs, os.path.join(scratch, "dry"), plan, KVOracle()))
+    rng = random.Random(6)
+    total = 0
+    for k in sorted(rng.sample(range(1, n + 1), 4)) + [n + 1]:
+        d = os.path.join(scratch, f"k{k}")
+        oracle = KVOracle()
+        run_to_crash(lambda fs: run_kv_workload(fs, d, plan, oracle), FaultFS(), k if k <= n else None,
+                     "torn", rng)
+        total += crash_kv_recovery(d, oracle, f"seed 6, crash point {k}", rng, reboot)
+    with capsys.disabled():
+        print(f"\nstore crash points during recovery explored: {total}")
+    assert total >= 20
 
 
 def test_store_survives_power_loss_without_reboot_detection_of_lmdb_loss(tmp_path, reboot):
@@ -259,8 +309,10 @@ def test_store_crash_points_soak(scratch, reboot, capsys, soak_seconds):
     totals = {"points": 0, "seeds": 0}
     seed = 200
     while time.monotonic() < deadline:
-        stats = explore_kv(os.path.join(scratch, f"s{seed}"), seed, None, reboot, deadline)
+        stats = explore_kv(os.path.join(scratch, f"s{seed}"), seed, None, reboot, deadline,
+                           recovery_crashes=(seed % 2 == 1))
         totals["points"] += stats["points"]
+        totals["recovery_points"] = totals.get("recovery_points", 0) + stats["recovery_points"]
         totals["seeds"] += 1
         seed += 1
     with capsys.disabled():
