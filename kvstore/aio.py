@@ -37,6 +37,7 @@ from kvstore.batch import (
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_PUT,
+    _DONE,
     WriteBatch,
     _pack,
     check_bound,
@@ -44,7 +45,7 @@ from kvstore.batch import (
     check_value,
 )
 from kvstore.store import KVStore, ReadOnlyError
-from wal.errors import ClosedError
+from wal.errors import ClosedError, RecordTooLargeError
 
 
 class AsyncKVStore:
@@ -63,6 +64,7 @@ class AsyncKVStore:
         self._wake_scheduled = False
         self._closing = False
         self._max_value = store.max_value_bytes
+        self._decoded = store._decoded if not store.readonly else {}
         log = store._log
         self._append_nowait = log.append_nowait if log is not None else None
 
@@ -94,16 +96,22 @@ class AsyncKVStore:
             else:
                 fut.set_exception(error)
 
-    def _submit(self, payload: bytes) -> asyncio.Future:
+    def _submit(self, payload: bytes, ops: list, puts_only: bool = False) -> asyncio.Future:
         if self._append_nowait is None:
             raise ReadOnlyError(f"the store {self.store.path} was opened with "
                                 f"readonly=True; writes are refused")
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
         fut = self._loop.create_future()
+        known = self._decoded
+        known[id(payload)] = (payload, ops, puts_only)
         # No await between the append and the insert: _drain runs on this
         # same loop thread, so it cannot look the LSN up before it is there.
-        lsn = self._append_nowait(payload, self._on_durable)
+        try:
+            lsn = self._append_nowait(payload, self._on_durable)
+        except BaseException:
+            known.pop(id(payload), None)
+            raise
         self._pending[lsn] = fut
         return fut
 
@@ -115,17 +123,20 @@ class AsyncKVStore:
             key = check_key(key)
         if type(value) is not bytes or len(value) > self._max_value:
             value = check_value(value, self._max_value)
-        return self._submit(_pack([[OP_PUT, key, value]]))
+        ops = [[OP_PUT, key, value]]
+        return self._submit(_pack(ops), ops)
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
             key = check_key(key)
-        return self._submit(_pack([[OP_DELETE, key]]))
+        ops = [[OP_DELETE, key]]
+        return self._submit(_pack(ops), ops)
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> "asyncio.Future[int]":
         start = b"" if start is None else check_bound(start, "start")
         end = END_OF_KEYS if end is None else check_bound(end, "end")
-        return self._submit(_pack([[OP_DELETE_RANGE, start, end]]))
+        ops = [[OP_DELETE_RANGE, start, end]]
+        return self._submit(_pack(ops), ops)
 
     def batch(self) -> "AsyncWriteBatch":
         """``async with adb.batch() as b:`` collects ``b.put``/``b.delete``/
@@ -209,18 +220,24 @@ class AsyncWriteBatch(WriteBatch):
         self._adb = adb
 
     @staticmethod
-    def _refuse_sync_commit(payload: bytes) -> int:
+    def _refuse_sync_commit(payload: bytes, ops: list, puts_only: bool) -> int:
         raise TypeError("an async batch is committed by `async with` (or `await b.acommit()`)")
 
     async def acommit(self) -> int | None:
+        """Commit: one log entry, awaited until durable and applied."""
         if self._done:
             raise ClosedError("this batch was already committed or discarded")
         self._done = True
-        if not self._ops:
+        ops, self._ops = self._ops, _DONE
+        if not ops:
             return None
-        fut = self._adb._submit(_pack(self._ops))
-        self._ops = []
-        self.lsn = await fut
+        payload = _pack(ops)
+        if len(payload) > self._max_payload:
+            raise RecordTooLargeError(
+                f"batch of {len(ops)} operations is {len(payload)} bytes, over the "
+                f"log's record limit of {self._max_payload} bytes; split it. "
+                f"Nothing was written.")
+        self.lsn = await self._adb._submit(payload, ops, self._puts_only)
         return self.lsn
 
     async def __aenter__(self) -> "AsyncWriteBatch":

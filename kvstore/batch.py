@@ -31,8 +31,9 @@ The Spark data source reads log segments directly and decodes them with
 
 from __future__ import annotations
 
+import operator
 import sys
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import msgpack
 
@@ -193,6 +194,26 @@ def decode(payload: bytes, lsn: int | None = None) -> list[list]:
     return ops
 
 
+class _Done(list):
+    """The ops list of a committed or discarded batch: adding raises."""
+
+    __slots__ = ()
+
+    def append(self, op: object) -> None:
+        raise ClosedError("this batch was already committed or discarded; "
+                          "start a new one with db.batch()")
+
+    extend = append
+
+
+_second = operator.itemgetter(1)
+_third = operator.itemgetter(2)
+_BYTES_ONLY = {bytes}
+
+
+_DONE = _Done()
+
+
 class WriteBatch:
     """Operations collected to be written atomically, as one log entry.
 
@@ -202,69 +223,93 @@ class WriteBatch:
     nothing is written. Every argument is validated as it is added, so a bad
     key raises at the call that adds it. After commit, :attr:`lsn` holds the
     entry's LSN (``None`` for an empty batch, which writes nothing).
+
+    ``commit`` is called as ``commit(payload, ops, puts_only)`` and returns
+    the LSN: the ops are handed over with the payload so that the store can
+    apply them without decoding its own payload again.
     """
 
-    __slots__ = ("_ops", "_commit", "_max_value", "_max_payload", "_size",
-                 "_done", "lsn")
+    __slots__ = ("_ops", "_commit", "_max_value", "_max_payload", "_done",
+                 "_puts_only", "lsn")
 
-    def __init__(self, commit: Callable[[bytes], int], max_value: int,
+    def __init__(self, commit: Callable[[bytes, list, bool], int], max_value: int,
                  max_payload: int) -> None:
-        self._ops: list[list] = []
+        self._ops: list = []
         self._commit = commit
         self._max_value = max_value
         self._max_payload = max_payload
-        self._size = 8
         self._done = False
+        self._puts_only = True
         self.lsn: int | None = None
 
-    def _add(self, op: list, size: int) -> None:
-        if self._done:
-            raise ClosedError("this batch was already committed or discarded; "
-                              "start a new one with db.batch()")
-        size += self._size
-        if size > self._max_payload:
-            raise RecordTooLargeError(
-                f"batch would be over {self._max_payload} bytes (the log's "
-                f"maximum record size); split it. Nothing was written.")
-        self._size = size
-        self._ops.append(op)
-
     def put(self, key: bytes, value: bytes) -> None:
-        key = check_key(key)
-        value = check_value(value, self._max_value)
-        self._add([OP_PUT, key, value], len(key) + len(value) + 12)
+        """Set ``key`` to ``value`` when the batch commits."""
+        # 511 is MAX_KEY_BYTES, inlined: this is the bulk-load path
+        if type(key) is not bytes or not 0 < len(key) <= 511:
+            key = check_key(key)
+        if type(value) is not bytes or len(value) > self._max_value:
+            value = check_value(value, self._max_value)
+        self._ops.append((OP_PUT, key, value))
+
+    def update(self, pairs: "Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]") -> None:
+        """Add a put for every (key, value) of ``pairs`` (a mapping or an
+        iterable of pairs), checked as :meth:`put` checks them but in bulk:
+        the fast way to load many pairs."""
+        if isinstance(pairs, Mapping):
+            pairs = pairs.items()
+        ops = [(OP_PUT, k, v) for k, v in pairs]
+        if not ops:
+            return
+        keys = list(map(_second, ops))
+        values = list(map(_third, ops))
+        if (set(map(type, keys)) != _BYTES_ONLY or set(map(type, values)) != _BYTES_ONLY
+                or min(map(len, keys)) == 0 or max(map(len, keys)) > MAX_KEY_BYTES
+                or max(map(len, values)) > self._max_value):
+            ops = [(OP_PUT, check_key(k), check_value(v, self._max_value)) for _, k, v in ops]
+        self._ops.extend(ops)
 
     def delete(self, key: bytes) -> None:
+        """Remove ``key`` when the batch commits."""
         key = check_key(key)
-        self._add([OP_DELETE, key], len(key) + 6)
+        self._ops.append((OP_DELETE, key))
+        self._puts_only = False
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> None:
         """Delete every key with ``start <= key < end`` (``None``: unbounded)."""
         start = b"" if start is None else check_bound(start, "start")
         end = END_OF_KEYS if end is None else check_bound(end, "end")
-        self._add([OP_DELETE_RANGE, start, end], len(start) + len(end) + 12)
+        self._ops.append((OP_DELETE_RANGE, start, end))
+        self._puts_only = False
 
     def __len__(self) -> int:
-        return len(self._ops)
+        return 0 if self._done else len(self._ops)
 
     def payload(self) -> bytes:
         return _pack(self._ops)
 
     def commit(self) -> int | None:
-        """Write the batch as one log entry; returns its LSN (None if empty)."""
+        """Write the batch as one log entry; returns its LSN (None if empty).
+        A batch over the log's record size raises RecordTooLargeError here,
+        and nothing is written."""
         if self._done:
             raise ClosedError("this batch was already committed or discarded")
         self._done = True
-        if not self._ops:
+        ops, self._ops = self._ops, _DONE
+        if not ops:
             return None
-        self.lsn = self._commit(_pack(self._ops))
-        self._ops = []
+        payload = _pack(ops)
+        if len(payload) > self._max_payload:
+            raise RecordTooLargeError(
+                f"batch of {len(ops)} operations is {len(payload)} bytes, over the "
+                f"log's record limit of {self._max_payload} bytes; split it. "
+                f"Nothing was written.")
+        self.lsn = self._commit(payload, ops, self._puts_only)
         return self.lsn
 
     def discard(self) -> None:
         """Drop every collected operation; nothing is written."""
         self._done = True
-        self._ops = []
+        self._ops = _DONE
 
     def __enter__(self) -> "WriteBatch":
         return self

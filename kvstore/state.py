@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import operator
 import os
 import struct
 import threading
@@ -78,6 +79,7 @@ _GROW_DOUBLE_UNTIL = 1 << 30
 SWEEP_SECONDS = 1.0
 _MAXK = 511
 
+_perf_counter = time.perf_counter
 _U64 = struct.Struct("<Q")
 _pack_u64 = _U64.pack
 _unpackb = msgpack.unpackb
@@ -157,6 +159,15 @@ class _Reader:
 _SLOW = object()
 
 
+def _identity(x):
+    return x
+
+
+_key_value = operator.itemgetter(1, 2)
+_NO_HITS: dict = {}
+_MAX_KNOWN = 1 << 16
+
+
 class State:
     """The LMDB environment of one store, and its apply and read paths.
 
@@ -178,6 +189,10 @@ class State:
         self._readers_lock = threading.Lock()
         self._dead_gets = 0
         self._gate = ReadGate(self._reader_list)
+        # id(payload) -> (payload, ops, puts_only) for entries this process
+        # encoded: the apply path takes the ops from here instead of
+        # decoding the payload it was just given back.
+        self.decoded: dict[int, tuple[bytes, list, bool]] = {}
         self._last_sweep = time.perf_counter()
         # counters (updated only by the applying thread)
         self.applied_groups = 0
@@ -310,37 +325,52 @@ class State:
                 raise
 
     def apply(self, entries: list[tuple[int, bytes]], *, strict: bool = False) -> None:
-        """Apply a group of log entries in ONE LMDB write transaction that also
-        records the highest applied LSN. Entries at or below ``applied_lsn``
-        are skipped, so applying is idempotent.
+        """Apply a group of log entries (in LSN order) in ONE LMDB write
+        transaction that also records the highest applied LSN. Entries at or
+        below ``applied_lsn`` are skipped, so applying is idempotent.
 
-        ``strict`` validates each payload (:func:`kvstore.batch.decode`) before
-        the transaction starts, so a corrupt entry writes nothing. The live
-        path passes entries this process encoded and validated itself.
+        ``strict`` validates every payload (:func:`kvstore.batch.decode`)
+        before the transaction starts, so a corrupt entry writes nothing. The
+        live path passes entries this process encoded and validated itself.
         """
         if self._closed:
             raise ClosedError("the store's state machine is closed")
-        applied = self.applied_lsn
-        t0 = time.perf_counter()
-        if strict:
-            todo = [(lsn, decode(p, lsn)) for lsn, p in entries if lsn > applied]
-        elif len(entries) == 1:
-            lsn, p = entries[0]
-            todo = [(lsn, _unpackb(p))] if lsn > applied else []
-        else:
-            todo = [(lsn, _unpackb(p)) for lsn, p in entries if lsn > applied]
-        if not todo:
+        if not entries or entries[-1][0] <= self.applied_lsn:
             return
-        last = todo[-1][0]
+        t0 = _perf_counter()
+        applied = self.applied_lsn
+        if strict:
+            entries = [(lsn, decode(p, lsn)) for lsn, p in entries if lsn > applied]
+            dec = _identity
+            known = _NO_HITS
+        else:
+            dec = _unpackb
+            known = self.decoded
+            if len(known) > _MAX_KNOWN:  # payloads the log never handed back
+                known.clear()
         main = self._main
-        data = self._data
         begin = self.env.begin
+        data = self._data
         while True:
-            txn = begin(write=True, db=data)
+            txn = begin(data, None, True)
             try:
                 put = txn.put
-                puts = deletes = ranges = 0
-                for _lsn, ops in todo:
+                puts = deletes = ranges = n = 0
+                last = applied
+                for lsn, payload in entries:
+                    if lsn <= applied:
+                        continue
+                    hit = known.pop(id(payload), None)
+                    if hit is not None and hit[0] is payload:
+                        ops = hit[1]
+                        if hit[2] and len(ops) > 4:  # only puts: one C loop
+                            txn.cursor().putmulti(map(_key_value, ops))
+                            puts += len(ops)
+                            last = lsn
+                            n += 1
+                            continue
+                    else:
+                        ops = dec(payload)
                     for op in ops:
                         code = op[0]
                         if code == OP_PUT:
@@ -352,7 +382,9 @@ class State:
                         else:
                             _delete_range(txn, op[1], op[2])
                             ranges += 1
-                put(K_APPLIED, _pack_u64(last), db=main)
+                    last = lsn
+                    n += 1
+                put(K_APPLIED, _pack_u64(last), True, True, False, main)
                 txn.commit()
             except lmdb.MapFullError:
                 self.grow(txn)
@@ -360,7 +392,7 @@ class State:
             except lmdb.Error as exc:
                 self._abort_write(txn)
                 raise LogFailedError(
-                    f"applying LSNs {todo[0][0]}..{last} to LMDB ({self.path}) "
+                    f"applying LSNs {applied + 1}..{entries[-1][0]} to LMDB ({self.path}) "
                     f"failed: {exc}. Every acknowledged write is in the log; "
                     f"close and reopen the store to go on.") from None
             except BaseException:
@@ -369,10 +401,10 @@ class State:
             break
         self.applied_lsn = last
         self.gen += 1
-        t1 = time.perf_counter()
+        t1 = _perf_counter()
         dt = t1 - t0
         self.applied_groups += 1
-        self.applied_entries += len(todo)
+        self.applied_entries += n
         self.puts += puts
         self.deletes += deletes
         self.delete_ranges += ranges

@@ -131,6 +131,7 @@ class KVStore:
         self.open_seconds = time.monotonic() - t0
         self._closed = False
         self.get = self._state.get  # type: ignore[method-assign]
+        self._decoded = self._state.decoded
 
     # -- opening -------------------------------------------------------------
 
@@ -270,21 +271,43 @@ class KVStore:
             key = check_key(key)
         if type(value) is not bytes or len(value) > self.max_value_bytes:
             value = check_value(value, self.max_value_bytes)
-        return self._append(_pack([[OP_PUT, key, value]]))
+        ops = [[OP_PUT, key, value]]
+        payload = _pack(ops)
+        known = self._decoded
+        known[id(payload)] = (payload, ops, False)
+        try:
+            return self._append(payload)
+        except BaseException:
+            known.pop(id(payload), None)
+            raise
 
     def delete(self, key: bytes) -> int:
         """Remove ``key`` (absent keys too: the delete is logged anyway);
         return the LSN."""
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
             key = check_key(key)
-        return self._append(_pack([[OP_DELETE, key]]))
+        return self._write_ops([[OP_DELETE, key]], False)
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
         """Remove every key with ``start <= key < end`` (None: unbounded), as
         one atomic write; return its LSN."""
         start = b"" if start is None else check_bound(start, "start")
         end = END_OF_KEYS if end is None else check_bound(end, "end")
-        return self._append(_pack([[OP_DELETE_RANGE, start, end]]))
+        return self._write_ops([[OP_DELETE_RANGE, start, end]], False)
+
+    def _write_ops(self, ops: list, puts_only: bool, payload: bytes | None = None) -> int:
+        if payload is None:
+            payload = _pack(ops)
+        known = self._decoded
+        known[id(payload)] = (payload, ops, puts_only)
+        try:
+            return self._append(payload)
+        except BaseException:
+            known.pop(id(payload), None)
+            raise
+
+    def _commit_batch(self, payload: bytes, ops: list, puts_only: bool) -> int:
+        return self._write_ops(ops, puts_only, payload)
 
     def batch(self) -> WriteBatch:
         """A batch of writes applied atomically as one log entry (one LSN)::
@@ -299,7 +322,15 @@ class KVStore:
             raise ClosedError(f"the store {self.path} is closed")
         if self.readonly:
             self._refuse_write(b"")
-        return WriteBatch(self._append, self.max_value_bytes, self._max_payload)
+        return WriteBatch(self._commit_batch, self.max_value_bytes, self._max_payload)
+
+    def update(self, pairs) -> int | None:
+        """Put every (key, value) of ``pairs`` (a mapping or an iterable of
+        pairs) as ONE atomic batch; return its LSN (None if empty). The
+        fastest way to load many pairs."""
+        with self.batch() as b:
+            b.update(pairs)
+        return b.lsn
 
     def write(self, payload: bytes) -> int:
         """Append a pre-encoded batch payload (kvstore.batch format) after

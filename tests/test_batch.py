@@ -151,7 +151,9 @@ class Sink:
     def __init__(self) -> None:
         self.payloads: list[bytes] = []
 
-    def __call__(self, payload: bytes) -> int:
+    def __call__(self, payload: bytes, ops: list, puts_only: bool) -> int:
+        assert packb(ops) == payload
+        assert puts_only == all(op[0] == OP_PUT for op in ops)
         self.payloads.append(payload)
         return 100 + len(self.payloads)
 
@@ -167,6 +169,7 @@ def test_batch_commits_once_on_success() -> None:
     assert b.lsn == 101
     assert sink.payloads == [packb([[1, b"a", b"1"], [2, b"b"], [3, b"c", END_OF_KEYS],
                                     [3, b"", b"z"]])]
+    assert len(b) == 0
     with pytest.raises(ClosedError):
         b.put(b"x", b"y")
 
@@ -179,6 +182,14 @@ def test_batch_writes_nothing_when_the_block_raises() -> None:
             raise RuntimeError("boom")
     assert sink.payloads == []
     assert b.lsn is None
+
+
+def test_puts_only_batch() -> None:
+    sink = Sink()
+    with WriteBatch(sink, 1000, 1 << 20) as b:
+        for i in range(10):
+            b.put(b"%d" % i, b"v")
+    assert len(sink.payloads) == 1
 
 
 def test_empty_batch_writes_nothing() -> None:
@@ -199,13 +210,17 @@ def test_bad_argument_in_batch_raises_at_the_call_and_aborts() -> None:
 
 def test_batch_over_the_record_limit() -> None:
     sink = Sink()
-    b = WriteBatch(sink, 1000, 4096)
-    for i in range(30):
-        b.put(b"%03d" % i, b"v" * 100)
     with pytest.raises(RecordTooLargeError, match="4096"):
-        for i in range(30, 60):
+        with WriteBatch(sink, 1000, 4096) as b:
+            for i in range(60):
+                b.put(b"%03d" % i, b"v" * 100)
+    assert sink.payloads == []
+    with pytest.raises(ClosedError):
+        b.put(b"x", b"y")
+    with WriteBatch(sink, 1000, 4096) as b:
+        for i in range(30):
             b.put(b"%03d" % i, b"v" * 100)
-    assert len(b.payload()) <= 4096
+    assert len(sink.payloads) == 1 and len(sink.payloads[0]) <= 4096
 
 
 # -- round trip ---------------------------------------------------------------
@@ -243,3 +258,30 @@ def test_module_documents_the_format() -> None:
     doc = batch.__doc__ or ""
     for needle in ("[1, key, value]", "[2, key]", "[3, start, end]", "511"):
         assert needle in doc
+
+
+def test_update_adds_puts_in_bulk() -> None:
+    sink = Sink()
+    with WriteBatch(sink, 10, 1 << 20) as b:
+        b.update({b"a": b"1", b"b": b"2"})
+        b.update([(b"c", b"3")])
+        b.update(iter([]))
+        b.update([(bytearray(b"d"), memoryview(b"4"))])
+    assert sink.payloads == [packb([[1, b"a", b"1"], [1, b"b", b"2"], [1, b"c", b"3"],
+                                    [1, b"d", b"4"]])]
+
+
+@pytest.mark.parametrize("pairs, error", [
+    ([(b"a", b"1"), ("b", b"2")], TypeError),
+    ([(b"a", b"1"), (b"b", 2)], TypeError),
+    ([(b"", b"1")], ValueError),
+    ([(b"k" * 512, b"1")], RecordTooLargeError),
+    ([(b"k", b"v" * 11)], RecordTooLargeError),
+    ([(b"k",)], ValueError),
+])
+def test_update_checks_like_put(pairs, error) -> None:
+    sink = Sink()
+    with pytest.raises(error):
+        with WriteBatch(sink, 10, 1 << 20) as b:
+            b.update(pairs)
+    assert sink.payloads == []

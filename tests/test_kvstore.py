@@ -306,6 +306,15 @@ def test_large_batch(db) -> None:
     assert len(db) == 20000 and db.last_lsn == 1
 
 
+def test_update_is_one_atomic_batch(db) -> None:
+    assert db.update({b"a": b"1", b"b": b"2"}) == 1
+    assert db.update((b"k%d" % i, b"v") for i in range(1000)) == 2
+    assert db.update([]) is None
+    with pytest.raises(TypeError):
+        db.update([(b"x", b"1"), ("y", b"2")])
+    assert len(db) == 1002 and db.last_lsn == 2 and db.get(b"x") is None
+
+
 def test_empty_batch_logs_nothing(db) -> None:
     with db.batch() as b:
         pass
