@@ -68,9 +68,11 @@ def write(
 ) -> SnapshotInfo:
     """Write the snapshot ``parent/snap-<lsn>/`` from ``items``.
 
-    ``items`` yields ``(key, value)`` pairs of bytes with strictly increasing
-    keys (a py-lmdb cursor does); a key out of order is a ValueError, a key
-    or value that is not bytes a TypeError, and nothing is left behind.
+    ``items`` yields ``(key, value)`` tuples (or 2-item lists) of bytes with
+    strictly increasing keys, as a py-lmdb cursor opened with
+    ``buffers=False`` does; a key out of order or repeated is a ValueError, a
+    key or value that is not bytes (a memoryview, say) a TypeError, and
+    nothing is left behind.
     Chunks are closed once they reach ``chunk_bytes``; data records hold
     about ``record_bytes`` of keys and values each (a single pair over
     :data:`~snapshot.chunk.MAX_RECORD_BYTES` is a RecordTooLargeError).
