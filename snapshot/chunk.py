@@ -281,7 +281,8 @@ def read_chunk(
 
 
 class _Sink:
-    """The file object RecordWriter writes to: buffers, pwrites, CRCs the file."""
+    """The file object RecordWriter writes to: CRCs the whole file, gathers
+    small records into writes of up to 1 MiB, writes big ones as they come."""
 
     def __init__(self, file: File) -> None:
         self.file = file
@@ -291,6 +292,8 @@ class _Sink:
         self._pending = 0
 
     def write(self, data: bytes) -> int:
+        if not (type(data) is bytes or (type(data) is memoryview and data.readonly)):
+            data = bytes(data)  # it may be kept until the next flush: never a mutable buffer
         self.crc = extend(self.crc, data)
         n = len(data)
         if n >= _DIRECT_BYTES and not self._parts:  # big enough alone: no extra copy
