@@ -19,6 +19,7 @@ snapshot (no segment was deleted that a snapshot did not cover).
 
 from __future__ import annotations
 
+import glob
 import os
 import random
 import shutil
@@ -29,6 +30,7 @@ import pytest
 
 import kvstore
 import kvstore.recovery
+from wal.errors import WalkvError
 from tests.faultfs import (
     PLAIN,
     FaultFS,
@@ -239,7 +241,7 @@ def explore_kv(base: str, seed: int, budget: int | None, reboot, deadline: float
     shutil.rmtree(os.path.join(base, "dry"))
     points = plan_points(n, budget=budget, seed=seed)
     rng = random.Random(seed)
-    stats = {"boundaries": n, "points": 0, "lmdb_deleted": 0, "recovery_points": 0}
+    stats: dict = {"boundaries": n, "points": 0, "lmdb_deleted": 0, "recovery_points": 0, "failures": []}
     for k, variant in points:
         if deadline is not None and time.monotonic() > deadline:
             break
@@ -249,19 +251,25 @@ def explore_kv(base: str, seed: int, budget: int | None, reboot, deadline: float
                      variant, rng)
         reboot()
         where = f"seed {seed}, crash point {k}/{n + 1} ({variant})"
-        if recovery_crashes:
-            stats["recovery_points"] += crash_kv_recovery(d, oracle, where, rng, reboot)
-        if variant == PLAIN and k % 5 == 0:
-            shutil.rmtree(os.path.join(d, "lmdb"), ignore_errors=True)
-            stats["lmdb_deleted"] += 1
-        check_store(d, oracle, where)
         stats["points"] += 1
-        shutil.rmtree(d)
+        try:
+            if recovery_crashes:
+                stats["recovery_points"] += crash_kv_recovery(d, oracle, where, rng, reboot)
+            if variant == PLAIN and k % 5 == 0:
+                shutil.rmtree(os.path.join(d, "lmdb"), ignore_errors=True)
+                stats["lmdb_deleted"] += 1
+            check_store(d, oracle, where)
+        except (AssertionError, WalkvError) as e:  # collected, so that one bug does not hide the next
+            stats["failures"].append(f"{where}: {type(e).__name__}: {e}")
+        shutil.rmtree(d, ignore_errors=True)
+        for extra in glob.glob(d + ".*"):
+            shutil.rmtree(extra, ignore_errors=True)
     return stats
 
 
 def test_store_crash_points(scratch, reboot, capsys):
     stats = explore_kv(scratch, seed=6, budget=CI_POINTS, reboot=reboot)
+    assert not stats["failures"], "\n".join(stats["failures"][:10])
     with capsys.disabled():
         print(f"\nstore crash points explored: {stats['points']} (of {stats['boundaries']} boundaries, "
               f"seed 6, snapshots {'on' if HAS_SNAPSHOTS else 'not available yet'})")
@@ -306,15 +314,18 @@ def test_store_crash_points_soak(scratch, reboot, capsys, soak_seconds):
     """Every boundary and every variant of as many workload seeds as fit in
     ``--soak-seconds``."""
     deadline = time.monotonic() + soak_seconds
-    totals = {"points": 0, "seeds": 0}
+    totals: dict = {"points": 0, "seeds": 0}
+    failures: list[str] = []
     seed = 200
     while time.monotonic() < deadline:
         stats = explore_kv(os.path.join(scratch, f"s{seed}"), seed, None, reboot, deadline,
                            recovery_crashes=(seed % 2 == 1))
         totals["points"] += stats["points"]
         totals["recovery_points"] = totals.get("recovery_points", 0) + stats["recovery_points"]
+        failures += stats["failures"]
         totals["seeds"] += 1
         seed += 1
     with capsys.disabled():
-        print(f"\nstore crash points explored (soak): {totals}")
+        print(f"\nstore crash points explored (soak): {totals}, failures: {len(failures)}")
+    assert not failures, f"{len(failures)} crash points failed:\n" + "\n".join(failures[:10])
     assert totals["points"] >= 100
