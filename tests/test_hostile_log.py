@@ -3,7 +3,7 @@
 Random bytes and random mutations of real segment and index files (and of
 the DURABLE and TRUNCATE files) are fed to wal.record.RecordReader,
 wal.segment (read_header, iter_entries, scan_segment, read_index,
-read_durable_lsn), wal.open (strict and prefix recovery), wal.verify and
+read_durable_lsn, read_log), wal.open (strict and prefix recovery), wal.verify and
 wal.repair. The rules:
 
 * only walkv's errors (WalkvError subclasses) are raised, never another
@@ -36,6 +36,7 @@ from wal.segment import (
     iter_entries,
     list_segments,
     read_durable_lsn,
+    read_log,
     read_header,
     read_index,
     scan_segment,
@@ -227,6 +228,11 @@ def test_mutated_log_directory_open_recover_verify_repair(tmp_path_factory, data
     with open(os.path.join(d, name), "wb") as f:
         f.write(_apply(original, data.draw(mutations(len(original)))))
     assert isinstance(wal.verify(d), list)
+    try:  # the lock-free reader (Spark executors, other processes)
+        for e in read_log(d):
+            assert template["entries"].get(e.lsn) == e.payload, f"read_log: LSN {e.lsn} altered"
+    except CorruptionError as e:
+        assert e.path is not None
     try:
         log = wal.open(d, segment_bytes=SEGMENT_BYTES, recovery=mode)
     except WalkvError as e:
