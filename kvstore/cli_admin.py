@@ -10,9 +10,12 @@ the source checkout's ``benchmarks/``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -311,29 +314,31 @@ def export_rows(result: Any) -> dict[str, int]:
 
 def spark_env(master: str) -> None:
     """Environment for a Spark job started from the CLI: this Python for the
-    workers, and (unless the user has their own Spark configuration) a
-    log4j2 configuration that keeps Spark's console to errors only."""
+    workers, and for a local master (unless the user has a Spark installation
+    or configuration of their own: SPARK_HOME or SPARK_CONF_DIR) a log4j2
+    configuration that keeps Spark's console to errors only."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    if "SPARK_CONF_DIR" not in os.environ:
-        import tempfile
-
-        conf = os.path.join(tempfile.gettempdir(), f"walkv-spark-conf-{os.getuid()}")
-        os.makedirs(conf, exist_ok=True)
-        path = os.path.join(conf, "log4j2.properties")
-        if not os.path.exists(path):
-            tmp = f"{path}.{os.getpid()}"
-            with open(tmp, "w") as fh:
-                fh.write("rootLogger.level = error\n"
-                         "rootLogger.appenderRef.stderr.ref = console\n"
-                         "appender.console.type = Console\n"
-                         "appender.console.name = console\n"
-                         "appender.console.target = SYSTEM_ERR\n"
-                         "appender.console.layout.type = PatternLayout\n"
-                         "appender.console.layout.pattern = spark: %p %c{1}: %m%n%ex\n")
-            os.replace(tmp, path)
+    if master.startswith("local") and "SPARK_CONF_DIR" not in os.environ and "SPARK_HOME" not in os.environ:
+        conf = tempfile.mkdtemp(prefix="walkv-spark-conf-")  # private (0700), ours alone
+        atexit.register(shutil.rmtree, conf, True)
+        with open(os.path.join(conf, "log4j2.properties"), "w") as fh:
+            # The shell's loggers at the root's level: Spark then does not print
+            # its "Setting default log level" banner for a PySpark driver.
+            fh.write("rootLogger.level = error\n"
+                     "rootLogger.appenderRef.stderr.ref = console\n"
+                     "appender.console.type = Console\n"
+                     "appender.console.name = console\n"
+                     "appender.console.target = SYSTEM_ERR\n"
+                     "appender.console.layout.type = PatternLayout\n"
+                     "appender.console.layout.pattern = spark: %p %c{1}: %m%n%ex\n"
+                     + "".join(f"logger.{n}.name = {c}\nlogger.{n}.level = error\n" for n, c in (
+                         ("repl", "org.apache.spark.repl.Main"),
+                         ("gateway", "org.apache.spark.api.python.PythonGatewayServer"),
+                         ("submit", "org.apache.spark.deploy.SparkSubmit"),
+                         ("context", "org.apache.spark.SparkContext"))))
         os.environ["SPARK_CONF_DIR"] = conf
 
 
