@@ -6,6 +6,8 @@
         with db.batch() as b:                # atomic: one LSN for all of it
             b.put(b"a", b"1"); b.delete(b"b"); b.delete_range(b"c", b"d")
         for key, value in db.scan(start=b"a", stop=b"z"): ...
+        info = db.snapshot()                 # .lsn, .path; trims the log it covers
+    kvstore.restore(path, target, to_lsn=None)   # point-in-time restore
 
     async with kvstore.open_async(path) as adb:
         await adb.put(b"k", b"v")            # thousands of coroutines share each fsync
@@ -18,6 +20,7 @@ the log entry format, :mod:`kvstore.state` for the LMDB state machine and
 from __future__ import annotations
 
 from kvstore.batch import MAX_KEY_BYTES, WriteBatch
+from kvstore.restore import RestoreInfo, restore
 from kvstore.store import KVStore, ReadOnlyError, open
 from wal.errors import (
     ClosedError,
@@ -38,23 +41,8 @@ def open_async(path, sync: str = "always", **options):
     return _open_async(path, sync=sync, **options)
 
 
-def __getattr__(name: str):
-    # Modules other engineers own, imported lazily so that a missing or
-    # heavy one (pyspark) costs nothing here.
-    if name in ("restore", "snapshot"):
-        import importlib
-
-        try:
-            mod = importlib.import_module("kvstore.restore")
-        except ImportError as exc:
-            raise AttributeError(name) from exc
-        if hasattr(mod, name):
-            return getattr(mod, name)
-    raise AttributeError(f"module 'kvstore' has no attribute {name!r}")
-
-
 __all__ = [
     "MAX_KEY_BYTES", "ClosedError", "CorruptionError", "KVStore", "LockedError",
     "LogFailedError", "ReadOnlyError", "RecordTooLargeError", "SnapshotError",
-    "WalkvError", "WriteBatch", "open", "open_async",
+    "RestoreInfo", "WalkvError", "WriteBatch", "open", "open_async", "restore",
 ]

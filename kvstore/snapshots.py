@@ -96,7 +96,7 @@ def take(db: "KVStore", *, chunk_bytes: int | None = None, progress: Progress | 
                 info = snapshot.write(parent, lsn, pairs, store_id=db.store_id, fs=db._fs,
                                       progress=progress, total=count, **options)
                 log.info("snapshot of %s at LSN %d: %d keys in %s", db.path, lsn, info.count, info.path)
-        retain(db, keep if keep is not None else getattr(db, "keep_snapshots", DEFAULT_KEEP))
+        retain(db, keep if keep is not None else db.keep_snapshots)
     return info
 
 
@@ -111,7 +111,7 @@ def retain(db: "KVStore", keep: int = DEFAULT_KEEP) -> int:
     freed = db._log.truncate_before(kept[0].lsn + 1)
     if freed:
         log.info("log of %s trimmed below LSN %d: %d bytes freed", db.path, kept[0].lsn + 1, freed)
-    db.log_bytes_trimmed = getattr(db, "log_bytes_trimmed", 0) + freed
+    db.log_bytes_trimmed += freed
     return freed
 
 

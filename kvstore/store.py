@@ -31,15 +31,14 @@ to open a store whose last writer was on a machine that crashed since.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import time
 from typing import Callable, Iterator
 
+import snapshot
 import wal
-from kvstore import recovery
+from kvstore import recovery, snapshots
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
     END_OF_KEYS,
@@ -58,6 +57,7 @@ from kvstore.batch import _pack as _pack
 from kvstore.state import DEFAULT_MAP_SIZE, State
 from wal.errors import ClosedError, CorruptionError, LockedError, WalkvError
 from wal.fs import OS_FS, FileSystem
+from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
 
 log = logging.getLogger("walkv.store")
@@ -67,7 +67,6 @@ Progress = Callable[[int, "int | None"], None]
 WAL_DIR = "wal"
 LMDB_DIR = "lmdb"
 SNAPSHOTS_DIR = "snapshots"
-LOCK_NAME = "LOCK"
 
 class ReadOnlyError(WalkvError):
     """A write was attempted on a store opened with ``readonly=True``."""
@@ -96,6 +95,9 @@ class KVStore:
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  max_readers: int = 1024,
+                 keep_snapshots: int = snapshots.DEFAULT_KEEP,
+                 snapshot_every_bytes: int | None = None,
+                 snapshot_chunk_bytes: int | None = None,
                  progress: Progress | None = None, fs: FileSystem | None = None,
                  **log_options: object) -> None:
         self.path = os.path.abspath(os.fspath(path))
@@ -103,8 +105,14 @@ class KVStore:
         self._fs = fs or OS_FS
         self._closed = True
         self._log = None
-        self._lock_fd = -1
+        self._lock: DirectoryLock | None = None
         self._reads_closed = False
+        if type(keep_snapshots) is not int or keep_snapshots < 1:
+            raise ValueError(f"keep_snapshots must be an int >= 1, not {keep_snapshots!r}")
+        self.keep_snapshots = keep_snapshots
+        self.snapshot_chunk_bytes = snapshot_chunk_bytes
+        self.log_bytes_trimmed = 0
+        self._auto: snapshots.AutoSnapshot | None = None
         self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
         self.replayed = 0
         self.open_seconds = 0.0
@@ -129,6 +137,10 @@ class KVStore:
                               max_record_bytes=max_record_bytes, progress=progress,
                               log_options=log_options)
         self.open_seconds = time.monotonic() - t0
+        if not self.readonly:
+            snapshot.cleanup_incomplete(snapshots.snapshots_dir(self.path), fs=self._fs)
+            if snapshot_every_bytes:
+                self._auto = snapshots.AutoSnapshot(self, int(snapshot_every_bytes))
         self._closed = False
         self.get = self._state.get  # type: ignore[method-assign]
         self._decoded = self._state.decoded
@@ -152,27 +164,12 @@ class KVStore:
 
     def _take_lock(self) -> None:
         self._fs.makedirs(self.path)
-        path = os.path.join(self.path, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise LockedError(
-                    f"the store {self.path} is open for writing by another process "
-                    f"(pid {holder}) or another KVStore in this one; close it there "
-                    f"first, or open it with readonly=True") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        self._lock = DirectoryLock(self.path, f"the store {self.path}")
 
     def _release_lock(self) -> None:
-        if self._lock_fd >= 0:
-            fd, self._lock_fd = self._lock_fd, -1
-            os.close(fd)
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.release()
 
     def _open_writer(self, *, sync: str, segment_bytes: int, max_record_bytes: int,
                      progress: Progress | None, log_options: dict) -> None:
@@ -257,6 +254,8 @@ class KVStore:
         # Called by the log's committing thread for every group, after its
         # fsync and before any of its appenders is released.
         self._state.apply(entries)
+        if self._auto is not None:
+            self._auto.poke(self._log.appended_bytes)
 
     def _refuse_write(self, payload: bytes) -> int:
         raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; "
@@ -439,6 +438,23 @@ class KVStore:
     def closed(self) -> bool:
         return self._closed
 
+    def snapshot(self, *, keep: int | None = None, progress: Progress | None = None) -> "snapshot.SnapshotInfo":
+        """Write a snapshot of the store at its applied LSN (``.lsn``,
+        ``.path``), from one consistent LMDB view while writers go on; then
+        keep the newest ``keep`` (default ``keep_snapshots``) snapshots and
+        delete the log segments the oldest kept one covers. Durable on
+        return. See :mod:`kvstore.snapshots`."""
+        return snapshots.take(self, keep=keep, progress=progress, chunk_bytes=self.snapshot_chunk_bytes)
+
+    def list_snapshots(self) -> list["snapshot.SnapshotInfo"]:
+        """The store's valid snapshots, oldest first."""
+        return snapshot.list_snapshots(snapshots.snapshots_dir(self.path))
+
+    def wait_for_snapshots(self, timeout: float | None = None) -> None:
+        """Wait for an automatic snapshot in progress (``snapshot_every_bytes``)."""
+        if self._auto is not None:
+            self._auto.join(timeout)
+
     def sync(self) -> int:
         """Make every write so far durable (for ``sync="batch"``/``"none"``);
         return the durable LSN."""
@@ -472,6 +488,8 @@ class KVStore:
             "map_grows": st.map_grows,
             "replayed_at_open": self.replayed,
             "rebuilt_at_open": self.rebuilt,
+            "auto_snapshots": self._auto.taken if self._auto is not None else 0,
+            "log_bytes_trimmed": self.log_bytes_trimmed,
             "open_seconds": self.open_seconds,
         }
         out.update(st.info())
@@ -484,6 +502,7 @@ class KVStore:
         release the store. Idempotent."""
         if self._closed:
             return
+        self.wait_for_snapshots()
         self._closed = True
         if self.readonly:
             self._state.close(sync=False)
