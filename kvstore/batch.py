@@ -165,6 +165,12 @@ def decode(payload: bytes, lsn: int | None = None) -> list[list]:
         raise _bad(f"not msgpack ({type(exc).__name__}: {exc})", lsn) from None
     if type(ops) is not list:
         raise _bad(f"top level is {type(ops).__name__}, not an array of ops", lsn)
+    if len(ops) == 1:  # the common entry, one put: checked inline
+        op = ops[0]
+        if (type(op) is list and len(op) == 3 and type(op[0]) is int and op[0] == OP_PUT
+                and type(op[1]) is bytes and type(op[2]) is bytes
+                and 0 < len(op[1]) <= MAX_KEY_BYTES):
+            return ops
     for i, op in enumerate(ops):
         if type(op) is not list or not op:
             raise _bad(f"op {i} is {type(op).__name__}, not an array", lsn)

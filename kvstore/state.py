@@ -80,6 +80,7 @@ SWEEP_SECONDS = 1.0
 _MAXK = 511
 
 _perf_counter = time.perf_counter
+_get_ident = threading.get_ident
 _U64 = struct.Struct("<Q")
 _pack_u64 = _U64.pack
 _unpackb = msgpack.unpackb
@@ -98,15 +99,20 @@ class ReadGate:
     Readers announce themselves in one of two ways: a thread's cached
     :class:`_Reader` sets its ``busy`` flag (the get fast path: two attribute
     stores), anything else appends to :attr:`active` (atomic under the GIL).
+    The get fast path does not even read :attr:`blocking`: ``on_block`` sets
+    the state's commit counter to a value no cached transaction carries, so
+    the one comparison the fast path makes anyway sends it to the slow path.
     """
 
-    __slots__ = ("active", "blocking", "_mutex", "_readers")
+    __slots__ = ("active", "blocking", "_mutex", "_readers", "_on_block", "_on_release")
 
-    def __init__(self, readers) -> None:
+    def __init__(self, readers, on_block, on_release) -> None:
         self.active: list[None] = []
         self.blocking = False
         self._mutex = threading.Lock()
         self._readers = readers  # () -> list of registered _Reader
+        self._on_block = on_block
+        self._on_release = on_release
 
     def enter(self) -> None:
         active = self.active
@@ -129,6 +135,7 @@ class ReadGate:
     def acquire_exclusive(self) -> None:
         self._mutex.acquire()
         self.blocking = True
+        self._on_block()
         readers = self._readers()  # taken after the flag: later ones see it
         spins = 0
         while self.active or any(r.busy for r in readers):
@@ -136,6 +143,7 @@ class ReadGate:
             time.sleep(0 if spins < 100 else 0.0005)
 
     def release_exclusive(self) -> None:
+        self._on_release()
         self.blocking = False
         self._mutex.release()
 
@@ -143,20 +151,21 @@ class ReadGate:
 class _Reader:
     """One thread's cached read transaction."""
 
-    __slots__ = ("txn", "gen", "gets", "busy", "owner", "__weakref__")
+    __slots__ = ("txn", "gen", "gets", "busy", "owner", "ident", "__weakref__")
 
-    def __init__(self, owner: "State") -> None:
+    def __init__(self, owner: "State | None", ident: int = -1) -> None:
         self.txn: lmdb.Transaction | None = None
         self.gen = -1
         self.gets = 0
         self.busy = False
         self.owner = owner
+        self.ident = ident
 
     def __del__(self) -> None:  # the thread ended: keep its count
-        self.owner._dead_gets += self.gets
+        if self.owner is not None:
+            self.owner._dead_gets += self.gets
 
 
-_SLOW = object()
 
 
 def _identity(x):
@@ -188,7 +197,9 @@ class State:
         self._readers: weakref.WeakSet[_Reader] = weakref.WeakSet()
         self._readers_lock = threading.Lock()
         self._dead_gets = 0
-        self._gate = ReadGate(self._reader_list)
+        self._gate = ReadGate(self._reader_list, self._on_block, self._on_release)
+        self._held_gen = 0
+        self._r0 = _Reader(None)  # the first reading thread's reader (fast path)
         # id(payload) -> (payload, ops, puts_only) for entries this process
         # encoded: the apply path takes the ops from here instead of
         # decoding the payload it was just given back.
@@ -446,7 +457,6 @@ class State:
                 _preallocate(os.path.join(self.path, "data.mdb"), new)
             self.env.set_mapsize(new)
             self.map_gen += 1
-            self.gen += 1
         finally:
             gate.release_exclusive()
         self.map_grows += 1
@@ -460,7 +470,6 @@ class State:
         try:
             self.env.set_mapsize(0)
             self.map_gen += 1
-            self.gen += 1
         finally:
             gate.release_exclusive()
 
@@ -491,11 +500,27 @@ class State:
 
     # -- reading ------------------------------------------------------------
 
-    def _new_reader(self) -> _Reader:
-        r = _Reader(self)
+    def _on_block(self) -> None:
+        # A writer wants LMDB to itself: no cached transaction matches -2.
+        self._held_gen = self.gen
+        self.gen = -2
+
+    def _on_release(self) -> None:
+        # Every cached transaction predates what the writer did: renew.
+        self.gen = self._held_gen + 1
+
+    def _reader(self) -> _Reader:
+        """This thread's reader (created and registered on first use)."""
+        try:
+            return self._local.r
+        except AttributeError:
+            pass
+        r = _Reader(self, _get_ident())
         self._local.r = r
         with self._readers_lock:
             self._readers.add(r)
+            if self._r0.owner is None:
+                self._r0 = r
         return r
 
     def _renew(self, r: _Reader) -> lmdb.Transaction:
@@ -516,50 +541,46 @@ class State:
         before it was called."""
         if type(key) is not bytes:
             key = as_bytes(key, "key")
-        try:
-            r = self._local.r
-        except AttributeError:
-            r = self._new_reader()
+        r = self._r0
+        if r.ident != _get_ident():
+            r = self._reader()
         r.busy = True
         try:
-            if self._gate.blocking:
-                v = _SLOW
-            elif r.gen == self.gen:
-                v = r.txn.get(key)  # type: ignore[union-attr]
-            else:
-                v = self._renew(r).get(key)
-        except lmdb.Error as exc:
-            v = exc
+            if r.gen == self.gen:
+                r.gets += 1
+                return r.txn.get(key, default)  # type: ignore[union-attr]
+        except lmdb.BadValsizeError:
+            return default  # an empty or over-long key: no such key can exist
+        except lmdb.Error:
+            pass
         finally:
             r.busy = False
-        r.gets += 1
-        if v is None:
-            return default
-        if type(v) is bytes:
-            return v  # type: ignore[return-value]
-        return self._get_other(key, default, v)
+        return self._get_slow(r, key, default)
 
-    def _get_other(self, key: bytes, default: bytes | None, why: object) -> bytes | None:
-        if isinstance(why, lmdb.BadValsizeError):
-            return default  # an empty or over-long key: no such key can exist
-        if self._closed:
-            raise ClosedError("the store is closed")
-        if isinstance(why, lmdb.MapResizedError):
-            self._adopt_mapsize()
-            return self.get(key, default)
-        if isinstance(why, lmdb.Error):
-            # e.g. a cached transaction invalidated by a remap we raced with
-            self._enter()
+    def _get_slow(self, r: _Reader, key: bytes, default: bytes | None) -> bytes | None:
+        """A commit happened since this thread's last read, or a writer holds
+        the gate, or the cached transaction died: renew it inside the gate."""
+        for attempt in (0, 1):
+            self._enter()  # waits out a writer; ClosedError after close
             try:
-                return self._plain_get(key, default)
+                try:
+                    txn = self._renew(r) if r.gen != self.gen or r.txn is None else r.txn
+                    r.gets += 1
+                    return txn.get(key, default)
+                except lmdb.BadValsizeError:
+                    return default
+                except lmdb.MapResizedError as exc:
+                    if attempt:
+                        raise _read_error(exc, self.path) from None
+                    r.gen = -1
+                except lmdb.Error as exc:
+                    if self._closed:
+                        raise ClosedError("the store is closed") from None
+                    raise _read_error(exc, self.path) from None
             finally:
                 self._gate.exit()
-        # _SLOW: a writer had the gate; wait for it, then read plainly
-        self._enter()
-        try:
-            return self._plain_get(key, default)
-        finally:
-            self._gate.exit()
+            self._adopt_mapsize()  # read-only opens: the writer grew the map
+        raise AssertionError("unreachable")
 
     def _plain_get(self, key: bytes, default: bytes | None) -> bytes | None:
         try:
