@@ -79,6 +79,8 @@ def run(quick: bool = False, only: Iterable[str] | str | None = None, repeats: i
     for w in chosen:
         out["workloads"].append(run_workload(w, cfg))
     out["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+    if hasattr(os, "getloadavg"):
+        out["machine"]["load_avg_end"] = os.getloadavg()  # others' work on a shared machine
     verdicts = [c["verdict"] for w in out["workloads"] for c in w["comparisons"] + w["limits"]]
     out["summary"] = {"pass": verdicts.count("PASS"), "miss": verdicts.count("MISS"),
                       "skipped": sum(w["status"] == "skipped" for w in out["workloads"]),

@@ -248,9 +248,14 @@ def _summarise(workload: Workload, result: dict[str, Any]) -> None:
             verdict = "n/a"
         else:
             verdict = "PASS" if ratio >= target else "MISS"
+        # Ratio within each repeat round (walkv and the peer ran back to back):
+        # a second view, less sensitive to noise that drifts across rounds.
+        own = entries.get(WALKV, {}).get("rates", [])
+        paired = [w / p for w, p in zip(own, entry["rates"]) if p]
         result["comparisons"].append({"peer": name, "label": entry["label"], "walkv": walkv,
                                       "peer_rate": peer, "ratio": ratio, "target": target,
-                                      "verdict": verdict})
+                                      "verdict": verdict, "paired_ratios": paired,
+                                      "paired_ratio_median": _median(paired)})
     for limit in workload.limits:
         entry = entries.get(limit.contender, {})
         values = [v for v in entry.get(limit.metric, []) if v is not None]

@@ -43,6 +43,8 @@ def test_contenders_alternate_and_medians_give_the_verdicts(tmp_path):
     by_peer = {c["peer"]: c for c in res["comparisons"]}
     assert by_peer["fast"]["ratio"] == pytest.approx(0.5) and by_peer["fast"]["verdict"] == "MISS"
     assert by_peer["slow"]["ratio"] == pytest.approx(4.0) and by_peer["slow"]["verdict"] == "PASS"
+    assert by_peer["slow"]["paired_ratios"] == pytest.approx([2.0, 6.0, 2.0])
+    assert by_peer["slow"]["paired_ratio_median"] == pytest.approx(2.0)
     assert res["limits"][0]["value"] == 50.0 and res["limits"][0]["verdict"] == "MISS"
     assert not os.listdir(tmp_path), "the workload's data directory must be removed"
 
