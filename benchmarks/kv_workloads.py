@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from benchmarks import data
 from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
-from benchmarks.log_workloads import LEVELDB_BIG_BUFFER, _leveldb_replay, _leveldb_replay_prepare
+from benchmarks.log_workloads import _leveldb_replay, _leveldb_replay_prepare
 from benchmarks.peers import KV_PEERS, LMDB, LevelDB
 from benchmarks.timing import coroutines, counted, in_child, threaded
 
@@ -325,4 +325,4 @@ def workloads(cfg: Config) -> list[Workload]:
     ]
 
 
-__all__ = ["workloads", "WalkvKV", "LEVELDB_BIG_BUFFER"]
+__all__ = ["workloads", "WalkvKV", "load"]

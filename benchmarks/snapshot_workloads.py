@@ -23,7 +23,6 @@ import shutil
 import time
 from typing import Any
 
-from benchmarks import data
 from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
 from benchmarks.kv_workloads import WalkvKV, load
 from benchmarks.peers import LMDB
