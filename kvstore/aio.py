@@ -66,7 +66,9 @@ class AsyncKVStore:
         self._max_value = store.max_value_bytes
         self._decoded = store._decoded if not store.readonly else {}
         log = store._log
-        self._append_nowait = log.append_nowait if log is not None else None
+        self._append_nowait = log.append_nowait if log is not None else self._refuse
+        self._create_future = loop.create_future
+        self._callback = self._on_durable
 
     # -- the completion path ---------------------------------------------------
 
@@ -97,23 +99,24 @@ class AsyncKVStore:
                 fut.set_exception(error)
 
     def _submit(self, payload: bytes, ops: list, puts_only: bool = False) -> asyncio.Future:
-        if self._append_nowait is None:
-            raise ReadOnlyError(f"the store {self.store.path} was opened with "
-                                f"readonly=True; writes are refused")
-        if self._closing:
-            raise ClosedError(f"the store {self.store.path} is closed")
-        fut = self._loop.create_future()
+        fut = self._create_future()
         known = self._decoded
         known[id(payload)] = (payload, ops, puts_only)
         # No await between the append and the insert: _drain runs on this
         # same loop thread, so it cannot look the LSN up before it is there.
         try:
-            lsn = self._append_nowait(payload, self._on_durable)
+            lsn = self._append_nowait(payload, self._callback)
         except BaseException:
             known.pop(id(payload), None)
             raise
         self._pending[lsn] = fut
         return fut
+
+    def _refuse(self, payload: bytes, callback: object) -> int:
+        if self._closing:
+            raise ClosedError(f"the store {self.store.path} is closed")
+        raise ReadOnlyError(f"the store {self.store.path} was opened with "
+                            f"readonly=True; writes are refused")
 
     # -- writes -------------------------------------------------------------
 
@@ -124,7 +127,17 @@ class AsyncKVStore:
         if type(value) is not bytes or len(value) > self._max_value:
             value = check_value(value, self._max_value)
         ops = [[OP_PUT, key, value]]
-        return self._submit(_pack(ops), ops)
+        payload = _pack(ops)
+        fut = self._create_future()
+        known = self._decoded
+        known[id(payload)] = (payload, ops, True)
+        try:
+            lsn = self._append_nowait(payload, self._callback)
+        except BaseException:
+            known.pop(id(payload), None)
+            raise
+        self._pending[lsn] = fut
+        return fut
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
@@ -193,6 +206,7 @@ class AsyncKVStore:
         if self._closing:
             return
         self._closing = True
+        self._append_nowait = self._refuse
         await self._loop.run_in_executor(None, self.store.close)
         self._drain()
         for fut in self._pending.values():

@@ -273,7 +273,7 @@ class KVStore:
         ops = [[OP_PUT, key, value]]
         payload = _pack(ops)
         known = self._decoded
-        known[id(payload)] = (payload, ops, False)
+        known[id(payload)] = (payload, ops, True)
         try:
             return self._append(payload)
         except BaseException:
