@@ -132,13 +132,18 @@ class ReadGate:
         with self._mutex:
             pass
 
-    def acquire_exclusive(self) -> None:
+    def acquire_exclusive(self, *, cached_only: bool = False) -> None:
+        """Wait until no reader is inside LMDB and keep new ones out.
+        ``cached_only``: wait only for users of the threads' cached
+        transactions (what a sweep touches), not for scans and snapshot
+        views, which may take long."""
         self._mutex.acquire()
         self.blocking = True
         self._on_block()
         readers = self._readers()  # taken after the flag: later ones see it
+        active = () if cached_only else self.active
         spins = 0
-        while self.active or any(r.busy for r in readers):
+        while active or any(r.busy for r in readers):
             spins += 1
             time.sleep(0 if spins < 100 else 0.0005)
 
@@ -498,7 +503,7 @@ class State:
         if not any(r.txn is not None and r.gen != gen for r in readers):
             return
         gate = self._gate
-        gate.acquire_exclusive()
+        gate.acquire_exclusive(cached_only=True)
         try:
             for r in readers:
                 if r.txn is not None and r.gen != gen:
@@ -572,28 +577,29 @@ class State:
 
     def _get_slow(self, r: _Reader, key: bytes, default: bytes | None) -> bytes | None:
         """A commit happened since this thread's last read, or a writer holds
-        the gate, or the cached transaction died: renew it inside the gate."""
-        for attempt in (0, 1):
-            self._enter()  # waits out a writer; ClosedError after close
-            try:
-                try:
-                    txn = self._renew(r) if r.gen != self.gen or r.txn is None else r.txn
-                    r.gets += 1
-                    return txn.get(key, default)
-                except lmdb.BadValsizeError:
-                    return default
-                except lmdb.MapResizedError as exc:
-                    if attempt:
-                        raise _read_error(exc, self.path) from None
-                    r.gen = -1
-                except lmdb.Error as exc:
-                    if self._closed:
-                        raise ClosedError("the store is closed") from None
-                    raise _read_error(exc, self.path) from None
-            finally:
-                self._gate.exit()
-            self._adopt_mapsize()  # read-only opens: the writer grew the map
-        raise AssertionError("unreachable")
+        the gate, or the cached transaction died: renew it (announced by the
+        reader's ``busy`` flag, as on the fast path)."""
+        gate = self._gate
+        while True:
+            r.busy = True
+            if not gate.blocking:
+                break
+            r.busy = False
+            gate.wait()
+        try:
+            if self._closed:
+                raise ClosedError("the store is closed")
+            txn = self._renew(r) if r.gen != self.gen or r.txn is None else r.txn
+            r.gets += 1
+            return txn.get(key, default)
+        except lmdb.BadValsizeError:
+            return default
+        except lmdb.Error as exc:
+            if self._closed:
+                raise ClosedError("the store is closed") from None
+            raise _read_error(exc, self.path) from None
+        finally:
+            r.busy = False
 
     def _plain_get(self, key: bytes, default: bytes | None) -> bytes | None:
         try:

@@ -265,6 +265,48 @@ def test_writes_inside_a_scan_loop(db) -> None:
     assert all(v == b"new" for _, v in db.scan())
 
 
+def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monkeypatch) -> None:
+    from kvstore import state as state_mod
+
+    monkeypatch.setattr(state_mod, "SWEEP_SECONDS", 0.0)  # sweep after every group
+    with kvstore.open(store, sync="none") as d:
+        for i in range(100):
+            d.put(b"k%03d" % i, b"v")
+        held = d.scan()
+        assert next(held) == (b"k000", b"v")       # a snapshot held open meanwhile
+        got_one, release = threading.Event(), threading.Event()
+
+        def idle() -> None:
+            d.get(b"k001")  # caches a read transaction, then idles
+            got_one.set()
+            release.wait(60)
+
+        idle_reader = threading.Thread(target=idle)
+        idle_reader.start()
+        assert got_one.wait(60)
+        done = threading.Event()
+
+        def writer() -> None:
+            for i in range(300):
+                d.put(b"w%03d" % i, b"x")
+            done.set()
+
+        d._state._enter()  # as a long reader does (a snapshot's consistent view)
+        try:
+            t = threading.Thread(target=writer)
+            t.start()
+            assert done.wait(60), "writers stalled behind an open reader"
+            t.join()
+        finally:
+            d._state._gate.exit()
+        readers = [r for r in d._state._reader_list() if r.ident == idle_reader.ident]
+        assert len(readers) == 1 and readers[0].txn is None  # swept: pins no old pages
+        release.set()
+        idle_reader.join()
+        assert len(list(held)) == 99              # the scan's snapshot: no w keys
+        assert d.get(b"w299") == b"x"
+
+
 # -- batches ------------------------------------------------------------------------
 
 def test_batch_is_one_atomic_lsn(db) -> None:
