@@ -113,11 +113,9 @@ def write(
                 fs.fsync_dir(parent)
                 return existing
             raise SnapshotError(f"a snapshot at LSN {lsn} already exists: {final}")
-        if not fs.exists(parent):
-            fs.makedirs(parent)
-            fs.fsync_dir(os.path.dirname(os.path.abspath(parent)))
+        fs.makedirs(parent)  # durably, when it is new
         tmp = os.path.join(parent, tmp_dir_name(lsn))
-        fs.makedirs(tmp)
+        fs.mkdir(tmp)  # made durable by the parent's fsync below, under the cleanup
     except OSError as e:
         raise SnapshotError(f"cannot write a snapshot at LSN {lsn} in {parent}: {e}") from e
 

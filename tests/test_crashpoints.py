@@ -184,8 +184,6 @@ def _known_bug(d: str, error: BaseException) -> str | None:
     """The known, reported, strict-xfail-tested bug that ``error`` (met
     checking the crashed directory ``d``) is an instance of, if any. Remove an
     entry when its xfail test starts passing."""
-    if isinstance(error, CorruptionError) and os.path.exists(os.path.join(d, "TRUNCATE")):
-        return "test_interrupted_truncate_after_with_partly_zeroed_tail"
     return None
 
 
@@ -297,10 +295,6 @@ def test_explorer_catches_acknowledged_but_unsynced_writes(scratch):
     assert any("acknowledged LSNs" in f and "lost" in f for f in stats["failures"]), stats["failures"][:3]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: wal/log.py Log.__init__ (self._fs.makedirs(self.directory)) and wal/recovery.py recover() "
-    "create the log directory but never fsync its parent, so a power loss can drop the directory "
-    "with every acknowledged entry in it; fix: fsync the parent of each directory level created"))
 def test_new_log_directory_survives_power_loss(tmp_path):
     """wal.open creates its directory; an fsynced append in it must survive a
     power loss, so the directory's own name must be made durable (an fsync of
@@ -342,17 +336,6 @@ def test_log_crash_points_soak(scratch, capsys, soak_seconds):
     assert totals["points"] >= 100
 
 
-TRUNCATE_REORDER_BUG = (
-    "bug: wal/recovery.py _entry_end (used by cut_after, which finish_truncate runs at open) reads "
-    "the records after the cut point strictly; after a power loss in the middle of truncate_after's "
-    "zeroing (_cut_tail), disks may have written some zeroed sectors and not others, so the record "
-    "after the cut is damaged and open refuses with CorruptionError on a normal crash. Found by the "
-    "soak explorer (seed 101, reordered variant). Fix: in _entry_end, once entry `lsn` was seen (or the "
-    "segment starts at lsn + 1), treat an invalid record as the end (everything after lsn is being "
-    "dropped anyway)")
-
-
-@pytest.mark.xfail(strict=True, reason=TRUNCATE_REORDER_BUG)
 def test_interrupted_truncate_after_with_partly_zeroed_tail(tmp_path):
     """The disk state a power loss leaves during truncate_after(4): the
     TRUNCATE marker is durable, and of the zeros written over the entries

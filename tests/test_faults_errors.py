@@ -179,9 +179,6 @@ def test_full_disk_fails_the_log_then_reopens_once_space_is_back(scratch, budget
     assert wal.verify(d) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: wal.open lets the OSError of a full disk escape raw from write_new_segment "
-    "(wal/recovery.py recover -> wal/segment.py); it should be a WalkvError naming the directory"))
 def test_full_disk_during_open_is_a_clear_error(scratch):
     """A new log needs a segment: with no space, open fails with walkv's
     error (not a traceback from deep inside) and leaves nothing half-made
@@ -283,15 +280,7 @@ def _explore_errors(base: str, persistent: bool, ops: tuple[str, ...] = FAILABLE
     return points, escaped
 
 
-OPEN_DIR_BUG = (
-    "bug: wal.open does not fsync the log directory before acknowledging appends: after a roll "
-    "whose directory fsync failed (wal/segment.py write_new_segment), a reopen in the same boot "
-    "appends to a segment whose name is not durable (wal/recovery.py recover/_recover_segments); "
-    "fix: fs.fsync_dir(directory) at the end of recovery, failing the open if it fails"
-)
-POINTS = [pytest.param(op, p, id=f"{op}-{'persistent' if p else 'once'}",
-                       marks=[pytest.mark.xfail(strict=True, reason=OPEN_DIR_BUG)]
-                       if (op, p) == ("fsync_dir", True) else [])
+POINTS = [pytest.param(op, p, id=f"{op}-{'persistent' if p else 'once'}")
           for op in FAILABLE for p in (False, True)]
 _explored: dict[str, int] = {}
 
@@ -309,7 +298,6 @@ def test_error_points_lose_nothing_acknowledged(scratch, op, persistent, capsys)
     assert points >= 2
 
 
-@pytest.mark.xfail(strict=True, reason=OPEN_DIR_BUG)
 def test_reopen_after_failed_roll_makes_the_new_segment_durable(scratch):
     d = os.path.join(scratch, "log")
     fs = FaultFS()
@@ -330,11 +318,6 @@ def test_reopen_after_failed_roll_makes_the_new_segment_durable(scratch):
         assert list(again.read(lsn)) == [(lsn, b"acknowledged after the reopen")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: an OSError from a file operation outside the group commit escapes raw: wal.open "
-    "(wal/recovery.py recover: write_new_segment, _cut_tail, write_index, unlink), Log.close "
-    "(write_index), Log.truncate_before (fs.unlink/fsync_dir) do not wrap it in a WalkvError "
-    "naming the file and what to do"))
 def test_error_points_raise_only_walkv_errors(scratch):
     """Every error the workload meets is walkv's (a sample of the error points:
     writes cover open, roll and close; unlinks cover truncate_before and recovery)."""

@@ -154,14 +154,13 @@ def test_unlink_reverted_to_synced_content(tmp_path):
 
 def test_mkdir_not_fsynced_loses_the_whole_tree(tmp_path):
     fs = FaultFS()
-    fs.makedirs(str(tmp_path / "d" / "e"))
+    fs.mkdir(str(tmp_path / "d"))
+    fs.mkdir(str(tmp_path / "d" / "e"))
     make(fs, tmp_path / "d" / "e" / "f", b"x")  # fsyncs d/e, not d nor tmp_path
     assert file_mode(tmp_path / "d") == 0o700 and file_mode(tmp_path / "d" / "e" / "f") == 0o600
     fs.power_loss()
     assert not (tmp_path / "d").exists()
-    fs.makedirs(str(tmp_path / "d" / "e"))
-    fs.fsync_dir(str(tmp_path))
-    fs.fsync_dir(str(tmp_path / "d"))
+    fs.makedirs(str(tmp_path / "d" / "e"))  # fsyncs the parent of each level it creates
     make(fs, tmp_path / "d" / "e" / "f", b"x")
     fs.power_loss()
     assert read(tmp_path / "d" / "e" / "f") == b"x"

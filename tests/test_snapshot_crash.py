@@ -67,6 +67,10 @@ class FaultFS(FileSystem):
         self.step("makedirs", path)
         super().makedirs(path)
 
+    def mkdir(self, path):
+        self.step("mkdir", path)
+        super().mkdir(path)
+
     def rmdir(self, path):
         self.step("rmdir", path)
         super().rmdir(path)
@@ -113,7 +117,7 @@ def test_write_protocol_order(tmp_path):
     tmp = ops[rename_i][1]
     assert ops[rename_i][2] == final and os.path.basename(tmp).startswith("snap-00000000000000000009.tmp-")
     assert ops[rename_i + 1:] == [("fsync_dir", str(tmp_path))], "parent fsynced right after the commit rename"
-    assert ops[0] == ("makedirs", tmp) and ops[1] == ("fsync_dir", str(tmp_path))
+    assert ops[:3] == [("makedirs", str(tmp_path)), ("mkdir", tmp), ("fsync_dir", str(tmp_path))]
     manifest = os.path.join(tmp, "MANIFEST")
     m_open = ops.index(("open", manifest))
     chunks = [op[1] for op in ops if op[0] == "open" and op[1] != manifest]

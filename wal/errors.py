@@ -8,6 +8,7 @@ happened, where (file, offset, LSN) and what to do next.
 
 from __future__ import annotations
 
+import errno
 import os
 
 
@@ -71,3 +72,17 @@ class LogFailedError(WalkvError):
 
 class SnapshotError(WalkvError):
     """A snapshot could not be written, found or used."""
+
+
+def file_error(error: OSError, doing: str) -> WalkvError:
+    """walkv's error for an ``OSError`` met while ``doing`` something, naming
+    the file and what to do (a full disk and a permission problem each say so)."""
+    where = error.filename or "?"
+    if error.errno == errno.ENOSPC:
+        return LogFailedError(f"{doing}: the disk is full ({where}); free space and try again")
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return WalkvError(
+            f"{doing}: cannot access {where} ({error.strerror}); check its owner and mode (walkv's files "
+            "are read and written by the user that owns the store) and that the file system is writable"
+        )
+    return WalkvError(f"{doing}: {error.strerror or error} ({where})")

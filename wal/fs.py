@@ -114,8 +114,30 @@ class FileSystem:
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
+    def mkdir(self, path: str) -> None:
+        """Create one directory (its parent exists). Not durable until its
+        parent is fsynced: use :meth:`makedirs`."""
+        os.mkdir(path, self.dir_mode)
+
     def makedirs(self, path: str) -> None:
-        os.makedirs(path, mode=self.dir_mode, exist_ok=True)
+        """Create ``path`` and any missing parents, each durably (the parent
+        of every directory created is fsynced)."""
+        path = os.path.abspath(path)
+        missing = []
+        while not os.path.isdir(path):
+            missing.append(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        for d in reversed(missing):
+            try:
+                self.mkdir(d)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
+                continue
+            self.fsync_dir(os.path.dirname(d))
 
     def rmdir(self, path: str) -> None:
         os.rmdir(path)

@@ -42,7 +42,7 @@ import time
 from collections import deque
 from typing import Callable, Iterable, Iterator
 
-from wal.errors import ClosedError, LockedError, LogFailedError, RecordTooLargeError, WalkvError
+from wal.errors import ClosedError, LogFailedError, RecordTooLargeError, file_error
 from wal.fs import OS_FS, File, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, frame_into
@@ -119,16 +119,16 @@ class Log:
             raise ValueError(f"start_lsn must be a positive int, not {start_lsn!r}")
         self._start_lsn = start_lsn
 
-        self._fs.makedirs(self.directory)
-        self._lock = DirectoryLock(self.directory, f"the log at {self.directory}")
+        try:
+            self._fs.makedirs(self.directory)
+            self._lock = DirectoryLock(self.directory, f"the log at {self.directory}")
+        except OSError as e:
+            raise file_error(e, f"opening the log at {self.directory}") from None
         try:
             self._open_state(recovery)
-        except PermissionError as e:
+        except OSError as e:
             self._lock.release()
-            raise WalkvError(
-                f"cannot open {e.filename or self.directory} ({e.strerror}): check its owner and mode "
-                "(walkv's files are read and written by the user that owns the store)"
-            ) from None
+            raise file_error(e, f"opening the log at {self.directory}") from None
         except BaseException:
             self._lock.release()
             raise
@@ -436,14 +436,18 @@ class Log:
                 del self._indexes[seg.first_lsn]
             self._first_lsn = segments[len(doomed)].first_lsn
         freed = 0
-        for seg in doomed:
-            idx = index_path(seg.path)
-            if os.path.exists(idx):
-                freed += os.path.getsize(idx)
-                self._fs.unlink(idx)
-            freed += os.path.getsize(seg.path)
-            self._fs.unlink(seg.path)
-        self._fs.fsync_dir(self.directory)
+        try:
+            for seg in doomed:
+                idx = index_path(seg.path)
+                if os.path.exists(idx):
+                    freed += os.path.getsize(idx)
+                    self._fs.unlink(idx)
+                freed += os.path.getsize(seg.path)
+                self._fs.unlink(seg.path)
+            self._fs.fsync_dir(self.directory)
+        except OSError as e:
+            raise file_error(e, "deleting old log segments (nothing the log still needs was touched; "
+                                "the next truncate_before retries)") from None
         return freed
 
     def truncate_after(self, lsn: int) -> None:
@@ -484,6 +488,7 @@ class Log:
         Idempotent. After a failure it only releases."""
         if self._closed:
             return
+        error: OSError | None = None
         try:
             if self._failure is None:
                 with self._gc.exclusive():
@@ -496,6 +501,8 @@ class Log:
                     index = SparseIndex(a.file.first_lsn, a.last_lsn, a.data_end, a.points)
                     write_index(a.file.path, index, self._fs)
                     self._fs.fsync_dir(self.directory)
+        except OSError as e:
+            error = e
         finally:
             with self._gc.mutex:
                 self._closed = True
@@ -506,6 +513,12 @@ class Log:
             self._file.close()
             self._durable_map.close()
             self._lock.release()
+        if error is not None:
+            raise LogFailedError(
+                f"closing the log at {self.directory} failed: {error.strerror} ({error.filename or self._file.path}). "
+                f"Entries up to LSN {self._durable[0]} are durable; those written after it may not be. "
+                "The next open recovers the log."
+            ) from error
 
     def __enter__(self) -> "Log":
         return self

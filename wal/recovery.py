@@ -297,7 +297,10 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
         dropped = _cut_tail(fs, newest.path, active.data_end, "data after a zero-filled hole")
     if os.path.exists(index_path(newest.path)):
         fs.unlink(index_path(newest.path))  # the active segment's index lives in memory
-        fs.fsync_dir(directory)
+    # Names a crashed writer created or renamed may not be durable yet
+    # (a failed directory fsync, say): make them so before anything is
+    # acknowledged on top of them.
+    fs.fsync_dir(directory)
     return Recovered(store_id, sealed, active, dropped)
 
 
@@ -460,16 +463,21 @@ TRUNCATE_MARKER = "TRUNCATE"
 
 def _entry_end(path: str, header_end: int, lsn: int, start: int) -> int:
     """Offset just after entry ``lsn`` in a segment (``header_end`` when the
-    segment's first LSN is ``lsn + 1``), scanning from record offset ``start``."""
+    segment's first LSN is ``lsn + 1``), scanning from record offset ``start``.
+    Nothing after entry ``lsn`` is read: an interrupted cut may have left it
+    half zeroed."""
     end = header_end
     with open(path, "rb") as fh:
         reader = RecordReader(fh, path=path, start_offset=start, zeros_end=True)
         for offset, payload in reader.records():
             if offset == 0:
                 continue
-            if decode_entry(payload, path, offset).lsn > lsn:
+            entry_lsn = decode_entry(payload, path, offset).lsn
+            if entry_lsn > lsn:
                 break
             end = reader.end_offset
+            if entry_lsn == lsn:
+                break
     return end
 
 
