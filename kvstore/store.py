@@ -26,7 +26,9 @@ replays or takes the store lock. It sees what the writer has applied, which
 includes every write acknowledged by then; with no writer running it sees
 the state as the last writer left it (after a crash of that writer, possibly
 without its last group, which the next read-write open replays). It refuses
-to open a store whose last writer was on a machine that crashed since.
+to open a store whose last writer was on a machine that crashed since. A
+reader that was open while a writer rebuilt LMDB (after a machine crash)
+keeps reading the environment it opened: reopen it to see the new one.
 """
 
 from __future__ import annotations
@@ -128,14 +130,17 @@ class KVStore:
         self._state_options = {"map_size": map_size, "writemap": writemap,
                                "max_readers": max_readers}
         t0 = time.monotonic()
-        if self.readonly:
-            if log_options:
-                raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
-            self._open_readonly()
-        else:
-            self._open_writer(sync=sync, segment_bytes=segment_bytes,
-                              max_record_bytes=max_record_bytes, progress=progress,
-                              log_options=log_options)
+        if self.readonly and log_options:
+            raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
+        try:
+            if self.readonly:
+                self._open_readonly()
+            else:
+                self._open_writer(sync=sync, segment_bytes=segment_bytes,
+                                  max_record_bytes=max_record_bytes, progress=progress,
+                                  log_options=log_options)
+        except OSError as exc:
+            raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
         self.open_seconds = time.monotonic() - t0
         if not self.readonly:
             snapshot.cleanup_incomplete(snapshots.snapshots_dir(self.path), fs=self._fs)
@@ -517,8 +522,14 @@ class KVStore:
             finally:
                 self._state.close(sync=clean)
             if clean:
-                recovery.write_session(self._lmdb_dir, self.store_id, clean=True, fs=self._fs)
+                try:
+                    recovery.write_session(self._lmdb_dir, self.store_id, clean=True, fs=self._fs)
+                except OSError as exc:
+                    raise WalkvError(
+                        f"closing {self.path}: could not record the clean close ({exc}); "
+                        f"nothing is lost, the next open replays the log") from exc
         finally:
+            self._decoded.clear()
             self._release_lock()
 
     def _abandon(self) -> None:

@@ -542,6 +542,13 @@ def test_readonly_refuses_a_store_whose_machine_crashed(store) -> None:
         assert r.get(b"a") == b"1"
 
 
+def test_os_errors_at_open_are_walkv_errors(tmp_path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    with pytest.raises(kvstore.WalkvError, match="cannot open the store"):
+        kvstore.open(str(afile / "store"))
+
+
 def test_unknown_option(store) -> None:
     with pytest.raises(TypeError):
         kvstore.open(store, no_such_option=1)
