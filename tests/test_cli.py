@@ -418,9 +418,9 @@ def test_export_with_spark(tmp_path, spark, capsys):
             db.put(b"k%02d" % i, b"v")
         db.delete(b"k00")
         db.delete_range(b"k40", b"k45")
-    assert main(["export", s, out, "--table", "all"]) == 0
+    assert main(["export", s, out, "--table", "state"]) == 0  # one table: each costs a Spark job
     printed = capsys.readouterr().out
-    assert "snapshot: 0 rows" in printed and "changes: 52 rows" in printed and "state: 44 rows" in printed
+    assert "state: 44 rows" in printed and "snapshot:" not in printed
     rows = spark.read.parquet(os.path.join(out, "state")).collect()
     assert sorted(bytes(r["key"]) for r in rows) == [b"k%02d" % i for i in range(1, 50) if not 40 <= i < 45]
 
