@@ -53,6 +53,7 @@ from wal.segment import (
     ENTRY_HEADER_SIZE,
     INDEX_INTERVAL,
     Entry,
+    IndexPoints,
     SegmentFile,
     SparseIndex,
     encode_durable,
@@ -325,7 +326,7 @@ class Log:
         active = self._active
         self._file.truncate(self._offset)
         self._timed_sync(full=True)
-        index = SparseIndex(active.file.first_lsn, first - 1, self._offset, active.points)
+        index = SparseIndex(active.file.first_lsn, first - 1, self._offset, IndexPoints(active.points))
         write_index(active.file.path, index, self._fs)
         path, end = write_new_segment(self.directory, self.store_id, first, self._prealloc_step, self._fs)
         old = self._file
@@ -407,9 +408,11 @@ class Log:
             if seg.first_lsn > last:
                 return
             is_active = i == len(segments) - 1
-            points = active_points if is_active else indexes[seg.first_lsn].points
-            j = bisect.bisect_right(points, (from_lsn, 1 << 64)) - 1
-            start = points[j][1] if j >= 0 else 0
+            if is_active:
+                j = bisect.bisect_right(active_points, (from_lsn, 1 << 64)) - 1
+                start = active_points[j][1] if j >= 0 else 0
+            else:
+                start = indexes[seg.first_lsn].offset_for(from_lsn)
             try:
                 fh = builtins.open(seg.path, "rb")  # noqa: SIM115
             except FileNotFoundError:
@@ -498,7 +501,7 @@ class Log:
                         self._durable = self._written
                         self._publish_durable()
                     a = self._active
-                    index = SparseIndex(a.file.first_lsn, a.last_lsn, a.data_end, a.points)
+                    index = SparseIndex(a.file.first_lsn, a.last_lsn, a.data_end, IndexPoints(a.points))
                     write_index(a.file.path, index, self._fs)
                     self._fs.fsync_dir(self.directory)
         except OSError as e:
