@@ -204,7 +204,7 @@ class State:
         self._dead_gets = 0
         self._gate = ReadGate(self._reader_list, self._on_block, self._on_release)
         self._held_gen = 0
-        self._r0 = _Reader(None)  # the first reading thread's reader (fast path)
+        self._r0 = _Reader(None)  # the last reading thread's reader (fast path)
         # id(payload) -> (payload, ops, puts_only) for entries this process
         # encoded: the apply path takes the ops from here instead of
         # decoding the payload it was just given back.
@@ -537,8 +537,6 @@ class State:
         self._local.r = r
         with self._readers_lock:
             self._readers.add(r)
-            if self._r0.owner is None:
-                self._r0 = r
         return r
 
     def _renew(self, r: _Reader) -> lmdb.Transaction:
@@ -561,7 +559,7 @@ class State:
             key = as_bytes(key, "key")
         r = self._r0
         if r.ident != _get_ident():
-            r = self._reader()
+            r = self._r0 = self._reader()  # the last thread to read goes fast
         r.busy = True
         try:
             if r.gen == self.gen:
