@@ -100,27 +100,33 @@ class GroupCommit:
         first = self.next_lsn
         last = first + len(payloads) - 1
         self.next_lsn = last + 1
-        if len(payloads) == 1:
-            self._queue.append(payloads[0])
-            self._callbacks.append(None)
-        else:
-            self._queue.extend(payloads)
-            self._callbacks.extend([None] * len(payloads))
-        if self._leading:
-            w = self._waiter()
-            w.lsn = last
-            w.lead = w.exclusive = False
-            self._waiters.append(w)
-            m.release()
-            w.lock.acquire()  # released by the leader: done, failed, or our turn to lead
-            if not w.lead:
-                if self.acked_lsn < last:
-                    raise self.failure  # type: ignore[misc]
-                return first
-            m.acquire()
-        else:
+        if not self._leading and not self._queue:
+            # Nobody leads and nothing is queued: write our own group at once
+            # (the common single-writer case skips the queue).
             self._leading = True
-        done = self._lead_group()
+            done = self._write_and_wake(first, payloads, None)
+        else:
+            if len(payloads) == 1:
+                self._queue.append(payloads[0])
+                self._callbacks.append(None)
+            else:
+                self._queue.extend(payloads)
+                self._callbacks.extend([None] * len(payloads))
+            if self._leading:
+                w = self._waiter()
+                w.lsn = last
+                w.lead = w.exclusive = False
+                self._waiters.append(w)
+                m.release()
+                w.lock.acquire()  # released by the leader: done, failed, or our turn to lead
+                if not w.lead:
+                    if self.acked_lsn < last:
+                        raise self.failure  # type: ignore[misc]
+                    return first
+                m.acquire()
+            else:
+                self._leading = True
+            done = self._lead_group()
         self._handoff()
         m.release()
         _run_callbacks(done)
@@ -156,7 +162,13 @@ class GroupCommit:
         if not payloads:
             return None
         self._queue, self._callbacks, self._has_callbacks = [], [], False
-        first = self.acked_lsn + 1
+        return self._write_and_wake(self.acked_lsn + 1, payloads, callbacks if has_callbacks else None)
+
+    def _write_and_wake(self, first: int, payloads: list[bytes], callbacks: list[Callback | None] | None
+                        ) -> tuple[int, list[Callback | None], BaseException | None] | None:
+        """Mutex held, leading: write one group (releasing the mutex for the
+        I/O), then wake the appenders it covered, or fail everything queued
+        if it failed. Returns the callbacks to run, if any."""
         error: BaseException | None = self.failure
         if error is None:
             self.mutex.release()
@@ -172,8 +184,8 @@ class GroupCommit:
                 self.failure = self._on_failure(error, first)
             error = self.failure
             # What is queued behind a failed group will never be written.
-            callbacks = callbacks + self._callbacks
-            has_callbacks = has_callbacks or self._has_callbacks
+            if self._has_callbacks:
+                callbacks = (callbacks or [None] * len(payloads)) + self._callbacks
             self._queue, self._callbacks, self._has_callbacks = [], [], False
         waiters = self._waiters
         acked = self.acked_lsn
@@ -184,7 +196,7 @@ class GroupCommit:
             for w in waiters:
                 if not w.exclusive:
                     w.lock.release()
-        return (first, callbacks, error) if has_callbacks else None
+        return (first, callbacks, error) if callbacks is not None else None
 
     def _handoff(self) -> None:
         """Mutex held, leading: pass the leadership on, or give it up."""
