@@ -30,7 +30,7 @@ import pytest
 
 import kvstore
 import kvstore.recovery
-from wal.errors import WalkvError
+from wal.errors import LockedError, WalkvError
 from tests.faultfs import (
     PLAIN,
     FaultFS,
@@ -206,6 +206,14 @@ def reboot(monkeypatch):
     return _reboot
 
 
+def _known_bug(error: BaseException) -> str | None:
+    """The known, reported, strict-xfail-tested bug that ``error`` is an
+    instance of, if any. Remove an entry when its xfail test starts passing."""
+    if isinstance(error, LockedError):  # a crash inside kvstore.open leaked the lock of its copy
+        return "test_faults_errors.py::test_store_open_failing_after_the_lock_leaks_nothing"
+    return None
+
+
 def crash_kv_recovery(d: str, oracle: KVOracle, where: str, rng: random.Random, reboot) -> int:
     """After a power loss, lose power again at each boundary of the store's
     recovery (open after a reboot: LMDB rebuilt from snapshot plus log; then
@@ -241,7 +249,8 @@ def explore_kv(base: str, seed: int, budget: int | None, reboot, deadline: float
     shutil.rmtree(os.path.join(base, "dry"))
     points = plan_points(n, budget=budget, seed=seed)
     rng = random.Random(seed)
-    stats: dict = {"boundaries": n, "points": 0, "lmdb_deleted": 0, "recovery_points": 0, "failures": []}
+    stats: dict = {"boundaries": n, "points": 0, "lmdb_deleted": 0, "recovery_points": 0, "failures": [],
+                   "known": {}}
     for k, variant in points:
         if deadline is not None and time.monotonic() > deadline:
             break
@@ -260,7 +269,11 @@ def explore_kv(base: str, seed: int, budget: int | None, reboot, deadline: float
                 stats["lmdb_deleted"] += 1
             check_store(d, oracle, where)
         except (AssertionError, WalkvError) as e:  # collected, so that one bug does not hide the next
-            stats["failures"].append(f"{where}: {type(e).__name__}: {e}")
+            known = _known_bug(e)
+            if known:
+                stats["known"][known] = stats["known"].get(known, 0) + 1
+            else:
+                stats["failures"].append(f"{where}: {type(e).__name__}: {e}")
         shutil.rmtree(d, ignore_errors=True)
         for extra in glob.glob(d + ".*"):
             shutil.rmtree(extra, ignore_errors=True)
@@ -323,6 +336,8 @@ def test_store_crash_points_soak(scratch, reboot, capsys, soak_seconds):
         totals["points"] += stats["points"]
         totals["recovery_points"] = totals.get("recovery_points", 0) + stats["recovery_points"]
         failures += stats["failures"]
+        for bug, count in stats["known"].items():
+            totals.setdefault("known", {})[bug] = totals.get("known", {}).get(bug, 0) + count
         totals["seeds"] += 1
         seed += 1
     with capsys.disabled():
