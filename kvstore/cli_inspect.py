@@ -44,24 +44,10 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
 def _fragments(path: str) -> Iterator[tuple[int, int, int, str | None]]:
     """``(offset, type, payload length, problem)`` of every fragment, using
     wal.record's own physical reader (the one framing implementation)."""
-    from wal.record import HEADER_SIZE, RecordReader
+    from wal.record import RecordReader
 
     with open(path, "rb") as fh:
-        reader = RecordReader(fh, path=path, start_offset=0, zeros_end=True)
-        frag = getattr(reader, "_fragments", None)
-        if frag is None:  # pragma: no cover - wal.record changed
-            return
-        for offset, ftype, item in frag():
-            if ftype in _FRAGMENT_NAMES:
-                yield offset, ftype, len(item), None  # type: ignore[arg-type]
-            elif ftype == -3:  # a corrupt fragment: (end, reason)
-                end, reason = item  # type: ignore[misc]
-                yield offset, 0, max(0, end - offset - HEADER_SIZE), reason
-            elif ftype == -2:  # torn tail
-                yield offset, 0, 0, f"torn tail: {item}"
-                return
-            else:  # end of data
-                return
+        yield from RecordReader(fh, path=path, start_offset=0, zeros_end=True).fragments()
 
 
 def _records(path: str) -> Iterator[tuple[str, int, int, Any]]:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, NamedTuple
 
 from wal.crc import crc32c, extend, extend_bytes, mask, unmask
 from wal.errors import CorruptionError, RecordTooLargeError
@@ -160,6 +160,15 @@ class RecordWriter:
             data = data[self._f.write(data) :]
         self.offset = end  # only once the whole record is in the file
         return start
+
+
+class Fragment(NamedTuple):
+    """One physical fragment, as :meth:`RecordReader.fragments` reports it."""
+
+    offset: int
+    type: int  # FULL, FIRST, MIDDLE, LAST; ZERO_TYPE for a damaged one
+    length: int  # payload bytes
+    problem: str | None  # why it is damaged, or None
 
 
 # Events from the physical layer (besides fragment types 1..4).
@@ -278,6 +287,23 @@ class RecordReader:
             pos = block_start
             if not full_block:
                 yield block_start - BLOCK_SIZE + n, _EOF, None
+                return
+
+    def fragments(self) -> Iterator[Fragment]:
+        """Every physical fragment from ``start_offset``, for inspection
+        tools: valid ones with their type and payload length, damaged ones
+        with type 0 and the problem; stops at the end of data or a torn tail
+        (reported as a last fragment with its problem)."""
+        for offset, ftype, item in self._fragments():
+            if ftype > 0:
+                yield Fragment(offset, ftype, len(item), None)  # type: ignore[arg-type]
+            elif ftype == _BAD:
+                end, reason = item  # type: ignore[misc]
+                yield Fragment(offset, ZERO_TYPE, max(0, end - offset - HEADER_SIZE), reason)
+            elif ftype == _TORN:
+                yield Fragment(offset, ZERO_TYPE, 0, f"torn tail: {item}")
+                return
+            elif ftype == _EOF:
                 return
 
     # -- logical layer: reassembly -----------------------------------------
