@@ -101,8 +101,7 @@ def run_log_workload(fs: FaultFS, directory: str, plan: list[tuple], oracle: Log
     weaker: the explorer must catch it) an append is acknowledged when it
     returns; with ``sync="batch"`` only what ``sync()`` or a clean ``close()``
     covered is (the flusher is held off so the run is deterministic)."""
-    # The directory exists (durably) before: creating it is test_new_log_directory_survives_power_loss.
-    os.makedirs(directory, exist_ok=True)
+    # wal.open creates the directory (durably: a crash point too).
     options = {"segment_bytes": SEGMENT_BYTES, "sync": sync}
     if sync == "batch":
         options.update(sync_interval=1e9, sync_bytes=1 << 60)

@@ -112,10 +112,7 @@ def make_plan(seed: int, steps: int = 50) -> list[tuple]:
 
 
 def run_kv_workload(fs: FaultFS, path: str, plan: list[tuple], oracle: KVOracle) -> None:
-    # The store's directories exist (durably) before: creating them is
-    # test_new_log_directory_survives_power_loss in test_crashpoints.py.
-    for sub in ("wal", "lmdb"):
-        os.makedirs(os.path.join(path, sub), exist_ok=True)
+    # kvstore.open creates the store's directories (durably: crash points too).
     db = kvstore.open(path, fs=fs, **OPTIONS)
     try:
         for step in plan:
