@@ -143,9 +143,21 @@ class KVStore:
             raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
         self.open_seconds = time.monotonic() - t0
         if not self.readonly:
-            snapshot.cleanup_incomplete(snapshots.snapshots_dir(self.path), fs=self._fs)
-            if snapshot_every_bytes:
-                self._auto = snapshots.AutoSnapshot(self, int(snapshot_every_bytes))
+            try:
+                snapshot.cleanup_incomplete(snapshots.snapshots_dir(self.path), fs=self._fs)
+                if snapshot_every_bytes:
+                    self._auto = snapshots.AutoSnapshot(self, int(snapshot_every_bytes))
+            except BaseException as exc:
+                # Opened but unusable: let go of everything open took.
+                try:
+                    self._log.close()
+                except WalkvError:
+                    pass
+                self._state.close(sync=False)
+                self._release_lock()
+                if isinstance(exc, OSError):
+                    raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
+                raise
         self._closed = False
         self.get = self._state.get  # type: ignore[method-assign]
         self._decoded = self._state.decoded
