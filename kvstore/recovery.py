@@ -196,10 +196,21 @@ def replay(state: State, wal_log, *, to_lsn: int | None = None,
 
 
 def remove_state(lmdb_dir: str, fs: FileSystem = OS_FS) -> None:
-    """Delete the LMDB environment directory durably."""
-    if os.path.exists(lmdb_dir):
-        shutil.rmtree(lmdb_dir)
-        fs.fsync_dir(os.path.dirname(os.path.abspath(lmdb_dir)))
+    """Delete the LMDB environment directory durably (SESSION first, so that
+    a crash half-way leaves an environment that is never trusted)."""
+    if not os.path.exists(lmdb_dir):
+        return
+    names = sorted(fs.listdir(lmdb_dir), key=lambda n: n != SESSION_NAME)
+    for name in names:
+        path = os.path.join(lmdb_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            fs.unlink(path)
+        if name == SESSION_NAME:
+            fs.fsync_dir(lmdb_dir)
+    fs.rmdir(lmdb_dir)
+    fs.fsync_dir(os.path.dirname(os.path.abspath(lmdb_dir)))
 
 
 def rebuild_state(
