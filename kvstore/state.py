@@ -171,8 +171,6 @@ class _Reader:
             self.owner._dead_gets += self.gets
 
 
-
-
 def _identity(x):
     return x
 

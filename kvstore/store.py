@@ -55,9 +55,9 @@ from kvstore.batch import (
     check_key,
     check_value,
 )
-from kvstore.batch import _pack as _pack
+from kvstore.batch import _pack
 from kvstore.state import DEFAULT_MAP_SIZE, State
-from wal.errors import ClosedError, CorruptionError, LockedError, WalkvError
+from wal.errors import ClosedError, CorruptionError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
