@@ -237,6 +237,8 @@ def crash_recovery(d: str, oracle: LogOracle, where: str, rng: random.Random) ->
             if not log.closed:
                 log.close()
 
+    if not os.path.isdir(d):
+        return 0  # the power loss took the directory itself (its creation was not yet durable)
     probe = d + ".probe"
     shutil.copytree(d, probe)
     m = count_boundaries(lambda fs: reopen(fs, probe))

@@ -223,6 +223,8 @@ def crash_kv_recovery(d: str, oracle: KVOracle, where: str, rng: random.Random, 
             if not db.closed:
                 close_quietly(db)
 
+    if not os.path.isdir(d):
+        return 0  # the power loss took the directory itself (its creation was not yet durable)
     probe = d + ".probe"
     shutil.copytree(d, probe)
     reboot()
