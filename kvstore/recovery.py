@@ -42,7 +42,7 @@ import shutil
 import time
 from typing import Callable, Iterable, Iterator
 
-from kvstore.batch import REPAIR_HINT
+from kvstore.batch import REPAIR_HINT, decode
 from kvstore.state import State
 from wal.errors import CorruptionError, SnapshotError
 from wal.fs import OS_FS, FileSystem
@@ -138,8 +138,9 @@ def replay(state: State, wal_log, *, to_lsn: int | None = None,
     ``progress(done, total)`` and, for replays that take more than a few
     seconds, through ``logging``.
 
-    A corrupt entry raises :class:`CorruptionError` naming the file, offset
-    and LSN and the repair command; its chunk is not applied.
+    Each payload is validated (:func:`kvstore.batch.decode`) as it is read: a
+    corrupt entry raises :class:`CorruptionError` naming the file, offset or
+    LSN and the repair command, and its chunk is not applied.
     """
     start = state.applied_lsn + 1
     last = wal_log.last_lsn if to_lsn is None else min(to_lsn, wal_log.last_lsn)
@@ -155,11 +156,17 @@ def replay(state: State, wal_log, *, to_lsn: int | None = None,
     if progress is not None:
         progress(0, total)
     try:
-        for lsn, payload in wal_log.read(start, last, durable_only=False):
-            buf.append((lsn, payload))
+        apply = state.apply
+        # wal.Log.read_entries yields (lsn, timestamp, payload) without the
+        # extra generator of read(); other readers (restore's) have read().
+        read = getattr(wal_log, "read_entries", None) or wal_log.read
+        for entry in read(start, last, durable_only=False):
+            lsn = entry[0]
+            payload = entry[-1]
+            buf.append((lsn, decode(payload, lsn)))
             size += len(payload)
-            if len(buf) >= REPLAY_CHUNK_ENTRIES or size >= REPLAY_CHUNK_BYTES:
-                state.apply(buf, strict=True)
+            if size >= REPLAY_CHUNK_BYTES or len(buf) >= REPLAY_CHUNK_ENTRIES:
+                apply(buf, decoded=True)
                 done += len(buf)
                 buf = []
                 size = 0
@@ -172,7 +179,7 @@ def replay(state: State, wal_log, *, to_lsn: int | None = None,
                     log.info("%s of %s: %d of %d log entries applied (%.0f/s)", what,
                              state.path, done, total, done / (now - t0))
         if buf:
-            state.apply(buf, strict=True)
+            apply(buf, decoded=True)
             done += len(buf)
     except CorruptionError as exc:
         if "walkv repair" in str(exc):

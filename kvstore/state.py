@@ -338,7 +338,7 @@ class State:
                 self._abort_write(txn)
                 raise
 
-    def apply(self, entries: list[tuple[int, bytes]], *, strict: bool = False) -> None:
+    def apply(self, entries: list, *, strict: bool = False, decoded: bool = False) -> None:
         """Apply a group of log entries (in LSN order) in ONE LMDB write
         transaction that also records the highest applied LSN. Entries at or
         below ``applied_lsn`` are skipped, so applying is idempotent.
@@ -346,6 +346,8 @@ class State:
         ``strict`` validates every payload (:func:`kvstore.batch.decode`)
         before the transaction starts, so a corrupt entry writes nothing. The
         live path passes entries this process encoded and validated itself.
+        ``decoded``: the entries are ``(lsn, ops)``, already decoded by
+        :func:`~kvstore.batch.decode` (replay does that as it reads).
         """
         if self._closed:
             raise ClosedError("the store's state machine is closed")
@@ -353,7 +355,10 @@ class State:
             return
         t0 = _perf_counter()
         applied = self.applied_lsn
-        if strict:
+        if decoded:
+            dec = _identity
+            known = _NO_HITS
+        elif strict:
             entries = [(lsn, decode(p, lsn)) for lsn, p in entries if lsn > applied]
             dec = _identity
             known = _NO_HITS

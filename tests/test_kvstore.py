@@ -774,9 +774,9 @@ def test_interrupted_rebuild_is_redone(store, monkeypatch) -> None:
     calls = {"n": 0}
     real = recovery.State.apply
 
-    def dying_apply(self, entries, strict=False):
+    def dying_apply(self, entries, **kw):
         calls["n"] += 1
-        real(self, entries[:3], strict=strict)
+        real(self, entries[:3], **kw)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(recovery.State, "apply", dying_apply)
