@@ -176,6 +176,8 @@ def _identity(x):
 
 
 _key_value = operator.itemgetter(1, 2)
+_first = operator.itemgetter(0)
+_PUT_CODES = {OP_PUT}
 _NO_HITS: dict = {}
 _MAX_KNOWN = 1 << 16
 
@@ -370,10 +372,27 @@ class State:
         main = self._main
         begin = self.env.begin
         data = self._data
+        flat = None
+        if dec is _identity:  # decoded: if every op is a put, one putmulti
+            if entries[0][0] <= applied:
+                entries = [e for e in entries if e[0] > applied]
+            flat = [op for _, ops in entries for op in ops]
+            if not set(map(_first, flat)) <= _PUT_CODES:
+                flat = None
         while True:
             puts = 0
             txn = begin(data, None, True)
             try:
+                if flat is not None:
+                    if flat:
+                        _put_run(txn, flat)
+                    puts = len(flat)
+                    deletes = ranges = 0
+                    n = len(entries)
+                    last = entries[-1][0]
+                    txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)
+                    txn.commit()
+                    break
                 # Puts go to LMDB in runs, through one putmulti call each:
                 # py-lmdb releases the GIL on every call, and with another
                 # thread running Python each release costs a GIL hand-off
