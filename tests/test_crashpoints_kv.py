@@ -30,7 +30,7 @@ import pytest
 
 import kvstore
 import kvstore.recovery
-from wal.errors import LockedError, WalkvError
+from wal.errors import WalkvError
 from tests.faultfs import (
     PLAIN,
     FaultFS,
@@ -206,8 +206,6 @@ def reboot(monkeypatch):
 def _known_bug(error: BaseException) -> str | None:
     """The known, reported, strict-xfail-tested bug that ``error`` is an
     instance of, if any. Remove an entry when its xfail test starts passing."""
-    if isinstance(error, LockedError):  # a crash inside kvstore.open leaked the lock of its copy
-        return "test_faults_errors.py::test_store_open_failing_after_the_lock_leaks_nothing"
     return None
 
 
