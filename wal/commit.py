@@ -104,7 +104,12 @@ class GroupCommit:
             # Nobody leads and nothing is queued: write our own group at once
             # (the common single-writer case skips the queue).
             self._leading = True
-            done = self._write_and_wake(first, payloads, None)
+            self._write_and_wake(first, payloads, None)
+            self._handoff()
+            m.release()
+            if self.acked_lsn < last:
+                raise self.failure  # type: ignore[misc]
+            return first
         else:
             if len(payloads) == 1:
                 self._queue.append(payloads[0])

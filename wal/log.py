@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Iterator
 from wal.errors import ClosedError, LogFailedError, RecordTooLargeError, file_error
 from wal.fs import OS_FS, File, FileSystem
 from wal.lock import DirectoryLock
-from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, frame_into
+from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, frame, frame_into
 from wal.commit import Callback, GroupCommit
 from wal.recovery import TRUNCATE_MARKER, ActiveSegment, cut_after, recover
 from wal.segment import (
@@ -275,24 +275,30 @@ class Log:
             self._roll(first)
             active = self._active
         ts = time.time_ns() // 1000
-        parts: list[bytes] = []
         off = start = self._offset
-        points, last_point = active.points, active.last_point
-        lsn = first
-        for payload in payloads:
-            if off - last_point >= INDEX_INTERVAL:
-                rec = record_start(off)
-                points.append((lsn, rec))
-                last_point = rec
-            off = frame_into(parts, pack_entry_header(lsn, ts) + payload, off)
-            lsn += 1
-        active.last_point = last_point
+        last_point = active.last_point
+        if len(payloads) == 1 and off - last_point < INDEX_INTERVAL:  # one append, no index point
+            data, off = frame(pack_entry_header(first, ts) + payloads[0], off)
+            lsn = first + 1
+        else:
+            points = active.points
+            lsn = first
+            parts: list[bytes] = []
+            for payload in payloads:
+                if off - last_point >= INDEX_INTERVAL:
+                    rec = record_start(off)
+                    points.append((lsn, rec))
+                    last_point = rec
+                off = frame_into(parts, pack_entry_header(lsn, ts) + payload, off)
+                lsn += 1
+            active.last_point = last_point
+            data = b"".join(parts)
         grew = off > self._prealloc_end
         if grew:
             new_end = _round_block(max(off, self._prealloc_end + self._prealloc_step))
             self._file.preallocate(self._prealloc_end, new_end - self._prealloc_end)
             self._prealloc_end = new_end
-        self._file.pwrite(parts[0] + parts[1] if len(parts) == 2 else b"".join(parts), start)
+        self._file.pwrite(data, start)
         self._offset = active.data_end = off
         active.last_lsn = lsn - 1
         self._written = (lsn - 1, off)

@@ -77,6 +77,21 @@ def fragment_crc(fragment_type: int, payload: bytes) -> int:
     return mask(extend(_TYPE_CRC[fragment_type], payload))
 
 
+def frame(payload: bytes, offset: int) -> tuple[bytes, int]:
+    """The bytes of one record written at file ``offset``, and the offset
+    just after it. (One FULL fragment, the common case, costs one concat.)"""
+    if type(payload) is not bytes:
+        payload = bytes(payload)
+    n = len(payload)
+    if n + HEADER_SIZE <= BLOCK_SIZE - offset % BLOCK_SIZE:
+        crc = extend_bytes(_FULL_CRC, payload)  # mask() inlined: this is the hot path
+        header = _pack_header((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF, n, FULL)
+        return header + payload, offset + HEADER_SIZE + n
+    parts: list[bytes] = []
+    end = frame_into(parts, payload, offset)
+    return b"".join(parts), end
+
+
 def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
     """Append the bytes of one record written at file ``offset`` to ``out``.
 
@@ -153,9 +168,8 @@ class RecordWriter:
         start = self.offset
         if start % BLOCK_SIZE > BLOCK_SIZE - HEADER_SIZE:
             start += BLOCK_SIZE - start % BLOCK_SIZE
-        parts: list[bytes] = []
-        end = frame_into(parts, payload, self.offset)
-        data = memoryview(b"".join(parts))
+        framed, end = frame(payload, self.offset)
+        data = memoryview(framed)
         while data:  # a raw file may write less than it was given
             data = data[self._f.write(data) :]
         self.offset = end  # only once the whole record is in the file
