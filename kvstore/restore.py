@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import snapshot
 import wal
 from kvstore import recovery
-from kvstore.snapshots import SNAPSHOTS_DIR, consistent_view
+from kvstore.snapshots import SNAPSHOTS_DIR, ConsistentView, choose_base
 from wal.errors import CorruptionError, SnapshotError, WalkvError
 from wal.fs import OS_FS
 from wal.segment import list_segments, read_durable_lsn, read_log
@@ -84,35 +84,6 @@ def _locate(source: str) -> tuple[str | None, list[str]]:
     return (wal_dir if os.path.isdir(wal_dir) else None), found
 
 
-def _choose_base(snap_dirs: list[str], wal_dir: str | None, log_first: int, target: int
-                 ) -> snapshot.Snapshot | None:
-    problems = []
-    for path in snap_dirs:
-        try:
-            snap = snapshot.open(path)
-        except (CorruptionError, SnapshotError) as e:
-            problems.append(f"{path}: {e}")
-            continue
-        if snap.lsn > target:
-            continue
-        if snap.lsn < target and (wal_dir is None or snap.lsn + 1 < log_first):
-            problems.append(f"{path}: the log does not reach from LSN {snap.lsn + 1} to {target}")
-            continue
-        try:
-            snap.verify()
-        except (CorruptionError, SnapshotError) as e:
-            log.warning("snapshot %s is unusable (%s); trying an older one", path, e)
-            problems.append(f"{path}: {e}")
-            continue
-        return snap
-    if wal_dir is not None and log_first == 1:
-        return None  # the whole log is there: replay it from the start
-    raise SnapshotError(
-        f"cannot restore to LSN {target}: no usable snapshot at or below it from which the log "
-        f"reaches it" + (f" ({'; '.join(problems)})" if problems else "")
-    )
-
-
 def restore(source: "str | os.PathLike[str] | KVStore", target: str | os.PathLike[str],
             to_lsn: int | None = None, *, progress: Progress | None = None) -> RestoreInfo:
     """Build a new store at ``target`` equal to ``source`` at ``to_lsn``
@@ -139,7 +110,10 @@ def restore(source: "str | os.PathLike[str] | KVStore", target: str | os.PathLik
     target_lsn = end if to_lsn is None else to_lsn
     if target_lsn > end:
         raise ValueError(f"cannot restore to LSN {target_lsn}: {source} is durable only up to LSN {end}")
-    base = _choose_base(snap_dirs, wal_dir, log_first, target_lsn)
+    try:
+        base = choose_base(snap_dirs, wal_dir, log_first, target_lsn)
+    except SnapshotError as e:
+        raise SnapshotError(f"cannot restore to LSN {target_lsn}: {e}") from None
     base_lsn = base.lsn if base is not None else 0
 
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
@@ -156,10 +130,12 @@ def restore(source: "str | os.PathLike[str] | KVStore", target: str | os.PathLik
         )
         try:
             replayed = target_lsn - base_lsn
-            with consistent_view(state) as (lsn, pairs, count):
-                if lsn != target_lsn:
-                    raise CorruptionError(f"restore reached LSN {lsn}, not {target_lsn}", path=source)
-                snapshot.write(os.path.join(tmp, SNAPSHOTS_DIR), lsn, pairs, store_id=store_id, total=count)
+            with ConsistentView(state) as view:
+                if view.lsn != target_lsn:
+                    raise CorruptionError(f"restore reached LSN {view.lsn}, not {target_lsn}", path=source)
+                count = view.count
+                snapshot.write(os.path.join(tmp, SNAPSHOTS_DIR), view.lsn, view.pairs(), store_id=store_id,
+                               total=count)
         finally:
             state.close(sync=True)
         recovery.write_session(lmdb_dir, store_id, clean=True)

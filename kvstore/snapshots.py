@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import lmdb
@@ -48,30 +47,54 @@ def snapshots_dir(store_path: str) -> str:
     return os.path.join(store_path, SNAPSHOTS_DIR)
 
 
-@contextmanager
-def consistent_view(state: State) -> Iterator[tuple[int, Iterator[tuple[bytes, bytes]], int]]:
-    """``(applied_lsn, pairs in key order, count)`` from one LMDB read
-    transaction. While it is open the LMDB map cannot be grown (py-lmdb
-    needs no live transaction for that), so a writer that fills the map
-    meanwhile waits for the view to close."""
-    state._enter()
-    try:
+class ConsistentView:
+    """The state at one LSN, from one LMDB read transaction: ``lsn`` (the
+    applied LSN, read in that transaction), ``count`` and :meth:`pairs`.
+
+    While it is open the LMDB map cannot be grown (py-lmdb needs no live
+    transaction for that), so a writer that fills the map meanwhile waits for
+    it: :meth:`pairs` therefore releases the view as soon as it is exhausted.
+    """
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+        state._enter()
         try:
-            txn = state.env.begin(db=state._data)
-        except lmdb.MapResizedError:
+            try:
+                self._txn = state.env.begin(db=state._data)
+            except lmdb.MapResizedError:
+                state._gate.exit()
+                state._adopt_mapsize()
+                state._enter()
+                self._txn = state.env.begin(db=state._data)
+            raw = self._txn.get(K_APPLIED, db=state._main)
+            self.lsn = int.from_bytes(raw, "little") if raw else 0
+            self.count = self._txn.stat(state._data)["entries"]
+        except BaseException:
+            if getattr(self, "_txn", None) is not None:
+                self._txn.abort()
             state._gate.exit()
-            state._adopt_mapsize()
-            state._enter()
-            txn = state.env.begin(db=state._data)
+            raise
+        self._open = True
+
+    def pairs(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) in key order; the view closes when they end."""
         try:
-            raw = txn.get(K_APPLIED, db=state._main)
-            applied = int.from_bytes(raw, "little") if raw else 0
-            count = txn.stat(state._data)["entries"]
-            yield applied, txn.cursor().iternext(keys=True, values=True), count
+            yield from self._txn.cursor().iternext(keys=True, values=True)
         finally:
-            txn.abort()
-    finally:
-        state._gate.exit()
+            self.close()
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._txn.abort()
+            self._state._gate.exit()
+
+    def __enter__(self) -> "ConsistentView":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def take(db: "KVStore", *, chunk_bytes: int | None = None, progress: Progress | None = None,
@@ -85,19 +108,28 @@ def take(db: "KVStore", *, chunk_bytes: int | None = None, progress: Progress | 
         raise SnapshotError(f"the store {db.path} is open read-only; snapshots are taken by its writer")
     parent = snapshots_dir(db.path)
     with _snapshot_lock(db):
-        db.sync()  # the snapshot's LSN must be durable in the log
-        state = db._state
         newest = snapshot.list_snapshots(parent)
-        with consistent_view(state) as (lsn, pairs, count):
+        with ConsistentView(db._state) as view:
+            lsn = view.lsn
             if newest and newest[-1].lsn == lsn:
                 info = newest[-1]
             else:
                 options = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
-                info = snapshot.write(parent, lsn, pairs, store_id=db.store_id, fs=db._fs,
-                                      progress=progress, total=count, **options)
+                info = snapshot.write(
+                    parent, lsn, view.pairs(), store_id=db.store_id, fs=db._fs, progress=progress,
+                    total=view.count, before_commit=lambda: _make_durable(db, lsn), **options,
+                )
                 log.info("snapshot of %s at LSN %d: %d keys in %s", db.path, lsn, info.count, info.path)
         retain(db, keep if keep is not None else db.keep_snapshots)
     return info
+
+
+def _make_durable(db: "KVStore", lsn: int) -> None:
+    """With sync="batch" or "none" the state may be ahead of the durable log:
+    a snapshot must never claim an LSN that a machine crash could take back
+    (the log would hand it out again). Runs after the view is released."""
+    if db.durable_lsn < lsn:
+        db.sync()
 
 
 def retain(db: "KVStore", keep: int = DEFAULT_KEEP) -> int:
@@ -115,44 +147,59 @@ def retain(db: "KVStore", keep: int = DEFAULT_KEEP) -> int:
     return freed
 
 
-def rebuild_base(store_path: str) -> tuple[Iterator[tuple[bytes, bytes]], int] | None:
-    """``(pairs, lsn)`` of the newest snapshot that verifies and that the log
-    still reaches back to, or None when the store has no snapshot. Raises
-    :class:`CorruptionError` when snapshots exist but none can be used with
-    the log that is left."""
-    parent = snapshots_dir(store_path)
-    wal_dir = os.path.join(store_path, "wal")
-    segments = list_segments(wal_dir) if os.path.isdir(wal_dir) else []
-    log_first = segments[0].first_lsn if segments else 1
-    log_last = read_durable_lsn(wal_dir)
-    candidates = list(reversed(snapshot.list_snapshots(parent)))
-    if not candidates:
-        if log_first > 1:
-            raise CorruptionError(
-                f"the log starts at LSN {log_first} but there is no usable snapshot to start from",
-                path=parent, hint="restore the snapshots directory from a backup, or `walkv restore` an older copy",
-            )
-        return None
+def choose_base(snapshot_dirs: list[str], wal_dir: str | None, log_first: int, target: int | None,
+                store_id: str | None = None) -> snapshot.Snapshot | None:
+    """The newest snapshot (of ``snapshot_dirs``, newest first) that verifies,
+    is at or below ``target`` (None: any) and from which the log reaches it;
+    ``None`` when none is and the log starts at LSN 1 (replay it all).
+    Used by rebuilds and by restore. Raises :class:`SnapshotError` naming
+    what was wrong with each candidate otherwise."""
     problems = []
-    for info in candidates:
-        if info.lsn + 1 < log_first:
-            problems.append(f"{info.path}: the log no longer reaches back to LSN {info.lsn + 1}")
+    for path in snapshot_dirs:
+        try:
+            snap = snapshot.open(path)
+        except (CorruptionError, SnapshotError) as e:
+            problems.append(f"{path}: {e}")
             continue
-        if log_last is not None and info.lsn > log_last:
-            problems.append(f"{info.path}: newer (LSN {info.lsn}) than the log's durable end (LSN {log_last})")
+        if target is not None and snap.lsn > target:
+            continue
+        if store_id is not None and snap.store_id not in (None, store_id):
+            problems.append(f"{path}: belongs to another store ({snap.store_id})")
+            continue
+        if snap.lsn != target and (wal_dir is None or snap.lsn + 1 < log_first):
+            problems.append(f"{path}: the log no longer reaches back to LSN {snap.lsn + 1}")
             continue
         try:
-            snap = snapshot.open(info.path)
             snap.verify()
         except (CorruptionError, SnapshotError) as e:
-            log.warning("snapshot %s is unusable (%s); falling back to an older one", info.path, e)
-            problems.append(f"{info.path}: {e}")
+            log.warning("snapshot %s is unusable (%s); falling back to an older one", path, e)
+            problems.append(f"{path}: {e}")
             continue
-        return iter(snap), snap.lsn
-    raise CorruptionError(
-        "no snapshot can rebuild the state: " + "; ".join(problems), path=parent,
-        hint="`walkv verify STORE` lists the damage",
+        return snap
+    if wal_dir is not None and log_first == 1:
+        if problems:
+            log.warning("no usable snapshot (%s); replaying the whole log instead", "; ".join(problems))
+        return None
+    raise SnapshotError(
+        "no snapshot can be used" + (f" up to LSN {target}" if target is not None else "")
+        + (": " + "; ".join(problems) if problems else ": there is none, and the log does not start at LSN 1")
     )
+
+
+def rebuild_base(store_path: str, store_id: str | None = None
+                 ) -> tuple[Iterator[tuple[bytes, bytes]], int] | None:
+    """``(pairs, lsn)`` of the snapshot a rebuild of the store's LMDB starts
+    from (see :func:`choose_base`), or None: replay the whole log."""
+    wal_dir = os.path.join(store_path, "wal")
+    segments = list_segments(wal_dir) if os.path.isdir(wal_dir) else []
+    candidates = [i.path for i in reversed(snapshot.list_snapshots(snapshots_dir(store_path)))]
+    try:
+        snap = choose_base(candidates, wal_dir, segments[0].first_lsn if segments else 1,
+                           read_durable_lsn(wal_dir), store_id)
+    except SnapshotError as e:
+        raise CorruptionError(f"cannot rebuild the state: {e}", path=snapshots_dir(store_path),
+                              hint="`walkv verify STORE` lists the damage") from None
+    return None if snap is None else (iter(snap), snap.lsn)
 
 
 def _snapshot_lock(db: "KVStore") -> threading.Lock:

@@ -235,37 +235,20 @@ class KVStore:
             raise
 
     def _rebuild(self, reason: str, progress: Progress | None) -> State:
-        """Rebuild LMDB from the newest snapshot (when the snapshot package
-        offers one through ``kvstore.snapshots.rebuild_base``) plus the log."""
+        """Rebuild LMDB from the newest usable snapshot plus the log
+        (:func:`kvstore.snapshots.rebuild_base`)."""
         wlog = self._log
         fresh = reason == "there is no LMDB state yet" and wlog.last_lsn == 0
         if not fresh:
             log.warning("rebuilding the LMDB state of %s from the log: %s", self.path, reason)
         self.rebuilt = None if fresh else reason
-        base, base_lsn = self._rebuild_base()
+        found = snapshots.rebuild_base(self.path, wlog.store_id)
+        base, base_lsn = found if found is not None else (None, 0)
         state = recovery.rebuild_state(
             self._lmdb_dir, wlog, store_id=wlog.store_id, base=base, base_lsn=base_lsn,
             progress=progress, fs=self._fs, state_options=self._state_options)
         self.replayed = state.applied_entries
         return state
-
-    def _rebuild_base(self):
-        """(pairs, lsn) of the newest snapshot, or (None, 0) without one.
-
-        Hook for the snapshot package: ``kvstore.snapshots.rebuild_base(path)``
-        returning ``(iterable of (key, value) sorted by key, lsn)`` or None.
-        """
-        try:
-            from kvstore import snapshots  # noqa: PLC0415 - optional, owned elsewhere
-        except ImportError:
-            return None, 0
-        hook = getattr(snapshots, "rebuild_base", None)
-        if hook is None:
-            return None, 0
-        found = hook(self.path)
-        if found is None:
-            return None, 0
-        return found
 
     def _on_commit(self, entries: list[tuple[int, bytes]]) -> None:
         # Called by the log's committing thread for every group, after its

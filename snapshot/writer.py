@@ -65,6 +65,7 @@ def write(
     progress: Progress | None = None,
     total: int | None = None,
     exist_ok: bool = False,
+    before_commit: Callable[[], None] | None = None,
 ) -> SnapshotInfo:
     """Write the snapshot ``parent/snap-<lsn>/`` from ``items``.
 
@@ -77,6 +78,8 @@ def write(
     about ``record_bytes`` of keys and values each (a single pair over
     :data:`~snapshot.chunk.MAX_RECORD_BYTES` is a RecordTooLargeError).
     ``progress(pairs_written, total)`` is called every few records.
+    ``before_commit()`` runs once every item was read and written, just
+    before the commit (the rename); if it raises, nothing is committed.
 
     Durability: when ``write`` returns, the snapshot and every byte it holds
     are durable (files and directories fsynced). If it raises, or the process
@@ -155,6 +158,8 @@ def write(
         )
         fs.write_file(os.path.join(tmp, MANIFEST_NAME), encode_manifest(manifest))
         fs.fsync_dir(tmp)
+        if before_commit is not None:
+            before_commit()  # e.g. the store makes its log durable up to ``lsn``
         existing = _existing(final, lsn)
         if existing is not None:  # another writer committed the same LSN meanwhile
             if exist_ok:

@@ -224,7 +224,7 @@ def test_rebuild_refuses_when_no_snapshot_reaches_the_log(tmp_path) -> None:
         random_writes(db, random.Random(10), 50)
     os.rename(info.path, info.path + ".gone")  # the only snapshot is lost
     _crash_machine(path)
-    with pytest.raises(CorruptionError, match="no usable snapshot"):
+    with pytest.raises(CorruptionError, match="cannot rebuild the state"):
         kvstore.open(path)
 
 
@@ -248,3 +248,45 @@ def test_auto_snapshots_keep_the_log_bounded(tmp_path) -> None:
     bound = 3 * every + 2 * 4096 + 32768
     assert written > 3 * bound
     assert max(sizes[10:]) < bound, sizes
+
+
+def test_snapshot_never_claims_an_lsn_the_log_has_not_made_durable(tmp_path) -> None:
+    """sync="none": the state runs ahead of the durable log; a snapshot at
+    LSN n must find the log durable up to n (or a machine crash would let the
+    log hand out LSNs the snapshot already holds)."""
+    path = str(tmp_path / "s")
+    stop = threading.Event()
+    with kvstore.open(path, sync="none", segment_bytes=1 << 20) as db:
+        def writer() -> None:
+            rng = random.Random(12)
+            while not stop.is_set():
+                random_writes(db, rng, 50)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            for _ in range(5):
+                info = db.snapshot(keep=10)
+                assert db.durable_lsn >= info.lsn
+        finally:
+            stop.set()
+            t.join()
+
+
+def test_rebuild_replays_the_whole_log_when_no_snapshot_is_usable(tmp_path) -> None:
+    path = str(tmp_path / "s")
+    model: dict[bytes, bytes] = {}
+    with kvstore.open(path, segment_bytes=1 << 20) as db:  # one segment: the log starts at LSN 1
+        random_writes(db, random.Random(13), 300, model)
+        info = db.snapshot()
+        random_writes(db, random.Random(14), 50, model)
+    chunk = os.path.join(info.path, snapshot.open(info.path).chunks[0].name)
+    with open(chunk, "r+b") as f:
+        f.seek(60)
+        b = f.read(1)
+        f.seek(60)
+        f.write(bytes([b[0] ^ 1]))
+    _crash_machine(path)
+    with kvstore.open(path) as db:
+        assert db.replayed == db.last_lsn  # the whole log, from LSN 1
+        assert dict(db.scan()) == model
