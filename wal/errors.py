@@ -66,8 +66,9 @@ class ClosedError(WalkvError):
 class LogFailedError(WalkvError):
     """An fsync or write failed (or the disk is full). The log refuses every
     further append: a failed fsync may have dropped dirty pages, so retrying and
-    trusting the data would be wrong. Everything acknowledged before is safe;
-    close and reopen (after freeing space) to go on."""
+    trusting the data would be wrong. Everything fsynced before is safe (with
+    ``sync="always"``, everything acknowledged); the message says which LSNs
+    are at risk. Close and reopen (after freeing space) to go on."""
 
 
 class SnapshotError(WalkvError):

@@ -106,6 +106,10 @@ class Log:
             raise ValueError(f"sync must be one of {SYNC_MODES}, not {sync!r}")
         if not isinstance(segment_bytes, int) or segment_bytes < 1024:
             raise ValueError(f"segment_bytes must be an int of at least 1024, not {segment_bytes!r}")
+        for name, value, low in (("sync_interval", sync_interval, 0.1), ("sync_bytes", sync_bytes, 1),
+                                 ("max_record_bytes", max_record_bytes, 64)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+                raise ValueError(f"{name} must be a number of at least {low}, not {value!r}")
         self.directory = os.fspath(directory)
         self.sync_mode = sync
         self.segment_bytes = segment_bytes
@@ -257,11 +261,16 @@ class Log:
     def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:
             return self._failure
-        what = "the disk is full" if isinstance(error, OSError) and error.errno == errno.ENOSPC else repr(error)
+        full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+        what = "the disk is full" if full else repr(error)
+        durable, written = self._durable[0], self._written[0]
+        at_risk = (f" LSNs {durable + 1}..{written} were acknowledged (sync={self.sync_mode!r}) but not fsynced, "
+                   "and may be lost." if written > durable else "")
         self._failure = LogFailedError(
             f"the log at {self.directory} failed while writing LSN {first_lsn} and later: {what}. "
-            f"It refuses every further append; everything acknowledged (up to LSN {self._durable[0]} durable, "
-            f"{self._written[0]} written) is safe. Close it and reopen{' after freeing space' if 'full' in what else ''}."
+            f"It refuses every further append. Entries up to LSN {durable} are durable.{at_risk} "
+            f"LSN {first_lsn} and later were not acknowledged; they may or may not be in the log after a reopen. "
+            f"Close it and reopen{' after freeing space' if full else ''}."
         )
         self._failure.__cause__ = error
         logger.error("%s", self._failure)
@@ -456,7 +465,8 @@ class Log:
             self._fs.fsync_dir(self.directory)
         except OSError as e:
             raise file_error(e, "deleting old log segments (nothing the log still needs was touched; "
-                                "the next truncate_before retries)") from None
+                                "what was not deleted is kept, and deleted by a truncate_before after the "
+                                "next open)") from None
         return freed
 
     def truncate_after(self, lsn: int) -> None:
@@ -470,7 +480,8 @@ class Log:
                 return
             try:
                 if self._durable[0] > lsn:
-                    self._durable = (lsn, 0)
+                    # (The offset bounds reads of the active segment; those stop at ``lsn`` anyway.)
+                    self._durable = (lsn, self._durable[1])
                     self._publish_durable()
                 marker = os.path.join(self.directory, TRUNCATE_MARKER)
                 self._fs.write_file(marker + ".tmp", str(lsn).encode())

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from wal.errors import CorruptionError
+from wal.errors import CorruptionError, WalkvError
 from wal.fs import OS_FS, File, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import _HEADER, BLOCK_SIZE, FIRST, FULL, HEADER_SIZE, RecordReader, fragment_crc
@@ -388,6 +388,8 @@ def _first_problem(segments: list[SegmentFile], progress: Callable[[int, int | N
 def verify(directory: str, progress: Callable[[int, int | None], None] | None = None) -> list[str]:
     """Every CRC, header and LSN of every segment; returns the problems found
     (the first bad record and what lies after it), empty when all is well."""
+    if not os.path.isdir(directory):
+        raise WalkvError(f"{directory} is not a walkv log directory (it does not exist)")
     segments = list_segments(directory)
     problems = []
     found = _first_problem(segments, progress)
@@ -401,11 +403,23 @@ def verify(directory: str, progress: Callable[[int, int | None], None] | None = 
     return problems
 
 
+def _broken_name(path: str) -> str:
+    """``<path>.broken``, or ``.broken-2``, ``-3``...: never over the evidence
+    an earlier repair kept."""
+    name, n = path + ".broken", 1
+    while os.path.exists(name):
+        n += 1
+        name = f"{path}.broken-{n}"
+    return name
+
+
 def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, lock: bool = True) -> RepairReport:
     """Cut the log at its first bad record, keeping what was cut in ``.broken``
     files. Takes the log's lock (a writer holding it is :class:`LockedError`)
     unless the caller holds it (``lock=False``). Returns what it found (and,
     unless ``dry_run``, did)."""
+    if not os.path.isdir(directory):
+        raise WalkvError(f"{directory} is not a walkv log directory (it does not exist)")
     if lock:
         with DirectoryLock(directory, f"the log at {directory}"):
             return repair(directory, fs=fs, dry_run=dry_run, lock=False)
@@ -426,8 +440,9 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
             f.close()
         return report
     for seg in reversed(later):  # newest first: what remains is always a prefix
-        fs.rename(seg.path, seg.path + ".broken")
-        report.broken_files.append(seg.path + ".broken")
+        kept = _broken_name(seg.path)
+        fs.rename(seg.path, kept)
+        report.broken_files.append(kept)
         if os.path.exists(index_path(seg.path)):
             fs.unlink(index_path(seg.path))
     f = fs.open(bad.path)
@@ -435,14 +450,16 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
         end = _nonzero_end(f, good_end, f.size())
         if good_end == 0:
             f.close()
-            fs.rename(bad.path, bad.path + ".broken")
-            report.broken_files.append(bad.path + ".broken")
+            kept = _broken_name(bad.path)
+            fs.rename(bad.path, kept)
+            report.broken_files.append(kept)
             report.dropped_bytes += end
             first = last_good + 1 if i > 0 else bad.first_lsn
             write_new_segment(directory, store_id or uuid.uuid4().hex, first, 0, fs)
         elif end > good_end:
-            fs.write_file(bad.path + ".broken", f.pread(end - good_end, good_end))
-            report.broken_files.append(bad.path + ".broken")
+            kept = _broken_name(bad.path)
+            fs.write_file(kept, f.pread(end - good_end, good_end))
+            report.broken_files.append(kept)
             report.dropped_bytes += end - good_end
             f.preallocate(good_end, end - good_end)
             f.sync()

@@ -52,6 +52,7 @@ import sys
 import time
 import uuid
 from array import array
+from operator import lt
 from typing import BinaryIO, Iterable, Iterator, NamedTuple, Sequence
 
 from wal.errors import CorruptionError
@@ -304,7 +305,14 @@ def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
             return
         index = read_index(seg.path)
         start = index.offset_for(expected) if index is not None and index.first_lsn == seg.first_lsn else 0
-        with open(seg.path, "rb") as fh:
+        try:
+            fh = open(seg.path, "rb")  # noqa: SIM115
+        except FileNotFoundError:
+            raise ValueError(
+                f"segment {seg.path} (LSNs from {seg.first_lsn}) was deleted while being read: a snapshot "
+                "covered it and retention removed it"
+            ) from None
+        with fh:
             for entry in iter_entries(fh, seg.path, start, expected, last):
                 if entry.lsn != expected:
                     break
@@ -349,7 +357,7 @@ def decode_index(payload: bytes, path: str) -> SparseIndex:
     points = IndexPoints()
     points.lsns, points.offsets = flat[0::2], flat[1::2]
     lsns, offsets = points.lsns, points.offsets
-    if any(lsns[i] >= lsns[i + 1] or offsets[i] >= offsets[i + 1] for i in range(count - 1)) or (
+    if not (all(map(lt, lsns, lsns[1:])) and all(map(lt, offsets, offsets[1:]))) or (
         count and (lsns[0] < first or lsns[-1] > last or offsets[-1] >= data_end)
     ):
         raise CorruptionError("index points out of order or out of range", path=path, offset=0)
