@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import shutil
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--snapshot-interval", type=float, default=0.25, help="seconds between snapshots in the writer")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("--verbose", action="store_true", help="show walkv's warnings (torn tails cut, rebuilds)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -327,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child_main(args)
         return 0
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="  %(name)s: %(message)s")
     if args.seconds is None and args.count is None:
         args.seconds = 60.0
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
