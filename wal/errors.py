@@ -87,3 +87,18 @@ def file_error(error: OSError, doing: str) -> WalkvError:
             "are read and written by the user that owns the store) and that the file system is writable"
         )
     return WalkvError(f"{doing}: {error.strerror or error} ({where})")
+
+
+def log_failed(directory: str, error: BaseException, first_lsn: int, durable: int, written: int) -> LogFailedError:
+    """The error a log gives once a write or fsync of LSN ``first_lsn`` and
+    later failed: what is durable, what was acknowledged but is at risk
+    (``sync="batch"``/``"none"``), and what was never acknowledged."""
+    full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+    at_risk = (f" LSNs {durable + 1}..{written} were acknowledged but not fsynced, and may be lost."
+               if written > durable else "")
+    return LogFailedError(
+        f"the log at {directory} failed while writing LSN {first_lsn} and later: "
+        f"{'the disk is full' if full else repr(error)}. It refuses every further append. Entries up to "
+        f"LSN {durable} are durable.{at_risk} LSN {first_lsn} and later were not acknowledged; they may "
+        f"or may not be in the log after a reopen. Close it and reopen{' after freeing space' if full else ''}."
+    )

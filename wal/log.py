@@ -32,34 +32,28 @@ acknowledged before is lost; reopen to go on.
 from __future__ import annotations
 
 import bisect
-import builtins
-import errno
 import logging
-import mmap
 import os
 import threading
 import time
 from collections import deque
 from typing import Callable, Iterable, Iterator
 
-from wal.errors import ClosedError, LogFailedError, RecordTooLargeError, file_error
+from wal.errors import ClosedError, LogFailedError, RecordTooLargeError, file_error, log_failed
 from wal.fs import OS_FS, File, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, frame, frame_into
 from wal.commit import Callback, GroupCommit
-from wal.recovery import TRUNCATE_MARKER, ActiveSegment, cut_after, recover
+from wal.recovery import TRUNCATE_MARKER, ActiveSegment, cut_after, delete_segments, recover
 from wal.segment import (
-    DURABLE_NAME,
+    DurableMarker,
     ENTRY_HEADER_SIZE,
     INDEX_INTERVAL,
     Entry,
     IndexPoints,
     SegmentFile,
     SparseIndex,
-    encode_durable,
-    find_segment,
-    index_path,
-    iter_entries,
+    read_segments,
     pack_entry_header,
     record_start,
     write_index,
@@ -166,7 +160,8 @@ class Log:
         self._written = (last, rec.active.data_end)
         self._durable = self._written
         self._first_lsn = self._sealed[0].first_lsn if self._sealed else rec.active.file.first_lsn
-        self._open_durable_file()
+        self._durable_marker = DurableMarker(self.directory)
+        self._publish_durable()
 
     def _activate(self, active: ActiveSegment) -> None:
         self._active = active
@@ -174,18 +169,8 @@ class Log:
         self._offset = active.data_end
         self._prealloc_end = self._file.size()
 
-    def _open_durable_file(self) -> None:
-        path = os.path.join(self.directory, DURABLE_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, 16)
-            self._durable_map = mmap.mmap(fd, 16)
-        finally:
-            os.close(fd)
-        self._publish_durable()
-
     def _publish_durable(self) -> None:
-        self._durable_map[:16] = encode_durable(self._durable[0])
+        self._durable_marker.publish(self._durable[0])
 
     # -- properties ----------------------------------------------------------
 
@@ -261,17 +246,7 @@ class Log:
     def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:
             return self._failure
-        full = isinstance(error, OSError) and error.errno == errno.ENOSPC
-        what = "the disk is full" if full else repr(error)
-        durable, written = self._durable[0], self._written[0]
-        at_risk = (f" LSNs {durable + 1}..{written} were acknowledged (sync={self.sync_mode!r}) but not fsynced, "
-                   "and may be lost." if written > durable else "")
-        self._failure = LogFailedError(
-            f"the log at {self.directory} failed while writing LSN {first_lsn} and later: {what}. "
-            f"It refuses every further append. Entries up to LSN {durable} are durable.{at_risk} "
-            f"LSN {first_lsn} and later were not acknowledged; they may or may not be in the log after a reopen. "
-            f"Close it and reopen{' after freeing space' if full else ''}."
-        )
+        self._failure = log_failed(self.directory, error, first_lsn, self._durable[0], self._written[0])
         self._failure.__cause__ = error
         logger.error("%s", self._failure)
         return self._failure
@@ -314,7 +289,7 @@ class Log:
         if self.sync_mode == "always":
             self._timed_sync(full=grew)
             self._durable = self._written
-            self._durable_map[:16] = encode_durable(lsn - 1)
+            self._durable_marker.publish(lsn - 1)
         else:
             self._unsynced_bytes += off - start
             if self._unsynced_bytes >= self.sync_bytes and self.sync_mode == "batch":
@@ -418,26 +393,15 @@ class Log:
         last = limit_lsn if to_lsn is None else min(to_lsn, limit_lsn)
         if from_lsn > last:
             return
-        for i in range(max(0, find_segment(segments, from_lsn)), len(segments)):
-            seg = segments[i]
-            if seg.first_lsn > last:
-                return
-            is_active = i == len(segments) - 1
-            if is_active:
-                j = bisect.bisect_right(active_points, (from_lsn, 1 << 64)) - 1
-                start = active_points[j][1] if j >= 0 else 0
-            else:
-                start = indexes[seg.first_lsn].offset_for(from_lsn)
-            try:
-                fh = builtins.open(seg.path, "rb")  # noqa: SIM115
-            except FileNotFoundError:
-                raise ValueError(
-                    f"segment {seg.path} was deleted by truncate_before while it was being read"
-                ) from None
-            with fh:
-                yield from iter_entries(fh, seg.path, start, from_lsn, last,
-                                        end_offset=limit_off if is_active else None,
-                                        max_record_bytes=self.max_record_bytes)
+
+        def start_offset(i: int, seg: SegmentFile, lsn: int) -> int:
+            if i < len(segments) - 1:
+                return indexes[seg.first_lsn].offset_for(lsn)
+            j = bisect.bisect_right(active_points, (lsn, 1 << 64)) - 1
+            return active_points[j][1] if j >= 0 else 0
+
+        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off,
+                                 max_record_bytes=self.max_record_bytes)
 
     def truncate_before(self, lsn: int) -> int:
         """Delete whole segments all of whose LSNs are below ``lsn`` (never the
@@ -453,21 +417,7 @@ class Log:
             for seg in doomed:
                 del self._indexes[seg.first_lsn]
             self._first_lsn = segments[len(doomed)].first_lsn
-        freed = 0
-        try:
-            for seg in doomed:
-                idx = index_path(seg.path)
-                if os.path.exists(idx):
-                    freed += os.path.getsize(idx)
-                    self._fs.unlink(idx)
-                freed += os.path.getsize(seg.path)
-                self._fs.unlink(seg.path)
-            self._fs.fsync_dir(self.directory)
-        except OSError as e:
-            raise file_error(e, "deleting old log segments (nothing the log still needs was touched; "
-                                "what was not deleted is kept, and deleted by a truncate_before after the "
-                                "next open)") from None
-        return freed
+        return delete_segments(self.directory, doomed, self._fs)
 
     def truncate_after(self, lsn: int) -> None:
         """Drop every entry after ``lsn``; the next append gets ``lsn + 1``.
@@ -488,7 +438,7 @@ class Log:
                 self._fs.rename(marker + ".tmp", marker)
                 self._fs.fsync_dir(self.directory)
                 self._file.close()
-                self._durable_map.close()
+                self._durable_marker.close()
                 cut_after(self.directory, lsn, self._fs)
                 self._fs.unlink(marker)
                 self._fs.fsync_dir(self.directory)
@@ -531,7 +481,7 @@ class Log:
             if self._flusher is not None and self._flusher is not threading.current_thread():
                 self._flusher.join(timeout=5)
             self._file.close()
-            self._durable_map.close()
+            self._durable_marker.close()
             self._lock.release()
         if error is not None:
             raise LogFailedError(

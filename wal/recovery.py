@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from wal.errors import CorruptionError, WalkvError
+from wal.errors import CorruptionError, WalkvError, file_error
 from wal.fs import OS_FS, File, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import _HEADER, BLOCK_SIZE, FIRST, FULL, HEADER_SIZE, RecordReader, fragment_crc
@@ -473,7 +473,28 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
     return report
 
 
-# -- truncate_after, crash-safely -------------------------------------------------
+# -- truncation, crash-safely -------------------------------------------------------
+
+
+def delete_segments(directory: str, doomed: list[SegmentFile], fs: FileSystem = OS_FS) -> int:
+    """Delete sealed segments (oldest first, each index before its segment,
+    then one directory fsync), so that a crash leaves a gap-free suffix and
+    no index without its segment. Returns the bytes freed."""
+    freed = 0
+    try:
+        for seg in doomed:
+            idx = index_path(seg.path)
+            if os.path.exists(idx):
+                freed += os.path.getsize(idx)
+                fs.unlink(idx)
+            freed += os.path.getsize(seg.path)
+            fs.unlink(seg.path)
+        fs.fsync_dir(directory)
+    except OSError as e:
+        raise file_error(e, "deleting old log segments (nothing the log still needs was touched; "
+                            "what was not deleted is kept, and deleted by a truncate_before after the "
+                            "next open)") from None
+    return freed
 
 TRUNCATE_MARKER = "TRUNCATE"
 

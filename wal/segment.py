@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import mmap
 import os
 import re
 import struct
@@ -53,7 +54,7 @@ import time
 import uuid
 from array import array
 from operator import lt
-from typing import BinaryIO, Iterable, Iterator, NamedTuple, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from wal.errors import CorruptionError
 from wal.fs import OS_FS, FileSystem
@@ -280,6 +281,51 @@ def iter_entries(
             return  # never parse past the last wanted entry: it may be mid-write
 
 
+def read_segments(
+    segments: list[SegmentFile],
+    from_lsn: int,
+    last: int | None,
+    start_offset: Callable[[int, SegmentFile, int], int],
+    *,
+    active_end: int | None = None,
+    max_record_bytes: int | None = None,
+) -> Iterator[Entry]:
+    """Entries ``from_lsn..last`` (None: to the end) of consecutive segments,
+    strictly checked, with no LSN missing. ``start_offset(i, segment, lsn)``
+    gives the record offset to start reading segment ``i`` at (from a sparse
+    index); ``active_end`` bounds the bytes read of the last segment (the
+    durable part of a segment still being written)."""
+    expected = from_lsn
+    for i in range(max(0, find_segment(segments, from_lsn)), len(segments)):
+        seg = segments[i]
+        if last is not None and seg.first_lsn > last:
+            return
+        is_last = i == len(segments) - 1
+        start = start_offset(i, seg, expected)
+        try:
+            fh = open(seg.path, "rb")  # noqa: SIM115
+        except FileNotFoundError:
+            raise ValueError(
+                f"segment {seg.path} (LSNs from {seg.first_lsn}) was deleted while being read: a snapshot "
+                "covered it and retention (truncate_before) removed it"
+            ) from None
+        with fh:
+            for entry in iter_entries(fh, seg.path, start, expected, last, end_offset=active_end if is_last else None,
+                                      max_record_bytes=max_record_bytes):
+                if entry.lsn != expected:
+                    raise CorruptionError(f"LSNs {expected}..{entry.lsn - 1} are missing from the log",
+                                          path=seg.path, lsn=expected, hint=REPAIR_HINT)
+                yield entry
+                expected += 1
+        if last is not None and expected > last:
+            return
+        nxt = segments[i + 1].first_lsn if not is_last else None
+        if nxt is not None and expected < nxt:
+            raise CorruptionError(
+                f"LSNs {expected}..{nxt - 1} are missing from the log", path=seg.path, lsn=expected, hint=REPAIR_HINT
+            )
+
+
 def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
              durable_only: bool = True) -> Iterator[Entry]:
     """Entries of a log directory, read straight from its files: no lock, so
@@ -298,33 +344,12 @@ def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
         )
     limit = read_durable_lsn(directory) if durable_only else None
     last = to_lsn if limit is None else (limit if to_lsn is None else min(to_lsn, limit))
-    expected = from_lsn
-    for i in range(max(0, find_segment(segments, from_lsn)), len(segments)):
-        seg = segments[i]
-        if last is not None and seg.first_lsn > last:
-            return
+
+    def start_offset(_i: int, seg: SegmentFile, lsn: int) -> int:
         index = read_index(seg.path)
-        start = index.offset_for(expected) if index is not None and index.first_lsn == seg.first_lsn else 0
-        try:
-            fh = open(seg.path, "rb")  # noqa: SIM115
-        except FileNotFoundError:
-            raise ValueError(
-                f"segment {seg.path} (LSNs from {seg.first_lsn}) was deleted while being read: a snapshot "
-                "covered it and retention removed it"
-            ) from None
-        with fh:
-            for entry in iter_entries(fh, seg.path, start, expected, last):
-                if entry.lsn != expected:
-                    break
-                yield entry
-                expected += 1
-        nxt = segments[i + 1].first_lsn if i + 1 < len(segments) else None
-        if nxt is not None and expected < nxt and (last is None or expected <= last):
-            raise CorruptionError(
-                f"LSNs {expected}..{nxt - 1} are missing from the log", path=seg.path, lsn=expected, hint=REPAIR_HINT
-            )
-        if last is not None and expected > last:
-            return
+        return index.offset_for(lsn) if index is not None and index.first_lsn == seg.first_lsn else 0
+
+    yield from read_segments(segments, from_lsn, last, start_offset)
 
 
 def record_start(offset: int) -> int:
@@ -427,6 +452,27 @@ _DURABLE = struct.Struct("<QQ")  # durable LSN, its complement (a torn read show
 
 def encode_durable(lsn: int) -> bytes:
     return _DURABLE.pack(lsn, lsn ^ 0xFFFFFFFFFFFFFFFF)
+
+
+class DurableMarker:
+    """The writer's side of ``DURABLE``: the file mapped in memory, so that
+    publishing after each fsync is a 16-byte store, not a system call. It is
+    written only after the fsync it reports, so whatever of it reaches the
+    disk never overstates what is durable."""
+
+    def __init__(self, directory: str) -> None:
+        fd = os.open(os.path.join(directory, DURABLE_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, _DURABLE.size)
+            self._map = mmap.mmap(fd, _DURABLE.size)
+        finally:
+            os.close(fd)
+
+    def publish(self, lsn: int) -> None:
+        self._map[: _DURABLE.size] = encode_durable(lsn)
+
+    def close(self) -> None:
+        self._map.close()
 
 
 def decode_durable(data: bytes) -> int | None:
