@@ -43,13 +43,12 @@ keeps one read transaction and reuses it until the next group is applied
 (``gen`` changes), so a get is one LMDB lookup. Growing the map, closing, and
 dropping idle threads' stale read transactions (so that they do not pin old
 pages, which would make LMDB's file grow) need every reader out of LMDB for a
-moment: :class:`ReadGate` gives the writer that moment with no lock on the
-read path.
+moment: :class:`kvstore.readers.ReadGate` gives the writer that moment with no
+lock on the read path. The LMDB cursor helpers are in :mod:`kvstore.lmdb_ops`.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import operator
 import os
@@ -64,6 +63,10 @@ import lmdb
 import msgpack
 
 from kvstore.batch import OP_DELETE, OP_PUT, as_bytes, decode
+from kvstore.lmdb_env import open_env
+from kvstore.lmdb_ops import delete_range, preallocate, put_run, read_error
+from kvstore.readers import Reader, ReadGate
+from kvstore.readers import scan as _scan
 from wal.errors import ClosedError, CorruptionError, LogFailedError, WalkvError
 
 log = logging.getLogger("walkv.state")
@@ -77,7 +80,6 @@ K_COMPLETE = b"walkv.complete"
 DEFAULT_MAP_SIZE = 64 << 20
 _GROW_DOUBLE_UNTIL = 1 << 30
 SWEEP_SECONDS = 1.0
-_MAXK = 511
 
 _perf_counter = time.perf_counter
 _get_ident = threading.get_ident
@@ -86,96 +88,10 @@ _pack_u64 = _U64.pack
 _unpackb = msgpack.unpackb
 
 
-class ReadGate:
-    """Readers run concurrently; the writer can wait for a moment when no
-    reader is inside LMDB (to remap, sweep stale transactions, or close).
-
-    A reader announces itself, then checks :attr:`blocking`; the writer sets
-    :attr:`blocking`, then waits until no reader is announced. Either the
-    writer sees the reader or the reader sees the flag (Dekker's handshake;
-    the GIL orders the steps), so there is no lock on the read path. A reader
-    that sees the flag steps back and waits on the writer's mutex.
-
-    Readers announce themselves in one of two ways: a thread's cached
-    :class:`_Reader` sets its ``busy`` flag (the get fast path: two attribute
-    stores), anything else appends to :attr:`active` (atomic under the GIL).
-    The get fast path does not even read :attr:`blocking`: ``on_block`` sets
-    the state's commit counter to a value no cached transaction carries, so
-    the one comparison the fast path makes anyway sends it to the slow path.
-    """
-
-    __slots__ = ("active", "blocking", "_mutex", "_readers", "_on_block", "_on_release")
-
-    def __init__(self, readers, on_block, on_release) -> None:
-        self.active: list[None] = []
-        self.blocking = False
-        self._mutex = threading.Lock()
-        self._readers = readers  # () -> list of registered _Reader
-        self._on_block = on_block
-        self._on_release = on_release
-
-    def enter(self) -> None:
-        active = self.active
-        while True:
-            active.append(None)
-            if not self.blocking:
-                return
-            active.pop()
-            with self._mutex:
-                pass
-
-    def exit(self) -> None:
-        self.active.pop()
-
-    def wait(self) -> None:
-        """A reader saw :attr:`blocking`: wait for the writer to finish."""
-        with self._mutex:
-            pass
-
-    def acquire_exclusive(self, *, cached_only: bool = False) -> None:
-        """Wait until no reader is inside LMDB and keep new ones out.
-        ``cached_only``: wait only for users of the threads' cached
-        transactions (what a sweep touches), not for scans and snapshot
-        views, which may take long."""
-        self._mutex.acquire()
-        self.blocking = True
-        self._on_block()
-        readers = self._readers()  # taken after the flag: later ones see it
-        active = () if cached_only else self.active
-        spins = 0
-        while active or any(r.busy for r in readers):
-            spins += 1
-            time.sleep(0 if spins < 100 else 0.0005)
-
-    def release_exclusive(self) -> None:
-        self._on_release()
-        self.blocking = False
-        self._mutex.release()
-
-
-class _Reader:
-    """One thread's cached read transaction."""
-
-    __slots__ = ("txn", "gen", "gets", "busy", "owner", "ident", "__weakref__")
-
-    def __init__(self, owner: "State | None", ident: int = -1) -> None:
-        self.txn: lmdb.Transaction | None = None
-        self.gen = -1
-        self.gets = 0
-        self.busy = False
-        self.owner = owner
-        self.ident = ident
-
-    def __del__(self) -> None:  # the thread ended: keep its count
-        if self.owner is not None:
-            self.owner._dead_gets += self.gets
-
-
 def _identity(x):
     return x
 
 
-_key_value = operator.itemgetter(1, 2)
 _first = operator.itemgetter(0)
 _PUT_CODES = {OP_PUT}
 _NO_HITS: dict = {}
@@ -199,12 +115,12 @@ class State:
         self.map_gen = 0          # bumped whenever open transactions die
         self.map_grows = 0
         self._local = threading.local()
-        self._readers: weakref.WeakSet[_Reader] = weakref.WeakSet()
+        self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
         self._readers_lock = threading.Lock()
         self._dead_gets = 0
         self._gate = ReadGate(self._reader_list, self._on_block, self._on_release)
         self._held_gen = 0
-        self._r0 = _Reader(None)  # the last reading thread's reader (fast path)
+        self._r0 = Reader(None)  # the last reading thread's reader (fast path)
         # id(payload) -> (payload, ops, puts_only) for entries this process
         # encoded: the apply path takes the ops from here instead of
         # decoding the payload it was just given back.
@@ -218,48 +134,14 @@ class State:
         self.delete_ranges = 0
         self.apply_seconds = 0.0
         self.apply_max_seconds = 0.0
-        data_file = os.path.join(path, "data.mdb")
+        self.env, self._main, self._data = open_env(
+            path, readonly=readonly, map_size=map_size, writemap=self.writemap,
+            max_readers=max_readers)
         try:
-            existing = os.path.getsize(data_file)
-        except OSError:
-            existing = 0
-        if readonly and not existing:
-            raise WalkvError(f"{path} holds no state yet: open the store "
-                             f"read-write once to create it")
-        size = max(int(map_size), existing, 1 << 20)
-        size = (size + 0xFFFFF) & ~0xFFFFF  # a whole number of MiB
-        if not readonly:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        try:
-            self.env = lmdb.open(
-                path, map_size=size, subdir=True, readonly=readonly,
-                metasync=False, sync=False, writemap=self.writemap,
-                map_async=False, max_dbs=2, max_readers=max_readers,
-                max_spare_txns=16, lock=True, mode=0o600, create=not readonly,
-                readahead=False,
-            )
-        except lmdb.Error as exc:
-            if "already open in this process" in str(exc):
-                raise WalkvError(
-                    f"the store's LMDB environment {path} is already open in this "
-                    f"process (LMDB allows one open per process); share that "
-                    f"KVStore between threads instead") from None
-            raise CorruptionError(f"cannot open the LMDB environment: {exc}",
-                                  path=path) from None
-        try:
-            if self.writemap:
-                _preallocate(data_file, size)
-            self._main = self.env.open_db(None)
-            if readonly:
-                self._data = self.env.open_db(b"data", create=False)
-            else:
-                self._data = self.env.open_db(b"data")
             self._load_meta()
         except BaseException as exc:
             self.env.close()
-            if isinstance(exc, WalkvError):
-                raise
-            if isinstance(exc, lmdb.Error):
+            if isinstance(exc, lmdb.Error) and not isinstance(exc, WalkvError):
                 raise CorruptionError(f"LMDB environment is unreadable: {exc}",
                                       path=path) from None
             raise
@@ -385,7 +267,7 @@ class State:
             try:
                 if flat is not None:
                     if flat:
-                        _put_run(txn, flat)
+                        put_run(txn, flat)
                     puts = len(flat)
                     deletes = ranges = 0
                     n = len(entries)
@@ -419,19 +301,19 @@ class State:
                             run.append(op)
                             continue
                         if run:
-                            _put_run(txn, run)
+                            put_run(txn, run)
                             puts += len(run)
                             run = []
                         if code == OP_DELETE:
                             txn.delete(op[1])
                             deletes += 1
                         else:
-                            _delete_range(txn, op[1], op[2])
+                            delete_range(txn, op[1], op[2])
                             ranges += 1
                     last = lsn
                     n += 1
                 if run:
-                    _put_run(txn, run)
+                    put_run(txn, run)
                     puts += len(run)
                 put = txn.put
                 put(K_APPLIED, _pack_u64(last), True, True, False, main)
@@ -494,7 +376,7 @@ class State:
             if failed is not None:
                 failed.abort()
             if self.writemap:
-                _preallocate(os.path.join(self.path, "data.mdb"), new)
+                preallocate(os.path.join(self.path, "data.mdb"), new)
             self.env.set_mapsize(new)
             self.map_gen += 1
         finally:
@@ -513,7 +395,7 @@ class State:
         finally:
             gate.release_exclusive()
 
-    def _reader_list(self) -> list[_Reader]:
+    def _reader_list(self) -> list[Reader]:
         with self._readers_lock:
             return list(self._readers)
 
@@ -549,19 +431,19 @@ class State:
         # Every cached transaction predates what the writer did: renew.
         self.gen = self._held_gen + 1
 
-    def _reader(self) -> _Reader:
+    def _reader(self) -> Reader:
         """This thread's reader (created and registered on first use)."""
         try:
             return self._local.r
         except AttributeError:
             pass
-        r = _Reader(self, _get_ident())
+        r = Reader(self, _get_ident())
         self._local.r = r
         with self._readers_lock:
             self._readers.add(r)
         return r
 
-    def _renew(self, r: _Reader) -> lmdb.Transaction:
+    def _renew(self, r: Reader) -> lmdb.Transaction:
         gen = self.gen  # read before begin: never record a newer gen than the snapshot
         t = r.txn
         if t is not None:
@@ -595,7 +477,7 @@ class State:
             r.busy = False
         return self._get_slow(r, key, default)
 
-    def _get_slow(self, r: _Reader, key: bytes, default: bytes | None) -> bytes | None:
+    def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
         """A commit happened since this thread's last read, or a writer holds
         the gate, or the cached transaction died: renew it (announced by the
         reader's ``busy`` flag, as on the fast path)."""
@@ -617,7 +499,7 @@ class State:
         except lmdb.Error as exc:
             if self._closed:
                 raise ClosedError("the store is closed") from None
-            raise _read_error(exc, self.path) from None
+            raise read_error(exc, self.path) from None
         finally:
             r.busy = False
 
@@ -633,7 +515,7 @@ class State:
         except lmdb.MapResizedError:
             raise
         except lmdb.Error as exc:
-            raise _read_error(exc, self.path) from None
+            raise read_error(exc, self.path) from None
         return default if v is None else v
 
     def _get_uncached(self, key: bytes, default: bytes | None = None) -> bytes | None:
@@ -647,7 +529,7 @@ class State:
                 return self._plain_get(key, default)
             except lmdb.MapResizedError as exc:
                 if attempt:
-                    raise _read_error(exc, self.path) from None
+                    raise read_error(exc, self.path) from None
             finally:
                 self._gate.exit()
             self._adopt_mapsize()  # the writer grew the map
@@ -677,7 +559,7 @@ class State:
                     if attempt:
                         raise
                 except lmdb.Error as exc:
-                    raise _read_error(exc, self.path) from None
+                    raise read_error(exc, self.path) from None
             finally:
                 self._gate.exit()
             self._adopt_mapsize()
@@ -710,72 +592,9 @@ class State:
 
     def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
              ) -> Iterator[tuple[bytes, bytes]]:
-        """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
-        bounds of any length), ascending or descending.
-
-        The scan reads from one LMDB read transaction (one consistent
-        snapshot, taken at the first ``next()``) in chunks, leaving LMDB
-        between chunks so that it never blocks the writer; only if the map is
-        grown meanwhile does it go on in a newer snapshot, from the key after
-        the last one it yielded. Each key is yielded at most once, in order.
-        """
-        txn = None
-        it = None
-        last: bytes | None = None
-        gen = -1
-        n = 16
-        try:
-            while True:
-                self._enter()
-                try:
-                    if gen != self.map_gen or txn is None:
-                        if txn is not None:
-                            try:
-                                txn.abort()
-                            except lmdb.Error:
-                                pass
-                        try:
-                            txn = self.env.begin(db=self._data)
-                        except lmdb.MapResizedError:
-                            self._gate.exit()
-                            self._adopt_mapsize()
-                            self._gate.enter()
-                            txn = self.env.begin(db=self._data)
-                        gen = self.map_gen
-                        it = _position(txn.cursor(), lo, hi, last, reverse)
-                    chunk = list(islice(it, n)) if it is not None else []
-                except lmdb.Error as exc:
-                    raise _read_error(exc, self.path) from None
-                finally:
-                    self._gate.exit()
-                if not chunk:
-                    return
-                if reverse:
-                    for kv in chunk:
-                        if kv[0] < lo:
-                            return
-                        yield kv
-                elif hi is None:
-                    yield from chunk
-                else:
-                    for kv in chunk:
-                        if kv[0] >= hi:
-                            return
-                        yield kv
-                if len(chunk) < n:
-                    return
-                last = chunk[-1][0]
-                if n < 1024:
-                    n *= 2
-        finally:
-            if txn is not None and not self._closed:
-                self._gate.enter()
-                try:
-                    txn.abort()
-                except lmdb.Error:
-                    pass
-                finally:
-                    self._gate.exit()
+        """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound),
+        ascending or descending: see :func:`kvstore.readers.scan`."""
+        return _scan(self, lo, hi, reverse)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -798,104 +617,3 @@ class State:
     @property
     def closed(self) -> bool:
         return self._closed
-
-
-def _seek_ge(cur: lmdb.Cursor, bound: bytes) -> bool:
-    """Position at the first key >= ``bound`` (any length); False if none."""
-    if not bound:
-        return cur.first()
-    if len(bound) <= _MAXK:
-        return cur.set_range(bound)
-    head = bound[:_MAXK]  # keys are <= 511 bytes: k >= bound iff k > head
-    if not cur.set_range(head):
-        return False
-    return cur.next() if cur.key() == head else True
-
-
-def _seek_lt(cur: lmdb.Cursor, bound: bytes | None) -> bool:
-    """Position at the last key < ``bound`` (None: the last key); False if none."""
-    if bound is None:
-        return cur.last()
-    if not bound:
-        return False
-    if len(bound) <= _MAXK:
-        return cur.prev() if cur.set_range(bound) else cur.last()
-    head = bound[:_MAXK]  # k < bound iff k <= head
-    if not cur.set_range(head):
-        return cur.last()
-    return True if cur.key() == head else cur.prev()
-
-
-def _position(cur: lmdb.Cursor, lo: bytes, hi: bytes | None, last: bytes | None,
-              reverse: bool):
-    """An LMDB cursor iterator at the first key of the scan (after ``last``,
-    when resuming), or None when the range is empty."""
-    if not reverse:
-        if last is None:
-            ok = _seek_ge(cur, lo)
-        else:
-            ok = cur.set_range(last) and (cur.key() != last or cur.next())
-        return cur.iternext() if ok else None
-    ok = _seek_lt(cur, last if last is not None else hi)
-    return cur.iterprev() if ok else None
-
-
-def _put_run(txn: lmdb.Transaction, run: list) -> None:
-    """Put a run of put ops ([1, key, value] or tuples) in one LMDB call."""
-    if len(run) == 1:
-        op = run[0]
-        txn.put(op[1], op[2])
-    else:
-        txn.cursor().putmulti(map(_key_value, run))
-
-
-def _delete_range(txn: lmdb.Transaction, start: bytes, end: bytes) -> None:
-    if start >= end:
-        return
-    cur = txn.cursor()
-    if not _seek_ge(cur, start):
-        return
-    delete = cur.delete
-    key = cur.key
-    while True:
-        k = key()
-        if not k or k >= end:
-            return
-        delete()
-
-
-def _read_error(exc: lmdb.Error, path: str) -> Exception:
-    if isinstance(exc, lmdb.CorruptedError | lmdb.PageNotFoundError |
-                  lmdb.PanicError | lmdb.DiskError):
-        return CorruptionError(
-            f"LMDB read failed: {exc}", path=path,
-            hint="close the store and reopen it read-write: walkv rebuilds "
-                 "LMDB from the log when it finds it damaged")
-    if isinstance(exc, lmdb.ReadersFullError):
-        return WalkvError(f"too many concurrent LMDB readers ({path}): {exc}; "
-                          f"raise the max_readers option")
-    return WalkvError(f"LMDB read failed ({path}): {exc}")
-
-
-def _preallocate(path: str, size: int) -> None:
-    """Give ``data.mdb`` (already initialised by LMDB) real blocks up to
-    ``size``: with MDB_WRITEMAP LMDB makes the file as long as the map but
-    sparse, and a write to a hole on a full disk is a SIGBUS, while
-    allocating here turns a full disk into an error."""
-    fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-    try:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as exc:
-            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
-                if os.fstat(fd).st_size < size:
-                    os.ftruncate(fd, size)  # no fallocate here: a sparse file it is
-            elif exc.errno == errno.ENOSPC:
-                raise LogFailedError(
-                    f"no space to grow the LMDB map of {path} to {size >> 20} MiB; "
-                    f"free space and reopen the store (every acknowledged "
-                    f"write is in the log)") from None
-            else:
-                raise
-    finally:
-        os.close(fd)

@@ -1,0 +1,69 @@
+"""Opening the LMDB environment of a store's state machine (kvstore/state.py).
+
+The options, and why:
+
+* ``sync=False, metasync=False``: LMDB's fsyncs are not on the commit path,
+  the log's are (whether to trust the environment after a crash is decided
+  from the SESSION record, kvstore/recovery.py).
+* ``writemap`` (default): commits write through the shared map; the map's
+  file is then given real blocks up front (:func:`~kvstore.lmdb_ops.preallocate`)
+  so that a full disk is an error and not a SIGBUS.
+* the map size is a whole number of MiB, at least the file's current size
+  (another process may have grown it) and at least 1 MiB.
+* ``max_dbs=2``: the main database (walkv's bookkeeping) and ``data``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import lmdb
+
+from kvstore.lmdb_ops import preallocate
+from wal.errors import CorruptionError, WalkvError
+
+
+def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
+             max_readers: int) -> tuple[lmdb.Environment, lmdb._Database, lmdb._Database]:
+    """``(env, main_db, data_db)`` of the environment at ``path``, created
+    unless ``readonly``. ``writemap`` must already be False when ``readonly``."""
+    data_file = os.path.join(path, "data.mdb")
+    try:
+        existing = os.path.getsize(data_file)
+    except OSError:
+        existing = 0
+    if readonly and not existing:
+        raise WalkvError(f"{path} holds no state yet: open the store "
+                         f"read-write once to create it")
+    size = max(int(map_size), existing, 1 << 20)
+    size = (size + 0xFFFFF) & ~0xFFFFF  # a whole number of MiB
+    if not readonly:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    try:
+        env = lmdb.open(
+            path, map_size=size, subdir=True, readonly=readonly,
+            metasync=False, sync=False, writemap=writemap,
+            map_async=False, max_dbs=2, max_readers=max_readers,
+            max_spare_txns=16, lock=True, mode=0o600, create=not readonly,
+            readahead=False,
+        )
+    except lmdb.Error as exc:
+        if "already open in this process" in str(exc):
+            raise WalkvError(
+                f"the store's LMDB environment {path} is already open in this "
+                f"process (LMDB allows one open per process); share that "
+                f"KVStore between threads instead") from None
+        raise CorruptionError(f"cannot open the LMDB environment: {exc}",
+                              path=path) from None
+    try:
+        if writemap:
+            preallocate(data_file, size)
+        main = env.open_db(None)
+        data = env.open_db(b"data", create=not readonly)
+    except BaseException as exc:
+        env.close()
+        if isinstance(exc, lmdb.Error):
+            raise CorruptionError(f"LMDB environment is unreadable: {exc}",
+                                  path=path) from None
+        raise
+    return env, main, data

@@ -1,0 +1,178 @@
+"""The read side of the LMDB state machine (kvstore/state.py): concurrency and scans.
+
+One thread at a time writes; any number of threads read. Each reading thread
+keeps one cached read transaction (:class:`Reader`). Growing the map, closing,
+and dropping idle threads' stale read transactions need every reader out of
+LMDB for a moment: :class:`ReadGate` gives the writer that moment with no lock
+on the read path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from itertools import islice
+from typing import TYPE_CHECKING
+
+import lmdb
+
+from kvstore.lmdb_ops import position, read_error
+
+if TYPE_CHECKING:
+    from kvstore.state import State
+
+
+class ReadGate:
+    """Readers run concurrently; the writer can wait for a moment when no
+    reader is inside LMDB (to remap, sweep stale transactions, or close).
+
+    A reader announces itself, then checks :attr:`blocking`; the writer sets
+    :attr:`blocking`, then waits until no reader is announced. Either the
+    writer sees the reader or the reader sees the flag (Dekker's handshake;
+    the GIL orders the steps), so there is no lock on the read path. A reader
+    that sees the flag steps back and waits on the writer's mutex.
+
+    Readers announce themselves in one of two ways: a thread's cached
+    :class:`Reader` sets its ``busy`` flag (the get fast path: two attribute
+    stores), anything else appends to :attr:`active` (atomic under the GIL).
+    The get fast path does not even read :attr:`blocking`: ``on_block`` sets
+    the state's commit counter to a value no cached transaction carries, so
+    the one comparison the fast path makes anyway sends it to the slow path.
+    """
+
+    __slots__ = ("active", "blocking", "_mutex", "_readers", "_on_block", "_on_release")
+
+    def __init__(self, readers, on_block, on_release) -> None:
+        self.active: list[None] = []
+        self.blocking = False
+        self._mutex = threading.Lock()
+        self._readers = readers  # () -> list of registered Reader
+        self._on_block = on_block
+        self._on_release = on_release
+
+    def enter(self) -> None:
+        active = self.active
+        while True:
+            active.append(None)
+            if not self.blocking:
+                return
+            active.pop()
+            with self._mutex:
+                pass
+
+    def exit(self) -> None:
+        self.active.pop()
+
+    def wait(self) -> None:
+        """A reader saw :attr:`blocking`: wait for the writer to finish."""
+        with self._mutex:
+            pass
+
+    def acquire_exclusive(self, *, cached_only: bool = False) -> None:
+        """Wait until no reader is inside LMDB and keep new ones out.
+        ``cached_only``: wait only for users of the threads' cached
+        transactions (what a sweep touches), not for scans and snapshot
+        views, which may take long."""
+        self._mutex.acquire()
+        self.blocking = True
+        self._on_block()
+        readers = self._readers()  # taken after the flag: later ones see it
+        active = () if cached_only else self.active
+        spins = 0
+        while active or any(r.busy for r in readers):
+            spins += 1
+            time.sleep(0 if spins < 100 else 0.0005)
+
+    def release_exclusive(self) -> None:
+        self._on_release()
+        self.blocking = False
+        self._mutex.release()
+
+
+class Reader:
+    """One thread's cached read transaction."""
+
+    __slots__ = ("txn", "gen", "gets", "busy", "owner", "ident", "__weakref__")
+
+    def __init__(self, owner: State | None, ident: int = -1) -> None:
+        self.txn: lmdb.Transaction | None = None
+        self.gen = -1
+        self.gets = 0
+        self.busy = False
+        self.owner = owner
+        self.ident = ident
+
+    def __del__(self) -> None:  # the thread ended: keep its count
+        if self.owner is not None:
+            self.owner._dead_gets += self.gets
+
+
+def scan(state: "State", lo: bytes, hi: bytes | None, reverse: bool = False
+         ) -> Iterator[tuple[bytes, bytes]]:
+    """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
+    bounds of any length), ascending or descending.
+
+    The scan reads from one LMDB read transaction (one consistent
+    snapshot, taken at the first ``next()``) in chunks, leaving LMDB
+    between chunks so that it never blocks the writer; only if the map is
+    grown meanwhile does it go on in a newer snapshot, from the key after
+    the last one it yielded. Each key is yielded at most once, in order.
+    """
+    txn = None
+    it = None
+    last: bytes | None = None
+    gen = -1
+    n = 16
+    try:
+        while True:
+            state._enter()
+            try:
+                if gen != state.map_gen or txn is None:
+                    if txn is not None:
+                        try:
+                            txn.abort()
+                        except lmdb.Error:
+                            pass
+                    try:
+                        txn = state.env.begin(db=state._data)
+                    except lmdb.MapResizedError:
+                        state._gate.exit()
+                        state._adopt_mapsize()
+                        state._gate.enter()
+                        txn = state.env.begin(db=state._data)
+                    gen = state.map_gen
+                    it = position(txn.cursor(), lo, hi, last, reverse)
+                chunk = list(islice(it, n)) if it is not None else []
+            except lmdb.Error as exc:
+                raise read_error(exc, state.path) from None
+            finally:
+                state._gate.exit()
+            if not chunk:
+                return
+            if reverse:
+                for kv in chunk:
+                    if kv[0] < lo:
+                        return
+                    yield kv
+            elif hi is None:
+                yield from chunk
+            else:
+                for kv in chunk:
+                    if kv[0] >= hi:
+                        return
+                    yield kv
+            if len(chunk) < n:
+                return
+            last = chunk[-1][0]
+            if n < 1024:
+                n *= 2
+    finally:
+        if txn is not None and not state._closed:
+            state._gate.enter()
+            try:
+                txn.abort()
+            except lmdb.Error:
+                pass
+            finally:
+                state._gate.exit()
