@@ -57,6 +57,7 @@ from kvstore.batch import (
 )
 from kvstore.batch import _pack
 from kvstore.state import DEFAULT_MAP_SIZE, State
+from kvstore.stats import store_stats
 from wal.errors import ClosedError, CorruptionError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
@@ -466,36 +467,10 @@ class KVStore:
 
     def stats(self) -> dict:
         """Counters and latencies: the log's (under ``"log"``) and the state
-        machine's. Counters are approximate under concurrent use."""
+        machine's (see :func:`kvstore.stats.store_stats`)."""
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
-        st = self._state
-        groups = st.applied_groups
-        out: dict = {
-            "path": self.path,
-            "readonly": self.readonly,
-            "last_lsn": self.last_lsn,
-            "durable_lsn": self.durable_lsn,
-            "applied_lsn": self.applied_lsn,
-            "puts": st.puts,
-            "deletes": st.deletes,
-            "delete_ranges": st.delete_ranges,
-            "gets": st.gets,
-            "applied_entries": st.applied_entries,
-            "applied_groups": groups,
-            "apply_avg_us": st.apply_seconds / groups * 1e6 if groups else 0.0,
-            "apply_max_us": st.apply_max_seconds * 1e6,
-            "map_grows": st.map_grows,
-            "replayed_at_open": self.replayed,
-            "rebuilt_at_open": self.rebuilt,
-            "auto_snapshots": self._auto.taken if self._auto is not None else 0,
-            "log_bytes_trimmed": self.log_bytes_trimmed,
-            "open_seconds": self.open_seconds,
-        }
-        out.update(st.info())
-        if self._log is not None:
-            out["log"] = self._log.stats()
-        return out
+        return store_stats(self)
 
     def close(self) -> None:
         """Finish every write in flight, flush LMDB, record a clean close and
