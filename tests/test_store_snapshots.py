@@ -169,6 +169,16 @@ def test_restore_refuses_what_it_cannot_do(tmp_path) -> None:
     assert info.lsn == snap_lsn and info.replayed == 0
 
 
+def _flip_chunk_byte(snapshot_path: str, offset: int) -> None:
+    """Damage one byte of the snapshot's first chunk file."""
+    chunk = os.path.join(snapshot_path, snapshot.open(snapshot_path).chunks[0].name)
+    with open(chunk, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
 def _crash_machine(path: str) -> None:
     session = os.path.join(path, "lmdb", "SESSION")
     rec = json.load(open(session))
@@ -203,12 +213,7 @@ def test_broken_newest_snapshot_falls_back_to_previous(tmp_path, caplog) -> None
         random_writes(db, rng, 400, model)
         newest = db.snapshot()
         random_writes(db, rng, 50, model)
-    chunk = os.path.join(newest.path, snapshot.open(newest.path).chunks[0].name)
-    with open(chunk, "r+b") as f:
-        f.seek(100)
-        byte = f.read(1)
-        f.seek(100)
-        f.write(bytes([byte[0] ^ 0x40]))
+    _flip_chunk_byte(newest.path, 100)
     _crash_machine(path)
     with caplog.at_level(logging.WARNING):
         with kvstore.open(path) as db:
@@ -280,12 +285,7 @@ def test_rebuild_replays_the_whole_log_when_no_snapshot_is_usable(tmp_path) -> N
         random_writes(db, random.Random(13), 300, model)
         info = db.snapshot()
         random_writes(db, random.Random(14), 50, model)
-    chunk = os.path.join(info.path, snapshot.open(info.path).chunks[0].name)
-    with open(chunk, "r+b") as f:
-        f.seek(60)
-        b = f.read(1)
-        f.seek(60)
-        f.write(bytes([b[0] ^ 1]))
+    _flip_chunk_byte(info.path, 60)
     _crash_machine(path)
     with kvstore.open(path) as db:
         assert db.replayed == db.last_lsn  # the whole log, from LSN 1
