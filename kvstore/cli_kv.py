@@ -266,7 +266,7 @@ def cmd_load(args: argparse.Namespace, rep: Reporter) -> int:
     fmt = _detect_format(args.file, args.format, stream.peek(64)[:64])
     rows = _jsonl_rows(stream, args.hex) if fmt == "jsonl" else _csv_rows(stream, args.hex)
     loaded = batches = 0
-    first_line = last_line = 0
+    first_line = 0
     t0 = time.monotonic()
     try:
         with open_store(args.store, create=True, reporter=rep, sync=args.sync) as db, \
@@ -280,7 +280,6 @@ def cmd_load(args: argparse.Namespace, rep: Reporter) -> int:
                         for lineno, key, value, pos in rows:
                             if not first_line:
                                 first_line = lineno
-                            last_line = lineno
                             try:
                                 b.put(key, value)
                             except (ValueError, TypeError, WalkvError) as e:

@@ -37,7 +37,7 @@ def soak_seconds(request: pytest.FixtureRequest) -> float:
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole run (see DEVELOPERS notes)."""
-    pyspark = pytest.importorskip("pyspark")
+    pytest.importorskip("pyspark")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java 17+")
     os.environ["PYSPARK_PYTHON"] = sys.executable

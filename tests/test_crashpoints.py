@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 import pytest
 
 import wal
-from wal.errors import CorruptionError, WalkvError
+from wal.errors import WalkvError
 from tests.faultfs import (
     PLAIN,
     FaultFS,
-    SimulatedCrash,
     close_quietly,
     count_boundaries,
     plan_points,

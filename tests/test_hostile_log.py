@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import io
 import os
-import random
 import shutil
 import struct
 import tracemalloc
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wal

@@ -20,12 +20,9 @@ store creates.
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import shutil
 import stat
-import struct
 import subprocess
 import sys
 import textwrap
@@ -42,8 +39,7 @@ import snapshot
 import wal
 from kvstore.batch import MAX_BOUND_BYTES, MAX_KEY_BYTES, decode
 from snapshot.manifest import decode_manifest, encode_manifest
-from wal.errors import CorruptionError, SnapshotError, WalkvError
-from wal.record import RecordReader, RecordWriter
+from wal.errors import CorruptionError, WalkvError
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -11,7 +11,6 @@ must be there when the log is reopened with the normal file system.
 from __future__ import annotations
 
 import errno
-import os
 import threading
 from collections import Counter, defaultdict
 from pathlib import Path

@@ -38,7 +38,7 @@ import pytest
 import wal
 from wal.errors import CorruptionError, LockedError
 from wal.record import BLOCK_SIZE, RecordReader, frame_into
-from wal.segment import index_path, iter_entries, list_segments, read_index
+from wal.segment import index_path, list_segments, read_index
 
 SECTOR = 512
 
