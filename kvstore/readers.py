@@ -176,3 +176,72 @@ def scan(state: "State", lo: bytes, hi: bytes | None, reverse: bool = False
                 pass
             finally:
                 state._gate.exit()
+
+
+class ReadView:
+    """The state at one LSN, from one LMDB read transaction: :attr:`lsn`
+    (the applied LSN, read in that same transaction), :attr:`count` (keys)
+    and :meth:`pairs`. Create with :meth:`kvstore.state.State.read_view`.
+
+    While it is open the LMDB map cannot be grown (py-lmdb needs no live
+    transaction for that), so a writer that fills the map meanwhile waits
+    for it: :meth:`pairs` therefore releases the view (its transaction and
+    its place in the read gate) as soon as the pairs are exhausted or the
+    iterator is closed, and :meth:`close` (or leaving the ``with`` block)
+    releases it in any case. Closing twice is harmless.
+    """
+
+    __slots__ = ("_open", "_state", "_txn", "count", "lsn")
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+        self._open = False
+        state._enter()
+        txn = None
+        try:
+            try:
+                txn = state.env.begin(db=state._data)
+            except lmdb.MapResizedError:  # another process grew the map
+                state._gate.exit()
+                state._adopt_mapsize()
+                state._enter()
+                txn = state.env.begin(db=state._data)
+            self.lsn = state.applied_in(txn)
+            self.count = txn.stat(state._data)["entries"]
+        except BaseException as exc:
+            if txn is not None:
+                txn.abort()
+            state._gate.exit()
+            if isinstance(exc, lmdb.Error):
+                raise read_error(exc, state.path) from None
+            raise
+        self._txn = txn
+        self._open = True
+
+    def pairs(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) in key order; the view closes when they end
+        (or when this iterator is closed)."""
+        try:
+            if not self._open:
+                return
+            try:
+                yield from self._txn.cursor().iternext(keys=True, values=True)
+            except lmdb.Error as exc:
+                raise read_error(exc, self._state.path) from None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the transaction and the read gate."""
+        if self._open:
+            self._open = False
+            try:
+                self._txn.abort()
+            finally:
+                self._state._gate.exit()
+
+    def __enter__(self) -> ReadView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

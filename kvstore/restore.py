@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import snapshot
 import wal
 from kvstore import recovery
-from kvstore.snapshots import SNAPSHOTS_DIR, ConsistentView, choose_base
+from kvstore.snapshots import SNAPSHOTS_DIR, choose_base
 from wal.errors import CorruptionError, SnapshotError, WalkvError
 from wal.fs import OS_FS
 from wal.segment import list_segments, read_durable_lsn, read_log
@@ -130,7 +130,7 @@ def restore(source: "str | os.PathLike[str] | KVStore", target: str | os.PathLik
         )
         try:
             replayed = target_lsn - base_lsn
-            with ConsistentView(state) as view:
+            with state.read_view() as view:
                 if view.lsn != target_lsn:
                     raise CorruptionError(f"restore reached LSN {view.lsn}, not {target_lsn}", path=source)
                 count = view.count

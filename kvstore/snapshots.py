@@ -26,10 +26,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Callable, Iterator
 
-import lmdb
-
 import snapshot
-from kvstore.state import K_APPLIED, State
 from wal.errors import ClosedError, CorruptionError, SnapshotError
 from wal.segment import list_segments, read_durable_lsn
 
@@ -47,56 +44,6 @@ def snapshots_dir(store_path: str) -> str:
     return os.path.join(store_path, SNAPSHOTS_DIR)
 
 
-class ConsistentView:
-    """The state at one LSN, from one LMDB read transaction: ``lsn`` (the
-    applied LSN, read in that transaction), ``count`` and :meth:`pairs`.
-
-    While it is open the LMDB map cannot be grown (py-lmdb needs no live
-    transaction for that), so a writer that fills the map meanwhile waits for
-    it: :meth:`pairs` therefore releases the view as soon as it is exhausted.
-    """
-
-    def __init__(self, state: State) -> None:
-        self._state = state
-        state._enter()
-        try:
-            try:
-                self._txn = state.env.begin(db=state._data)
-            except lmdb.MapResizedError:
-                state._gate.exit()
-                state._adopt_mapsize()
-                state._enter()
-                self._txn = state.env.begin(db=state._data)
-            raw = self._txn.get(K_APPLIED, db=state._main)
-            self.lsn = int.from_bytes(raw, "little") if raw else 0
-            self.count = self._txn.stat(state._data)["entries"]
-        except BaseException:
-            if getattr(self, "_txn", None) is not None:
-                self._txn.abort()
-            state._gate.exit()
-            raise
-        self._open = True
-
-    def pairs(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every (key, value) in key order; the view closes when they end."""
-        try:
-            yield from self._txn.cursor().iternext(keys=True, values=True)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._txn.abort()
-            self._state._gate.exit()
-
-    def __enter__(self) -> "ConsistentView":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def take(db: "KVStore", *, chunk_bytes: int | None = None, progress: Progress | None = None,
          keep: int | None = None) -> snapshot.SnapshotInfo:
     """Write a snapshot of ``db`` at its applied LSN, then apply retention.
@@ -109,7 +56,7 @@ def take(db: "KVStore", *, chunk_bytes: int | None = None, progress: Progress | 
     parent = snapshots_dir(db.path)
     with _snapshot_lock(db):
         newest = snapshot.list_snapshots(parent)
-        with ConsistentView(db._state) as view:
+        with db._state.read_view() as view:
             lsn = view.lsn
             if newest and newest[-1].lsn == lsn:
                 info = newest[-1]

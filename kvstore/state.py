@@ -33,18 +33,12 @@ not on the commit path, the log's are. A process crash cannot corrupt such an
 environment (dirty pages live in the kernel's page cache), a machine crash can
 (pages reach the disk in any order), so whether to trust it at open is decided
 from the SESSION record (kvstore/recovery.py), never from LMDB's contents.
-``writemap`` (default) has LMDB write through its shared map (3x faster
-commits than ``pwrite``); the map's file is then fully allocated up front
-(``posix_fallocate``), so that a full disk is an error and not a SIGBUS.
+The other options, and why: :mod:`kvstore.lmdb_env`.
 
 Concurrency: one thread at a time applies (the log's committing thread, or the
-opener while replaying); any number of threads read. Each reading thread
-keeps one read transaction and reuses it until the next group is applied
-(``gen`` changes), so a get is one LMDB lookup. Growing the map, closing, and
-dropping idle threads' stale read transactions (so that they do not pin old
-pages, which would make LMDB's file grow) need every reader out of LMDB for a
-moment: :class:`kvstore.readers.ReadGate` gives the writer that moment with no
-lock on the read path. The LMDB cursor helpers are in :mod:`kvstore.lmdb_ops`.
+opener while replaying); any number of threads read, each through its own
+cached read transaction (a get is one LMDB lookup); see :mod:`kvstore.readers`
+for how readers and the writer share LMDB without a lock on the read path.
 """
 
 from __future__ import annotations
@@ -65,7 +59,7 @@ import msgpack
 from kvstore.batch import OP_DELETE, OP_PUT, as_bytes, decode
 from kvstore.lmdb_env import open_env
 from kvstore.lmdb_ops import delete_range, preallocate, put_run, read_error
-from kvstore.readers import Reader, ReadGate
+from kvstore.readers import Reader, ReadGate, ReadView
 from kvstore.readers import scan as _scan
 from wal.errors import ClosedError, CorruptionError, LogFailedError, WalkvError
 
@@ -568,9 +562,18 @@ class State:
     def read_meta_applied(self) -> int:
         """The applied LSN as LMDB holds it now (read-only opens: the
         writer's progress)."""
-        main = self._main
-        v = self._read(lambda txn: txn.get(K_APPLIED, db=main))
+        return self._read(self.applied_in)
+
+    def applied_in(self, txn: lmdb.Transaction) -> int:
+        """The applied LSN recorded in ``txn``'s snapshot of LMDB."""
+        v = txn.get(K_APPLIED, db=self._main)
         return _U64.unpack(v)[0] if v and len(v) == 8 else 0
+
+    def read_view(self) -> ReadView:
+        """The state at one LSN, from one read transaction: ``.lsn``,
+        ``.count``, ``.pairs()`` (see :class:`kvstore.readers.ReadView`).
+        Use as a context manager; it holds off map growth while open."""
+        return ReadView(self)
 
     def count(self) -> int:
         data = self._data

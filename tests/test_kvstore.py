@@ -257,6 +257,37 @@ def test_scan_is_a_snapshot_and_long_scans_chunk(db) -> None:
     assert db.get(b"99999") == b"new"
 
 
+def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
+    with kvstore.open(store, sync="none", map_size=1 << 20) as d:
+        for i in range(50):
+            d.put(b"k%03d" % i, b"v")
+        state = d._state
+        with state.read_view() as view:
+            d.put(b"later", b"x")          # after the view: not in it
+            assert (view.lsn, view.count) == (50, 50)
+            assert state._gate.active        # holds its place in the gate
+            pairs = list(view.pairs())
+            assert not state._gate.active    # exhausted: released at once
+            # the map can grow now (it could not while the view was open)
+            with d.batch() as b:
+                for i in range(3000):
+                    b.put(b"big%05d" % i, b"x" * 1000)
+        assert pairs == [(b"k%03d" % i, b"v") for i in range(50)]
+        assert d._state.map_grows > 0
+        view = state.read_view()
+        it = view.pairs()
+        assert next(it) == (b"big00000", b"x" * 1000)
+        it.close()                           # closed early: released too
+        assert not state._gate.active
+        assert view.lsn == d.applied_lsn and view.count == 3051
+        with state.read_view() as view:      # never iterated: the with releases it
+            pass
+        assert not state._gate.active
+        assert list(view.pairs()) == []      # a closed view has no pairs
+    with pytest.raises(kvstore.ClosedError):
+        state.read_view()
+
+
 def test_writes_inside_a_scan_loop(db) -> None:
     for i in range(300):
         db.put(b"k%03d" % i, b"old")
