@@ -16,12 +16,19 @@ The options, and why:
 
 from __future__ import annotations
 
+import errno
 import os
 
 import lmdb
 
 from kvstore.lmdb_ops import preallocate
-from wal.errors import CorruptionError, WalkvError
+from wal.errors import CorruptionError, WalkvError, file_error
+
+# What only a damaged environment raises: walkv then rebuilds it from the log.
+# Anything else (permissions, memory, reader slots) is the machine's, and a
+# rebuild would not help, so it is reported instead.
+DAMAGED = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.VersionMismatchError,
+           lmdb.PageNotFoundError, lmdb.PanicError)
 
 
 def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
@@ -54,8 +61,7 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
                 f"the store's LMDB environment {path} is already open in this "
                 f"process (LMDB allows one open per process); share that "
                 f"KVStore between threads instead") from None
-        raise CorruptionError(f"cannot open the LMDB environment: {exc}",
-                              path=path) from None
+        raise open_error(exc, path, size) from None
     try:
         if writemap:
             preallocate(data_file, size)
@@ -68,3 +74,27 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
                                   path=path) from None
         raise
     return env, main, data
+
+
+def open_error(exc: lmdb.Error, path: str, size: int) -> WalkvError:
+    """walkv's error for ``lmdb.open`` failing: :class:`CorruptionError`
+    (which makes the store rebuild the environment) only when the files are
+    damaged; otherwise what went wrong and what to do."""
+    if isinstance(exc, DAMAGED):
+        return CorruptionError(f"cannot open the LMDB environment: {exc}", path=path)
+    doing = f"opening the LMDB environment {path}"
+    if isinstance(exc, lmdb.ReadonlyError):
+        return file_error(OSError(errno.EACCES, os.strerror(errno.EACCES), path), doing)
+    if isinstance(exc, lmdb.DiskError):
+        return file_error(OSError(errno.EIO, f"{os.strerror(errno.EIO)}: {exc}", path), doing)
+    if "No space left" in str(exc):
+        return file_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path), doing)
+    if isinstance(exc, lmdb.MemoryError) or os.strerror(errno.EFBIG) in str(exc):
+        return WalkvError(f"{doing}: cannot map {size >> 20} MiB ({exc}); lower the map_size "
+                          f"option, or raise the process's address-space limit (ulimit -v)")
+    if isinstance(exc, lmdb.ReadersFullError):
+        return WalkvError(f"{doing}: every LMDB reader slot is taken ({exc}); close other "
+                          f"readers of the store, or reopen it with a larger max_readers")
+    return WalkvError(f"{doing} failed: {exc}. Nothing was changed; if it persists, "
+                      f"moving {path} aside makes the next read-write open rebuild it from the log")
+
