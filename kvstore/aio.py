@@ -32,7 +32,6 @@ from collections import deque
 from typing import Any, Iterator
 
 from kvstore.batch import (
-    END_OF_KEYS,
     MAX_KEY_BYTES,
     OP_DELETE,
     OP_DELETE_RANGE,
@@ -40,8 +39,8 @@ from kvstore.batch import (
     _DONE,
     WriteBatch,
     _pack,
-    check_bound,
     check_key,
+    check_range,
     check_value,
 )
 from kvstore.store import KVStore, ReadOnlyError
@@ -146,8 +145,7 @@ class AsyncKVStore:
         return self._submit(_pack(ops), ops)
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> "asyncio.Future[int]":
-        start = b"" if start is None else check_bound(start, "start")
-        end = END_OF_KEYS if end is None else check_bound(end, "end")
+        start, end = check_range(start, end)
         ops = [[OP_DELETE_RANGE, start, end]]
         return self._submit(_pack(ops), ops)
 

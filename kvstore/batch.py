@@ -127,6 +127,14 @@ def check_bound(bound: object, what: str) -> bytes:
     return bound  # type: ignore[return-value]
 
 
+def check_range(start: object, end: object) -> tuple[bytes, bytes]:
+    """Validate the bounds of a delete_range (``None``: unbounded); an
+    inverted range (start >= end) is empty, and deletes nothing."""
+    start = b"" if start is None else check_bound(start, "start")
+    end = END_OF_KEYS if end is None else check_bound(end, "end")
+    return start, end  # type: ignore[return-value]
+
+
 def encode_put(key: bytes, value: bytes) -> bytes:
     """The payload of a batch holding one put (keys already validated)."""
     return _pack([[OP_PUT, key, value]])
@@ -160,11 +168,32 @@ def decode(payload: bytes, lsn: int | None = None) -> list[list]:
     not exactly that.
     """
     try:
+        return _parse(payload)
+    except _NotABatch as exc:
+        raise _bad(str(exc), lsn) from None
+
+
+def parse(payload: bytes) -> list[list]:
+    """As :func:`decode`, for a payload a caller hands in (not read from a
+    log): one that is not a valid batch is a ``ValueError("not a walkv
+    batch: ...")``."""
+    try:
+        return _parse(payload)
+    except _NotABatch as exc:
+        raise ValueError(f"not a walkv batch: {exc}") from None
+
+
+class _NotABatch(ValueError):
+    """Why a payload is not a batch (decode and parse add the context)."""
+
+
+def _parse(payload: bytes) -> list[list]:
+    try:
         ops = _unpackb(payload, raw=False, use_list=True, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise _bad(f"not msgpack ({type(exc).__name__}: {exc})", lsn) from None
+        raise _NotABatch(f"not msgpack ({type(exc).__name__}: {exc})") from None
     if type(ops) is not list:
-        raise _bad(f"top level is {type(ops).__name__}, not an array of ops", lsn)
+        raise _NotABatch(f"top level is {type(ops).__name__}, not an array of ops")
     if len(ops) == 1:  # the common entry, one put: checked inline
         op = ops[0]
         if (type(op) is list and len(op) == 3 and type(op[0]) is int and op[0] == OP_PUT
@@ -173,30 +202,30 @@ def decode(payload: bytes, lsn: int | None = None) -> list[list]:
             return ops
     for i, op in enumerate(ops):
         if type(op) is not list or not op:
-            raise _bad(f"op {i} is {type(op).__name__}, not an array", lsn)
+            raise _NotABatch(f"op {i} is {type(op).__name__}, not an array")
         code = op[0]
         n = len(op)
         if code == OP_PUT and n == 3 and type(code) is int:
             key, value = op[1], op[2]
             if type(key) is not bytes or type(value) is not bytes:
-                raise _bad(f"op {i} (put) has a non-bin key or value", lsn)
+                raise _NotABatch(f"op {i} (put) has a non-bin key or value")
             if not 0 < len(key) <= MAX_KEY_BYTES:
-                raise _bad(f"op {i} (put) has a {len(key)}-byte key", lsn)
+                raise _NotABatch(f"op {i} (put) has a {len(key)}-byte key")
         elif code == OP_DELETE and n == 2 and type(code) is int:
             key = op[1]
             if type(key) is not bytes:
-                raise _bad(f"op {i} (delete) has a non-bin key", lsn)
+                raise _NotABatch(f"op {i} (delete) has a non-bin key")
             if not 0 < len(key) <= MAX_KEY_BYTES:
-                raise _bad(f"op {i} (delete) has a {len(key)}-byte key", lsn)
+                raise _NotABatch(f"op {i} (delete) has a {len(key)}-byte key")
         elif code == OP_DELETE_RANGE and n == 3 and type(code) is int:
             start, end = op[1], op[2]
             if type(start) is not bytes or type(end) is not bytes:
-                raise _bad(f"op {i} (delete_range) has a non-bin bound", lsn)
+                raise _NotABatch(f"op {i} (delete_range) has a non-bin bound")
             if len(start) > MAX_BOUND_BYTES or len(end) > MAX_BOUND_BYTES:
-                raise _bad(f"op {i} (delete_range) has a bound over "
-                           f"{MAX_BOUND_BYTES} bytes", lsn)
+                raise _NotABatch(f"op {i} (delete_range) has a bound over "
+                           f"{MAX_BOUND_BYTES} bytes")
         else:
-            raise _bad(f"op {i} has code {code!r} and {n} fields", lsn)
+            raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
     return ops
 
 
@@ -282,8 +311,7 @@ class WriteBatch:
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> None:
         """Delete every key with ``start <= key < end`` (``None``: unbounded)."""
-        start = b"" if start is None else check_bound(start, "start")
-        end = END_OF_KEYS if end is None else check_bound(end, "end")
+        start, end = check_range(start, end)
         self._ops.append((OP_DELETE_RANGE, start, end))
         self._puts_only = False
 

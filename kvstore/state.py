@@ -228,7 +228,7 @@ class State:
         :func:`~kvstore.batch.decode` (replay does that as it reads).
         """
         if self._closed:
-            raise ClosedError("the store's state machine is closed")
+            raise self._closed_error()
         if not entries or entries[-1][0] <= self.applied_lsn:
             return
         t0 = _perf_counter()
@@ -484,7 +484,7 @@ class State:
             gate.wait()
         try:
             if self._closed:
-                raise ClosedError("the store is closed")
+                raise self._closed_error()
             txn = self._renew(r) if r.gen != self.gen or r.txn is None else r.txn
             r.gets += 1
             return txn.get(key, default)
@@ -492,7 +492,7 @@ class State:
             return default
         except lmdb.Error as exc:
             if self._closed:
-                raise ClosedError("the store is closed") from None
+                raise self._closed_error() from None
             raise read_error(exc, self.path) from None
         finally:
             r.busy = False
@@ -539,7 +539,7 @@ class State:
         gate.enter()
         if self._closed:
             gate.exit()
-            raise ClosedError("the store is closed")
+            raise self._closed_error()
 
     def _read(self, fn):
         """``fn(txn)`` in a fresh read transaction, inside the gate."""
@@ -595,8 +595,7 @@ class State:
 
     def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
              ) -> Iterator[tuple[bytes, bytes]]:
-        """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound),
-        ascending or descending: see :func:`kvstore.readers.scan`."""
+        """See :func:`kvstore.readers.scan`."""
         return _scan(self, lo, hi, reverse)
 
     # -- lifecycle ----------------------------------------------------------
@@ -616,6 +615,9 @@ class State:
                 self.env.close()
         finally:
             gate.release_exclusive()
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"the store {os.path.dirname(self.path)} is closed")
 
     @property
     def closed(self) -> bool:

@@ -43,7 +43,6 @@ import wal
 from kvstore import recovery, snapshots
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
-    END_OF_KEYS,
     ENTRY_OVERHEAD,
     MAX_KEY_BYTES,
     OP_DELETE,
@@ -51,8 +50,9 @@ from kvstore.batch import (
     OP_PUT,
     WriteBatch,
     as_bytes,
-    check_bound,
     check_key,
+    check_range,
+    parse,
     check_value,
 )
 from kvstore.batch import _pack
@@ -291,8 +291,7 @@ class KVStore:
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
         """Remove every key with ``start <= key < end`` (None: unbounded), as
         one atomic write; return its LSN."""
-        start = b"" if start is None else check_bound(start, "start")
-        end = END_OF_KEYS if end is None else check_bound(end, "end")
+        start, end = check_range(start, end)
         return self._write_ops([[OP_DELETE_RANGE, start, end]], False)
 
     def _write_ops(self, ops: list, puts_only: bool, payload: bytes | None = None) -> int:
@@ -334,10 +333,13 @@ class KVStore:
 
     def write(self, payload: bytes) -> int:
         """Append a pre-encoded batch payload (kvstore.batch format) after
-        validating it; return its LSN. For tools that copy batches."""
-        from kvstore.batch import decode  # noqa: PLC0415
-        decode(payload)
-        return self._append(bytes(payload))
+        validating it; return its LSN. For tools that copy batches. Not
+        bytes-like: TypeError; not a valid batch: ValueError (nothing is
+        written either way)."""
+        payload = as_bytes(payload, "payload")
+        ops = parse(payload)
+        puts_only = all(op[0] == OP_PUT for op in ops)
+        return self._write_ops(ops, puts_only, payload)
 
     # -- reading ---------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -286,6 +287,39 @@ def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
         assert list(view.pairs()) == []      # a closed view has no pairs
     with pytest.raises(kvstore.ClosedError):
         state.read_view()
+
+
+def test_write_of_bad_input_is_a_type_or_value_error(db) -> None:
+    from kvstore.batch import encode
+
+    with pytest.raises(TypeError, match="payload must be bytes"):
+        db.write("[[1, 'k', 'v']]")
+    for bad in (b"\xc1", b"\x91\x92\x02\xa1k", b"\x90\x90"):
+        with pytest.raises(ValueError, match="^not a walkv batch: ") as e:
+            db.write(bad)
+        assert not isinstance(e.value, kvstore.CorruptionError) and "repair" not in str(e.value)
+    assert db.last_lsn == 0                  # nothing written
+    lsn = db.write(bytearray(encode([[1, b"a", b"1"], [3, b"b", b"c"], [2, b"z"]])))
+    assert (lsn, db.get(b"a"), db.applied_lsn) == (1, b"1", 1)
+
+
+def test_closed_store_errors_name_the_path(store) -> None:
+    d = kvstore.open(store, sync="none")
+    d.put(b"k", b"v")
+    d.close()
+    for call in (lambda: d.get(b"k"), lambda: len(d), lambda: d._state.read_view()):
+        with pytest.raises(kvstore.ClosedError, match=f"the store {re.escape(d.path)} is closed"):
+            call()
+
+
+def test_lmdb_open_failures_that_are_not_damage_do_not_rebuild(store) -> None:
+    with kvstore.open(store, sync="none") as d:
+        d.put(b"k", b"v")
+    with pytest.raises(kvstore.WalkvError, match="map_size") as e:
+        kvstore.open(store, sync="none", map_size=1 << 62)  # ENOMEM: not damage
+    assert not isinstance(e.value, kvstore.CorruptionError)
+    with kvstore.open(store, sync="none") as d:  # LMDB kept, nothing replayed
+        assert (d.get(b"k"), d.rebuilt, d.replayed) == (b"v", None, 0)
 
 
 def test_writes_inside_a_scan_loop(db) -> None:
