@@ -342,7 +342,7 @@ def test_interrupted_truncate_after_with_partly_zeroed_tail(tmp_path):
     after LSN 4 one sector inside entry 5 reached the disk (not its header).
     Open must finish the truncation, not refuse."""
     from wal.record import RecordReader
-    from wal.recovery import TRUNCATE_MARKER
+    from wal.truncation import TRUNCATE_MARKER
 
     d = str(tmp_path / "log")
     with wal.open(d, segment_bytes=1 << 20) as log:

@@ -23,7 +23,7 @@ import wal
 from wal.errors import ClosedError, CorruptionError, LogFailedError, RecordTooLargeError, WalkvError
 from wal.fs import FileSystem
 from wal.record import BLOCK_SIZE, RecordReader
-from wal.recovery import TRUNCATE_MARKER
+from wal.truncation import TRUNCATE_MARKER
 from wal.segment import (
     INDEX_INTERVAL,
     index_path,

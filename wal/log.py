@@ -44,7 +44,8 @@ from wal.fs import OS_FS, File, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, frame, frame_into
 from wal.commit import Callback, GroupCommit
-from wal.recovery import TRUNCATE_MARKER, ActiveSegment, cut_after, delete_segments, recover
+from wal.recovery import ActiveSegment, recover
+from wal.truncation import TRUNCATE_MARKER, cut_after, delete_segments
 from wal.segment import (
     DurableMarker,
     ENTRY_HEADER_SIZE,

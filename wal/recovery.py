@@ -29,9 +29,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from wal.errors import CorruptionError, WalkvError, file_error
+from wal.errors import CorruptionError, WalkvError
 from wal.fs import OS_FS, File, FileSystem
 from wal.lock import DirectoryLock
+from wal.truncation import cut_tail, finish_truncate, nonzero_end
 from wal.record import _HEADER, BLOCK_SIZE, FIRST, FULL, HEADER_SIZE, RecordReader, fragment_crc
 from wal.segment import (
     ENTRY_HEADER_SIZE,
@@ -55,7 +56,6 @@ log = logging.getLogger("walkv.wal")
 
 SECTOR = 512
 _ZERO_SECTOR = bytes(SECTOR)
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -99,21 +99,6 @@ def _clean_temp_files(directory: str, fs: FileSystem) -> None:
     for name in fs.listdir(directory):
         if name.endswith(".tmp"):
             fs.unlink(os.path.join(directory, name))
-
-
-def _nonzero_end(f: File, start: int, end: int) -> int:
-    """Offset just past the last non-zero byte in ``[start, end)``, or ``start``."""
-    last = start
-    pos = start
-    while pos < end:
-        data = f.pread(min(_CHUNK, end - pos), pos)
-        if not data:
-            break
-        stripped = data.rstrip(b"\x00")
-        if stripped:
-            last = pos + len(stripped)
-        pos += len(data)
-    return last
 
 
 def _has_zero_sector(f: File, start: int, end: int) -> bool:
@@ -190,20 +175,6 @@ def _scan_active(path: str, header: SegmentHeader, start: int, expected: int,
         if reader.torn_tail is not None:
             return seg, reader.torn_tail
     return seg, None
-
-
-def _cut_tail(fs: FileSystem, path: str, cut: int, reason: str) -> int:
-    """Zero everything from ``cut`` to the last non-zero byte; return the count."""
-    f = fs.open(path)
-    try:
-        end = _nonzero_end(f, cut, f.size())
-        if end > cut:
-            f.preallocate(cut, end - cut)
-            f.sync()
-            log.warning("%s: cut a torn tail of %d bytes at offset %d (%s)", path, end - cut, cut, reason)
-        return end - cut
-    finally:
-        f.close()
 
 
 def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", prealloc: int,
@@ -290,11 +261,11 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
                 f"corrupt record in the active segment ({reason}), followed by valid data at offset {nxt}",
                 path=newest.path, offset=bad_offset, lsn=active.last_lsn + 1, hint=REPAIR_HINT,
             )
-        dropped = _cut_tail(fs, newest.path, active.data_end, reason)
+        dropped = cut_tail(fs, newest.path, active.data_end, reason)
     else:
         # Bytes after the first zero header belong to a write that never fully
         # reached the disk (a hole in it reads as zeros): a torn tail too.
-        dropped = _cut_tail(fs, newest.path, active.data_end, "data after a zero-filled hole")
+        dropped = cut_tail(fs, newest.path, active.data_end, "data after a zero-filled hole")
     if os.path.exists(index_path(newest.path)):
         fs.unlink(index_path(newest.path))  # the active segment's index lives in memory
     # Names a crashed writer created or renamed may not be durable yet
@@ -435,7 +406,7 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
     if dry_run:
         f = fs.open(bad.path, readonly=True)
         try:
-            report.dropped_bytes += _nonzero_end(f, good_end, f.size()) - good_end
+            report.dropped_bytes += nonzero_end(f, good_end, f.size()) - good_end
         finally:
             f.close()
         return report
@@ -447,7 +418,7 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
             fs.unlink(index_path(seg.path))
     f = fs.open(bad.path)
     try:
-        end = _nonzero_end(f, good_end, f.size())
+        end = nonzero_end(f, good_end, f.size())
         if good_end == 0:
             f.close()
             kept = _broken_name(bad.path)
@@ -471,99 +442,3 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
     log.warning("repair: cut %s at offset %d (%s); last good LSN %d; kept the cut bytes in %s",
                 bad.path, good_end, reason, last_good, ", ".join(report.broken_files))
     return report
-
-
-# -- truncation, crash-safely -------------------------------------------------------
-
-
-def delete_segments(directory: str, doomed: list[SegmentFile], fs: FileSystem = OS_FS) -> int:
-    """Delete sealed segments (oldest first, each index before its segment,
-    then one directory fsync), so that a crash leaves a gap-free suffix and
-    no index without its segment. Returns the bytes freed."""
-    freed = 0
-    try:
-        for seg in doomed:
-            idx = index_path(seg.path)
-            if os.path.exists(idx):
-                freed += os.path.getsize(idx)
-                fs.unlink(idx)
-            freed += os.path.getsize(seg.path)
-            fs.unlink(seg.path)
-        fs.fsync_dir(directory)
-    except OSError as e:
-        raise file_error(e, "deleting old log segments (nothing the log still needs was touched; "
-                            "what was not deleted is kept, and deleted by a truncate_before after the "
-                            "next open)") from None
-    return freed
-
-TRUNCATE_MARKER = "TRUNCATE"
-
-
-def _entry_end(path: str, header_end: int, lsn: int, start: int) -> int:
-    """Offset just after entry ``lsn`` in a segment (``header_end`` when the
-    segment's first LSN is ``lsn + 1``), scanning from record offset ``start``.
-    Nothing after entry ``lsn`` is read: an interrupted cut may have left it
-    half zeroed."""
-    end = header_end
-    with open(path, "rb") as fh:
-        reader = RecordReader(fh, path=path, start_offset=start, zeros_end=True)
-        for offset, payload in reader.records():
-            if offset == 0:
-                continue
-            entry_lsn = decode_entry(payload, path, offset).lsn
-            if entry_lsn > lsn:
-                break
-            end = reader.end_offset
-            if entry_lsn == lsn:
-                break
-    return end
-
-
-def cut_after(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
-    """Drop every entry after ``lsn``. Idempotent, so that recovery can finish
-    it after a crash: :meth:`Log.truncate_after` first writes a ``TRUNCATE``
-    marker naming ``lsn`` and removes it only when this has returned."""
-    segments = list_segments(directory, fs)
-    keep = max((i for i, s in enumerate(segments) if s.first_lsn <= lsn + 1), default=0)
-    for seg in reversed(segments[keep + 1 :]):
-        if os.path.exists(index_path(seg.path)):
-            fs.unlink(index_path(seg.path))
-        fs.unlink(seg.path)
-    seg = segments[keep]
-    with open(seg.path, "rb") as fh:
-        _, header_end = read_header(fh, seg.path)
-    index = read_index(seg.path)
-    start = header_end
-    if index is not None and index.first_lsn == seg.first_lsn:
-        start = max((off for p_lsn, off in index.points if p_lsn <= lsn), default=header_end)
-    if os.path.exists(index_path(seg.path)):
-        fs.unlink(index_path(seg.path))
-    end = _entry_end(seg.path, header_end, lsn, start)
-    _cut_tail(fs, seg.path, end, f"truncate_after({lsn})")
-    f = fs.open(seg.path)
-    try:
-        f.sync(full=True)
-    finally:
-        f.close()
-    fs.fsync_dir(directory)
-
-
-def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> None:
-    """Complete a ``truncate_after`` that a crash interrupted, if any."""
-    marker = os.path.join(directory, TRUNCATE_MARKER)
-    if not fs.exists(marker):
-        return
-    with open(marker, "rb") as fh:
-        text = fh.read().decode("ascii", "replace").strip()
-    if not text:
-        # Written by a walkv that did not rename it into place: its content never
-        # landed, so the cut (which follows the marker's fsync) never began.
-        fs.unlink(marker)
-        fs.fsync_dir(directory)
-        return
-    if not text.isdigit():
-        raise CorruptionError(f"unreadable {TRUNCATE_MARKER} marker {text!r}", path=marker, offset=0,
-                              hint="delete the marker if no truncate_after was running")
-    cut_after(directory, int(text), fs)
-    fs.unlink(marker)
-    fs.fsync_dir(directory)
