@@ -36,7 +36,6 @@ from kvstore.batch import (
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_PUT,
-    _DONE,
     WriteBatch,
     _pack,
     check_key,
@@ -44,7 +43,7 @@ from kvstore.batch import (
     check_value,
 )
 from kvstore.store import KVStore, ReadOnlyError
-from wal.errors import ClosedError, RecordTooLargeError
+from wal.errors import ClosedError
 
 
 class AsyncKVStore:
@@ -126,17 +125,7 @@ class AsyncKVStore:
         if type(value) is not bytes or len(value) > self._max_value:
             value = check_value(value, self._max_value)
         ops = [[OP_PUT, key, value]]
-        payload = _pack(ops)
-        fut = self._create_future()
-        known = self._decoded
-        known[id(payload)] = (payload, ops, True)
-        try:
-            lsn = self._append_nowait(payload, self._callback)
-        except BaseException:
-            known.pop(id(payload), None)
-            raise
-        self._pending[lsn] = fut
-        return fut
+        return self._submit(_pack(ops), ops, True)
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
@@ -237,19 +226,10 @@ class AsyncWriteBatch(WriteBatch):
 
     async def acommit(self) -> int | None:
         """Commit: one log entry, awaited until durable and applied."""
-        if self._done:
-            raise ClosedError("this batch was already committed or discarded")
-        self._done = True
-        ops, self._ops = self._ops, _DONE
-        if not ops:
+        sealed = self._seal()
+        if sealed is None:
             return None
-        payload = _pack(ops)
-        if len(payload) > self._max_payload:
-            raise RecordTooLargeError(
-                f"batch of {len(ops)} operations is {len(payload)} bytes, over the "
-                f"log's record limit of {self._max_payload} bytes; split it. "
-                f"Nothing was written.")
-        self.lsn = await self._adb._submit(payload, ops, self._puts_only)
+        self.lsn = await self._adb._submit(sealed[0], sealed[1], self._puts_only)
         return self.lsn
 
     async def __aenter__(self) -> "AsyncWriteBatch":

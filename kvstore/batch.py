@@ -321,10 +321,10 @@ class WriteBatch:
     def payload(self) -> bytes:
         return _pack(self._ops)
 
-    def commit(self) -> int | None:
-        """Write the batch as one log entry; returns its LSN (None if empty).
-        A batch over the log's record size raises RecordTooLargeError here,
-        and nothing is written."""
+    def _seal(self) -> tuple[bytes, list] | None:
+        """Close the batch; return its payload and operations (None if
+        empty). Over the log's record size: RecordTooLargeError, nothing
+        written."""
         if self._done:
             raise ClosedError("this batch was already committed or discarded")
         self._done = True
@@ -337,7 +337,16 @@ class WriteBatch:
                 f"batch of {len(ops)} operations is {len(payload)} bytes, over the "
                 f"log's record limit of {self._max_payload} bytes; split it. "
                 f"Nothing was written.")
-        self.lsn = self._commit(payload, ops, self._puts_only)
+        return payload, ops
+
+    def commit(self) -> int | None:
+        """Write the batch as one log entry; returns its LSN (None if empty).
+        A batch over the log's record size raises RecordTooLargeError here,
+        and nothing is written."""
+        sealed = self._seal()
+        if sealed is None:
+            return None
+        self.lsn = self._commit(sealed[0], sealed[1], self._puts_only)
         return self.lsn
 
     def discard(self) -> None:
