@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import time
 from typing import Any, Callable
 
@@ -34,7 +33,7 @@ from benchmarks import data
 from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
 from benchmarks.log_workloads import _leveldb_replay, _leveldb_replay_prepare
 from benchmarks.peers import KV_PEERS, LMDB, LevelDB
-from benchmarks.timing import coroutines, counted, in_child, threaded
+from benchmarks.timing import coroutines, counted, in_child_on_copy, threaded
 
 KV = ("kvstore:open",)
 LOAD_CHUNK = 10_000  # items per batch when loading data (untimed)
@@ -224,12 +223,7 @@ def _walkv_recovery_prepare(entries: int):
 
 
 def _walkv_recovery(ctx: Context) -> Measurement:
-    copy = os.path.join(ctx.fresh_dir("walkv"), "store")
-    shutil.copytree(ctx.state, copy)
-    try:
-        return in_child("benchmarks.kv_workloads:child_reopen_walkv", path=copy)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
+    return in_child_on_copy(ctx, "walkv", "benchmarks.kv_workloads:child_reopen_walkv")
 
 
 def child_reopen_walkv(path: str) -> dict[str, Any]:

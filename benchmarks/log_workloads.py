@@ -22,14 +22,13 @@ append+fdatasync loop, 100-byte payloads.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from typing import Any
 
 from benchmarks import data
 from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
 from benchmarks.peers import LevelDB, PlainLog
-from benchmarks.timing import counted, in_child, threaded
+from benchmarks.timing import counted, in_child, in_child_on_copy, threaded
 
 WAL = ("wal:open",)
 BATCH = 1000  # entries per append_batch when filling a log (untimed)
@@ -194,14 +193,8 @@ def _leveldb_replay_prepare(entries: int):
 
 
 def _leveldb_replay(ctx: Context) -> Measurement:
-    copy = os.path.join(ctx.fresh_dir("leveldb"), "db")
-    shutil.copytree(ctx.state, copy)
-    try:
-        m = in_child("benchmarks.log_workloads:child_reopen_leveldb", path=copy,
-                     write_buffer_size=LEVELDB_BIG_BUFFER)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
-    return m
+    return in_child_on_copy(ctx, "leveldb", "benchmarks.log_workloads:child_reopen_leveldb",
+                            write_buffer_size=LEVELDB_BIG_BUFFER)
 
 
 def child_reopen_leveldb(path: str, write_buffer_size: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -153,3 +154,15 @@ def in_child(function: str, /, *, child_timeout: float = 3600, **kwargs: Any) ->
     data["wait4_maxrss_mb"] = usage.ru_maxrss / 1024.0  # Linux: kilobytes
     rss_mb = float(data.pop("peak_rss_mb", data["wait4_maxrss_mb"]))
     return Measurement(ops=ops, seconds=seconds, rss_mb=rss_mb, extra=data)
+
+
+def in_child_on_copy(ctx: Any, name: str, function: str, **kwargs: Any) -> Measurement:
+    """Copy the workload's prepared directory (``ctx.state``) to a fresh
+    place and run ``function`` on the copy in a fresh process (``path=`` the
+    copy), so that every round reopens the same untouched files."""
+    copy = os.path.join(ctx.fresh_dir(name), "data")
+    shutil.copytree(ctx.state, copy)
+    try:
+        return in_child(function, path=copy, **kwargs)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)

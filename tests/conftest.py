@@ -56,3 +56,19 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def reboot(monkeypatch: pytest.MonkeyPatch):
+    """Control the kernel boot id the store sees; ``reboot()`` changes it (a
+    simulated machine crash, after which walkv distrusts LMDB)."""
+    import kvstore.recovery
+
+    state = {"n": 0}
+    monkeypatch.setattr(kvstore.recovery, "boot_id", lambda: f"boot-{state['n']}")
+
+    def _reboot() -> None:
+        state["n"] += 1
+
+    _reboot.count = state  # type: ignore[attr-defined]
+    return _reboot

@@ -190,17 +190,6 @@ def _diff(got: dict, expected: dict) -> str:
     return ", ".join(f"{k!r}: {(got.get(k) or b'-')[:12]!r} vs {(expected.get(k) or b'-')[:12]!r}" for k in bad[:5])
 
 
-@pytest.fixture
-def reboot(monkeypatch):
-    """Control the kernel boot id the store sees; ``reboot()`` changes it."""
-    state = {"n": 0}
-    monkeypatch.setattr(kvstore.recovery, "boot_id", lambda: f"boot-{state['n']}")
-
-    def _reboot() -> None:
-        state["n"] += 1
-
-    _reboot.count = state  # type: ignore[attr-defined]
-    return _reboot
 
 
 def _known_bug(error: BaseException) -> str | None:

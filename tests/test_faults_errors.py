@@ -39,15 +39,6 @@ def scratch(tmp_path):
         yield d
 
 
-@pytest.fixture
-def reboot(monkeypatch):
-    state = {"n": 0}
-    monkeypatch.setattr(kvstore.recovery, "boot_id", lambda: f"boot-{state['n']}")
-
-    def _reboot() -> None:
-        state["n"] += 1
-
-    return _reboot
 
 
 def _payload(i: int, size: int = 100) -> bytes:

@@ -52,15 +52,6 @@ except ImportError:  # pragma: no cover
     kv_snapshots = None
 
 
-@pytest.fixture
-def reboot(monkeypatch):
-    state = {"n": 0}
-    monkeypatch.setattr(kvstore.recovery, "boot_id", lambda: f"boot-{state['n']}")
-
-    def _reboot() -> None:
-        state["n"] += 1
-
-    return _reboot
 
 
 def _peak(fn) -> int:
