@@ -24,7 +24,7 @@ from benchmarks import data
 from benchmarks.harness import Config, Context, Contender, Measurement, Target, Workload
 from benchmarks.snapshot_workloads import _store_prepare
 
-SPARK = ("pyspark", "kvstore.spark:register", "snapshot")
+SPARK = ("pyspark", "kvstore.spark.source:register", "snapshot")
 _session: list[Any] = []
 
 

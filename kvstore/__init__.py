@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from kvstore.batch import MAX_KEY_BYTES, WriteBatch
 from kvstore.restore import RestoreInfo, restore
-from kvstore.store import KVStore, ReadOnlyError, open
+from kvstore.store import KVStore, open
 from wal.errors import (
     ClosedError,
     CorruptionError,
     LockedError,
     LogFailedError,
+    LogGapError,
+    ReadOnlyError,
     RecordTooLargeError,
     SnapshotError,
     WalkvError,
@@ -43,6 +45,6 @@ def open_async(path, sync: str = "always", **options):
 
 __all__ = [
     "MAX_KEY_BYTES", "ClosedError", "CorruptionError", "KVStore", "LockedError",
-    "LogFailedError", "ReadOnlyError", "RecordTooLargeError", "SnapshotError",
+    "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "SnapshotError",
     "RestoreInfo", "WalkvError", "WriteBatch", "open", "open_async", "restore",
 ]

@@ -42,8 +42,8 @@ from kvstore.batch import (
     check_range,
     check_value,
 )
-from kvstore.store import KVStore, ReadOnlyError
-from wal.errors import ClosedError
+from kvstore.store import KVStore
+from wal.errors import ClosedError, ReadOnlyError
 
 
 class AsyncKVStore:

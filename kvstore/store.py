@@ -58,7 +58,7 @@ from kvstore.batch import (
 from kvstore.batch import _pack
 from kvstore.state import DEFAULT_MAP_SIZE, State
 from kvstore.stats import store_stats
-from wal.errors import ClosedError, CorruptionError, WalkvError
+from wal.errors import ClosedError, CorruptionError, ReadOnlyError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
@@ -70,10 +70,6 @@ Progress = Callable[[int, "int | None"], None]
 WAL_DIR = "wal"
 LMDB_DIR = "lmdb"
 SNAPSHOTS_DIR = "snapshots"
-
-class ReadOnlyError(WalkvError):
-    """A write was attempted on a store opened with ``readonly=True``."""
-
 
 def _prefix_end(prefix: bytes) -> bytes | None:
     """The least byte string greater than every string starting with

@@ -409,7 +409,7 @@ def test_export_with_spark(tmp_path, spark, capsys):
     """``walkv export`` through ``main()`` in this process, so that it uses the
     suite's one SparkSession (a new JVM per test is too slow for CI); the
     subprocess path is what ``make demo`` runs."""
-    pytest.importorskip("kvstore.spark_export")
+    pytest.importorskip("kvstore.spark.export")
     from kvstore.cli import main
 
     s, out = str(tmp_path / "s"), str(tmp_path / "out")

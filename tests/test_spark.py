@@ -215,7 +215,7 @@ def test_stream_reads_while_a_writer_commits(walkv_spark, tmp_path):
 
 
 def test_export_all_then_incremental(walkv_spark, tmp_path):
-    from kvstore.spark_export import export
+    from kvstore.spark.export import export
 
     spark = walkv_spark
     built = build_store(str(tmp_path / "store"), seed=5, n_batches=80, snapshot_after=(50,))

@@ -13,8 +13,8 @@ pa = pytest.importorskip("pyarrow")
 
 import kvstore  # noqa: E402
 import wal  # noqa: E402
-from kvstore import spark_arrow as sa  # noqa: E402
-from kvstore.spark import (  # noqa: E402
+from kvstore.spark import arrow as sa  # noqa: E402
+from kvstore.spark.source import (  # noqa: E402
     ChunkPartition,
     LogPartition,
     StatePartition,
@@ -23,8 +23,8 @@ from kvstore.spark import (  # noqa: E402
     WalkvStreamReader,
     spark_schema,
 )
-from kvstore.spark_files import LogGapError, StoreFiles  # noqa: E402
-from kvstore.spark_options import parse  # noqa: E402
+from kvstore.spark.files import LogGapError, StoreFiles  # noqa: E402
+from kvstore.spark.options import parse  # noqa: E402
 from tests.test_spark_helpers import build_store, log_timestamps  # noqa: E402
 from wal.errors import CorruptionError  # noqa: E402
 

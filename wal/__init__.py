@@ -11,6 +11,8 @@ from wal.errors import (
     CorruptionError,
     LockedError,
     LogFailedError,
+    LogGapError,
+    ReadOnlyError,
     RecordTooLargeError,
     SnapshotError,
     WalkvError,
@@ -20,7 +22,7 @@ from wal.recovery import RepairReport, repair, verify
 from wal.segment import Entry, read_durable_lsn, read_log
 
 __all__ = [
-    "SYNC_MODES", "ClosedError", "CorruptionError", "Entry", "LockedError", "Log", "LogFailedError",
+    "SYNC_MODES", "ClosedError", "CorruptionError", "Entry", "LockedError", "Log", "LogFailedError", "LogGapError", "ReadOnlyError",
     "RecordTooLargeError", "RepairReport", "SnapshotError", "WalkvError", "open", "read_durable_lsn",
     "read_log", "repair", "verify",
 ]

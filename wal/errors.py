@@ -4,38 +4,70 @@ This is the lowest layer, so every package (``wal``, ``snapshot``, ``kvstore``)
 raises these and ``kvstore`` re-exports them. Only these, plus ``TypeError`` and
 ``ValueError`` for wrong arguments, ever reach a user. Every message says what
 happened, where (file, offset, LSN) and what to do next.
+
+Callers tell errors apart by type and by attributes (:attr:`CorruptionError.kind`,
+:attr:`LogGapError.first_missing`), never by matching message text.
 """
 
 from __future__ import annotations
 
+import enum
 import errno
 import os
+
+REPAIR_HINT = "run `walkv repair STORE` (or wal.repair(DIR)) to cut the log at the first bad record"
+"""What to do about damage in a log: the one wording every layer uses."""
+
+SNAPSHOT_HINT = (
+    "the snapshot is damaged: delete its directory and take a new snapshot "
+    "(older snapshots and the log are not affected)"
+)
+"""What to do about a damaged snapshot."""
 
 
 class WalkvError(Exception):
     """Base class of every error walkv raises on purpose."""
 
 
+class Damage(str, enum.Enum):
+    """What kind of damage a :class:`CorruptionError` reports."""
+
+    CHECKSUM = "checksum"        # a CRC over stored bytes does not match
+    FRAMING = "framing"          # a bad record length or type, a fragment out of sequence
+    HEADER = "header"            # a file's header: bad magic, version, first LSN, store id
+    SEQUENCE = "sequence"        # LSNs missing or out of order between or inside files
+    MISSING = "missing"          # a file that must exist does not
+    TOO_LARGE = "too_large"      # a record or file over its stored limit
+    CONTENT = "content"          # a well-framed record whose contents do not decode
+    LMDB = "lmdb"                # the LMDB state machine is damaged (it is rebuilt)
+
+
 class CorruptionError(WalkvError):
     """Stored bytes are not what walkv wrote: a CRC mismatch, a bad length, a
     broken LSN sequence, a missing segment, an untrusted manifest.
 
-    ``path``, ``offset`` and ``lsn`` say where, when known.
+    ``kind`` (a :class:`Damage`) says what is wrong; ``path``, ``offset`` and
+    ``lsn`` say where (``offset`` is the byte offset in ``path`` where the bad
+    data starts; 0 for a damaged or missing whole file); ``reason`` is the
+    message without location and hint; ``hint`` says what to do.
     """
 
     def __init__(
         self,
         message: str,
         *,
+        kind: Damage = Damage.CONTENT,
         path: str | os.PathLike[str] | None = None,
         offset: int | None = None,
         lsn: int | None = None,
         hint: str | None = None,
     ) -> None:
+        self.kind = kind
         self.path = os.fspath(path) if path is not None else None
         self.offset = offset
         self.lsn = lsn
         self.reason = message
+        self.hint = hint
         where = []
         if self.path is not None:
             where.append(self.path)
@@ -50,6 +82,28 @@ class CorruptionError(WalkvError):
             text = f"{text}; {hint}"
         super().__init__(text)
 
+    def with_hint(self, hint: str) -> CorruptionError:
+        """The same damage with another hint (a layer above knows better what to do)."""
+        return CorruptionError(self.reason, kind=self.kind, path=self.path, offset=self.offset,
+                               lsn=self.lsn, hint=hint)
+
+
+class LogGapError(WalkvError):
+    """LSNs a reader needs are no longer in the log (retention deleted their
+    segments after a snapshot covered them) or were never there.
+
+    ``first_missing`` and ``last_missing`` name the gap (inclusive);
+    ``first_available`` is the first LSN the log still holds (``None`` when
+    unknown).
+    """
+
+    def __init__(self, message: str, *, first_missing: int, last_missing: int,
+                 first_available: int | None = None) -> None:
+        self.first_missing = first_missing
+        self.last_missing = last_missing
+        self.first_available = first_available
+        super().__init__(message)
+
 
 class RecordTooLargeError(WalkvError, ValueError):
     """A payload, key or value is over its configured limit. Nothing was written."""
@@ -61,6 +115,10 @@ class LockedError(WalkvError):
 
 class ClosedError(WalkvError):
     """The log, store or snapshot was used after ``close()``."""
+
+
+class ReadOnlyError(WalkvError):
+    """A write was attempted on a store opened with ``readonly=True``."""
 
 
 class LogFailedError(WalkvError):

@@ -1,5 +1,8 @@
 """The file operations walkv's durability depends on, behind one small seam.
 
+:class:`FileSystem` is also the local implementation of the read-only seam
+(:class:`wal.readfs.ReadFS`) every reader goes through.
+
 The log and the snapshots do every write, sync, rename and unlink through a
 :class:`FileSystem`, so that tests can swap in a fault-injecting one (power
 loss, torn writes, failed fsyncs, ENOSPC) the way LevelDB's
@@ -18,7 +21,9 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Iterable
+from typing import BinaryIO
+
+from wal.readfs import FileInfo
 
 _HAS_FDATASYNC = hasattr(os, "fdatasync")
 # Files walkv creates are private to their owner unless configured otherwise.
@@ -156,9 +161,43 @@ class FileSystem:
         finally:
             os.close(fd)
 
-    def fsync_dirs(self, paths: Iterable[str]) -> None:
-        for p in dict.fromkeys(paths):
-            self.fsync_dir(p)
+    # -- the read-only seam (wal.readfs.ReadFS) for local files ----------------
+
+    def list_dir(self, path: str) -> list[FileInfo]:
+        """The entries of ``path`` (``[]`` when it does not exist); an entry
+        removed while listing is left out."""
+        out = []
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    try:
+                        is_dir = e.is_dir()
+                        size = 0 if is_dir else e.stat().st_size
+                    except FileNotFoundError:
+                        continue
+                    out.append(FileInfo(e.name, e.path, size, is_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return out
+
+    def open_input(self, path: str) -> BinaryIO:
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+
+    def read_file(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def file_size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def join(self, base: str, *names: str) -> str:
+        return os.path.join(base, *names)
+
+    def display(self, path: str) -> str:
+        return path
 
 
 OS_FS = FileSystem()

@@ -3,7 +3,7 @@
 These commands read segment, index and snapshot files directly, through the
 ``wal`` and ``snapshot`` packages' readers (never a second framing
 implementation), so they work on a store that will not open.
-(``walkv inspect`` is :mod:`kvstore.cli_inspect`.)
+(``walkv inspect`` is :mod:`kvstore.cli.inspection`.)
 
 * ``verify STORE``: every CRC, segment header and LSN of the log, the sparse
   indexes against their segments, every log entry's batch encoding, every
@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from kvstore.cli import (
+from kvstore.cli.common import (
     EXIT_CORRUPT,
     EXIT_OK,
     EXIT_PROBLEM,
@@ -36,7 +36,7 @@ from kvstore.cli import (
     require_store,
     store_dirs,
 )
-from kvstore.progress import Reporter
+from kvstore.cli.progress import Reporter
 from wal.lock import DirectoryLock
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:

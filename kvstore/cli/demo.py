@@ -48,9 +48,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstore.cli import EXIT_OK, CliError, human_bytes
-from kvstore.cli_admin import export_rows, spark_available, spark_env, take_snapshot
-from kvstore.cli_demo_work import (
+from kvstore.cli.common import EXIT_OK, CliError, human_bytes
+from kvstore.cli.admin import export_rows, spark_available, spark_env, take_snapshot
+from kvstore.cli.demo_work import (
     FULL,
     SMALL,
     DemoFailed,
@@ -61,7 +61,7 @@ from kvstore.cli_demo_work import (
     run_and_kill,
     worker,
 )
-from kvstore.progress import Reporter
+from kvstore.cli.progress import Reporter
 
 DESCRIPTION = (
     "The main job, end to end: a multi-threaded durable workload with group commit, a writer "
@@ -342,9 +342,9 @@ def _spark_step(store: str, out: str, master: str, summary: Summary, rep: Report
     import kvstore
 
     try:
-        from kvstore.spark_export import export
+        from kvstore.spark.export import export
     except ImportError as e:
-        raise DemoFailed(f"step 6 is not available yet: kvstore.spark_export.export is missing ({e})") from None
+        raise DemoFailed(f"step 6 is not available yet: kvstore.spark.export.export is missing ({e})") from None
     spark_env(master)
     t0 = time.perf_counter()
     with rep.task("Spark export", unit="") as progress:
@@ -360,9 +360,3 @@ def _spark_step(store: str, out: str, master: str, summary: Summary, rep: Report
     total = sum(rows.values())
     summary.add("rows_exported", total, f"{total} rows ({', '.join(f'{k} {v}' for k, v in rows.items())}) "
                 f"in {spark_s:.1f} s", "rows exported")
-
-
-if __name__ == "__main__":
-    from kvstore.cli import main
-
-    sys.exit(main(["demo", *sys.argv[1:]]))

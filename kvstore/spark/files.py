@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from snapshot.layout import parse_snapshot_dir_name
-from wal.errors import CorruptionError, WalkvError
+from wal.errors import CorruptionError, LogGapError, WalkvError
 from wal.record import RecordReader
 from wal.segment import DURABLE_NAME, decode_durable, segment_first_lsn
 
@@ -46,17 +46,6 @@ SNAPSHOTS_DIR = "snapshots"
 
 
 
-class LogGapError(WalkvError):
-    """LSNs a reader needs are no longer in the log (retention deleted their
-    segments after a snapshot covered them) or were never there.
-
-    ``first_missing`` and ``last_missing`` name the gap (inclusive).
-    """
-
-    def __init__(self, message: str, *, first_missing: int, last_missing: int) -> None:
-        self.first_missing = first_missing
-        self.last_missing = last_missing
-        super().__init__(message)
 
 
 def _pa_fs() -> Any:
@@ -381,7 +370,7 @@ class StoreFiles:
 
     def snapshot_dirs(self) -> list[tuple[int, str]]:
         """``(lsn, path)`` of every ``snap-*`` directory, oldest first (valid
-        or not: :func:`kvstore.spark_snapshots` checks manifests)."""
+        or not: :func:`kvstore.spark.snapshots` checks manifests)."""
         out = []
         for name, path, _, is_dir in self.listdir(self.snapshots_dir):
             lsn = parse_snapshot_dir_name(name)

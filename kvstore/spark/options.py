@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from kvstore.spark_arrow import BINARY, CHANGES, FORMATS, STRING, TABLES
+from kvstore.spark.arrow import BINARY, CHANGES, FORMATS, STRING, TABLES
 
 EARLIEST = "earliest"
 LATEST = "latest"

@@ -1,9 +1,9 @@
-"""The demo's workload and its crash child (see :mod:`kvstore.cli_demo`).
+"""The demo's workload and its crash child (see :mod:`kvstore.cli.demo`).
 
 * :func:`worker`: one thread's share of a small shop (users, orders, atomic
   batches, deletes, reads of its own writes), each thread on its own users
   so that it can keep an exact model of its keys.
-* :func:`child_main` (``python -m kvstore.cli_demo_work child STORE THREADS
+* :func:`child_main` (``python -m kvstore.cli.demo_work child STORE THREADS
   SEED [SEGMENT_BYTES]``): a writer process that puts from several threads
   until it is killed, printing ``ack THREAD SEQ LSN`` after each put returned
   (so each printed write is acknowledged, hence durable).
@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore.cli import CliError
-from kvstore.progress import Reporter
+from kvstore.cli.common import CliError
+from kvstore.cli.progress import Reporter
 
 _COUNTERS_LOCK = threading.Lock()
 
@@ -152,7 +152,7 @@ def dir_bytes(path: str) -> int:
 
 
 def child_main(argv: list[str]) -> int:
-    """``python -m kvstore.cli_demo_work child STORE THREADS SEED``: write until
+    """``python -m kvstore.cli.demo_work child STORE THREADS SEED``: write until
     killed, printing ``ack THREAD SEQ LSN`` after each put returned."""
     import kvstore
 
@@ -200,7 +200,7 @@ def run_and_kill(store: str, size: Size, seed: int, rep: Reporter) -> dict[int, 
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore.cli_demo_work", "child", store, str(size.crash_threads), str(seed),
+        [sys.executable, "-m", "kvstore.cli.demo_work", "child", store, str(size.crash_threads), str(seed),
          str(size.segment_bytes)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, bufsize=1)
     acked: dict[int, int] = {}
@@ -245,4 +245,4 @@ def run_and_kill(store: str, size: Size, seed: int, rep: Reporter) -> dict[int, 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         sys.exit(child_main(sys.argv[2:]))
-    sys.exit("usage: python -m kvstore.cli_demo_work child STORE THREADS SEED [SEGMENT_BYTES]")
+    sys.exit("usage: python -m kvstore.cli.demo_work child STORE THREADS SEED [SEGMENT_BYTES]")

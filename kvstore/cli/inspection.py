@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
-from kvstore.cli import EXIT_CORRUPT, EXIT_OK, EXIT_USAGE, CliError, escape_field, human_bytes
-from kvstore.progress import Reporter
+from kvstore.cli.common import EXIT_CORRUPT, EXIT_OK, EXIT_USAGE, CliError, escape_field, human_bytes
+from kvstore.cli.progress import Reporter
 
 _FRAGMENT_NAMES = {1: "FULL", 2: "FIRST", 3: "MIDDLE", 4: "LAST"}
 

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 from wal.errors import CorruptionError, SnapshotError
 
-from kvstore.spark_files import StoreFiles
+from kvstore.spark.files import StoreFiles
 
 log = logging.getLogger("walkv.spark")
 
@@ -119,10 +119,10 @@ def read_chunk(files: StoreFiles, snap: SnapshotRef, chunk: Any, rows: int) -> I
     """A chunk's keys and values in key order, as runs of whole data records
     ``(key_parts, value_parts)`` (lists of sequences of bytes) of about
     ``rows`` pairs, or fewer when the pairs are large (about
-    :data:`~kvstore.spark_arrow.MAX_BATCH_BYTES` per run)."""
+    :data:`~kvstore.spark.arrow.MAX_BATCH_BYTES` per run)."""
     from snapshot import read_chunk_columns
 
-    from kvstore.spark_arrow import MAX_BATCH_BYTES
+    from kvstore.spark.arrow import MAX_BATCH_BYTES
 
     path = snap.path + "/" + chunk.name
     shown = files.display(path)

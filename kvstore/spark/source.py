@@ -12,8 +12,8 @@ read as the cluster sees it::
     spark.read.format("walkv").option("table", "state").load(path)      # current contents
     spark.readStream.format("walkv").load(path)                         # the log, as a stream
 
-Columns are described in :mod:`kvstore.spark_arrow`, options in
-:mod:`kvstore.spark_options`. :func:`read_state` computes the state with
+Columns are described in :mod:`kvstore.spark.arrow`, options in
+:mod:`kvstore.spark.options`. :func:`read_state` computes the state with
 DataFrame operations (a window over (lsn, op index) per key, and a range
 join for range deletes); ``table=state`` computes the same inside the scan,
 one task per snapshot chunk's key range, each applying the log tail to its
@@ -55,11 +55,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from wal.errors import CorruptionError
 
-from kvstore import spark_arrow as sa
+from kvstore.spark import arrow as sa
 from kvstore.batch import decode as _decode
-from kvstore import spark_snapshots as ss
-from kvstore.spark_files import LogGapError, LogSlice, StoreFiles, normalize_location
-from kvstore.spark_options import EARLIEST, LATEST, Options, parse
+from kvstore.spark import snapshots as ss
+from kvstore.spark.files import LogGapError, LogSlice, StoreFiles, normalize_location
+from kvstore.spark.options import EARLIEST, LATEST, Options, parse
 
 __all__ = [
     "LogGapError",
@@ -78,7 +78,7 @@ def register(spark: Any) -> None:
 
 
 def spark_schema(table: str, key_format: str = sa.BINARY, value_format: str = sa.BINARY) -> Any:
-    """The Spark ``StructType`` of a table (see :mod:`kvstore.spark_arrow`)."""
+    """The Spark ``StructType`` of a table (see :mod:`kvstore.spark.arrow`)."""
     from pyspark.sql.types import (
         BinaryType,
         IntegerType,

@@ -2,7 +2,7 @@
 
 ``stats`` reads the files only (never the lock), so it is safe beside a
 running writer. ``snapshot`` opens the store for writing; ``restore`` builds a
-new store; ``export`` runs the Spark job of :mod:`kvstore.spark_export` (its
+new store; ``export`` runs the Spark job of :mod:`kvstore.spark.export` (its
 console kept to errors, see :func:`spark_env`); ``bench`` runs the harness in
 the source checkout's ``benchmarks/``.
 """
@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from kvstore.cli import (
+from kvstore.cli.common import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_USAGE,
@@ -29,7 +29,7 @@ from kvstore.cli import (
     print_table,
     require_store,
 )
-from kvstore.progress import Reporter
+from kvstore.cli.progress import Reporter
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser], group: str) -> None:
@@ -284,7 +284,7 @@ def cmd_export(args: argparse.Namespace, rep: Reporter) -> int:
     why = spark_available()
     if why:
         raise CliError(f"cannot export: {why}")
-    export = _require_api("kvstore.spark_export", "export", "the Spark export job")
+    export = _require_api("kvstore.spark.export", "export", "the Spark export job")
     spark_env(args.master)
     kwargs: dict[str, Any] = {"master": args.master, "table": args.table, "incremental": args.incremental}
     t0 = time.monotonic()

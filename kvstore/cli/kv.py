@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
-from kvstore.cli import (
+from kvstore.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     CliError,
@@ -34,7 +34,7 @@ from kvstore.cli import (
     sync_arg,
     to_bytes,
 )
-from kvstore.progress import Reporter
+from kvstore.cli.progress import Reporter
 
 
 def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:

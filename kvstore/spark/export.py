@@ -19,10 +19,10 @@ appends only the LSNs the previous runs did not export (the first run starts
 after the newest snapshot). ``snapshot`` is rewritten only when a newer
 snapshot exists, and ``state`` (not append-only) is rewritten each run. If
 retention deleted log segments between two runs, the run fails with
-:class:`~kvstore.spark_files.LogGapError` naming the missing LSNs; export
+:class:`~kvstore.spark.files.LogGapError` naming the missing LSNs; export
 again without ``incremental`` (or into a new ``OUT``) to start over.
 
-Columns are those of the ``walkv`` data source (:mod:`kvstore.spark_arrow`);
+Columns are those of the ``walkv`` data source (:mod:`kvstore.spark.arrow`);
 keys and values stay binary unless ``key_format``/``value_format`` say
 ``"string"``.
 """
@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 from wal.errors import WalkvError
 
-from kvstore.spark_arrow import BINARY, CHANGES, SNAPSHOT, STATE, TABLES
-from kvstore.spark_files import LogGapError, StoreFiles, normalize_location
+from kvstore.spark.arrow import BINARY, CHANGES, SNAPSHOT, STATE, TABLES
+from kvstore.spark.files import LogGapError, StoreFiles, normalize_location
 
 log = logging.getLogger("walkv.export")
 
@@ -154,8 +154,8 @@ def export(
     appear whole; the streaming checkpoint makes an incremental run append
     each LSN exactly once. ``progress(done, total)`` counts tables.
     """
-    from kvstore.spark import plan, register, spark_schema
-    from kvstore.spark_options import parse
+    from kvstore.spark.source import plan, register, spark_schema
+    from kvstore.spark.options import parse
 
     tables = _tables(table)
     location = normalize_location(store)

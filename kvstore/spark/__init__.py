@@ -1,0 +1,34 @@
+"""walkv's Spark side: a PySpark data source and export that read a store's files.
+
+    from kvstore.spark import register
+    register(spark)                       # then spark.read.format("walkv") ...
+
+:mod:`kvstore.spark.source` is the data source (it imports pyspark),
+:mod:`kvstore.spark.files` and :mod:`kvstore.spark.snapshots` find and read the
+store's files, :mod:`kvstore.spark.arrow` turns entries into Arrow batches,
+:mod:`kvstore.spark.options` parses the reader options and
+:mod:`kvstore.spark.export` writes the tables as Parquet. Importing this package
+does not import pyspark; :func:`register` and :func:`read_state` do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(spark: Any) -> None:
+    """Register the ``walkv`` data source with a ``SparkSession``."""
+    from kvstore.spark.source import register as _register
+
+    _register(spark)
+
+
+def read_state(spark: Any, path: str, **options: Any) -> Any:
+    """The state table computed with DataFrame operations; see
+    :func:`kvstore.spark.source.read_state`."""
+    from kvstore.spark.source import read_state as _read_state
+
+    return _read_state(spark, path, **options)
+
+
+__all__ = ["read_state", "register"]
