@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal.errors import ClosedError, CorruptionError, LogFailedError, RecordTooLargeError, WalkvError
+from wal.errors import ClosedError, CorruptionError, LogFailedError, LogGapError, RecordTooLargeError, WalkvError
 from wal.fs import FileSystem
 from wal.record import BLOCK_SIZE, RecordReader
 from wal.truncation import TRUNCATE_MARKER
@@ -786,8 +786,9 @@ def test_read_log_beside_a_live_writer(tmp_path: Path) -> None:
         assert [e.payload for e in wal.read_log(str(d))] == [model[k] for k in range(1, 151)]
         log.truncate_before(60)
         first = log.first_lsn
-        with pytest.raises(ValueError):
+        with pytest.raises(LogGapError) as gap:
             list(wal.read_log(str(d), 1))
+        assert (gap.value.first_missing, gap.value.first_available) == (1, first)
         assert [e.lsn for e in wal.read_log(str(d), first)] == list(range(first, 151))
     segs = list_segments(str(d))
     os.unlink(segs[1].path)
@@ -797,12 +798,12 @@ def test_read_log_beside_a_live_writer(tmp_path: Path) -> None:
 
 def test_reader_overtaken_by_truncate_before(tmp_path: Path) -> None:
     """A read that reaches a segment truncate_before deleted meanwhile gets a
-    ValueError saying so (never a bare FileNotFoundError or wrong data)."""
+    LogGapError saying so (never a bare FileNotFoundError or wrong data)."""
     with wal.open(tmp_path / "log", segment_bytes=4096) as log:
         model = fill(log, 200)
         reader = log.read()
         got = [next(reader) for _ in range(3)]
         assert log.truncate_before(150) > 0
-        with pytest.raises(ValueError, match="truncate_before"):
+        with pytest.raises(LogGapError, match="truncate_before"):
             got.extend(reader)
         assert got == [(k, model[k]) for k in range(1, len(got) + 1)]

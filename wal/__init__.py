@@ -19,10 +19,11 @@ from wal.errors import (
 )
 from wal.log import SYNC_MODES, Log, open
 from wal.recovery import RepairReport, repair, verify
-from wal.segment import Entry, read_durable_lsn, read_log
+from wal.segment import Entry, SegmentFile, iter_entries, list_segments, read_durable_lsn, read_index, read_log, read_store_id
 
 __all__ = [
     "SYNC_MODES", "ClosedError", "CorruptionError", "Entry", "LockedError", "Log", "LogFailedError", "LogGapError", "ReadOnlyError",
     "RecordTooLargeError", "RepairReport", "SnapshotError", "WalkvError", "open", "read_durable_lsn",
-    "read_log", "repair", "verify",
+    "SegmentFile", "iter_entries", "list_segments", "read_index", "read_log", "read_store_id",
+    "repair", "verify",
 ]

@@ -56,8 +56,9 @@ from array import array
 from operator import lt
 from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple, Sequence
 
-from wal.errors import CorruptionError
+from wal.errors import CorruptionError, Damage, LogGapError
 from wal.fs import OS_FS, FileSystem
+from wal.readfs import ReadFS
 from wal.record import BLOCK_SIZE, HEADER_SIZE, RecordReader, RecordWriter
 
 SEGMENT_MAGIC = b"WALKVLOG"
@@ -86,6 +87,7 @@ class Entry(NamedTuple):
 class SegmentFile(NamedTuple):
     first_lsn: int
     path: str
+    size: int = 0
 
 
 class SegmentHeader(NamedTuple):
@@ -153,13 +155,14 @@ def index_path(segment_path: str) -> str:
     return segment_path[: -len(".wal")] + ".idx"
 
 
-def list_segments(directory: str, fs: FileSystem = OS_FS) -> list[SegmentFile]:
-    """The segment files of a log directory, oldest first."""
+def list_segments(directory: str, fs: ReadFS = OS_FS) -> list[SegmentFile]:
+    """The segment files of a log directory, oldest first (``[]`` when the
+    directory does not exist)."""
     found = []
-    for name in fs.listdir(directory):
-        first = segment_first_lsn(name)
-        if first is not None:
-            found.append(SegmentFile(first, os.path.join(directory, name)))
+    for info in fs.list_dir(directory):
+        first = segment_first_lsn(info.name)
+        if first is not None and not info.is_dir:
+            found.append(SegmentFile(first, info.path, info.size))
     found.sort()
     return found
 
@@ -289,6 +292,7 @@ def read_segments(
     *,
     active_end: int | None = None,
     max_record_bytes: int | None = None,
+    fs: ReadFS = OS_FS,
 ) -> Iterator[Entry]:
     """Entries ``from_lsn..last`` (None: to the end) of consecutive segments,
     strictly checked, with no LSN missing. ``start_offset(i, segment, lsn)``
@@ -303,14 +307,15 @@ def read_segments(
         is_last = i == len(segments) - 1
         start = start_offset(i, seg, expected)
         try:
-            fh = open(seg.path, "rb")  # noqa: SIM115
+            fh = fs.open_input(seg.path)
         except FileNotFoundError:
-            raise ValueError(
-                f"segment {seg.path} (LSNs from {seg.first_lsn}) was deleted while being read: a snapshot "
-                "covered it and retention (truncate_before) removed it"
+            raise LogGapError(
+                f"segment {fs.display(seg.path)} (LSNs from {seg.first_lsn}) was deleted while being read: a "
+                "snapshot covered it and retention (truncate_before) removed it; read again from a snapshot",
+                first_missing=expected, last_missing=(segments[i + 1].first_lsn - 1) if not is_last else expected,
             ) from None
         with fh:
-            for entry in iter_entries(fh, seg.path, start, expected, last, end_offset=active_end if is_last else None,
+            for entry in iter_entries(fh, fs.display(seg.path), start, expected, last, end_offset=active_end if is_last else None,
                                       max_record_bytes=max_record_bytes):
                 if entry.lsn != expected:
                     raise CorruptionError(f"LSNs {expected}..{entry.lsn - 1} are missing from the log",
@@ -327,29 +332,32 @@ def read_segments(
 
 
 def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
-             durable_only: bool = True) -> Iterator[Entry]:
+             durable_only: bool = True, fs: ReadFS = OS_FS) -> Iterator[Entry]:
     """Entries of a log directory, read straight from its files: no lock, so
     safe beside a live writer (another process) and after it is gone. Reads up
     to the published durable LSN (``durable_only``; every valid entry when no
-    ``DURABLE`` file exists). Raises ``ValueError`` when ``from_lsn`` is before
-    the first segment (retention deleted it) and :class:`CorruptionError`
-    when entries are missing in the middle."""
-    segments = list_segments(directory)
+    ``DURABLE`` file exists). Raises :class:`LogGapError` when ``from_lsn`` is
+    before the first segment (retention deleted it) and :class:`CorruptionError`
+    when entries are missing in the middle. ``fs`` is the read-only file seam
+    (:mod:`wal.readfs`) the files are read through."""
+    segments = list_segments(directory, fs)
     if not segments:
         return
     if from_lsn < segments[0].first_lsn:
-        raise ValueError(
-            f"LSN {from_lsn} is no longer in the log at {directory}: it starts at LSN "
-            f"{segments[0].first_lsn} (older segments were deleted after a snapshot covered them)"
+        first = segments[0].first_lsn
+        raise LogGapError(
+            f"LSN {from_lsn} is no longer in the log at {fs.display(directory)}: it starts at LSN "
+            f"{first} (older segments were deleted after a snapshot covered them); read from a snapshot",
+            first_missing=from_lsn, last_missing=first - 1, first_available=first,
         )
-    limit = read_durable_lsn(directory) if durable_only else None
+    limit = read_durable_lsn(directory, fs) if durable_only else None
     last = to_lsn if limit is None else (limit if to_lsn is None else min(to_lsn, limit))
 
     def start_offset(_i: int, seg: SegmentFile, lsn: int) -> int:
-        index = read_index(seg.path)
+        index = read_index(seg.path, fs)
         return index.offset_for(lsn) if index is not None and index.first_lsn == seg.first_lsn else 0
 
-    yield from read_segments(segments, from_lsn, last, start_offset)
+    yield from read_segments(segments, from_lsn, last, start_offset, fs=fs)
 
 
 def record_start(offset: int) -> int:
@@ -389,14 +397,16 @@ def decode_index(payload: bytes, path: str) -> SparseIndex:
     return SparseIndex(first, last, data_end, points)
 
 
-def read_index(path: str) -> SparseIndex | None:
+def read_index(path: str, fs: ReadFS = OS_FS) -> SparseIndex | None:
     """Load a segment's ``.idx`` sidecar (given the segment's or the index's
     path); ``None`` when it is missing or damaged (it is then rebuilt)."""
     if path.endswith(".wal"):
         path = index_path(path)
     try:
-        with open(path, "rb") as f:
-            records = list(RecordReader(f, path=path, max_record_bytes=64 << 20))
+        data = fs.read_file(path)
+        if data is None:
+            return None
+        records = list(RecordReader(io.BytesIO(data), path=path, max_record_bytes=64 << 20))
     except (OSError, CorruptionError):
         return None
     if len(records) != 1:
@@ -490,19 +500,35 @@ def segment_first_lsn(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def read_durable_lsn(directory: str) -> int | None:
+def read_durable_lsn(directory: str, fs: ReadFS = OS_FS) -> int | None:
     """The durable LSN published by the log's writer, or ``None`` when there is
     no (readable) ``DURABLE`` file. Entries up to it are fsynced; a reader in
     another process (a Spark job) reads no further."""
     for _ in range(10):  # a read racing the writer's update shows as a mismatch: retry
         try:
-            with open(os.path.join(directory, DURABLE_NAME), "rb") as f:
-                data = f.read(_DURABLE.size)
+            data = fs.read_file(fs.join(directory, DURABLE_NAME))
         except OSError:
             return None
-        if len(data) != _DURABLE.size:
+        if data is None or len(data) != _DURABLE.size:
             return None
         lsn = decode_durable(data)
         if lsn is not None:
             return lsn
     return None
+
+
+def read_store_id(directory: str, fs: ReadFS = OS_FS) -> str | None:
+    """The store id in the header of the log's newest segment (``None`` when
+    the log has no segment yet)."""
+    for _ in range(3):  # the newest segment may be rolled or trimmed while we look
+        segments = list_segments(directory, fs)
+        if not segments:
+            return None
+        path = segments[-1].path
+        try:
+            with fs.open_input(path) as f:
+                return read_header(f, fs.display(path))[0].store_id
+        except FileNotFoundError:
+            continue
+    raise CorruptionError("the log's segments keep vanishing while being read", kind=Damage.MISSING,
+                          path=fs.display(directory), offset=0)
