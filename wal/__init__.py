@@ -19,11 +19,15 @@ from wal.errors import (
 )
 from wal.log import SYNC_MODES, Log, open
 from wal.recovery import RepairReport, repair, verify
-from wal.segment import Entry, SegmentFile, iter_entries, list_segments, read_durable_lsn, read_index, read_log, read_store_id
+from wal.segment import (
+    DURABLE_NAME, Entry, SegmentFile, SegmentHeader, SparseIndex, decode_entry, decode_header, iter_entries,
+    list_segments, read_durable_lsn, read_index, read_log, read_store_id, read_header,
+)
 
 __all__ = [
     "SYNC_MODES", "ClosedError", "CorruptionError", "Entry", "LockedError", "Log", "LogFailedError", "LogGapError", "ReadOnlyError",
     "RecordTooLargeError", "RepairReport", "SnapshotError", "WalkvError", "open", "read_durable_lsn",
-    "SegmentFile", "iter_entries", "list_segments", "read_index", "read_log", "read_store_id",
+    "DURABLE_NAME", "SegmentFile", "SegmentHeader", "SparseIndex", "decode_entry", "decode_header",
+    "iter_entries", "read_header", "list_segments", "read_index", "read_log", "read_store_id",
     "repair", "verify",
 ]
