@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Mapping
 
 import msgpack
 
-from wal.errors import ClosedError, CorruptionError, RecordTooLargeError
+from wal.errors import REPAIR_HINT, ClosedError, CorruptionError, Damage, RecordTooLargeError
 
 OP_PUT = 1
 OP_DELETE = 2
@@ -55,8 +55,6 @@ ENTRY_OVERHEAD = 64
 DEFAULT_MAX_VALUE_BYTES = (64 << 20) - 1024
 """Default value limit: the log's default 64 MiB record, minus room for the
 key and framing. LMDB itself takes values up to 4 GiB."""
-
-REPAIR_HINT = "run `walkv repair STORE` to cut the log at the bad record"
 
 # msgpack's C Packer runs a pack of lists, ints and bytes without releasing the
 # GIL and without calling back into Python, so one shared Packer is safe with
@@ -135,19 +133,6 @@ def check_range(start: object, end: object) -> tuple[bytes, bytes]:
     return start, end  # type: ignore[return-value]
 
 
-def encode_put(key: bytes, value: bytes) -> bytes:
-    """The payload of a batch holding one put (keys already validated)."""
-    return _pack([[OP_PUT, key, value]])
-
-
-def encode_delete(key: bytes) -> bytes:
-    return _pack([[OP_DELETE, key]])
-
-
-def encode_delete_range(start: bytes, end: bytes) -> bytes:
-    return _pack([[OP_DELETE_RANGE, start, end]])
-
-
 def encode(ops: Iterable[list | tuple]) -> bytes:
     """The payload of a batch of already validated ops (lists or tuples of
     the shapes in the module docstring)."""
@@ -156,7 +141,7 @@ def encode(ops: Iterable[list | tuple]) -> bytes:
 
 def _bad(reason: str, lsn: int | None) -> CorruptionError:
     return CorruptionError(f"log entry is not a valid walkv batch: {reason}",
-                           lsn=lsn, hint=REPAIR_HINT)
+                           kind=Damage.CONTENT, lsn=lsn, hint=REPAIR_HINT)
 
 
 def decode(payload: bytes, lsn: int | None = None) -> list[list]:
@@ -279,8 +264,7 @@ class WriteBatch:
 
     def put(self, key: bytes, value: bytes) -> None:
         """Set ``key`` to ``value`` when the batch commits."""
-        # 511 is MAX_KEY_BYTES, inlined: this is the bulk-load path
-        if type(key) is not bytes or not 0 < len(key) <= 511:
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
             key = check_key(key)
         if type(value) is not bytes or len(value) > self._max_value:
             value = check_value(value, self._max_value)
@@ -317,9 +301,6 @@ class WriteBatch:
 
     def __len__(self) -> int:
         return 0 if self._done else len(self._ops)
-
-    def payload(self) -> bytes:
-        return _pack(self._ops)
 
     def _seal(self) -> tuple[bytes, list] | None:
         """Close the batch; return its payload and operations (None if

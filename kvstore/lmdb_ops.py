@@ -14,9 +14,9 @@ import os
 
 import lmdb
 
+from kvstore.batch import MAX_KEY_BYTES
 from wal.errors import CorruptionError, LogFailedError, WalkvError
 
-MAX_KEY = 511
 _key_value = operator.itemgetter(1, 2)
 
 
@@ -24,9 +24,9 @@ def seek_ge(cur: lmdb.Cursor, bound: bytes) -> bool:
     """Position at the first key >= ``bound`` (any length); False if none."""
     if not bound:
         return cur.first()
-    if len(bound) <= MAX_KEY:
+    if len(bound) <= MAX_KEY_BYTES:
         return cur.set_range(bound)
-    head = bound[:MAX_KEY]  # keys are <= 511 bytes: k >= bound iff k > head
+    head = bound[:MAX_KEY_BYTES]  # keys are <= 511 bytes: k >= bound iff k > head
     if not cur.set_range(head):
         return False
     return cur.next() if cur.key() == head else True
@@ -38,9 +38,9 @@ def seek_lt(cur: lmdb.Cursor, bound: bytes | None) -> bool:
         return cur.last()
     if not bound:
         return False
-    if len(bound) <= MAX_KEY:
+    if len(bound) <= MAX_KEY_BYTES:
         return cur.prev() if cur.set_range(bound) else cur.last()
-    head = bound[:MAX_KEY]  # k < bound iff k <= head
+    head = bound[:MAX_KEY_BYTES]  # k < bound iff k <= head
     if not cur.set_range(head):
         return cur.last()
     return True if cur.key() == head else cur.prev()

@@ -1,6 +1,6 @@
 """Whether LMDB can be trusted at open, replaying the log, rebuilding LMDB.
 
-LMDB is a cache of "newest snapshot + log" (DESIGN section 5). It runs with
+LMDB is a cache of "newest snapshot + log". It runs with
 ``MDB_NOSYNC``: a crash of the process cannot corrupt it (dirty pages are in
 the kernel's page cache and reach the disk later), a crash of the machine can
 (pages reach the disk in any order, and the newest meta page may point at
@@ -40,16 +40,17 @@ import logging
 import os
 import shutil
 import time
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
-from kvstore.batch import REPAIR_HINT, decode
+import wal
+from kvstore.batch import decode
+from kvstore.layout import SESSION_NAME
 from kvstore.state import State
-from wal.errors import CorruptionError, SnapshotError
+from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, SnapshotError
 from wal.fs import OS_FS, FileSystem
 
 log = logging.getLogger("walkv.recovery")
 
-SESSION_NAME = "SESSION"
 SESSION_FORMAT = 1
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -58,6 +59,21 @@ Progress = Callable[[int, "int | None"], None]
 REPLAY_CHUNK_ENTRIES = 4096
 REPLAY_CHUNK_BYTES = 16 << 20
 PROGRESS_EVERY = 2.0
+
+
+class LogSource(Protocol):
+    """The log a replay reads: the open :class:`wal.Log` of a store, or a
+    restore's view of another store's log files."""
+
+    @property
+    def directory(self) -> str: ...
+    @property
+    def first_lsn(self) -> int: ...
+    @property
+    def last_lsn(self) -> int: ...
+
+    def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *,
+                     durable_only: bool = True) -> Iterator[wal.Entry]: ...
 
 
 def boot_id() -> str:
@@ -130,7 +146,7 @@ def check_state(state: State, store_id: str, first_lsn: int, last_lsn: int) -> s
     return None
 
 
-def replay(state: State, wal_log, *, to_lsn: int | None = None,
+def replay(state: State, wal_log: LogSource, *, to_lsn: int | None = None,
            progress: Progress | None = None, what: str = "replay") -> int:
     """Apply the log's entries after ``state.applied_lsn`` (up to ``to_lsn``,
     default the log's end) in bounded chunks, each one LMDB write transaction.
@@ -157,12 +173,7 @@ def replay(state: State, wal_log, *, to_lsn: int | None = None,
         progress(0, total)
     try:
         apply = state.apply
-        # wal.Log.read_entries yields (lsn, timestamp, payload) without the
-        # extra generator of read(); other readers (restore's) have read().
-        read = getattr(wal_log, "read_entries", None) or wal_log.read
-        for entry in read(start, last, durable_only=False):
-            lsn = entry[0]
-            payload = entry[-1]
+        for lsn, _, payload in wal_log.read_entries(start, last, durable_only=False):
             buf.append((lsn, decode(payload, lsn)))
             size += len(payload)
             if size >= REPLAY_CHUNK_BYTES or len(buf) >= REPLAY_CHUNK_ENTRIES:
@@ -182,17 +193,17 @@ def replay(state: State, wal_log, *, to_lsn: int | None = None,
             apply(buf, decoded=True)
             done += len(buf)
     except CorruptionError as exc:
-        if "walkv repair" in str(exc):
-            raise
-        raise CorruptionError(exc.reason, path=exc.path, offset=exc.offset,
-                              lsn=exc.lsn, hint=REPAIR_HINT) from None
-    except ValueError as exc:  # the log's "LSN no longer in the log"
-        raise CorruptionError(f"cannot replay the log from LSN {start}: {exc}",
+        if exc.hint is None:
+            raise exc.with_hint(REPAIR_HINT) from None
+        raise
+    except LogGapError as exc:  # retention removed entries this replay needs
+        raise CorruptionError(f"cannot replay the log from LSN {start}: {exc}", kind=Damage.SEQUENCE,
+                              path=wal_log.directory, offset=0, lsn=exc.first_missing,
                               hint=REPAIR_HINT) from None
     if state.applied_lsn != last:
         raise CorruptionError(
             f"the log ended at LSN {state.applied_lsn} while replaying to LSN {last}",
-            path=getattr(wal_log, "directory", None), lsn=state.applied_lsn + 1,
+            kind=Damage.SEQUENCE, path=wal_log.directory, offset=0, lsn=state.applied_lsn + 1,
             hint=REPAIR_HINT)
     if progress is not None:
         progress(done, total)
@@ -222,7 +233,7 @@ def remove_state(lmdb_dir: str, fs: FileSystem = OS_FS) -> None:
 
 def rebuild_state(
     lmdb_dir: str,
-    wal_log,
+    wal_log: LogSource,
     *,
     store_id: str,
     base: Iterable[tuple[bytes, bytes]] | None = None,
@@ -252,7 +263,7 @@ def rebuild_state(
     if base_lsn > wal_log.last_lsn:
         raise CorruptionError(
             f"the snapshot is at LSN {base_lsn}, past the log's last LSN {wal_log.last_lsn}",
-            path=getattr(wal_log, "directory", None), hint=REPAIR_HINT)
+            kind=Damage.SEQUENCE, path=wal_log.directory, offset=0, hint=REPAIR_HINT)
     remove_state(lmdb_dir, fs)
     fs.makedirs(lmdb_dir)
     write_session(lmdb_dir, store_id, clean=False, fs=fs)

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import snapshot
 import wal
 from kvstore import recovery
-from kvstore.snapshots import SNAPSHOTS_DIR, choose_base
-from wal.errors import CorruptionError, SnapshotError, WalkvError
+from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR, WAL_DIR
+from kvstore.snapshots import choose_base
+from wal.errors import CorruptionError, Damage, SnapshotError, WalkvError
 from wal.fs import OS_FS
-from wal.segment import list_segments, read_durable_lsn, read_log
+from wal.segment import Entry, list_segments, read_durable_lsn, read_log
 
 if TYPE_CHECKING:
     from kvstore.store import KVStore
@@ -53,18 +54,21 @@ class RestoreInfo:
 
 
 class _LogFiles:
-    """The source log as :func:`kvstore.recovery.replay` reads it: straight
-    from the files, bounded at ``last_lsn``."""
+    """The source log as :func:`kvstore.recovery.replay` reads it
+    (:class:`kvstore.recovery.LogSource`): straight from the files, bounded at
+    ``last_lsn``; no log at all when ``directory`` is ``None``."""
 
     def __init__(self, directory: str | None, first_lsn: int, last_lsn: int) -> None:
-        self.directory = directory
+        self.directory = directory or ""
         self.first_lsn = first_lsn
         self.last_lsn = last_lsn
 
-    def read(self, start: int, last: int, durable_only: bool = True) -> Iterator[tuple[int, bytes]]:
-        if self.directory is None or start > last:
+    def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *,
+                     durable_only: bool = True) -> Iterator[Entry]:
+        last = self.last_lsn if to_lsn is None else min(to_lsn, self.last_lsn)
+        if not self.directory or from_lsn > last:
             return iter(())
-        return ((e.lsn, e.payload) for e in read_log(self.directory, start, last))
+        return read_log(self.directory, from_lsn, last, durable_only=durable_only)
 
 
 def _locate(source: str) -> tuple[str | None, list[str]]:
@@ -73,10 +77,10 @@ def _locate(source: str) -> tuple[str | None, list[str]]:
             snapshot.parse_snapshot_dir_name(os.path.basename(source)) is not None:
         parent = os.path.dirname(source)
         store = os.path.dirname(parent)
-        wal_dir = os.path.join(store, "wal")
+        wal_dir = os.path.join(store, WAL_DIR)
         has_log = os.path.basename(parent) == SNAPSHOTS_DIR and os.path.isdir(wal_dir)
         return (wal_dir if has_log else None), [source]
-    wal_dir = os.path.join(source, "wal")
+    wal_dir = os.path.join(source, WAL_DIR)
     snaps = os.path.join(source, SNAPSHOTS_DIR)
     if not os.path.isdir(wal_dir) and not os.path.isdir(snaps):
         raise WalkvError(f"{source} is neither a walkv store nor a snapshot directory")
@@ -121,9 +125,9 @@ def restore(source: "str | os.PathLike[str] | KVStore", target: str | os.PathLik
     shutil.rmtree(tmp, ignore_errors=True)
     OS_FS.makedirs(tmp)
     try:
-        with wal.open(os.path.join(tmp, "wal"), start_lsn=target_lsn + 1) as new_log:
+        with wal.open(os.path.join(tmp, WAL_DIR), start_lsn=target_lsn + 1) as new_log:
             store_id = new_log.store_id
-        lmdb_dir = os.path.join(tmp, "lmdb")
+        lmdb_dir = os.path.join(tmp, LMDB_DIR)
         state = recovery.rebuild_state(
             lmdb_dir, _LogFiles(wal_dir, log_first, target_lsn), store_id=store_id,
             base=iter(base) if base is not None else None, base_lsn=base_lsn, progress=progress,
@@ -132,7 +136,8 @@ def restore(source: "str | os.PathLike[str] | KVStore", target: str | os.PathLik
             replayed = target_lsn - base_lsn
             with state.read_view() as view:
                 if view.lsn != target_lsn:
-                    raise CorruptionError(f"restore reached LSN {view.lsn}, not {target_lsn}", path=source)
+                    raise CorruptionError(f"restore reached LSN {view.lsn}, not {target_lsn}",
+                                          kind=Damage.SEQUENCE, path=source, offset=0, lsn=view.lsn + 1)
                 count = view.count
                 snapshot.write(os.path.join(tmp, SNAPSHOTS_DIR), view.lsn, view.pairs(), store_id=store_id,
                                total=count)

@@ -10,10 +10,10 @@ is what ties them to a store's LMDB state and log.
   that a machine crash could take back.
 * Retention, once the new snapshot is durable: keep the newest
   ``keep_snapshots`` valid snapshots, and delete the log segments whose every
-  LSN is covered by the *oldest kept* one. (DESIGN.md allows deleting up to
-  the newest; keeping the log back to the oldest kept snapshot is what makes
-  falling back past a damaged newest snapshot, and point-in-time restore to
-  any LSN since the oldest kept snapshot, possible.)
+  LSN is covered by the *oldest kept* one. (Deleting up to the newest would
+  free more, but keeping the log back to the oldest kept snapshot is what
+  makes falling back past a damaged newest snapshot, and point-in-time
+  restore to any LSN since the oldest kept snapshot, possible.)
 * A rebuild (after a machine crash, or any sign of damage in LMDB) loads the
   newest snapshot that verifies and that the log still reaches back to, then
   replays the log after it.
@@ -27,7 +27,8 @@ import threading
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import snapshot
-from wal.errors import ClosedError, CorruptionError, SnapshotError
+from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
+from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError
 from wal.segment import list_segments, read_durable_lsn
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("walkv.snapshots")
 
-SNAPSHOTS_DIR = "snapshots"
 DEFAULT_KEEP = 2
 Progress = Callable[[int, "int | None"], None]
 
@@ -54,7 +54,7 @@ def take(db: "KVStore", *, chunk_bytes: int | None = None, progress: Progress | 
     if db.readonly:
         raise SnapshotError(f"the store {db.path} is open read-only; snapshots are taken by its writer")
     parent = snapshots_dir(db.path)
-    with _snapshot_lock(db):
+    with db.snapshot_lock:
         newest = snapshot.list_snapshots(parent)
         with db._state.read_view() as view:
             lsn = view.lsn
@@ -137,23 +137,16 @@ def rebuild_base(store_path: str, store_id: str | None = None
                  ) -> tuple[Iterator[tuple[bytes, bytes]], int] | None:
     """``(pairs, lsn)`` of the snapshot a rebuild of the store's LMDB starts
     from (see :func:`choose_base`), or None: replay the whole log."""
-    wal_dir = os.path.join(store_path, "wal")
+    wal_dir = os.path.join(store_path, WAL_DIR)
     segments = list_segments(wal_dir) if os.path.isdir(wal_dir) else []
     candidates = [i.path for i in reversed(snapshot.list_snapshots(snapshots_dir(store_path)))]
     try:
         snap = choose_base(candidates, wal_dir, segments[0].first_lsn if segments else 1,
                            read_durable_lsn(wal_dir), store_id)
     except SnapshotError as e:
-        raise CorruptionError(f"cannot rebuild the state: {e}", path=snapshots_dir(store_path),
-                              hint="`walkv verify STORE` lists the damage") from None
+        raise CorruptionError(f"cannot rebuild the state: {e}", kind=Damage.MISSING,
+                              path=snapshots_dir(store_path), offset=0, hint="`walkv verify STORE` lists the damage") from None
     return None if snap is None else (iter(snap), snap.lsn)
-
-
-def _snapshot_lock(db: "KVStore") -> threading.Lock:
-    lock = db.__dict__.get("_snapshot_mutex")
-    if lock is None:
-        lock = db.__dict__.setdefault("_snapshot_mutex", threading.Lock())
-    return lock
 
 
 class AutoSnapshot:

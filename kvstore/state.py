@@ -579,13 +579,25 @@ class State:
         data = self._data
         return self._read(lambda txn: txn.stat(data)["entries"])
 
-    def info(self) -> dict:
+    def stats(self) -> dict[str, int | float]:
+        """What was applied and read (counters, approximate under concurrent
+        use) and how LMDB looks now."""
         data = self._data
 
         def read(txn: lmdb.Transaction) -> tuple:
             return txn.stat(data), self.env.info(), self.env.stat()["psize"]
         dstat, info, psize = self._read(read)
+        groups = self.applied_groups
         return {
+            "puts": self.puts,
+            "deletes": self.deletes,
+            "delete_ranges": self.delete_ranges,
+            "gets": self.gets,
+            "applied_entries": self.applied_entries,
+            "applied_groups": groups,
+            "apply_avg_us": self.apply_seconds / groups * 1e6 if groups else 0.0,
+            "apply_max_us": self.apply_max_seconds * 1e6,
+            "map_grows": self.map_grows,
             "lmdb_map_bytes": info["map_size"],
             "lmdb_used_bytes": (info["last_pgno"] + 1) * psize,
             "lmdb_entries": dstat["entries"],

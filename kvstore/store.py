@@ -1,13 +1,6 @@
 """KVStore: the database users open. A write-ahead log plus an LMDB state machine.
 
-Store directory layout::
-
-    STORE/
-      LOCK        fcntl lock held by the one writing process (holds its pid)
-      wal/        the log (wal package)
-      lmdb/       the state machine (kvstore/state.py) and its SESSION record
-                  (kvstore/recovery.py)
-      snapshots/  snap-<lsn>/ (snapshot package)
+The store's directory layout is :mod:`kvstore.layout`'s.
 
 Durability, precisely. A write (put, delete, delete_range, a committed batch)
 is one log entry with one LSN. It returns once the log acknowledged it, which
@@ -35,8 +28,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import snapshot
 import wal
@@ -56,8 +50,8 @@ from kvstore.batch import (
     check_value,
 )
 from kvstore.batch import _pack
+from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, State
-from kvstore.stats import store_stats
 from wal.errors import ClosedError, CorruptionError, ReadOnlyError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
@@ -66,10 +60,6 @@ from wal.record import DEFAULT_MAX_RECORD_BYTES
 log = logging.getLogger("walkv.store")
 
 Progress = Callable[[int, "int | None"], None]
-
-WAL_DIR = "wal"
-LMDB_DIR = "lmdb"
-SNAPSHOTS_DIR = "snapshots"
 
 def _prefix_end(prefix: bytes) -> bytes | None:
     """The least byte string greater than every string starting with
@@ -112,6 +102,7 @@ class KVStore:
         self.snapshot_chunk_bytes = snapshot_chunk_bytes
         self.log_bytes_trimmed = 0
         self._auto: snapshots.AutoSnapshot | None = None
+        self.snapshot_lock = threading.Lock()  # one snapshot (and its retention) at a time
         self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
         self.replayed = 0
         self.open_seconds = 0.0
@@ -156,7 +147,6 @@ class KVStore:
                     raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
                 raise
         self._closed = False
-        self.get = self._state.get  # type: ignore[method-assign]
         self._decoded = self._state.decoded
 
     # -- opening -------------------------------------------------------------
@@ -341,10 +331,8 @@ class KVStore:
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         """The value of ``key``, or ``default``. Sees every write that returned
-        before it was called (in any thread). (Each open store binds this
-        name straight to its state machine's read path.)"""
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
+        before it was called (in any thread). After :meth:`close`:
+        :class:`ClosedError`."""
         return self._state.get(key, default)
 
     def __getitem__(self, key: bytes) -> bytes:
@@ -463,12 +451,29 @@ class KVStore:
             return self.durable_lsn
         return self._log.sync()
 
-    def stats(self) -> dict:
-        """Counters and latencies: the log's (under ``"log"``) and the state
-        machine's (see :func:`kvstore.stats.store_stats`)."""
+    def stats(self) -> dict[str, Any]:
+        """Counters and latencies of the open store: its LSNs, what open did,
+        the state machine's counters (:meth:`kvstore.state.State.stats`) and
+        the log's under ``"log"`` (:meth:`wal.Log.stats`). Counters are
+        approximate under concurrent use."""
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
-        return store_stats(self)
+        out: dict[str, Any] = {
+            "path": self.path,
+            "readonly": self.readonly,
+            "last_lsn": self.last_lsn,
+            "durable_lsn": self.durable_lsn,
+            "applied_lsn": self.applied_lsn,
+            "replayed_at_open": self.replayed,
+            "rebuilt_at_open": self.rebuilt,
+            "auto_snapshots": self._auto.taken if self._auto is not None else 0,
+            "log_bytes_trimmed": self.log_bytes_trimmed,
+            "open_seconds": self.open_seconds,
+        }
+        out.update(self._state.stats())
+        if self._log is not None:
+            out["log"] = self._log.stats()
+        return out
 
     def close(self) -> None:
         """Finish every write in flight, flush LMDB, record a clean close and
@@ -499,23 +504,6 @@ class KVStore:
         finally:
             self._decoded.clear()
             self._release_lock()
-
-    def _abandon(self) -> None:
-        """Tests only: stop as a crashed process would. The log's files and
-        locks are let go without the clean-close record, and LMDB is not
-        flushed (its writes stay in the page cache, as after a process
-        crash)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._log is not None:
-            lg = self._log
-            try:
-                lg.close()  # acknowledged entries are durable anyway
-            except WalkvError:
-                pass
-        self._state.close(sync=False)
-        self._release_lock()
 
     def __enter__(self) -> "KVStore":
         return self

@@ -20,10 +20,8 @@ from kvstore.batch import (
     check_value,
     decode,
     encode,
-    encode_delete,
-    encode_delete_range,
-    encode_put,
 )
+from tests.entries import encode_delete, encode_delete_range, encode_put
 from wal.errors import ClosedError, CorruptionError, RecordTooLargeError
 
 

@@ -40,6 +40,7 @@ import wal
 from kvstore.batch import MAX_BOUND_BYTES, MAX_KEY_BYTES, decode
 from snapshot.manifest import decode_manifest, encode_manifest
 from wal.errors import CorruptionError, WalkvError
+from tests.test_kvstore import abandon
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -154,7 +155,7 @@ def test_store_refuses_a_log_entry_that_is_not_a_batch(tmp_path, reboot, bad, re
             db.put(b"k%d" % i, b"v%d" % i)
         if not rebuild:
             # leave LMDB behind the log so that the open replays
-            db._abandon()
+            abandon(db)
     lsn = _append_raw_to_store_log(path, bad)
     if rebuild:
         reboot()

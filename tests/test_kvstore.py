@@ -20,6 +20,7 @@ import kvstore
 import wal
 from kvstore import recovery
 from kvstore.batch import MAX_KEY_BYTES
+from wal.errors import WalkvError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OTHER_BOOT = "00000000-0000-4000-8000-00000000dead"
@@ -29,6 +30,22 @@ OTHER_BOOT = "00000000-0000-4000-8000-00000000dead"
 
 def session_path(store: str) -> str:
     return os.path.join(store, "lmdb", recovery.SESSION_NAME)
+
+
+def abandon(db: kvstore.KVStore) -> None:
+    """Stop ``db`` as a crashed process would: the log's files and locks are
+    let go without the clean-close record, and LMDB is not flushed (its
+    writes stay in the page cache, as after a process crash)."""
+    if db.closed:
+        return
+    db._closed = True
+    if db._log is not None:
+        try:
+            db._log.close()  # acknowledged entries are durable anyway
+        except WalkvError:
+            pass
+    db._state.close(sync=False)
+    db._release_lock()
 
 
 def fake_machine_crash(store: str, damage: str = "garbage", stale: bytes | None = None,
@@ -740,8 +757,8 @@ def test_process_crash_replays_what_lmdb_missed(store) -> None:
     d = kvstore.open(store, segment_bytes=64 << 10)
     for i in range(50):
         d.put(b"k%02d" % i, b"v")
-    d._abandon()  # no clean close; LMDB not flushed
-    from kvstore.batch import encode_delete, encode_put
+    abandon(d)  # no clean close; LMDB not flushed
+    from tests.entries import encode_delete, encode_put
     append_raw(store, [encode_put(b"late%d" % i, b"L") for i in range(5)] + [encode_delete(b"k00")])
     with kvstore.open(store, segment_bytes=64 << 10) as d:
         assert d.rebuilt is None          # same boot: LMDB trusted
@@ -855,8 +872,8 @@ def test_interrupted_rebuild_is_redone(store, monkeypatch) -> None:
 
 def test_replay_reports_progress(store, monkeypatch) -> None:
     d = kvstore.open(store)
-    d._abandon()
-    from kvstore.batch import encode_put
+    abandon(d)
+    from tests.entries import encode_put
     append_raw(store, [encode_put(b"k%05d" % i, b"v") for i in range(10000)])
     monkeypatch.setattr(recovery, "REPLAY_CHUNK_ENTRIES", 1000)
     seen = []
@@ -870,7 +887,7 @@ def test_replay_reports_progress(store, monkeypatch) -> None:
 def test_corrupt_batch_in_the_replay_range(store) -> None:
     with kvstore.open(store) as d:
         d.put(b"a", b"1")
-    from kvstore.batch import encode_put
+    from tests.entries import encode_put
     append_raw(store, [encode_put(b"b", b"2"), b"\x92\x01\x02", encode_put(b"c", b"3")])
     digest = log_digest(store)
     for _ in range(2):
@@ -887,8 +904,8 @@ def test_corrupt_batch_in_the_replay_range(store) -> None:
 def test_corrupt_record_in_a_sealed_segment(store) -> None:
     with kvstore.open(store, segment_bytes=16 << 10) as d:
         d.put(b"first", b"1")
-        d._abandon()
-    from kvstore.batch import encode_put
+        abandon(d)
+    from tests.entries import encode_put
     append_raw(store, [encode_put(b"k%04d" % i, os.urandom(200)) for i in range(300)],
                segment_bytes=16 << 10)
     wdir = os.path.join(store, "wal")

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import kvstore
 from kvstore.batch import END_OF_KEYS, encode
-from tests.test_kvstore import append_raw, fake_machine_crash
+from tests.test_kvstore import abandon, append_raw, fake_machine_crash
 
 SEGMENT = 4096
 keys = st.binary(min_size=1, max_size=2)
@@ -124,7 +124,7 @@ class KVModel(RuleBasedStateMachine):
     def process_crash(self, unapplied: list[list[tuple]]) -> None:
         """The process dies: LMDB is left as it was (not flushed, no clean
         close); the log may hold entries durable but never applied."""
-        self.db._abandon()
+        abandon(self.db)
         if unapplied:
             append_raw(self.path, [encode(as_wire(op) for op in b) for b in unapplied],
                        segment_bytes=SEGMENT)
@@ -148,7 +148,7 @@ class KVModel(RuleBasedStateMachine):
         may be damaged or an older version of itself."""
         if damage == "stale" and self.stale is None:
             damage = "garbage"
-        self.db._abandon()
+        abandon(self.db)
         fake_machine_crash(self.path, damage, stale=self.stale, seed=seed)
         self.db = self._open()
         assert self.db.rebuilt is not None
