@@ -13,6 +13,19 @@ import shutil
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis, as the tiers want it: the default run (CI, `make test`) is
+# derandomized, so a red run means a bug and the same bug every time; the
+# soak tier (`--soak`) explores new random examples and prints the seed and
+# reproduction blob of any failure.
+settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
+settings.register_profile("soak", derandomize=False, print_blob=True, max_examples=1000,
+                          suppress_health_check=[HealthCheck.too_slow])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.load_profile("soak" if config.getoption("--soak") else "deterministic")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
