@@ -13,14 +13,11 @@ import threading
 import time
 from collections.abc import Iterator
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import lmdb
 
 from kvstore.lmdb_ops import position, read_error
-
-if TYPE_CHECKING:
-    from kvstore.state import State
 
 
 class ReadGate:
@@ -90,12 +87,36 @@ class ReadGate:
         self._mutex.release()
 
 
+class ReadSource(Protocol):
+    """What readers need of the state machine (:class:`kvstore.state.State`)."""
+
+    path: str
+    env: lmdb.Environment
+    data_db: Any
+    gate: ReadGate
+    map_gen: int
+    dead_gets: int
+
+    @property
+    def closed(self) -> bool: ...
+
+    def enter_read(self) -> None:
+        """Pass the gate (ClosedError when closed)."""
+
+    def adopt_mapsize(self) -> None:
+        """Take up the map size another thread grew LMDB to."""
+
+    def applied_in(self, txn: lmdb.Transaction) -> int:
+        """The applied LSN ``txn`` sees."""
+        ...
+
+
 class Reader:
     """One thread's cached read transaction."""
 
     __slots__ = ("txn", "gen", "gets", "busy", "owner", "ident", "__weakref__")
 
-    def __init__(self, owner: State | None, ident: int = -1) -> None:
+    def __init__(self, owner: ReadSource | None, ident: int = -1) -> None:
         self.txn: lmdb.Transaction | None = None
         self.gen = -1
         self.gets = 0
@@ -105,10 +126,10 @@ class Reader:
 
     def __del__(self) -> None:  # the thread ended: keep its count
         if self.owner is not None:
-            self.owner._dead_gets += self.gets
+            self.owner.dead_gets += self.gets
 
 
-def scan(state: "State", lo: bytes, hi: bytes | None, reverse: bool = False
+def scan(state: ReadSource, lo: bytes, hi: bytes | None, reverse: bool = False
          ) -> Iterator[tuple[bytes, bytes]]:
     """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
     bounds of any length), ascending or descending.
@@ -126,7 +147,7 @@ def scan(state: "State", lo: bytes, hi: bytes | None, reverse: bool = False
     n = 16
     try:
         while True:
-            state._enter()
+            state.enter_read()
             try:
                 if gen != state.map_gen or txn is None:
                     if txn is not None:
@@ -135,19 +156,19 @@ def scan(state: "State", lo: bytes, hi: bytes | None, reverse: bool = False
                         except lmdb.Error:
                             pass
                     try:
-                        txn = state.env.begin(db=state._data)
+                        txn = state.env.begin(db=state.data_db)
                     except lmdb.MapResizedError:
-                        state._gate.exit()
-                        state._adopt_mapsize()
-                        state._gate.enter()
-                        txn = state.env.begin(db=state._data)
+                        state.gate.exit()
+                        state.adopt_mapsize()
+                        state.gate.enter()
+                        txn = state.env.begin(db=state.data_db)
                     gen = state.map_gen
                     it = position(txn.cursor(), lo, hi, last, reverse)
                 chunk = list(islice(it, n)) if it is not None else []
             except lmdb.Error as exc:
                 raise read_error(exc, state.path) from None
             finally:
-                state._gate.exit()
+                state.gate.exit()
             if not chunk:
                 return
             if reverse:
@@ -168,14 +189,14 @@ def scan(state: "State", lo: bytes, hi: bytes | None, reverse: bool = False
             if n < 1024:
                 n *= 2
     finally:
-        if txn is not None and not state._closed:
-            state._gate.enter()
+        if txn is not None and not state.closed:
+            state.gate.enter()
             try:
                 txn.abort()
             except lmdb.Error:
                 pass
             finally:
-                state._gate.exit()
+                state.gate.exit()
 
 
 class ReadView:
@@ -193,25 +214,25 @@ class ReadView:
 
     __slots__ = ("_open", "_state", "_txn", "count", "lsn")
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: ReadSource) -> None:
         self._state = state
         self._open = False
-        state._enter()
+        state.enter_read()
         txn = None
         try:
             try:
-                txn = state.env.begin(db=state._data)
+                txn = state.env.begin(db=state.data_db)
             except lmdb.MapResizedError:  # another process grew the map
-                state._gate.exit()
-                state._adopt_mapsize()
-                state._enter()
-                txn = state.env.begin(db=state._data)
+                state.gate.exit()
+                state.adopt_mapsize()
+                state.enter_read()
+                txn = state.env.begin(db=state.data_db)
             self.lsn = state.applied_in(txn)
-            self.count = txn.stat(state._data)["entries"]
+            self.count = txn.stat(state.data_db)["entries"]
         except BaseException as exc:
             if txn is not None:
                 txn.abort()
-            state._gate.exit()
+            state.gate.exit()
             if isinstance(exc, lmdb.Error):
                 raise read_error(exc, state.path) from None
             raise
@@ -238,7 +259,7 @@ class ReadView:
             try:
                 self._txn.abort()
             finally:
-                self._state._gate.exit()
+                self._state.gate.exit()
 
     def __enter__(self) -> ReadView:
         return self

@@ -24,17 +24,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 import snapshot
+import wal
 from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
+from kvstore.state import State
 from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError
+from wal.fs import FileSystem
 from wal.segment import list_segments, read_durable_lsn
 
-if TYPE_CHECKING:
-    from kvstore.store import KVStore
-
-log = logging.getLogger("walkv.snapshots")
+log_ = logging.getLogger("walkv.snapshots")
 
 DEFAULT_KEEP = 2
 Progress = Callable[[int, "int | None"], None]
@@ -44,53 +44,44 @@ def snapshots_dir(store_path: str) -> str:
     return os.path.join(store_path, SNAPSHOTS_DIR)
 
 
-def take(db: "KVStore", *, chunk_bytes: int | None = None, progress: Progress | None = None,
-         keep: int | None = None) -> snapshot.SnapshotInfo:
-    """Write a snapshot of ``db`` at its applied LSN, then apply retention.
+def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSystem,
+         chunk_bytes: int | None = None, progress: Progress | None = None) -> snapshot.SnapshotInfo:
+    """Write a snapshot of ``state`` at its applied LSN into ``parent``.
     Durable on return (the manifest and its directory are fsynced). When no
-    write happened since the newest snapshot, that snapshot is returned."""
-    if db.closed:
-        raise ClosedError(f"the store {db.path} is closed")
-    if db.readonly:
-        raise SnapshotError(f"the store {db.path} is open read-only; snapshots are taken by its writer")
-    parent = snapshots_dir(db.path)
-    with db.snapshot_lock:
-        newest = snapshot.list_snapshots(parent)
-        with db._state.read_view() as view:
-            lsn = view.lsn
-            if newest and newest[-1].lsn == lsn:
-                info = newest[-1]
-            else:
-                options = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
-                info = snapshot.write(
-                    parent, lsn, view.pairs(), store_id=db.store_id, fs=db._fs, progress=progress,
-                    total=view.count, before_commit=lambda: _make_durable(db, lsn), **options,
-                )
-                log.info("snapshot of %s at LSN %d: %d keys in %s", db.path, lsn, info.count, info.path)
-        retain(db, keep if keep is not None else db.keep_snapshots)
+    write happened since the newest snapshot, that snapshot is returned.
+    The caller holds the store's snapshot lock."""
+    newest = snapshot.list_snapshots(parent)
+    with state.read_view() as view:
+        lsn = view.lsn
+        if newest and newest[-1].lsn == lsn:
+            return newest[-1]
+        options = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+        info = snapshot.write(
+            parent, lsn, view.pairs(), store_id=store_id, fs=fs, progress=progress,
+            total=view.count, before_commit=lambda: _make_durable(log, lsn), **options,
+        )
+    log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info
 
 
-def _make_durable(db: "KVStore", lsn: int) -> None:
+def _make_durable(log: wal.Log, lsn: int) -> None:
     """With sync="batch" or "none" the state may be ahead of the durable log:
     a snapshot must never claim an LSN that a machine crash could take back
     (the log would hand it out again). Runs after the view is released."""
-    if db.durable_lsn < lsn:
-        db.sync()
+    if log.durable_lsn < lsn:
+        log.sync()
 
 
-def retain(db: "KVStore", keep: int = DEFAULT_KEEP) -> int:
+def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem) -> int:
     """Keep the newest ``keep`` snapshots and the log back to the oldest of
     them; return the log bytes freed."""
-    parent = snapshots_dir(db.path)
-    snapshot.prune(parent, keep=keep, fs=db._fs)
+    snapshot.prune(parent, keep=keep, fs=fs)
     kept = snapshot.list_snapshots(parent)
     if not kept:
         return 0
-    freed = db._log.truncate_before(kept[0].lsn + 1)
+    freed = log.truncate_before(kept[0].lsn + 1)
     if freed:
-        log.info("log of %s trimmed below LSN %d: %d bytes freed", db.path, kept[0].lsn + 1, freed)
-    db.log_bytes_trimmed += freed
+        log_.info("log of %s trimmed below LSN %d: %d bytes freed", os.path.dirname(parent), kept[0].lsn + 1, freed)
     return freed
 
 
@@ -119,13 +110,13 @@ def choose_base(snapshot_dirs: list[str], wal_dir: str | None, log_first: int, t
         try:
             snap.verify()
         except (CorruptionError, SnapshotError) as e:
-            log.warning("snapshot %s is unusable (%s); falling back to an older one", path, e)
+            log_.warning("snapshot %s is unusable (%s); falling back to an older one", path, e)
             problems.append(f"{path}: {e}")
             continue
         return snap
     if wal_dir is not None and log_first == 1:
         if problems:
-            log.warning("no usable snapshot (%s); replaying the whole log instead", "; ".join(problems))
+            log_.warning("no usable snapshot (%s); replaying the whole log instead", "; ".join(problems))
         return None
     raise SnapshotError(
         "no snapshot can be used" + (f" up to LSN {target}" if target is not None else "")
@@ -150,12 +141,14 @@ def rebuild_base(store_path: str, store_id: str | None = None
 
 
 class AutoSnapshot:
-    """Takes a snapshot in a background thread whenever ``every_bytes`` of log
-    were written since the last one, so that the log stays bounded under
-    steady writes. :meth:`poke` is cheap; the store calls it after each group."""
+    """Calls ``take`` (the store's snapshot method) in a background thread
+    whenever ``every_bytes`` of log were written since the last one, so that
+    the log stays bounded under steady writes. :meth:`poke` is cheap; the
+    store calls it after each group."""
 
-    def __init__(self, db: "KVStore", every_bytes: int) -> None:
-        self.db = db
+    def __init__(self, take: Callable[[], object], name: str, every_bytes: int) -> None:
+        self._take = take
+        self.name = name
         self.every_bytes = every_bytes
         self._mark = 0
         self._thread: threading.Thread | None = None
@@ -173,13 +166,13 @@ class AutoSnapshot:
 
     def _run(self) -> None:
         try:
-            take(self.db)
+            self._take()
             self.taken += 1
         except ClosedError:
             pass
         except Exception as e:  # noqa: BLE001 - reported, and retried at the next threshold
             self.last_error = e
-            log.warning("automatic snapshot of %s failed: %s", self.db.path, e)
+            log_.warning("automatic snapshot of %s failed: %s", self.name, e)
 
     def join(self, timeout: float | None = None) -> None:
         t = self._thread

@@ -111,8 +111,8 @@ class State:
         self._local = threading.local()
         self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
         self._readers_lock = threading.Lock()
-        self._dead_gets = 0
-        self._gate = ReadGate(self._reader_list, self._on_block, self._on_release)
+        self.dead_gets = 0
+        self.gate = ReadGate(self._reader_list, self._on_block, self._on_release)
         self._held_gen = 0
         self._r0 = Reader(None)  # the last reading thread's reader (fast path)
         # id(payload) -> (payload, ops, puts_only) for entries this process
@@ -128,7 +128,7 @@ class State:
         self.delete_ranges = 0
         self.apply_seconds = 0.0
         self.apply_max_seconds = 0.0
-        self.env, self._main, self._data = open_env(
+        self.env, self._main, self.data_db = open_env(
             path, readonly=readonly, map_size=map_size, writemap=self.writemap,
             max_readers=max_readers)
         try:
@@ -180,7 +180,7 @@ class State:
         environment complete at ``base_lsn``. Returns the number loaded."""
         n = 0
         it = iter(pairs)
-        data = self._data
+        data = self.data_db
         while True:
             items = list(islice(it, chunk))
             if not items:
@@ -205,7 +205,7 @@ class State:
         """Run ``fn(txn)`` in one write transaction, growing the map and
         retrying as often as it fills."""
         while True:
-            txn = self.env.begin(write=True, db=self._data)
+            txn = self.env.begin(write=True, db=self.data_db)
             try:
                 fn(txn)
                 txn.commit()
@@ -247,7 +247,7 @@ class State:
                 known.clear()
         main = self._main
         begin = self.env.begin
-        data = self._data
+        data = self.data_db
         flat = None
         if dec is _identity:  # decoded: if every op is a put, one putmulti
             if entries[0][0] <= applied:
@@ -346,7 +346,7 @@ class State:
         """Abort a write transaction with readers held out of LMDB (py-lmdb's
         abort waits for every call in flight and starves behind busy
         readers)."""
-        gate = self._gate
+        gate = self.gate
         gate.acquire_exclusive()
         try:
             txn.abort()
@@ -364,7 +364,7 @@ class State:
         new = old * 2 if old < _GROW_DOUBLE_UNTIL else old + old // 2
         new = max(new, at_least)
         new = (new + 0xFFFFF) & ~0xFFFFF
-        gate = self._gate
+        gate = self.gate
         gate.acquire_exclusive()
         try:
             if failed is not None:
@@ -379,9 +379,9 @@ class State:
         log.info("LMDB map of %s grown from %d to %d MiB", self.path,
                  old >> 20, new >> 20)
 
-    def _adopt_mapsize(self) -> None:
+    def adopt_mapsize(self) -> None:
         """Read-only: another process grew the map; adopt its size."""
-        gate = self._gate
+        gate = self.gate
         gate.acquire_exclusive()
         try:
             self.env.set_mapsize(0)
@@ -400,7 +400,7 @@ class State:
         gen = self.gen
         if not any(r.txn is not None and r.gen != gen for r in readers):
             return
-        gate = self._gate
+        gate = self.gate
         gate.acquire_exclusive(cached_only=True)
         try:
             for r in readers:
@@ -446,7 +446,7 @@ class State:
                 t.abort()
             except lmdb.Error:
                 pass
-        t = r.txn = self.env.begin(db=self._data)
+        t = r.txn = self.env.begin(db=self.data_db)
         r.gen = gen
         return t
 
@@ -475,7 +475,7 @@ class State:
         """A commit happened since this thread's last read, or a writer holds
         the gate, or the cached transaction died: renew it (announced by the
         reader's ``busy`` flag, as on the fast path)."""
-        gate = self._gate
+        gate = self.gate
         while True:
             r.busy = True
             if not gate.blocking:
@@ -499,7 +499,7 @@ class State:
 
     def _plain_get(self, key: bytes, default: bytes | None) -> bytes | None:
         try:
-            txn = self.env.begin(db=self._data)
+            txn = self.env.begin(db=self.data_db)
             try:
                 v = txn.get(key)
             finally:
@@ -518,24 +518,24 @@ class State:
         if type(key) is not bytes:
             key = as_bytes(key, "key")
         for attempt in (0, 1):
-            self._enter()
+            self.enter_read()
             try:
                 return self._plain_get(key, default)
             except lmdb.MapResizedError as exc:
                 if attempt:
                     raise read_error(exc, self.path) from None
             finally:
-                self._gate.exit()
-            self._adopt_mapsize()  # the writer grew the map
+                self.gate.exit()
+            self.adopt_mapsize()  # the writer grew the map
         raise AssertionError("unreachable")
 
     @property
     def gets(self) -> int:
         with self._readers_lock:
-            return self._dead_gets + sum(r.gets for r in self._readers)
+            return self.dead_gets + sum(r.gets for r in self._readers)
 
-    def _enter(self) -> None:
-        gate = self._gate
+    def enter_read(self) -> None:
+        gate = self.gate
         gate.enter()
         if self._closed:
             gate.exit()
@@ -544,10 +544,10 @@ class State:
     def _read(self, fn):
         """``fn(txn)`` in a fresh read transaction, inside the gate."""
         for attempt in (0, 1):
-            self._enter()
+            self.enter_read()
             try:
                 try:
-                    with self.env.begin(db=self._data) as txn:
+                    with self.env.begin(db=self.data_db) as txn:
                         return fn(txn)
                 except lmdb.MapResizedError:
                     if attempt:
@@ -555,8 +555,8 @@ class State:
                 except lmdb.Error as exc:
                     raise read_error(exc, self.path) from None
             finally:
-                self._gate.exit()
-            self._adopt_mapsize()
+                self.gate.exit()
+            self.adopt_mapsize()
         raise AssertionError("unreachable")
 
     def read_meta_applied(self) -> int:
@@ -576,13 +576,13 @@ class State:
         return ReadView(self)
 
     def count(self) -> int:
-        data = self._data
+        data = self.data_db
         return self._read(lambda txn: txn.stat(data)["entries"])
 
     def stats(self) -> dict[str, int | float]:
         """What was applied and read (counters, approximate under concurrent
         use) and how LMDB looks now."""
-        data = self._data
+        data = self.data_db
 
         def read(txn: lmdb.Transaction) -> tuple:
             return txn.stat(data), self.env.info(), self.env.stat()["psize"]
@@ -616,7 +616,7 @@ class State:
         """Wait for readers to leave, flush (unless ``sync=False``) and close."""
         if self._closed:
             return
-        gate = self._gate
+        gate = self.gate
         gate.acquire_exclusive()
         try:
             self._closed = True

@@ -52,7 +52,7 @@ from kvstore.batch import (
 from kvstore.batch import _pack
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, State
-from wal.errors import ClosedError, CorruptionError, ReadOnlyError, WalkvError
+from wal.errors import ClosedError, CorruptionError, ReadOnlyError, SnapshotError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
@@ -134,7 +134,7 @@ class KVStore:
             try:
                 snapshot.cleanup_incomplete(snapshots.snapshots_dir(self.path), fs=self._fs)
                 if snapshot_every_bytes:
-                    self._auto = snapshots.AutoSnapshot(self, int(snapshot_every_bytes))
+                    self._auto = snapshots.AutoSnapshot(self.snapshot, self.path, int(snapshot_every_bytes))
             except BaseException as exc:
                 # Opened but unusable: let go of everything open took.
                 try:
@@ -425,13 +425,26 @@ class KVStore:
     def closed(self) -> bool:
         return self._closed
 
-    def snapshot(self, *, keep: int | None = None, progress: Progress | None = None) -> "snapshot.SnapshotInfo":
+    def snapshot(self, *, keep: int | None = None, progress: Progress | None = None,
+                 chunk_bytes: int | None = None) -> snapshot.SnapshotInfo:
         """Write a snapshot of the store at its applied LSN (``.lsn``,
         ``.path``), from one consistent LMDB view while writers go on; then
         keep the newest ``keep`` (default ``keep_snapshots``) snapshots and
         delete the log segments the oldest kept one covers. Durable on
-        return. See :mod:`kvstore.snapshots`."""
-        return snapshots.take(self, keep=keep, progress=progress, chunk_bytes=self.snapshot_chunk_bytes)
+        return; when nothing was written since the newest snapshot, that one
+        is returned. ``chunk_bytes`` (default: the store's
+        ``snapshot_chunk_bytes``) sizes the chunk files. See
+        :mod:`kvstore.snapshots`."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        if self._log is None:
+            raise SnapshotError(f"the store {self.path} is open read-only; snapshots are taken by its writer")
+        parent = snapshots.snapshots_dir(self.path)
+        with self.snapshot_lock:
+            info = snapshots.take(self._state, self._log, parent, store_id=self.store_id, fs=self._fs,
+                                  chunk_bytes=chunk_bytes or self.snapshot_chunk_bytes, progress=progress)
+            self.log_bytes_trimmed += snapshots.retain(parent, self._log, keep or self.keep_snapshots, self._fs)
+        return info
 
     def list_snapshots(self) -> list["snapshot.SnapshotInfo"]:
         """The store's valid snapshots, oldest first."""

@@ -46,14 +46,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPTIONS = {"segment_bytes": 64 << 10, "map_size": 8 << 20}
 
 
-def _target_default() -> str:
-    try:
-        import kvstore  # noqa: F401
-    except ImportError:
-        return "wal"
-    return "kv"
-
-
 # -- the child: a multi-threaded writer ---------------------------------------------------
 
 
@@ -82,14 +74,10 @@ def child_main(args: argparse.Namespace) -> None:
                 db.delete(op[1])
 
         def snapshots() -> None:
-            try:
-                import kvstore.snapshots as snaps
-            except ImportError:
-                return
             while True:
                 time.sleep(args.snapshot_interval)
                 try:
-                    snaps.take(db, keep=2)
+                    db.snapshot(keep=2)
                 except Exception as e:  # noqa: BLE001
                     emit(f"E snapshot failed: {e!r}")
                     return
@@ -325,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.target = args.target or _target_default()
+    args.target = args.target or "kv"
     if args.child:
         child_main(args)
         return 0

@@ -71,7 +71,6 @@ def test_missing_walkv_code_skips_and_a_failing_peer_does_not_stop_the_run(tmp_p
 
 
 def test_quick_run_of_log_workloads_writes_the_report(tmp_path, capsys):
-    pytest.importorskip("wal.log")
     pytest.importorskip("plyvel")
     out = tmp_path / "bench.json"
     report = run(quick=True, only="log.append.durable.1t,log.read", repeats=1, duration=0.2,

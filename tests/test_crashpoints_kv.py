@@ -46,11 +46,6 @@ CI_POINTS = 250
 MIN_CI_POINTS = 120
 KEYS = [f"k{i:02d}".encode() for i in range(24)]
 OPTIONS = {"segment_bytes": SEGMENT_BYTES, "map_size": 1 << 20}
-try:
-    import kvstore.snapshots as kv_snapshots
-except ImportError:  # pragma: no cover - before the snapshot issue landed
-    kv_snapshots = None
-HAS_SNAPSHOTS = kv_snapshots is not None
 SNAPSHOT_CHUNK_BYTES = 4096  # several chunks per snapshot
 
 
@@ -104,10 +99,8 @@ def make_plan(seed: int, steps: int = 50) -> list[tuple]:
             plan.append(("write", [op() for _ in range(rnd.randint(2, 6))]))
         elif r < 0.90:
             plan.append(("reopen",))
-        elif HAS_SNAPSHOTS:
-            plan.append(("snapshot",))
         else:
-            plan.append(("write", [op()]))
+            plan.append(("snapshot",))
     return plan
 
 
@@ -133,7 +126,7 @@ def run_kv_workload(fs: FaultFS, path: str, plan: list[tuple], oracle: KVOracle)
                 db.close()
                 db = kvstore.open(path, fs=fs, **OPTIONS)
             elif step[0] == "snapshot":
-                kv_snapshots.take(db, chunk_bytes=SNAPSHOT_CHUNK_BYTES, keep=2)
+                db.snapshot(chunk_bytes=SNAPSHOT_CHUNK_BYTES, keep=2)
         db.close()
     finally:
         if not db.closed:
@@ -271,7 +264,7 @@ def test_store_crash_points(scratch, reboot, capsys):
     assert not stats["failures"], "\n".join(stats["failures"][:10])
     with capsys.disabled():
         print(f"\nstore crash points explored: {stats['points']} (of {stats['boundaries']} boundaries, "
-              f"seed 6, snapshots {'on' if HAS_SNAPSHOTS else 'not available yet'})")
+              f"seed 6, snapshots on)")
     assert stats["points"] >= MIN_CI_POINTS, stats
 
 

@@ -379,7 +379,6 @@ def test_store_snapshot_failure_leaves_no_half_snapshot(scratch, reboot):
     """A snapshot whose writing fails (EIO on an fsync, ENOSPC) raises a walkv
     error, leaves no snapshot a reader would use, does not fail the log, and
     deletes no log segment."""
-    snaps = pytest.importorskip("kvstore.snapshots")
     import snapshot
 
     for fault, nth in (("sync", 2), ("enospc", 0), ("rename", 1), ("fsync_dir", 2), ("write", 3)):
@@ -394,7 +393,7 @@ def test_store_snapshot_failure_leaves_no_half_snapshot(scratch, reboot):
         else:
             fs.fail(fault, nth)
         with pytest.raises(WalkvError):
-            snaps.take(db, chunk_bytes=4096)
+            db.snapshot(chunk_bytes=4096)
         fs.clear_faults()
         assert snapshot.list_snapshots(os.path.join(path, "snapshots")) == [], fault
         assert db._log.first_lsn == first_before
@@ -402,7 +401,7 @@ def test_store_snapshot_failure_leaves_no_half_snapshot(scratch, reboot):
         db.close()
         with kvstore.open(path, **STORE_OPTIONS) as again:
             assert again.last_lsn == lsn and len(again) == 201
-            info = snaps.take(again, chunk_bytes=4096)  # and a later snapshot works
+            info = again.snapshot(chunk_bytes=4096)  # and a later snapshot works
             assert snapshot.open(info.path).verify() is None
 
 

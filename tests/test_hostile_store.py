@@ -47,10 +47,6 @@ SETTINGS = settings(max_examples=150, deadline=None,
 OPTIONS = {"segment_bytes": 4096, "map_size": 1 << 20}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-try:
-    import kvstore.snapshots as kv_snapshots
-except ImportError:  # pragma: no cover
-    kv_snapshots = None
 
 
 
@@ -185,13 +181,11 @@ def _snapshot_template() -> dict:
     if not _SNAP:
         import tempfile
 
-        if kv_snapshots is None:
-            pytest.skip("kvstore.snapshots not available")
         path = os.path.join(tempfile.mkdtemp(prefix="walkv-hostile-"), "s")
         with kvstore.open(path, **OPTIONS) as db:
             for i in range(300):
                 db.put(b"key%04d" % i, bytes([i % 251]) * (i % 50))
-            info = kv_snapshots.take(db, chunk_bytes=2048)
+            info = db.snapshot(chunk_bytes=2048)
         files = {n: open(os.path.join(info.path, n), "rb").read() for n in sorted(os.listdir(info.path))}
         _SNAP.update(store=path, snap=info.path, files=files, state={b"key%04d" % i: bytes([i % 251]) * (i % 50)
                                                                      for i in range(300)})
@@ -293,8 +287,6 @@ def test_store_rebuild_with_a_damaged_newest_snapshot(tmp_path, reboot):
     """A rebuild (machine crash) skips a snapshot that does not verify and
     uses an older one plus the log, or refuses with CorruptionError; it never
     loads damaged data."""
-    if kv_snapshots is None:
-        pytest.skip("kvstore.snapshots not available")
     path = str(tmp_path / "s")
     state = {}
     with kvstore.open(path, **OPTIONS) as db:
@@ -303,7 +295,7 @@ def test_store_rebuild_with_a_damaged_newest_snapshot(tmp_path, reboot):
                 k, v = b"k%03d" % i, b"%d-%d" % (round_, i)
                 db.put(k, v)
                 state[k] = v
-            kv_snapshots.take(db, chunk_bytes=1024, keep=3)
+            db.snapshot(chunk_bytes=1024, keep=3)
     newest = snapshot.list_snapshots(os.path.join(path, "snapshots"))[-1]
     chunk = os.path.join(newest.path, sorted(n for n in os.listdir(newest.path) if n.endswith(".wkc"))[-1])
     data = bytearray(open(chunk, "rb").read())
@@ -396,13 +388,11 @@ def test_read_only_sealed_segment_is_fine(tmp_path):
 
 
 def test_unreadable_snapshot_chunk_is_a_clear_error(tmp_path):
-    if kv_snapshots is None:
-        pytest.skip("kvstore.snapshots not available")
     path = str(tmp_path / "s")
     with kvstore.open(path, **OPTIONS) as db:
         for i in range(200):
             db.put(b"k%03d" % i, b"v" * 100)
-        info = kv_snapshots.take(db, chunk_bytes=2048)
+        info = db.snapshot(chunk_bytes=2048)
     chunk = os.path.join(info.path, sorted(n for n in os.listdir(info.path) if n.endswith(".wkc"))[0])
     os.chmod(chunk, 0)
     result, err = _run_unprivileged(f"import snapshot; snapshot.open({info.path!r}).verify()", str(tmp_path))
@@ -420,8 +410,7 @@ def test_store_files_are_private_to_their_owner(tmp_path, umask):
         with kvstore.open(path, **OPTIONS) as db:
             for i in range(300):
                 db.put(b"k%03d" % i, b"v" * 100)
-            if kv_snapshots is not None:
-                kv_snapshots.take(db, chunk_bytes=2048)
+            db.snapshot(chunk_bytes=2048)
             db.delete(b"k000")
     finally:
         os.umask(old)

@@ -283,9 +283,9 @@ def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
         with state.read_view() as view:
             d.put(b"later", b"x")          # after the view: not in it
             assert (view.lsn, view.count) == (50, 50)
-            assert state._gate.active        # holds its place in the gate
+            assert state.gate.active        # holds its place in the gate
             pairs = list(view.pairs())
-            assert not state._gate.active    # exhausted: released at once
+            assert not state.gate.active    # exhausted: released at once
             # the map can grow now (it could not while the view was open)
             with d.batch() as b:
                 for i in range(3000):
@@ -296,11 +296,11 @@ def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
         it = view.pairs()
         assert next(it) == (b"big00000", b"x" * 1000)
         it.close()                           # closed early: released too
-        assert not state._gate.active
+        assert not state.gate.active
         assert view.lsn == d.applied_lsn and view.count == 3051
         with state.read_view() as view:      # never iterated: the with releases it
             pass
-        assert not state._gate.active
+        assert not state.gate.active
         assert list(view.pairs()) == []      # a closed view has no pairs
     with pytest.raises(kvstore.ClosedError):
         state.read_view()
@@ -373,14 +373,14 @@ def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monke
                 d.put(b"w%03d" % i, b"x")
             done.set()
 
-        d._state._enter()  # as a long reader does (a snapshot's consistent view)
+        d._state.enter_read()  # as a long reader does (a snapshot's consistent view)
         try:
             t = threading.Thread(target=writer)
             t.start()
             assert done.wait(60), "writers stalled behind an open reader"
             t.join()
         finally:
-            d._state._gate.exit()
+            d._state.gate.exit()
         readers = [r for r in d._state._reader_list() if r.ident == idle_reader.ident]
         assert len(readers) == 1 and readers[0].txn is None  # swept: pins no old pages
         release.set()

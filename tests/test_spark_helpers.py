@@ -8,7 +8,6 @@ import random
 from dataclasses import dataclass, field
 
 import kvstore
-import snapshot
 import wal
 from kvstore.batch import END_OF_KEYS
 
@@ -81,14 +80,7 @@ def take_snapshot(db: kvstore.KVStore, path: str, chunk_bytes: int = 200) -> int
     """A snapshot of the store at its applied LSN, in several small chunks,
     taken the way the store takes them (with its retention: the log is kept
     back to the oldest of the newest 3 snapshots)."""
-    try:
-        from kvstore.snapshots import take
-    except ImportError:  # pragma: no cover - before kvstore.snapshots existed
-        db.sync()
-        lsn = db.applied_lsn
-        snapshot.write(os.path.join(path, "snapshots"), lsn, db.scan(), chunk_bytes=chunk_bytes, record_bytes=150)
-        return lsn
-    return take(db, chunk_bytes=chunk_bytes, keep=3).lsn
+    return db.snapshot(chunk_bytes=chunk_bytes, keep=3).lsn
 
 
 def build_store(

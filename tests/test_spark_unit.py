@@ -395,13 +395,11 @@ def test_random_stores_state_and_changes(tmp_path, seed):
 
 
 def test_empty_snapshot(tmp_path):
-    from kvstore.snapshots import take
-
     path = str(tmp_path / "s")
     with kvstore.open(path, segment_bytes=4096) as db:
         db.put(b"a", b"1")
         db.delete_range(None, None)
-        info = take(db)
+        info = db.snapshot()
         db.put(b"b", b"2")
         db.delete(b"b")
         db.put(b"c", b"3")

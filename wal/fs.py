@@ -21,14 +21,22 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import BinaryIO
-
-from wal.readfs import FileInfo
+from typing import BinaryIO, NamedTuple
 
 _HAS_FDATASYNC = hasattr(os, "fdatasync")
 # Files walkv creates are private to their owner unless configured otherwise.
 DEFAULT_FILE_MODE = 0o600
 DEFAULT_DIR_MODE = 0o700
+
+
+class FileInfo(NamedTuple):
+    """One directory entry, as :meth:`FileSystem.list_dir` (and every
+    :class:`wal.readfs.ReadFS`) lists it."""
+
+    name: str
+    path: str
+    size: int
+    is_dir: bool
 
 
 class File:

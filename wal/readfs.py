@@ -22,17 +22,9 @@ scheme) for messages.
 from __future__ import annotations
 
 import os
-from typing import Any, BinaryIO, NamedTuple, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
-
-class FileInfo(NamedTuple):
-    """One directory entry."""
-
-    name: str
-    path: str
-    size: int
-    is_dir: bool
-
+from wal.fs import OS_FS, FileInfo
 
 @runtime_checkable
 class ReadFS(Protocol):
@@ -147,8 +139,6 @@ def resolve(location: str | os.PathLike[str] | tuple[Any, str]) -> tuple[ReadFS,
     * a ``(filesystem, path)`` pair: a ``pyarrow.fs.FileSystem``, an fsspec
       file system, or a :class:`ReadFS` already.
     """
-    from wal.fs import OS_FS
-
     if isinstance(location, tuple):
         if len(location) != 2 or not isinstance(location[1], str):
             raise TypeError("a (filesystem, path) location needs a file system and a str path")
