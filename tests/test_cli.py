@@ -331,14 +331,6 @@ def test_stats_does_not_block_a_writer_opening(store):
 # -- snapshot, restore, export, bench ------------------------------------------------------------
 
 
-def _has_snapshots() -> bool:
-    import importlib.util
-
-    return (hasattr(kvstore.KVStore, "snapshot") or importlib.util.find_spec("kvstore.snapshots") is not None) \
-        and hasattr(kvstore, "restore")
-
-
-@pytest.mark.skipif(not _has_snapshots(), reason="db.snapshot()/kvstore.restore land with the snapshot issue")
 def test_snapshot_and_point_in_time_restore(tmp_path):
     s = str(tmp_path / "s")
     with kvstore.open(s, segment_bytes=4096) as db:
@@ -367,7 +359,6 @@ def test_snapshot_and_point_in_time_restore(tmp_path):
     assert exists.returncode == 1 and "not empty" in one_line_error(exists)
 
 
-@pytest.mark.skipif(not _has_snapshots(), reason="db.snapshot() lands with the snapshot issue")
 def test_verify_reports_a_damaged_snapshot_chunk(tmp_path):
     s = str(tmp_path / "s")
     with kvstore.open(s) as db:
@@ -409,7 +400,6 @@ def test_export_with_spark(tmp_path, spark, capsys):
     """``walkv export`` through ``main()`` in this process, so that it uses the
     suite's one SparkSession (a new JVM per test is too slow for CI); the
     subprocess path is what ``make demo`` runs."""
-    pytest.importorskip("kvstore.spark.export")
     from kvstore.cli import main
 
     s, out = str(tmp_path / "s"), str(tmp_path / "out")

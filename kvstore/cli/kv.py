@@ -21,7 +21,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from kvstore.cli.common import (
     EXIT_OK,
@@ -117,6 +118,7 @@ def cmd_get(args: argparse.Namespace, rep: Reporter) -> int:
 
 def cmd_delete(args: argparse.Namespace, rep: Reporter) -> int:
     keys = [to_bytes(k, args.hex, "key") for k in args.keys]
+    lsn: int | None
     with open_store(args.store, reporter=rep, sync=args.sync) as db:
         if args.range:
             if len(keys) != 2:
@@ -190,7 +192,7 @@ def _detect_format(path: str, fmt: str | None, first: bytes) -> str:
     return "jsonl" if first.lstrip().startswith(b"{") else "csv"
 
 
-def _jsonl_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
+def _jsonl_rows(stream: io.BufferedReader, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
     """(line number, key, value, bytes read so far) for each JSON line."""
     done = 0
     for lineno, raw in enumerate(stream, 1):
@@ -199,8 +201,10 @@ def _jsonl_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int
             continue
         try:
             obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadLine(lineno, f"not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        except json.JSONDecodeError as e:
+            raise BadLine(lineno, f"not valid JSON ({e.msg})") from None
+        except UnicodeDecodeError as e:
+            raise BadLine(lineno, f"not valid JSON ({e})") from None
         if not isinstance(obj, dict) or "key" not in obj or "value" not in obj:
             raise BadLine(lineno, 'expected an object {"key": ..., "value": ...}')
         k, v = obj["key"], obj["value"]
@@ -209,7 +213,7 @@ def _jsonl_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int
         yield lineno, _field(k, hex_mode, lineno, "key"), _field(v, hex_mode, lineno, "value"), done
 
 
-def _csv_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
+def _csv_rows(stream: io.BufferedReader, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
     text = io.TextIOWrapper(stream, encoding="utf-8", newline="", errors="strict")
     reader = csv.reader(text)
     try:
@@ -231,7 +235,7 @@ def _csv_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int, 
         text.detach()
 
 
-def _tell(stream: Any) -> int:
+def _tell(stream: io.BufferedReader) -> int:
     try:
         return stream.tell()
     except (OSError, ValueError):
@@ -252,17 +256,19 @@ def cmd_load(args: argparse.Namespace, rep: Reporter) -> int:
 
     if args.batch_size < 1:
         raise CliError("--batch-size must be at least 1", EXIT_USAGE)
+    raw: BinaryIO
     if args.file == "-":
-        stream: Any = sys.stdin.buffer
+        raw = sys.stdin.buffer
         total = None
     else:
         try:
-            stream = open(args.file, "rb")  # noqa: SIM115
+            raw = open(args.file, "rb")  # noqa: SIM115 - closed in the finally below
         except OSError as e:
             raise CliError(f"cannot read {args.file}: {e.strerror}") from None
-        total = os.fstat(stream.fileno()).st_size
-    if not isinstance(stream, io.BufferedReader):
-        stream = io.BufferedReader(stream)  # type: ignore[arg-type]
+        total = os.fstat(raw.fileno()).st_size
+    # peek() needs a BufferedReader; a replaced sys.stdin may not give one.
+    stream: io.BufferedReader = (raw if isinstance(raw, io.BufferedReader)
+                                 else io.BufferedReader(raw))  # type: ignore[arg-type]  # BinaryIO omits readinto; files have it
     fmt = _detect_format(args.file, args.format, stream.peek(64)[:64])
     rows = _jsonl_rows(stream, args.hex) if fmt == "jsonl" else _csv_rows(stream, args.hex)
     loaded = batches = 0
