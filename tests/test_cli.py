@@ -316,6 +316,19 @@ def test_locked_store(held_store):
     assert walkv("verify", store).returncode == 0
 
 
+def test_exit_codes_follow_the_error_type():
+    from kvstore.cli.main import error_code
+    from wal.errors import CorruptionError, LockedError, LogGapError, ReadOnlyError, WalkvError
+
+    # The code comes from the type alone: a message that names another kind changes nothing.
+    assert error_code(LockedError("corrupt")) == 3
+    assert error_code(CorruptionError("locked", path="x", offset=0)) == 4
+    assert error_code(LogGapError("locked", first_missing=1, last_missing=9, first_available=10)) == 1
+    assert error_code(ReadOnlyError("corrupt")) == 1
+    assert error_code(WalkvError("locked")) == 1
+    assert error_code(ValueError("corrupt")) == 2
+
+
 def test_stats_does_not_block_a_writer_opening(store):
     # stats looks at the lock without taking it: a writer opening meanwhile must not fail.
     holder = subprocess.Popen([sys.executable, "-c", "import sys,time,kvstore\n"

@@ -16,13 +16,14 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from kvstore.cli.common import (
     EXIT_CORRUPT,
     EXIT_OK,
     EXIT_USAGE,
+    AddCommand,
     CliError,
     escape_field,
     human_bytes,
@@ -33,7 +34,7 @@ from kvstore.layout import WAL_DIR
 _FRAGMENT_NAMES = {1: "FULL", 2: "FIRST", 3: "MIDDLE", 4: "LAST"}
 
 
-def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+def add_commands(add: AddCommand) -> None:
     p = add("inspect", "list the records of a log segment (or snapshot chunk) file", cmd_inspect,
             description="List each record of a log segment with its offset, fragment types, LSN, "
                         "commit time, size and a summary of its operations. Also reads .broken "

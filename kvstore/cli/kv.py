@@ -21,12 +21,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Generator, Iterator
 from typing import BinaryIO
 
 from kvstore.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
+    AddCommand,
     CliError,
     escape_field,
     from_bytes,
@@ -38,7 +39,7 @@ from kvstore.cli.common import (
 from kvstore.cli.progress import Reporter
 
 
-def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+def add_commands(add: AddCommand) -> None:
     p = add("put", "set a key to a value", cmd_put)
     p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
     p.add_argument("key", metavar="KEY")
@@ -163,9 +164,10 @@ def cmd_scan(args: argparse.Namespace, rep: Reporter) -> int:
                     out.write("\n")
                 n += 1
         finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+            # Release the scan's LMDB snapshot now (an empty range is a plain
+            # iterator, with nothing to close).
+            if isinstance(it, Generator):
+                it.close()
     out.flush()
     if args.count:
         print(f"{n} keys", file=sys.stderr)
