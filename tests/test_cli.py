@@ -104,7 +104,7 @@ def test_put_get_delete_text(tmp_path):
     assert missing.returncode == 1 and missing.stdout == ""
     assert "not found" in one_line_error(missing)
     with kvstore.open(s) as db:
-        assert db.get("greeting".encode()) is None and db.last_lsn == 2
+        assert db.get(b"greeting") is None and db.last_lsn == 2
 
 
 def test_put_get_hex_binary(tmp_path):
@@ -318,7 +318,13 @@ def test_locked_store(held_store):
 
 def test_exit_codes_follow_the_error_type():
     from kvstore.cli.main import error_code
-    from wal.errors import CorruptionError, LockedError, LogGapError, ReadOnlyError, WalkvError
+    from wal.errors import (
+        CorruptionError,
+        LockedError,
+        LogGapError,
+        ReadOnlyError,
+        WalkvError,
+    )
 
     # The code comes from the type alone: a message that names another kind changes nothing.
     assert error_code(LockedError("corrupt")) == 3

@@ -37,6 +37,7 @@ from kvstore.cli.common import (
 )
 from kvstore.cli.progress import Reporter
 from kvstore.layout import StoreLayout
+from wal import SegmentFile
 from wal.errors import CorruptionError, WalkvError
 from wal.lock import DirectoryLock
 
@@ -114,7 +115,7 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
     return {"store": layout.root, "problems": problems, "checked": checked}
 
 
-def _verify_framing(wal_dir: str, segs: list[Any], rep: Reporter) -> list[Problem]:
+def _verify_framing(wal_dir: str, segs: list[SegmentFile], rep: Reporter) -> list[Problem]:
     """Framing, headers and the LSN sequence, by the rules open and repair
     use (``wal.repair``'s look, which changes nothing); and damaged sparse
     indexes, which the next open rebuilds."""
@@ -136,7 +137,7 @@ def _verify_framing(wal_dir: str, segs: list[Any], rep: Reporter) -> list[Proble
     return problems
 
 
-def _verify_entries(segs: list[Any], bad_file: str | None, checked: dict[str, Any],
+def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict[str, Any],
                     rep: Reporter) -> list[Problem]:
     """Every entry's payload is a walkv batch, and each sparse index agrees
     with its segment; up to the segment with the first bad record (past it
