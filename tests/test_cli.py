@@ -104,7 +104,7 @@ def test_put_get_delete_text(tmp_path):
     assert missing.returncode == 1 and missing.stdout == ""
     assert "not found" in one_line_error(missing)
     with kvstore.open(s) as db:
-        assert db.get("greeting".encode()) is None and db.last_lsn == 2
+        assert db.get(b"greeting") is None and db.last_lsn == 2
 
 
 def test_put_get_hex_binary(tmp_path):
@@ -316,6 +316,25 @@ def test_locked_store(held_store):
     assert walkv("verify", store).returncode == 0
 
 
+def test_exit_codes_follow_the_error_type():
+    from kvstore.cli.main import error_code
+    from wal.errors import (
+        CorruptionError,
+        LockedError,
+        LogGapError,
+        ReadOnlyError,
+        WalkvError,
+    )
+
+    # The code comes from the type alone: a message that names another kind changes nothing.
+    assert error_code(LockedError("corrupt")) == 3
+    assert error_code(CorruptionError("locked", path="x", offset=0)) == 4
+    assert error_code(LogGapError("locked", first_missing=1, last_missing=9, first_available=10)) == 1
+    assert error_code(ReadOnlyError("corrupt")) == 1
+    assert error_code(WalkvError("locked")) == 1
+    assert error_code(ValueError("corrupt")) == 2
+
+
 def test_stats_does_not_block_a_writer_opening(store):
     # stats looks at the lock without taking it: a writer opening meanwhile must not fail.
     holder = subprocess.Popen([sys.executable, "-c", "import sys,time,kvstore\n"
@@ -331,14 +350,6 @@ def test_stats_does_not_block_a_writer_opening(store):
 # -- snapshot, restore, export, bench ------------------------------------------------------------
 
 
-def _has_snapshots() -> bool:
-    import importlib.util
-
-    return (hasattr(kvstore.KVStore, "snapshot") or importlib.util.find_spec("kvstore.snapshots") is not None) \
-        and hasattr(kvstore, "restore")
-
-
-@pytest.mark.skipif(not _has_snapshots(), reason="db.snapshot()/kvstore.restore land with the snapshot issue")
 def test_snapshot_and_point_in_time_restore(tmp_path):
     s = str(tmp_path / "s")
     with kvstore.open(s, segment_bytes=4096) as db:
@@ -367,7 +378,6 @@ def test_snapshot_and_point_in_time_restore(tmp_path):
     assert exists.returncode == 1 and "not empty" in one_line_error(exists)
 
 
-@pytest.mark.skipif(not _has_snapshots(), reason="db.snapshot() lands with the snapshot issue")
 def test_verify_reports_a_damaged_snapshot_chunk(tmp_path):
     s = str(tmp_path / "s")
     with kvstore.open(s) as db:
@@ -409,7 +419,6 @@ def test_export_with_spark(tmp_path, spark, capsys):
     """``walkv export`` through ``main()`` in this process, so that it uses the
     suite's one SparkSession (a new JVM per test is too slow for CI); the
     subprocess path is what ``make demo`` runs."""
-    pytest.importorskip("kvstore.spark.export")
     from kvstore.cli import main
 
     s, out = str(tmp_path / "s"), str(tmp_path / "out")

@@ -20,7 +20,7 @@ README = os.path.join(REPO, "README.md")
 def _python_blocks() -> list[str]:
     with open(README, encoding="utf-8") as fh:
         text = fh.read()
-    return re.findall(r"```python\n(.*?)```", text, re.S)
+    return re.findall(r"```python\n(.*?)```", text, re.DOTALL)
 
 
 def _is_spark(block: str) -> bool:
@@ -67,7 +67,7 @@ def test_readme_spark_snippet_runs(tmp_path, monkeypatch, spark):
 def test_readme_cli_table_matches_the_commands():
     with open(README, encoding="utf-8") as fh:
         text = fh.read()
-    table = set(re.findall(r"^\| `walkv (\w+)", text, re.M))
+    table = set(re.findall(r"^\| `walkv (\w+)", text, re.MULTILINE))
     assert table == set(COMMANDS)
     listed = walkv("--help").stdout
     for name in COMMANDS:
@@ -80,4 +80,4 @@ def test_readme_make_targets_exist():
     with open(README, encoding="utf-8") as fh:
         text = fh.read()
     for target in set(re.findall(r"make (\w+)", text)):
-        assert re.search(rf"^{target}:", makefile, re.M), target
+        assert re.search(rf"^{target}:", makefile, re.MULTILINE), target

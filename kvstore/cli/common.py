@@ -1,5 +1,5 @@
 """What the ``walkv`` command modules share: exit codes, :class:`CliError`,
-argument helpers, key/value text conversion and opening a store."""
+argument helpers, key/value text conversion, sizes and opening a store."""
 
 from __future__ import annotations
 
@@ -7,13 +7,30 @@ import argparse
 import binascii
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+from kvstore.cli.progress import Reporter
+from kvstore.layout import StoreLayout
+
+if TYPE_CHECKING:
+    from kvstore.store import KVStore
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3
 EXIT_CORRUPT = 4
+
+Command = Callable[[argparse.Namespace, Reporter], int]
+"""A command: the parsed arguments and the progress reporter in, the exit code out."""
+
+
+class AddCommand(Protocol):
+    """Registers one command with the ``walkv`` parser (see :func:`kvstore.cli.main.build_parser`)."""
+
+    def __call__(self, name: str, help: str, fn: Command,
+                 description: str | None = None) -> argparse.ArgumentParser: ...
 
 
 class CliError(Exception):
@@ -24,28 +41,74 @@ class CliError(Exception):
         self.code = code
 
 
-# -- helpers shared by the command modules --------------------------------------
+# -- stores and files ----------------------------------------------------------------
 
 
-def store_dirs(path: str) -> dict[str, str]:
-    root = os.path.abspath(path)
-    return {"root": root, "wal": os.path.join(root, "wal"), "lmdb": os.path.join(root, "lmdb"),
-            "snapshots": os.path.join(root, "snapshots")}
-
-
-def require_store(path: str) -> dict[str, str]:
-    """The store's directories; CliError when ``path`` is not a walkv store."""
-    d = store_dirs(path)
-    if not os.path.exists(d["root"]):
+def require_store(path: str) -> StoreLayout:
+    """The store's layout; CliError when ``path`` is not a walkv store (a
+    directory with a log directory in it)."""
+    layout = StoreLayout.of(path)
+    if not os.path.exists(layout.root):
         raise CliError(f"no store at {path} (no such directory)")
-    if not os.path.isdir(d["root"]):
+    if not os.path.isdir(layout.root):
         raise CliError(f"{path} is not a walkv store (not a directory)")
-    if not os.path.isdir(d["wal"]):
-        raise CliError(f"{path} is not a walkv store (it has no wal/ directory)")
-    return d
+    if not os.path.isdir(layout.wal_dir):
+        raise CliError(f"{path} is not a walkv store (it has no {os.path.basename(layout.wal_dir)}/ directory)")
+    return layout
+
+
+def allocated_bytes(path: str) -> int:
+    """Disk space allocated to one file (0 when it is gone)."""
+    try:
+        return os.lstat(path).st_blocks * 512
+    except OSError:
+        return 0
+
+
+def dir_bytes(path: str, allocated: bool = False) -> int:
+    """Bytes of the files under ``path``: their sizes, or the disk space
+    allocated to them (preallocated segments and LMDB's map are sparse, so the
+    two differ)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            file = os.path.join(dirpath, name)
+            if allocated:
+                total += allocated_bytes(file)
+                continue
+            try:
+                total += os.lstat(file).st_size
+            except OSError:  # removed while we walked (a trimmed segment)
+                continue
+    return total
+
+
+def open_store(path: str, *, readonly: bool = False, create: bool = False,
+               reporter: Reporter | None = None, **options: Any) -> KVStore:
+    """Open a store for a command, with a replay progress bar."""
+    import kvstore
+
+    if not create:
+        require_store(path)
+    if readonly:
+        lmdb_dir = StoreLayout.of(path).lmdb_dir
+        if not os.path.isdir(lmdb_dir):
+            # Never opened for writing yet (or its LMDB was removed): only a
+            # read-write open can build the state; say so.
+            raise CliError(f"{path} has no state yet ({os.path.basename(lmdb_dir)}/ is missing); open it "
+                           "read-write once (any write command, or `walkv snapshot`) to rebuild it")
+        return kvstore.open(path, readonly=True)
+    if reporter is not None:
+        with reporter.task("replaying the log", unit="entries") as progress:
+            return kvstore.open(path, progress=progress, **options)
+    return kvstore.open(path, **options)
+
+
+# -- text -------------------------------------------------------------------------------
 
 
 def to_bytes(text: str, hex_mode: bool, what: str) -> bytes:
+    """A key or value given on the command line, as bytes (hex with ``--hex``)."""
     if hex_mode:
         try:
             return binascii.unhexlify(text.strip())
@@ -58,6 +121,7 @@ def to_bytes(text: str, hex_mode: bool, what: str) -> bytes:
 
 
 def from_bytes(data: bytes, hex_mode: bool) -> str:
+    """A key or value as text for output (hex with ``--hex``)."""
     if hex_mode:
         return data.hex()
     return data.decode("utf-8", "backslashreplace")
@@ -80,31 +144,12 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def open_store(path: str, *, readonly: bool = False, create: bool = False,
-               reporter: Reporter | None = None, **options: Any):
-    """Open a store for a command, with a replay progress bar."""
-    import kvstore
-
-    if not create:
-        require_store(path)
-    if readonly:
-        if not os.path.isdir(os.path.join(path, "lmdb")):
-            # Never opened for writing yet (or its LMDB was removed): only a
-            # read-write open can build the state; say so.
-            raise CliError(f"{path} has no state yet (lmdb/ is missing); open it read-write once "
-                           "(any write command, or `walkv snapshot`) to rebuild it")
-        return kvstore.open(path, readonly=True)
-    if reporter is not None:
-        with reporter.task("replaying the log", unit="entries") as progress:
-            return kvstore.open(path, progress=progress, **options)
-    return kvstore.open(path, **options)
-
-
-def print_table(rows: list[tuple[str, str]], stream=None) -> None:
-    stream = stream or sys.stdout
+def print_table(rows: list[tuple[str, str]], stream: TextIO | None = None) -> None:
+    """Two aligned columns, indented."""
+    out = stream or sys.stdout
     width = max((len(k) for k, _ in rows), default=0)
     for k, v in rows:
-        print(f"  {k:<{width}}  {v}", file=stream)
+        print(f"  {k:<{width}}  {v}", file=out)
 
 
 # -- argument parsing ---------------------------------------------------------------

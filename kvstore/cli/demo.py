@@ -42,26 +42,37 @@ import logging
 import os
 import random
 import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvstore.cli.common import EXIT_OK, CliError, human_bytes
-from kvstore.cli.admin import export_rows, spark_available, spark_env, take_snapshot
+from kvstore.cli.admin import export_rows, spark_env, spark_missing
+from kvstore.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    dir_bytes,
+    human_bytes,
+    print_table,
+)
 from kvstore.cli.demo_work import (
     FULL,
     SMALL,
     DemoFailed,
+    Size,
     crash_values,
     digest,
-    dir_bytes,
     new_user,
     run_and_kill,
     worker,
 )
 from kvstore.cli.progress import Reporter
+from kvstore.layout import StoreLayout
+
+if TYPE_CHECKING:
+    from kvstore.store import KVStore
+    from snapshot import SnapshotInfo
 
 DESCRIPTION = (
     "The main job, end to end: a multi-threaded durable workload with group commit, a writer "
@@ -71,6 +82,8 @@ DESCRIPTION = (
     "previous demo made it."
 )
 MARKER = ".walkv-demo"
+STEPS = 6
+SEED = 20240601
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,11 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
 
 
-# -- the demo -----------------------------------------------------------------------------------
-
-
 @dataclass
 class Summary:
+    """What the demo measured: rows for the closing table, data for ``--json``."""
+
     rows: list[tuple[str, str]] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -113,8 +125,8 @@ def _prepare_dir(path: str) -> str:
     return path
 
 
-def _step(n: int, total: int, text: str) -> None:
-    print(f"\n[{n}/{total}] {text}", flush=True)
+def _step(n: int, text: str) -> None:
+    print(f"\n[{n}/{STEPS}] {text}", flush=True)
 
 
 def _say(text: str) -> None:
@@ -128,29 +140,55 @@ def _check(ok: bool, what: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
-    import kvstore
-
     size = SMALL if args.small else FULL
     threads = args.threads or size.threads
     if threads < 1:
-        raise CliError("--threads must be at least 1", 2)
-    spark_why = "--no-spark" if args.no_spark else spark_available()
-    steps = 6
+        raise CliError("--threads must be at least 1", EXIT_USAGE)
+    spark_why = "--no-spark" if args.no_spark else spark_missing()
     root = _prepare_dir(args.dir)
     store = os.path.join(root, "store")
     summary = Summary()
-    seed = 20240601
     t_demo = time.monotonic()
     print(f"walkv demo in {root} ({'small' if args.small else 'full'} size)")
 
-    # 1. workload ---------------------------------------------------------------------
+    model = _workload(store, size, threads, summary, rep)
+    before, last = _crash(store, size, model, summary, rep)
+    db = _rebuild(store, size, before, last, summary, rep)
+    try:
+        info = _snapshot(db, store, summary, rep)
+        good_lsn, good, orders = _accident(db, size, threads)
+    finally:
+        db.close()
+    _restore(store, os.path.join(root, "restored"), info, good_lsn, good, orders, summary, rep)
+
+    _step(6, "Spark: export snapshot, changes and state to Parquet (local mode)")
+    if spark_why:
+        _say(f"skipped: {spark_why}")
+        summary.add("rows_exported", None, f"skipped ({spark_why})", "rows exported")
+    else:
+        _spark_export(store, os.path.join(root, "export"), args.master, summary, rep)
+
+    total_s = time.monotonic() - t_demo
+    summary.add("demo_time_s", round(total_s, 1), f"{total_s:.1f} s", "total time")
+    print("\nsummary")
+    print_table(summary.rows)
+    print(f"\nfiles are in {root} (try: walkv stats {store}; walkv verify {store})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(summary.data, fh, indent=2)
+    return EXIT_OK
+
+
+def _workload(store: str, size: Size, threads: int, summary: Summary, rep: Reporter) -> dict[bytes, bytes]:
+    """Step 1: the shop from several threads; returns the model of the store."""
+    import kvstore
+
     ops = size.ops_per_thread
-    _step(1, steps, f"workload: {threads} threads, {threads * ops} operations, sync=\"always\" (group commit)")
+    _step(1, f"workload: {threads} threads, {threads * ops} operations, sync=\"always\" (group commit)")
     models: list[dict[bytes, bytes]] = [{} for _ in range(threads)]
     counters = {"puts": 0, "batches": 0, "deletes": 0, "reads": 0}
     errors: list[BaseException] = []
-    db = kvstore.open(store, sync="always", segment_bytes=size.segment_bytes)
-    try:
+    with kvstore.open(store, sync="always", segment_bytes=size.segment_bytes) as db:
         with rep.task("workload", threads * ops, "ops") as progress:
             done = [0]
             lock = threading.Lock()
@@ -160,7 +198,7 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
                     done[0] += n
                     progress(done[0], threads * ops)
 
-            workers = [threading.Thread(target=worker, args=(db, t, threads, ops, seed, models[t], counters,
+            workers = [threading.Thread(target=worker, args=(db, t, threads, ops, SEED, models[t], counters,
                                                               errors, tick)) for t in range(threads)]
             t0 = time.perf_counter()
             for w in workers:
@@ -181,31 +219,35 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
         _check(dict(db.scan()) == model, f"the store holds exactly the {len(model)} keys the threads wrote")
         summary.add("entries", writes, f"{writes} from the workload (LSN 1..{db.last_lsn}; one per put, "
                     "delete or batch)", "entries")
-        summary.add("durable_writes_per_s", round(writes / elapsed), f"{writes / elapsed:,.0f} durable writes/s "
-                    f"({threads} threads, sync=always, each fsynced before it returned)", "durable puts/s")
-        summary.add("fsyncs", st["fsyncs"], f"{st['fsyncs']} for {writes} writes (p50 {st['fsync_p50_ms']:.2f} ms, "
-                    f"p99 {st['fsync_p99_ms']:.2f} ms)", "fsyncs")
-        summary.add("avg_group", round(st["avg_group"], 2), f"{st['avg_group']:.1f} writes per fsync "
-                    f"(group commit; {st['max_group']} at most)", "average group size")
-    finally:
-        db.close()
+    summary.add("durable_writes_per_s", round(writes / elapsed), f"{writes / elapsed:,.0f} durable writes/s "
+                f"({threads} threads, sync=always, each fsynced before it returned)", "durable puts/s")
+    summary.add("fsyncs", st["fsyncs"], f"{st['fsyncs']} for {writes} writes (p50 {st['fsync_p50_ms']:.2f} ms, "
+                f"p99 {st['fsync_p99_ms']:.2f} ms)", "fsyncs")
+    summary.add("avg_group", round(st["avg_group"], 2), f"{st['avg_group']:.1f} writes per fsync "
+                f"(group commit; {st['max_group']} at most)", "average group size")
+    return model
 
-    # 2. crash a writer process ---------------------------------------------------------
-    _step(2, steps, f"crash: a writer process with {size.crash_threads} threads, killed with SIGKILL mid-stream")
-    acked = run_and_kill(store, size, seed, rep)
-    ack_count = sum(acked.values())
-    _say(f"killed the writer after {ack_count} acknowledged writes")
+
+def _crash(store: str, size: Size, model: dict[bytes, bytes], summary: Summary,
+           rep: Reporter) -> tuple[tuple[int, str], int]:
+    """Step 2: SIGKILL a writer process, recover, check every acknowledged
+    write; adds them to ``model``; returns the store's digest and last LSN."""
+    import kvstore
+
+    _step(2, f"crash: a writer process with {size.crash_threads} threads, killed with SIGKILL mid-stream")
+    acked = run_and_kill(store, size, SEED, rep)
+    _say(f"killed the writer after {sum(acked.values())} acknowledged writes")
     t0 = time.perf_counter()
     with rep.task("recovering", unit="entries") as progress:
         db = kvstore.open(store, sync="always", segment_bytes=size.segment_bytes, progress=progress)
     recovery_s = time.perf_counter() - t0
-    try:
-        lst = db.stats()
-        cut = lst["log"].get("dropped_bytes_at_open", 0)
-        _say(f"reopened in {recovery_s * 1000:.0f} ms: replayed {lst.get('replayed_at_open', 0)} entries, "
+    with db:
+        st = db.stats()
+        cut, replayed = st["log"]["dropped_bytes_at_open"], st["replayed_at_open"]
+        _say(f"reopened in {recovery_s * 1000:.0f} ms: replayed {replayed} entries, "
              f"cut a torn tail of {cut} bytes; log ends at LSN {db.last_lsn}")
-        expected = crash_values(size.crash_threads, seed, acked)
-        present = {k: v for k, v in db.scan(prefix=b"crash:")}
+        expected = crash_values(size.crash_threads, SEED, acked)
+        present = dict(db.scan(prefix=b"crash:"))
         lost = [k for k, v in expected.items() if present.get(k) != v]
         _check(not lost, f"all {len(expected)} acknowledged writes survived"
                + (f" (lost: {lost[:3]})" if lost else ""))
@@ -219,16 +261,19 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
                "the workload's keys are untouched")
         model.update(present)
         summary.add("recovery_time_s", round(recovery_s, 4), f"{recovery_s * 1000:.0f} ms to reopen after SIGKILL "
-                    f"({lst.get('replayed_at_open', 0)} entries replayed, {cut} torn bytes cut, "
+                    f"({replayed} entries replayed, {cut} torn bytes cut, "
                     f"{len(expected)} acknowledged writes checked)", "recovery time")
-        before = digest(db)
-        last = db.last_lsn
-    finally:
-        db.close()
+        return digest(db), db.last_lsn
 
-    # 3. machine crash: LMDB lost, rebuilt from the log --------------------------------
-    _step(3, steps, "machine crash: throw LMDB away and rebuild it from the log alone")
-    shutil.rmtree(os.path.join(store, "lmdb"))
+
+def _rebuild(store: str, size: Size, before: tuple[int, str], last: int, summary: Summary,
+             rep: Reporter) -> KVStore:
+    """Step 3: throw LMDB away and rebuild it from the log; returns the
+    store, open (the caller closes it)."""
+    import kvstore
+
+    _step(3, "machine crash: throw LMDB away and rebuild it from the log alone")
+    shutil.rmtree(StoreLayout.of(store).lmdb_dir)
     store_log = logging.getLogger("walkv.store")
     level = store_log.level
     store_log.setLevel(logging.ERROR)  # its "rebuilding LMDB" warning is what this step expects
@@ -242,57 +287,68 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
     try:
         _say(f"rebuilt LMDB from {last} log entries in {rebuild_s:.2f} s ({last / rebuild_s:,.0f} entries/s)")
         _check(digest(db) == before, f"the rebuilt store equals the store before ({before[0]} keys)")
-        summary.add("full_replay_entries_per_s", round(last / rebuild_s), f"{last / rebuild_s:,.0f} entries/s "
-                    f"(LMDB rebuilt from {last} log entries in {rebuild_s:.2f} s)", "full replay")
-
-        # 4. snapshot and trim -----------------------------------------------------------
-        _step(4, steps, "snapshot: one consistent copy at an LSN; the log it covers is trimmed")
-        wal_before = dir_bytes(os.path.join(store, "wal"))
-        segs_before = len([n for n in os.listdir(os.path.join(store, "wal")) if n.endswith(".wal")])
-        t0 = time.perf_counter()
-        with rep.task("writing snapshot", unit="pairs") as progress:
-            info = take_snapshot(db, progress)
-        snap_s = time.perf_counter() - t0
-        wal_after = dir_bytes(os.path.join(store, "wal"))
-        segs_after = len([n for n in os.listdir(os.path.join(store, "wal")) if n.endswith(".wal")])
-        trimmed = max(0, wal_before - wal_after)
-        _say(f"snapshot at LSN {info.lsn}: {getattr(info, 'count', '?')} pairs, "
-             f"{human_bytes(getattr(info, 'bytes', 0))}, {getattr(info, 'chunks', '?')} chunks in {snap_s:.2f} s")
-        _say(f"log: {segs_before} segments ({human_bytes(wal_before)}) -> {segs_after} "
-             f"({human_bytes(wal_after)}), {human_bytes(trimmed)} trimmed")
-        import snapshot as snapshot_pkg
-
-        snap = snapshot_pkg.open(info.path)
-        snap.verify()
-        _check(snap.lsn == info.lsn and dict(snap) == dict(db.scan()),
-               "the snapshot verifies and equals the store at its LSN")
-        _check(segs_after < segs_before, "whole segments covered by the snapshot were deleted")
-        summary.add("bytes_trimmed", trimmed, f"{human_bytes(trimmed)} of log ({segs_before - segs_after} "
-                    f"segments) after the snapshot at LSN {info.lsn}", "bytes trimmed")
-
-        # 5. point-in-time restore ----------------------------------------------------------
-        _step(5, steps, "point-in-time restore: undo an accidental delete of every order")
-        rng = random.Random(seed + 99)
-        for i in range(size.after_snapshot):
-            uid = rng.randrange(threads * 200)
-            db.put(f"user:{uid:06d}".encode(), new_user(uid, rng))
-        good_lsn = db.last_lsn
-        good = digest(db)
-        orders = sum(1 for _ in db.scan(prefix=b"order:"))
-        bad_lsn = db.delete_range(b"order:", b"order;")
-        db.put(b"deploy:last", b"v2.0.1 (the one with the bug)")
-        _say(f"{size.after_snapshot} more writes up to LSN {good_lsn}; LSN {bad_lsn} deleted all {orders} orders "
-             f"({sum(1 for _ in db.scan(prefix=b'order:'))} left)")
-    finally:
+    except BaseException:
         db.close()
-    restore = getattr(kvstore, "restore", None)
-    if restore is None:
-        raise DemoFailed("step 5 is not available yet: kvstore.restore() is missing in this build")
-    target = os.path.join(root, "restored")
+        raise
+    summary.add("full_replay_entries_per_s", round(last / rebuild_s), f"{last / rebuild_s:,.0f} entries/s "
+                f"(LMDB rebuilt from {last} log entries in {rebuild_s:.2f} s)", "full replay")
+    return db
+
+
+def _snapshot(db: KVStore, store: str, summary: Summary, rep: Reporter) -> SnapshotInfo:
+    """Step 4: a snapshot, and the log segments it covers trimmed."""
+    import snapshot
+    import wal
+
+    _step(4, "snapshot: one consistent copy at an LSN; the log it covers is trimmed")
+    wal_dir = StoreLayout.of(store).wal_dir
+    wal_before, segs_before = dir_bytes(wal_dir), len(wal.list_segments(wal_dir))
     t0 = time.perf_counter()
+    with rep.task("writing snapshot", unit="pairs") as progress:
+        info = db.snapshot(progress=progress)
+    snap_s = time.perf_counter() - t0
+    wal_after, segs_after = dir_bytes(wal_dir), len(wal.list_segments(wal_dir))
+    trimmed = max(0, wal_before - wal_after)
+    _say(f"snapshot at LSN {info.lsn}: {info.count} pairs, {human_bytes(info.bytes)}, "
+         f"{info.chunks} chunks in {snap_s:.2f} s")
+    _say(f"log: {segs_before} segments ({human_bytes(wal_before)}) -> {segs_after} "
+         f"({human_bytes(wal_after)}), {human_bytes(trimmed)} trimmed")
+    snap = snapshot.open(info.path)
+    snap.verify()
+    _check(snap.lsn == info.lsn and dict(snap) == dict(db.scan()),
+           "the snapshot verifies and equals the store at its LSN")
+    _check(segs_after < segs_before, "whole segments covered by the snapshot were deleted")
+    summary.add("bytes_trimmed", trimmed, f"{human_bytes(trimmed)} of log ({segs_before - segs_after} "
+                f"segments) after the snapshot at LSN {info.lsn}", "bytes trimmed")
+    return info
+
+
+def _accident(db: KVStore, size: Size, threads: int) -> tuple[int, tuple[int, str], int]:
+    """Step 5, first half: more writes, then a ``delete_range`` of every
+    order. Returns the LSN before it, the store's digest then, and its orders."""
+    _step(5, "point-in-time restore: undo an accidental delete of every order")
+    rng = random.Random(SEED + 99)
+    for _ in range(size.after_snapshot):
+        uid = rng.randrange(threads * 200)
+        db.put(f"user:{uid:06d}".encode(), new_user(uid, rng))
+    good_lsn = db.last_lsn
+    good = digest(db)
+    orders = sum(1 for _ in db.scan(prefix=b"order:"))
+    bad_lsn = db.delete_range(b"order:", b"order;")
+    db.put(b"deploy:last", b"v2.0.1 (the one with the bug)")
+    _say(f"{size.after_snapshot} more writes up to LSN {good_lsn}; LSN {bad_lsn} deleted all {orders} orders "
+         f"({sum(1 for _ in db.scan(prefix=b'order:'))} left)")
+    return good_lsn, good, orders
+
+
+def _restore(store: str, target: str, info: SnapshotInfo, good_lsn: int, good: tuple[int, str], orders: int,
+             summary: Summary, rep: Reporter) -> None:
+    """Step 5, second half: ``kvstore.restore`` to the LSN before the accident."""
+    import kvstore
+
     with rep.task("restoring", unit="") as progress:
-        _call(restore, store, target, to_lsn=good_lsn, progress=progress)
-    restore_s = time.perf_counter() - t0
+        restored_info = kvstore.restore(store, target, to_lsn=good_lsn, progress=progress)
+    restore_s = restored_info.seconds
     with kvstore.open(target, readonly=True) as rdb:
         restored = digest(rdb)
         r_orders = sum(1 for _ in rdb.scan(prefix=b"order:"))
@@ -304,59 +360,23 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
     summary.add("restore_time_s", round(restore_s, 3), f"{restore_s:.2f} s to LSN {good_lsn} "
                 f"(snapshot + {good_lsn - info.lsn} entries)", "point-in-time restore")
 
-    # 6. Spark export -------------------------------------------------------------------------
-    _step(6, steps, "Spark: export snapshot, changes and state to Parquet (local mode)")
-    if spark_why:
-        _say(f"skipped: {spark_why}")
-        summary.add("rows_exported", None, f"skipped ({spark_why})", "rows exported")
-    else:
-        _spark_step(store, os.path.join(root, "export"), args.master, summary, rep)
 
-    total_s = time.monotonic() - t_demo
-    summary.add("demo_time_s", round(total_s, 1), f"{total_s:.1f} s", "total time")
-    print("\nsummary")
-    width = max(len(k) for k, _ in summary.rows)
-    for k, v in summary.rows:
-        print(f"  {k:<{width}}  {v}")
-    print(f"\nfiles are in {root} (try: walkv stats {store}; walkv verify {store})")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(summary.data, fh, indent=2)
-    return EXIT_OK
-
-
-def _call(fn: Any, *args: Any, progress: Any = None, **kwargs: Any) -> Any:
-    """Call a teammate's API, passing ``progress`` only if it takes one."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "progress" in params:
-        kwargs["progress"] = progress
-    return fn(*args, **kwargs)
-
-
-def _spark_step(store: str, out: str, master: str, summary: Summary, rep: Reporter) -> None:
+def _spark_export(store: str, out: str, master: str, summary: Summary, rep: Reporter) -> None:
+    """Step 6: snapshot, changes and state to Parquet; the state has the store's keys."""
     import kvstore
+    from kvstore.spark.export import export
 
-    try:
-        from kvstore.spark.export import export
-    except ImportError as e:
-        raise DemoFailed(f"step 6 is not available yet: kvstore.spark.export.export is missing ({e})") from None
     spark_env(master)
     t0 = time.perf_counter()
     with rep.task("Spark export", unit="") as progress:
-        result = _call(export, store, out, master=master, table="all", incremental=False, progress=progress)
+        result = export(store, out, master=master, table="all", incremental=False, progress=progress)
     spark_s = time.perf_counter() - t0
     rows = export_rows(result)
     with kvstore.open(store, readonly=True) as db:
         keys = len(db)
     for table, n in rows.items():
         _say(f"{table}: {n} rows")
-    if "state" in rows:
-        _check(rows["state"] == keys, f"the exported state has exactly the store's {keys} keys")
+    _check(rows["state"] == keys, f"the exported state has exactly the store's {keys} keys")
     total = sum(rows.values())
     summary.add("rows_exported", total, f"{total} rows ({', '.join(f'{k} {v}' for k, v in rows.items())}) "
                 f"in {spark_s:.1f} s", "rows exported")

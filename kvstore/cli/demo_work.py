@@ -3,10 +3,10 @@
 * :func:`worker`: one thread's share of a small shop (users, orders, atomic
   batches, deletes, reads of its own writes), each thread on its own users
   so that it can keep an exact model of its keys.
-* :func:`child_main` (``python -m kvstore.cli.demo_work child STORE THREADS
-  SEED [SEGMENT_BYTES]``): a writer process that puts from several threads
-  until it is killed, printing ``ack THREAD SEQ LSN`` after each put returned
-  (so each printed write is acknowledged, hence durable).
+* :func:`child_main`: a writer process (started by :func:`run_and_kill`
+  with ``python -c``) that puts from several threads until it is killed,
+  printing ``ack THREAD SEQ LSN`` after each put returned (so each printed
+  write is acknowledged, hence durable).
 * :func:`run_and_kill`: starts that child, SIGKILLs it mid-stream and returns
   how many writes of each thread were acknowledged.
 """
@@ -22,17 +22,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 from kvstore.cli.common import CliError
 from kvstore.cli.progress import Reporter
 
+if TYPE_CHECKING:
+    from kvstore.store import KVStore
+
 _COUNTERS_LOCK = threading.Lock()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Size:
+    """How much the demo does (:data:`FULL`, or :data:`SMALL` for CI)."""
+
     threads: int
     ops_per_thread: int
     crash_threads: int
@@ -48,7 +55,7 @@ SMALL = Size(threads=4, ops_per_thread=300, crash_threads=4, crash_acks=400, aft
 
 
 class DemoFailed(CliError):
-    pass
+    """A demo check failed (exit 1)."""
 
 
 # -- the workload ----------------------------------------------------------------------
@@ -66,8 +73,8 @@ def _order(uid: int, n: int, rng: random.Random) -> bytes:
                        "status": "placed"}, separators=(",", ":")).encode()
 
 
-def worker(db: Any, t: int, threads: int, ops: int, seed: int, model: dict[bytes, bytes],
-            counters: dict[str, int], errors: list[BaseException], tick: Any) -> None:
+def worker(db: KVStore, t: int, threads: int, ops: int, seed: int, model: dict[bytes, bytes],
+           counters: dict[str, int], errors: list[BaseException], tick: Callable[[int], None]) -> None:
     """One thread's share of the shop: users ``uid % threads == t`` only, so the
     thread's model of its keys is exact."""
     rng = random.Random(seed * 1000 + t)
@@ -127,7 +134,7 @@ def worker(db: Any, t: int, threads: int, ops: int, seed: int, model: dict[bytes
         counters["reads"] += reads
 
 
-def digest(db: Any) -> tuple[int, str]:
+def digest(db: KVStore) -> tuple[int, str]:
     """(pairs, sha256) of a store's whole contents, in key order."""
     h = hashlib.sha256()
     n = 0
@@ -137,27 +144,20 @@ def digest(db: Any) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
-def dir_bytes(path: str) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
 # -- the crash child ---------------------------------------------------------------------
 
 
-def child_main(argv: list[str]) -> int:
-    """``python -m kvstore.cli.demo_work child STORE THREADS SEED``: write until
-    killed, printing ``ack THREAD SEQ LSN`` after each put returned."""
+# The child's command line: ``python -c _CHILD STORE THREADS SEED SEGMENT_BYTES``.
+_CHILD = "import sys; from kvstore.cli.demo_work import child_main; child_main(sys.argv[1:])"
+
+
+def child_main(argv: list[str]) -> NoReturn:
+    """``STORE THREADS SEED SEGMENT_BYTES``: write until killed, printing
+    ``ack THREAD SEQ LSN`` after each put returned."""
     import kvstore
 
     store, threads, seed = argv[0], int(argv[1]), int(argv[2])
-    db = kvstore.open(store, sync="always", segment_bytes=int(argv[3]) if len(argv) > 3 else 64 << 20)
+    db = kvstore.open(store, sync="always", segment_bytes=int(argv[3]))
     out = sys.stdout
     lock = threading.Lock()
     print("ready", flush=True)
@@ -181,10 +181,12 @@ def child_main(argv: list[str]) -> int:
 
 
 def crash_value(t: int, i: int, rng: random.Random) -> bytes:
+    """Thread ``t``'s ``i``-th value (``rng`` seeded per thread, drawn in order)."""
     return f"thread {t} write {i} ".encode() + rng.randbytes(rng.randint(20, 300))
 
 
 def crash_values(threads: int, seed: int, upto: dict[int, int]) -> dict[bytes, bytes]:
+    """The first ``upto[t]`` writes of each crash thread ``t``, as the child made them."""
     out = {}
     for t in range(threads):
         rng = random.Random(seed + t)
@@ -197,11 +199,10 @@ def run_and_kill(store: str, size: Size, seed: int, rep: Reporter) -> dict[int, 
     """Start the writer child, SIGKILL it after ``size.crash_acks`` acks; return
     per thread the number of acknowledged writes (a prefix: 0..n-1)."""
     env = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg_parent = str(Path(__file__).resolve().parents[2])  # the directory holding kvstore/
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore.cli.demo_work", "child", store, str(size.crash_threads), str(seed),
-         str(size.segment_bytes)],
+        [sys.executable, "-c", _CHILD, store, str(size.crash_threads), str(seed), str(size.segment_bytes)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, bufsize=1)
     acked: dict[int, int] = {}
     n = 0
@@ -241,8 +242,3 @@ def run_and_kill(store: str, size: Size, seed: int, rep: Reporter) -> dict[int, 
         raise DemoFailed(f"the writer process exited with {proc.returncode} before it was killed")
     return acked
 
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "child":
-        sys.exit(child_main(sys.argv[2:]))
-    sys.exit("usage: python -m kvstore.cli.demo_work child STORE THREADS SEED [SEGMENT_BYTES]")

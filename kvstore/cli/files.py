@@ -22,24 +22,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, TypedDict
 
 from kvstore.cli.common import (
     EXIT_CORRUPT,
     EXIT_OK,
     EXIT_PROBLEM,
+    AddCommand,
     CliError,
     human_bytes,
     require_store,
-    store_dirs,
 )
 from kvstore.cli.progress import Reporter
+from kvstore.layout import StoreLayout
+from wal import SegmentFile
+from wal.errors import CorruptionError, WalkvError
 from wal.lock import DirectoryLock
 
-def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+
+def add_commands(add: AddCommand) -> None:
     p = add("verify", "check every CRC, LSN, header, index and snapshot of a store", cmd_verify,
             description="Read every file of a store and check it: log records (CRC), segment headers, "
                         "the LSN sequence across segments, sparse indexes, the batch encoding of "
@@ -63,8 +66,15 @@ def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
 # -- verify ----------------------------------------------------------------------------
 
 
-class Problem(dict):
-    """One finding: ``{"severity": "corrupt"|"problem", "file", "offset", "lsn", "message"}``."""
+class Problem(TypedDict):
+    """One finding. ``severity`` is "corrupt" (exit 4) or "problem" (exit 1:
+    a damaged index, which the next open rebuilds)."""
+
+    severity: str
+    file: str | None
+    offset: int | None
+    lsn: int | None
+    message: str
 
 
 def _problem(message: str, *, severity: str = "corrupt", file: str | None = None,
@@ -72,53 +82,80 @@ def _problem(message: str, *, severity: str = "corrupt", file: str | None = None
     return Problem(severity=severity, file=file, offset=offset, lsn=lsn, message=message)
 
 
-def _from_error(e: Exception, severity: str = "corrupt") -> Problem:
-    return _problem(getattr(e, "reason", None) or str(e), severity=severity, file=getattr(e, "path", None),
-                    offset=getattr(e, "offset", None), lsn=getattr(e, "lsn", None))
-
-
 def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
-    """Check everything; return ``{"problems": [...], "checked": {...}}``."""
-    import snapshot
+    """Check everything; return ``{"store", "problems": [...], "checked": {...}}``."""
+    import wal
+
+    layout = require_store(path)
+    segs = wal.list_segments(layout.wal_dir)
+    checked: dict[str, Any] = {"segments": 0, "entries": 0, "log_bytes": sum(s.size for s in segs),
+                               "snapshots": 0, "snapshot_pairs": 0, "indexes": 0}
+    problems = _verify_framing(layout.wal_dir, segs, rep)
+    bad_file = next((p["file"] for p in problems if p["severity"] == "corrupt"), None)
+    problems += _verify_entries(segs, bad_file, checked, rep)
+    durable = wal.read_durable_lsn(layout.wal_dir)
+    checked["first_lsn"] = segs[0].first_lsn if segs else None
+    checked["durable_lsn"] = durable
+    snap_problems, snap_lsns = _verify_snapshots(layout, checked, rep)
+    problems += snap_problems
+    checked["snapshot_lsns"] = snap_lsns
+
+    # The log covers everything after the newest valid snapshot.
+    if segs:
+        first = segs[0].first_lsn
+        newest = max(snap_lsns, default=0)
+        if first > newest + 1:
+            problems.append(_problem(
+                f"the log starts at LSN {first} but the newest valid snapshot is at LSN {newest}: "
+                f"LSNs {newest + 1}..{first - 1} are gone", file=layout.wal_dir, lsn=newest + 1))
+        if durable is not None and snap_lsns and max(snap_lsns) > durable:
+            problems.append(_problem(
+                f"the newest snapshot is at LSN {max(snap_lsns)}, past the log's durable LSN {durable}",
+                severity="problem", file=layout.snapshots_dir))
+    return {"store": layout.root, "problems": problems, "checked": checked}
+
+
+def _verify_framing(wal_dir: str, segs: list[SegmentFile], rep: Reporter) -> list[Problem]:
+    """Framing, headers and the LSN sequence, by the rules open and repair
+    use (``wal.repair``'s look, which changes nothing); and damaged sparse
+    indexes, which the next open rebuilds."""
+    import wal
+    from wal.segment import index_path
+
+    problems: list[Problem] = []
+    if not segs:
+        problems.append(_problem("the log has no segment files", file=wal_dir))
+    with rep.task("verifying log records", unit="segments"):
+        found = wal.repair(wal_dir, dry_run=True, lock=False)
+    if found.cut:
+        problems.append(_problem(f"{found.reason} (last good LSN {found.last_good_lsn})", file=found.path,
+                                 offset=found.offset))
+    for seg in segs:
+        idx = index_path(seg.path)
+        if os.path.exists(idx) and wal.read_index(seg.path) is None:
+            problems.append(_problem("damaged sparse index (rebuilt at next open)", severity="problem", file=idx))
+    return problems
+
+
+def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict[str, Any],
+                    rep: Reporter) -> list[Problem]:
+    """Every entry's payload is a walkv batch, and each sparse index agrees
+    with its segment; up to the segment with the first bad record (past it
+    nothing is trusted, and it was reported already)."""
     import wal
     from kvstore.batch import decode
-    from snapshot.layout import parse_snapshot_dir_name
-    from wal.errors import CorruptionError, WalkvError
     from wal.record import RecordReader
-    from wal.segment import decode_entry, list_segments, read_index
+    from wal.segment import decode_entry, index_path
 
-    d = require_store(path)
     problems: list[Problem] = []
-    checked: dict[str, Any] = {"segments": 0, "entries": 0, "log_bytes": 0, "snapshots": 0,
-                               "snapshot_pairs": 0, "indexes": 0}
-    segs = list_segments(d["wal"])
-    total = sum(os.path.getsize(s.path) for s in segs)
-    checked["log_bytes"] = total
-    if not segs:
-        problems.append(_problem("the log has no segment files", file=d["wal"]))
-
-    # 1. Framing, headers, LSN sequence (wal.verify: the same rules as open and repair).
-    with rep.task("verifying log records", len(segs), "segments") as progress:
-        for text in wal.verify(d["wal"], progress=progress):
-            # "<segment>: offset N: reason (last good LSN M)" or "<index>: damaged sparse index ..."
-            m = re.match(r"^(.*?): offset (\d+): (.*)$", text, re.S)
-            if m:
-                problems.append(_problem(m.group(3), file=m.group(1), offset=int(m.group(2))))
-            else:
-                file, _, rest = text.partition(": ")
-                sev = "problem" if file.endswith(".idx") else "corrupt"
-                problems.append(_problem(rest or text, severity=sev, file=file if rest else None))
-    log_bad_file = next((p["file"] for p in problems if p["severity"] == "corrupt"), None)
-
-    # 2. Every entry's payload is a walkv batch; sparse indexes agree with their segments.
-    durable = wal.read_durable_lsn(d["wal"])
+    total = checked["log_bytes"]
     done = 0
     with rep.task("verifying entries and indexes", total, "bytes") as progress:
         for i, seg in enumerate(segs):
-            if log_bad_file == seg.path:
-                break  # past the first bad record nothing is trusted; reported above
+            if bad_file == seg.path:
+                break
             checked["segments"] += 1
-            index = read_index(seg.path)
+            index = wal.read_index(seg.path)
             points = dict(index.points) if index is not None else {}
             last = None
             with open(seg.path, "rb") as fh:
@@ -126,14 +163,14 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
                 try:
                     for offset, payload in reader.records():
                         if offset == 0:
-                            continue
+                            continue  # the segment header
                         entry = decode_entry(payload, seg.path, offset)
                         last = entry.lsn
                         checked["entries"] += 1
                         if points.get(entry.lsn, offset) != offset:
                             problems.append(_problem(
                                 f"sparse index says LSN {entry.lsn} is at offset {points[entry.lsn]}",
-                                severity="problem", file=seg.path[:-4] + ".idx", offset=offset, lsn=entry.lsn))
+                                severity="problem", file=index_path(seg.path), offset=offset, lsn=entry.lsn))
                             points = {}
                         try:
                             decode(entry.payload, entry.lsn)
@@ -141,7 +178,7 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
                             problems.append(_problem(f"entry is not a walkv batch: {e.reason}", file=seg.path,
                                                      offset=offset, lsn=entry.lsn))
                 except CorruptionError:
-                    pass  # framing problems were reported by wal.verify
+                    pass  # framing problems: _verify_framing reported them
             if index is not None:
                 checked["indexes"] += 1
                 is_last = i == len(segs) - 1
@@ -150,49 +187,42 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
                         or (last is not None and not is_last and index.last_lsn != last):
                     problems.append(_problem(
                         f"sparse index covers LSNs {index.first_lsn}..{index.last_lsn}, the segment holds "
-                        f"{seg.first_lsn}..{last}", severity="problem", file=seg.path[:-4] + ".idx"))
-                elif index.data_end > os.path.getsize(seg.path):
+                        f"{seg.first_lsn}..{last}", severity="problem", file=index_path(seg.path)))
+                elif index.data_end > seg.size:
                     problems.append(_problem("sparse index ends past the segment's end", severity="problem",
-                                             file=seg.path[:-4] + ".idx"))
-            done += os.path.getsize(seg.path)
+                                             file=index_path(seg.path)))
+            done += seg.size
             progress(done, total)
-    checked["first_lsn"] = segs[0].first_lsn if segs else None
-    checked["durable_lsn"] = durable
+    return problems
 
-    # 3. Snapshots: every committed directory, valid or not.
+
+def _verify_snapshots(layout: StoreLayout, checked: dict[str, Any], rep: Reporter) -> tuple[list[Problem], list[int]]:
+    """Every committed snapshot directory, valid or not; returns the problems
+    and the LSNs of the valid ones."""
+    import snapshot
+
+    problems: list[Problem] = []
     snap_lsns = []
-    names = sorted(os.listdir(d["snapshots"])) if os.path.isdir(d["snapshots"]) else []
+    names = sorted(os.listdir(layout.snapshots_dir)) if os.path.isdir(layout.snapshots_dir) else []
     for name in names:
-        lsn = parse_snapshot_dir_name(name)
+        lsn = snapshot.parse_snapshot_dir_name(name)
         if lsn is None:
             continue
-        sp = os.path.join(d["snapshots"], name)
+        sp = os.path.join(layout.snapshots_dir, name)
         try:
             snap = snapshot.open(sp)
             with rep.task(f"verifying snapshot {lsn}", snap.info.bytes, "bytes") as progress:
                 snap.verify(progress)
-        except (CorruptionError, WalkvError) as e:
-            problems.append(_from_error(e) if isinstance(e, CorruptionError) else
-                            _problem(str(e), file=sp))
+        except CorruptionError as e:
+            problems.append(_problem(e.reason, file=e.path, offset=e.offset, lsn=e.lsn))
+            continue
+        except WalkvError as e:
+            problems.append(_problem(str(e), file=sp))
             continue
         checked["snapshots"] += 1
         checked["snapshot_pairs"] += snap.info.count
         snap_lsns.append(lsn)
-
-    # 4. The log covers everything after the newest valid snapshot.
-    if segs:
-        first = segs[0].first_lsn
-        newest = max(snap_lsns, default=0)
-        if first > newest + 1:
-            problems.append(_problem(
-                f"the log starts at LSN {first} but the newest valid snapshot is at LSN {newest}: "
-                f"LSNs {newest + 1}..{first - 1} are gone", file=d["wal"], lsn=newest + 1))
-        if durable is not None and snap_lsns and max(snap_lsns) > durable:
-            problems.append(_problem(
-                f"the newest snapshot is at LSN {max(snap_lsns)}, past the log's durable LSN {durable}",
-                severity="problem", file=d["snapshots"]))
-    checked["snapshot_lsns"] = snap_lsns
-    return {"store": d["root"], "problems": problems, "checked": checked}
+    return problems, snap_lsns
 
 
 def cmd_verify(args: argparse.Namespace, rep: Reporter) -> int:
@@ -228,15 +258,15 @@ def cmd_verify(args: argparse.Namespace, rep: Reporter) -> int:
 # -- repair -------------------------------------------------------------------------------
 
 
-def _log_dir(path: str) -> tuple[str, str | None]:
-    """(log directory, store root or None for a bare log directory)."""
-    from wal.segment import list_segments
+def _log_dir(path: str) -> tuple[str, StoreLayout | None]:
+    """(log directory, the store's layout or None for a bare log directory)."""
+    import wal
 
-    d = store_dirs(path)
-    if os.path.isdir(d["wal"]):
-        return d["wal"], d["root"]
-    if os.path.isdir(d["root"]) and list_segments(d["root"]):
-        return d["root"], None
+    layout = StoreLayout.of(path)
+    if os.path.isdir(layout.wal_dir):
+        return layout.wal_dir, layout
+    if os.path.isdir(layout.root) and wal.list_segments(layout.root):
+        return layout.root, None
     require_store(path)  # raises with the reason
     raise CliError(f"{path} is not a walkv store")  # pragma: no cover
 
@@ -245,17 +275,17 @@ def cmd_repair(args: argparse.Namespace, rep: Reporter) -> int:
     import snapshot
     import wal
 
-    log_dir, root = _log_dir(args.store)
+    log_dir, layout = _log_dir(args.store)
     locks = []
     try:
-        if root is not None:
-            locks.append(DirectoryLock(root, f"the store {root}"))
+        if layout is not None:
+            locks.append(DirectoryLock(layout.root, f"the store {layout.root}"))
         locks.append(DirectoryLock(log_dir, f"the log {log_dir}"))
         report = wal.repair(log_dir, dry_run=True, lock=False)
         if not report.cut:
             print(f"{log_dir}: the log is whole; nothing to cut")
             return EXIT_OK
-        later = [s.path for s in wal.segment.list_segments(log_dir) if s.path > (report.path or "")]
+        later = [s.path for s in wal.list_segments(log_dir) if s.path > (report.path or "")]
         print("first bad record:")
         print(f"  file        {report.path}")
         print(f"  offset      {report.offset}")
@@ -265,8 +295,8 @@ def cmd_repair(args: argparse.Namespace, rep: Reporter) -> int:
               f"{report.path} from offset {report.offset}"
               + (f", and {len(later)} later segment(s)" if later else ""))
         print("              (the cut bytes are kept in .broken files next to the segments)")
-        if root is not None:
-            newer = [s.lsn for s in snapshot.list_snapshots(os.path.join(root, "snapshots"))
+        if layout is not None:
+            newer = [s.lsn for s in snapshot.list_snapshots(layout.snapshots_dir)
                      if s.lsn > (report.last_good_lsn or 0)]
             if newer:
                 print(f"warning:      snapshot(s) at LSN {', '.join(map(str, newer))} hold writes past the cut; "

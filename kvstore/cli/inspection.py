@@ -16,15 +16,25 @@ import os
 import struct
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from kvstore.cli.common import EXIT_CORRUPT, EXIT_OK, EXIT_USAGE, CliError, escape_field, human_bytes
+from kvstore.cli.common import (
+    EXIT_CORRUPT,
+    EXIT_OK,
+    EXIT_USAGE,
+    AddCommand,
+    CliError,
+    escape_field,
+    human_bytes,
+)
 from kvstore.cli.progress import Reporter
+from kvstore.layout import WAL_DIR
 
 _FRAGMENT_NAMES = {1: "FULL", 2: "FIRST", 3: "MIDDLE", 4: "LAST"}
 
 
-def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+def add_commands(add: AddCommand) -> None:
     p = add("inspect", "list the records of a log segment (or snapshot chunk) file", cmd_inspect,
             description="List each record of a log segment with its offset, fragment types, LSN, "
                         "commit time, size and a summary of its operations. Also reads .broken "
@@ -83,7 +93,8 @@ def _short(data: bytes, n: int = 40) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _op_summary(ops: list, full: bool) -> tuple[str, list[str]]:
+def _op_summary(ops: list[list[Any]]) -> tuple[str, list[str]]:
+    """A one-line summary of a batch's operations, and one line per operation."""
     from kvstore.batch import OP_DELETE, OP_DELETE_RANGE, OP_PUT
 
     counts = {OP_PUT: 0, OP_DELETE: 0, OP_DELETE_RANGE: 0}
@@ -111,7 +122,7 @@ def _op_summary(ops: list, full: bool) -> tuple[str, list[str]]:
 
 def _kind(path: str) -> str:
     base = os.path.basename(path)
-    if base.endswith(".wkc") or base.endswith(".wkc.broken"):
+    if base.endswith((".wkc", ".wkc.broken")):
         return "chunk"
     if base.endswith(".idx"):
         return "index"
@@ -123,8 +134,8 @@ def cmd_inspect(args: argparse.Namespace, rep: Reporter) -> int:
     if not os.path.exists(path):
         raise CliError(f"no such file: {path}")
     if os.path.isdir(path):
-        raise CliError(f"{path} is a directory; give one segment file (e.g. {os.path.join(path, 'wal', '<first LSN>.wal')})",
-                       EXIT_USAGE)
+        example = os.path.join(path, WAL_DIR, "<first LSN>.wal")
+        raise CliError(f"{path} is a directory; give one segment file (e.g. {example})", EXIT_USAGE)
     if args.raw:
         return _inspect_raw(path, args)
     kind = _kind(path)
@@ -168,7 +179,7 @@ def cmd_inspect(args: argparse.Namespace, rep: Reporter) -> int:
         names = frags_until(end)
         frag_text = names[0] if len(names) == 1 else f"{names[0]}+{len(names) - 2}M+{names[-1]}" \
             if len(names) > 2 else "+".join(names)
-        row = _describe(kind, offset, item, args.ops)
+        row = _describe(kind, path, offset, item, args.ops)
         if row.get("lsn") is not None:
             if args.from_lsn is not None and row["lsn"] < args.from_lsn:
                 continue
@@ -194,7 +205,8 @@ def cmd_inspect(args: argparse.Namespace, rep: Reporter) -> int:
     return EXIT_CORRUPT if bad else EXIT_OK
 
 
-def _describe(kind: str, offset: int, payload: bytes, full_ops: bool) -> dict[str, Any]:
+def _describe(kind: str, path: str, offset: int, payload: bytes, full_ops: bool) -> dict[str, Any]:
+    """One record of a segment (or chunk) file, as a row of ``inspect``'s listing."""
     from wal.errors import CorruptionError
 
     if kind == "chunk":
@@ -205,7 +217,7 @@ def _describe(kind: str, offset: int, payload: bytes, full_ops: bool) -> dict[st
         from wal.segment import decode_header
 
         try:
-            h = decode_header(payload, None)  # type: ignore[arg-type]
+            h = decode_header(payload, path)
         except CorruptionError as e:
             return {"summary": "header?", "problem": e.reason}
         return {"summary": f"segment header: version {h.version}, store {h.store_id}, first LSN {h.first_lsn}, "
@@ -216,7 +228,7 @@ def _describe(kind: str, offset: int, payload: bytes, full_ops: bool) -> dict[st
     from wal.segment import decode_entry
 
     try:
-        entry = decode_entry(payload, None, offset)
+        entry = decode_entry(payload, path, offset)
     except CorruptionError as e:
         return {"summary": "?", "problem": e.reason}
     row: dict[str, Any] = {"lsn": entry.lsn, "timestamp_us": entry.timestamp_us}
@@ -226,7 +238,7 @@ def _describe(kind: str, offset: int, payload: bytes, full_ops: bool) -> dict[st
         row["summary"] = f"not a walkv batch ({len(entry.payload)} bytes)"
         row["problem"] = e.reason
         return row
-    summary, lines = _op_summary(ops, full_ops)
+    summary, lines = _op_summary(ops)
     row["summary"] = summary
     if full_ops and len(lines) > 1:
         row["ops"] = lines
@@ -243,9 +255,10 @@ def _describe_chunk(offset: int, payload: bytes) -> dict[str, Any]:
         except struct.error:
             return {"summary": "chunk header?", "problem": "unexpected header size"}
     try:
-        keys, values = msgpack.unpackb(payload, use_list=True)
+        keys, _values = msgpack.unpackb(payload, use_list=True)
         return {"summary": f"{len(keys)} pairs, keys {_short(keys[0], 24)} .. {_short(keys[-1], 24)}"}
-    except Exception as e:  # noqa: BLE001
+    except (msgpack.UnpackException, ValueError, TypeError, IndexError, AttributeError) as e:
+        # not msgpack, not a (keys, values) pair, no keys, or keys that are not bytes
         return {"summary": "?", "problem": f"not a chunk data record ({e})"}
 
 

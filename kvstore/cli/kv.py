@@ -21,11 +21,13 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Generator, Iterator
+from typing import BinaryIO
 
 from kvstore.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
+    AddCommand,
     CliError,
     escape_field,
     from_bytes,
@@ -37,7 +39,7 @@ from kvstore.cli.common import (
 from kvstore.cli.progress import Reporter
 
 
-def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+def add_commands(add: AddCommand) -> None:
     p = add("put", "set a key to a value", cmd_put)
     p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
     p.add_argument("key", metavar="KEY")
@@ -117,6 +119,7 @@ def cmd_get(args: argparse.Namespace, rep: Reporter) -> int:
 
 def cmd_delete(args: argparse.Namespace, rep: Reporter) -> int:
     keys = [to_bytes(k, args.hex, "key") for k in args.keys]
+    lsn: int | None
     with open_store(args.store, reporter=rep, sync=args.sync) as db:
         if args.range:
             if len(keys) != 2:
@@ -161,9 +164,10 @@ def cmd_scan(args: argparse.Namespace, rep: Reporter) -> int:
                     out.write("\n")
                 n += 1
         finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+            # Release the scan's LMDB snapshot now (an empty range is a plain
+            # iterator, with nothing to close).
+            if isinstance(it, Generator):
+                it.close()
     out.flush()
     if args.count:
         print(f"{n} keys", file=sys.stderr)
@@ -190,7 +194,7 @@ def _detect_format(path: str, fmt: str | None, first: bytes) -> str:
     return "jsonl" if first.lstrip().startswith(b"{") else "csv"
 
 
-def _jsonl_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
+def _jsonl_rows(stream: io.BufferedReader, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
     """(line number, key, value, bytes read so far) for each JSON line."""
     done = 0
     for lineno, raw in enumerate(stream, 1):
@@ -199,8 +203,10 @@ def _jsonl_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int
             continue
         try:
             obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadLine(lineno, f"not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        except json.JSONDecodeError as e:
+            raise BadLine(lineno, f"not valid JSON ({e.msg})") from None
+        except UnicodeDecodeError as e:
+            raise BadLine(lineno, f"not valid JSON ({e})") from None
         if not isinstance(obj, dict) or "key" not in obj or "value" not in obj:
             raise BadLine(lineno, 'expected an object {"key": ..., "value": ...}')
         k, v = obj["key"], obj["value"]
@@ -209,7 +215,7 @@ def _jsonl_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int
         yield lineno, _field(k, hex_mode, lineno, "key"), _field(v, hex_mode, lineno, "value"), done
 
 
-def _csv_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
+def _csv_rows(stream: io.BufferedReader, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
     text = io.TextIOWrapper(stream, encoding="utf-8", newline="", errors="strict")
     reader = csv.reader(text)
     try:
@@ -231,7 +237,7 @@ def _csv_rows(stream: io.BufferedIOBase, hex_mode: bool) -> Iterator[tuple[int, 
         text.detach()
 
 
-def _tell(stream: Any) -> int:
+def _tell(stream: io.BufferedReader) -> int:
     try:
         return stream.tell()
     except (OSError, ValueError):
@@ -252,17 +258,19 @@ def cmd_load(args: argparse.Namespace, rep: Reporter) -> int:
 
     if args.batch_size < 1:
         raise CliError("--batch-size must be at least 1", EXIT_USAGE)
+    raw: BinaryIO
     if args.file == "-":
-        stream: Any = sys.stdin.buffer
+        raw = sys.stdin.buffer
         total = None
     else:
         try:
-            stream = open(args.file, "rb")  # noqa: SIM115
+            raw = open(args.file, "rb")  # noqa: SIM115 - closed in the finally below
         except OSError as e:
             raise CliError(f"cannot read {args.file}: {e.strerror}") from None
-        total = os.fstat(stream.fileno()).st_size
-    if not isinstance(stream, io.BufferedReader):
-        stream = io.BufferedReader(stream)  # type: ignore[arg-type]
+        total = os.fstat(raw.fileno()).st_size
+    # peek() needs a BufferedReader; a replaced sys.stdin may not give one.
+    stream: io.BufferedReader = (raw if isinstance(raw, io.BufferedReader)
+                                 else io.BufferedReader(raw))  # type: ignore[arg-type]  # BinaryIO omits readinto; files have it
     fmt = _detect_format(args.file, args.format, stream.peek(64)[:64])
     rows = _jsonl_rows(stream, args.hex) if fmt == "jsonl" else _csv_rows(stream, args.hex)
     loaded = batches = 0

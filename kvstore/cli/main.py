@@ -1,16 +1,18 @@
 """The ``walkv`` command line.
 
 ``walkv --help`` lists the commands; ``walkv COMMAND --help`` explains one.
-This module parses arguments and maps errors to exit codes; the commands live in :mod:`kvstore.cli.kv` (put,
-get, delete, scan, load), :mod:`kvstore.cli.admin` (stats, snapshot, restore,
-export, bench), :mod:`kvstore.cli.inspection` (inspect), :mod:`kvstore.cli.files`
-(verify, repair) and :mod:`kvstore.cli.demo` (the main job).
+This module parses arguments and maps errors to exit codes; the commands live
+in :mod:`kvstore.cli.kv` (put, get, delete, scan, load),
+:mod:`kvstore.cli.stats` (stats), :mod:`kvstore.cli.inspection` (inspect),
+:mod:`kvstore.cli.files` (verify, repair), :mod:`kvstore.cli.admin`
+(snapshot, restore, export, bench) and :mod:`kvstore.cli.demo` (the main job).
 
 Exit codes, for scripts::
 
     0  ok
     1  a problem was found or the operation failed (a missing key, a bad
-       input line, a store that does not exist)
+       input line, a store that does not exist, LSNs asked for that the
+       log no longer holds, a write to a store opened read-only)
     2  usage error (bad arguments)
     3  the store is locked by another process
     4  corruption (a bad CRC, a broken LSN sequence, a damaged snapshot)
@@ -30,14 +32,30 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable
+import traceback
+from importlib.metadata import PackageNotFoundError, version
 
-from kvstore.cli.common import EXIT_CORRUPT, EXIT_LOCKED, EXIT_PROBLEM, EXIT_USAGE, CliError
+from kvstore.cli import admin, demo, files, inspection, kv, stats
+from kvstore.cli.common import (
+    EXIT_CORRUPT,
+    EXIT_LOCKED,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    CliError,
+    Command,
+)
 from kvstore.cli.progress import Reporter, setup_logging
+from wal.errors import (
+    CorruptionError,
+    LockedError,
+    LogGapError,
+    ReadOnlyError,
+    WalkvError,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvstore.cli import admin as cli_admin, demo as cli_demo, files as cli_files, inspection as cli_inspect, kv as cli_kv
+    """The ``walkv`` parser: every command, in the order ``--help`` lists them."""
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
@@ -57,42 +75,41 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    def add(name: str, help: str, fn: Callable[..., int], description: str | None = None) -> argparse.ArgumentParser:
+    def add(name: str, help: str, fn: Command,
+            description: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=description or help, parents=[common])
         p.set_defaults(func=fn)
         return p
 
     p = add("demo", "run the main job: workload, crash and recovery, snapshot, restore, Spark export",
-            cli_demo.cmd_demo, description=cli_demo.DESCRIPTION)
-    cli_demo.add_arguments(p)
-
-    cli_kv.add_commands(add)
-    cli_admin.add_commands(add, "stats")
-    cli_inspect.add_commands(add)
-    cli_files.add_commands(add)
-    cli_admin.add_commands(add, "jobs")
+            demo.cmd_demo, description=demo.DESCRIPTION)
+    demo.add_arguments(p)
+    kv.add_commands(add)
+    stats.add_commands(add)
+    inspection.add_commands(add)
+    files.add_commands(add)
+    admin.add_commands(add)
 
     return parser
 
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("walkv")
-    except Exception:  # noqa: BLE001
+    except PackageNotFoundError:  # run from a checkout that was never installed
         return "unknown"
 
 
 def error_code(exc: BaseException) -> int:
-    from wal.errors import CorruptionError, LockedError, WalkvError
-
+    """The exit code for an error, by its type (never by its message)."""
     if isinstance(exc, CliError):
         return exc.code
     if isinstance(exc, LockedError):
         return EXIT_LOCKED
     if isinstance(exc, CorruptionError):
         return EXIT_CORRUPT
+    if isinstance(exc, (LogGapError, ReadOnlyError)):
+        return EXIT_PROBLEM  # the log no longer holds those LSNs; a write on a read-only store
     if isinstance(exc, WalkvError):
         return EXIT_PROBLEM
     if isinstance(exc, (ValueError, TypeError)):
@@ -101,6 +118,7 @@ def error_code(exc: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``walkv`` with ``argv`` (default: the process's arguments); returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.verbose = getattr(args, "verbose", 0) or 0
@@ -119,11 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_PROBLEM
     except Exception as exc:  # noqa: BLE001 - the one place errors become exit codes
-        from wal.errors import WalkvError
-
         if args.verbose:
-            import traceback
-
             traceback.print_exc()
         known = isinstance(exc, (CliError, WalkvError, ValueError, TypeError, OSError))
         text = str(exc) if known else f"{type(exc).__name__}: {exc}"

@@ -21,12 +21,13 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, Self, TextIO
 
 ProgressFn = Callable[[int, "int | None"], None]
 
 
-def interactive(stream=None) -> bool:
+def interactive(stream: TextIO | None = None) -> bool:
     """True when ``stream`` (default stderr) is a terminal and not disabled by
     ``WALKV_NO_PROGRESS`` or ``TERM=dumb``."""
     stream = stream if stream is not None else sys.stderr
@@ -48,7 +49,7 @@ class Reporter:
 
     def __init__(self, enabled: bool | None = None) -> None:
         self.enabled = interactive() if enabled is None else enabled
-        self._progress = None
+        self._progress: Any = None  # a rich Progress (rich is optional, so not named here)
         self._lock = threading.Lock()
         if self.enabled:
             try:
@@ -83,7 +84,7 @@ class Reporter:
         self._active = 0
         self._entered = False
 
-    def __enter__(self) -> "Reporter":
+    def __enter__(self) -> Self:
         self._entered = True
         return self
 
@@ -154,16 +155,16 @@ class _Formatter(logging.Formatter):
         return f"walkv: {text}"
 
 
-class _StderrHandler(logging.StreamHandler):
+class _StderrHandler(logging.StreamHandler[TextIO]):
     """Writes to whatever ``sys.stderr`` is at the time, so that lines logged
     while a rich bar is showing go above it (rich redirects sys.stderr)."""
 
-    @property  # type: ignore[override]
-    def stream(self):
+    @property
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:
+    def stream(self, value: TextIO) -> None:
         pass
 
 
@@ -172,10 +173,9 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     ``-v``, debug with ``-vv``, errors only with ``--quiet``."""
     root = logging.getLogger("walkv")
     for h in list(root.handlers):
-        if getattr(h, "_walkv_cli", False):
+        if isinstance(h, _StderrHandler):  # set up before (main() run twice in one process)
             root.removeHandler(h)
     handler = _StderrHandler()
-    handler._walkv_cli = True  # type: ignore[attr-defined]
     handler.setFormatter(_Formatter())
     root.addHandler(handler)
     root.propagate = False
