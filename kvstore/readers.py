@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from itertools import islice
 from typing import Any, Protocol
 
@@ -130,7 +130,7 @@ class Reader:
 
 
 def scan(state: ReadSource, lo: bytes, hi: bytes | None, reverse: bool = False
-         ) -> Iterator[tuple[bytes, bytes]]:
+         ) -> Generator[tuple[bytes, bytes], None, None]:
     """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
     bounds of any length), ascending or descending.
 

@@ -51,7 +51,7 @@ import threading
 import time
 import weakref
 from itertools import islice
-from typing import Iterator
+from typing import Generator, Iterator
 
 import lmdb
 import msgpack
@@ -606,7 +606,7 @@ class State:
         }
 
     def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
-             ) -> Iterator[tuple[bytes, bytes]]:
+             ) -> Generator[tuple[bytes, bytes], None, None]:
         """See :func:`kvstore.readers.scan`."""
         return _scan(self, lo, hi, reverse)
 

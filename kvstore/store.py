@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import snapshot
 import wal
@@ -372,7 +372,7 @@ class KVStore:
 
     def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
              prefix: bytes | None = None, reverse: bool = False
-             ) -> Iterator[tuple[bytes, bytes]]:
+             ) -> Generator[tuple[bytes, bytes], None, None]:
         """Yield ``(key, value)`` pairs in key order (descending when
         ``reverse``), with range() semantics: ``start <= key < stop``, and
         ``key.startswith(prefix)`` when a prefix is given (all three combine).
@@ -394,8 +394,6 @@ class KVStore:
                 hi = pend
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
-        if hi is not None and lo >= hi:
-            return iter(())
         return self._state.scan(lo, hi, reverse)
 
     # -- LSNs, sync, stats, close ---------------------------------------------

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from kvstore.cli.common import (
@@ -164,10 +164,7 @@ def cmd_scan(args: argparse.Namespace, rep: Reporter) -> int:
                     out.write("\n")
                 n += 1
         finally:
-            # Release the scan's LMDB snapshot now (an empty range is a plain
-            # iterator, with nothing to close).
-            if isinstance(it, Generator):
-                it.close()
+            it.close()  # release the scan's LMDB snapshot now
     out.flush()
     if args.count:
         print(f"{n} keys", file=sys.stderr)
