@@ -48,11 +48,6 @@ CHUNK_SUFFIX = ".wkc"
 LSN_DIGITS = 20
 MAX_LSN = (1 << 64) - 1
 
-CORRUPTION_HINT = (
-    "the snapshot is damaged: delete its directory and take a new snapshot "
-    "(older snapshots and the log are not affected)"
-)
-
 _SNAP_RE = re.compile(r"snap-(\d{20})")
 _TMP_RE = re.compile(r"snap-(\d{20})\.tmp-[0-9a-f]{1,64}")
 _DEL_RE = re.compile(r"snap-(\d{20})\.del-[0-9a-f]{1,64}")
