@@ -8,9 +8,9 @@ import random
 from dataclasses import dataclass, field
 
 import kvstore
-import snapshot
 import wal
 from kvstore.batch import END_OF_KEYS
+from kvstore.snapshots import take
 
 
 @dataclass
@@ -77,17 +77,10 @@ def random_ops(rng: random.Random, keyspace: int, text: bool) -> list[list]:
     return ops
 
 
-def take_snapshot(db: kvstore.KVStore, path: str, chunk_bytes: int = 200) -> int:
+def take_snapshot(db: kvstore.KVStore, chunk_bytes: int = 200) -> int:
     """A snapshot of the store at its applied LSN, in several small chunks,
     taken the way the store takes them (with its retention: the log is kept
     back to the oldest of the newest 3 snapshots)."""
-    try:
-        from kvstore.snapshots import take
-    except ImportError:  # pragma: no cover - before kvstore.snapshots existed
-        db.sync()
-        lsn = db.applied_lsn
-        snapshot.write(os.path.join(path, "snapshots"), lsn, db.scan(), chunk_bytes=chunk_bytes, record_bytes=150)
-        return lsn
     return take(db, chunk_bytes=chunk_bytes, keep=3).lsn
 
 
@@ -126,7 +119,7 @@ def build_store(
             built.states[b.lsn] = dict(built.model)
             built.last_lsn = b.lsn
             if i + 1 in snapshot_after:
-                lsn = take_snapshot(db, path)
+                lsn = take_snapshot(db)
                 built.snapshots[lsn] = dict(built.model)
         assert dict(db.scan()) == built.model
     finally:

@@ -31,8 +31,9 @@ the same nullability), because Spark rejects record batches that differ.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -182,7 +183,7 @@ def bad_op(lsn: int, index: int, op: Any, path: str | None) -> CorruptionError:
 
 def change_batches(
     entries: Iterable[Any],
-    decode: Callable[[bytes, int, str | None], list],
+    decode: Callable[[bytes, int, str | None], list[Any]],
     key_format: str = BINARY,
     value_format: str = BINARY,
     path: str | None = None,
@@ -260,7 +261,7 @@ class TailState:
         self.latest: dict[bytes, tuple[int, int, bytes | None]] = {}
         self.ranges: list[tuple[bytes, bytes, int, int]] = []
 
-    def add(self, lsn: int, ops: list, path: str | None = None) -> None:
+    def add(self, lsn: int, ops: list[Any], path: str | None = None) -> None:
         lo, hi = self.lo, self.hi
         for i, op in enumerate(ops):
             try:
@@ -283,8 +284,7 @@ class TailState:
         out: list[list[bytes]] = []
         for start, end, _, _ in sorted(self.ranges):
             if out and start <= out[-1][1]:
-                if end > out[-1][1]:
-                    out[-1][1] = end
+                out[-1][1] = max(out[-1][1], end)
             else:
                 out.append([start, end])
         return [(s, e) for s, e in out]
