@@ -142,13 +142,6 @@ class _ChecksumReader:
         return data
 
 
-def _name_of(f: BinaryIO, chunk: ChunkInfo, path: str | None) -> str:
-    if path is not None:
-        return str(path)
-    name = getattr(f, "name", None)
-    return name if isinstance(name, str) else chunk.name
-
-
 def read_chunk_columns(
     f: BinaryIO,
     chunk: ChunkInfo,
@@ -161,7 +154,7 @@ def read_chunk_columns(
 
     ``f`` is any binary file object with ``read`` and ``seek`` (a built-in
     file, ``io.BytesIO``, a pyarrow ``NativeFile``); ``chunk`` is its entry
-    from the manifest; ``path`` names it in errors. Memory is bounded by one
+    from the manifest; ``path`` names it in errors (default: the chunk's name). Memory is bounded by one
     record (at most :data:`MAX_RECORD_BYTES`, and never more than the chunk's
     size as the manifest gives it) plus one 32 KiB block.
 
@@ -173,7 +166,7 @@ def read_chunk_columns(
     they are read, so nothing unchecked is ever yielded. A read cut short by
     ``stop`` has checked every record it yielded but not the whole file.
     """
-    name = _name_of(f, chunk, path)
+    name = path if path is not None else chunk.name
     tee = _ChecksumReader(f, name)
     limit = max(HEADER_SIZE, min(MAX_RECORD_BYTES, chunk.bytes))
     # RecordReader only reads and seeks, which _ChecksumReader does.

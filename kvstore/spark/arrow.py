@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wal.errors import CorruptionError
+from wal.errors import CorruptionError, Damage
 
 BINARY = "binary"
 STRING = "string"
@@ -177,7 +177,7 @@ _TYPE_NAMES = pa.array(["", UPSERT, DELETE, DELETE_RANGE], pa.string())
 def bad_op(lsn: int, index: int, op: Any, path: str | None) -> CorruptionError:
     return CorruptionError(
         f"operation {index} of the batch is not a put, delete or delete_range: {op!r:.80}",
-        path=path, lsn=lsn, hint="run `walkv verify STORE`",
+        kind=Damage.CONTENT, path=path, lsn=lsn, hint="run `walkv verify STORE`",
     )
 
 
@@ -254,7 +254,7 @@ def change_batches(
 class TailState:
     """The effect of a run of log entries on the keys in ``[lo, hi)``: the
     last put/delete of each key and every range delete, with their positions
-    ``(lsn, op index)``. Built from :func:`iter_ops` in LSN order."""
+    ``(lsn, op index)``. Built entry by entry, in LSN order (:meth:`add`)."""
 
     def __init__(self, lo: bytes | None = None, hi: bytes | None = None) -> None:
         self.lo, self.hi = lo, hi

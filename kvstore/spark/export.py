@@ -40,6 +40,9 @@ from typing import Any
 
 from kvstore.spark.arrow import BINARY, CHANGES, SNAPSHOT, STATE, TABLES
 from kvstore.spark.files import StoreFiles, normalize_location
+from kvstore.spark.options import parse
+from kvstore.spark.partitions import plan
+from kvstore.spark.source import register, spark_schema
 from wal.errors import LogGapError, WalkvError
 
 log = logging.getLogger("walkv.export")
@@ -155,10 +158,6 @@ def export(
     appear whole; the streaming checkpoint makes an incremental run append
     each LSN exactly once. ``progress(done, total)`` counts tables.
     """
-    from kvstore.spark.options import parse
-    from kvstore.spark.partitions import plan
-    from kvstore.spark.source import register, spark_schema
-
     tables = _tables(table)
     location = normalize_location(store)
     out = normalize_location(out)
