@@ -32,7 +32,7 @@ from snapshot.catalog import cleanup_incomplete, list_snapshots, newest, prune
 from snapshot.chunk import ChunkInfo, read_chunk, read_chunk_columns
 from snapshot.layout import chunk_file_name, parse_snapshot_dir_name, snapshot_dir_name
 from snapshot.manifest import SnapshotInfo
-from snapshot.reader import Snapshot, open_chunk, open_snapshot, read_chunk_file, verify
+from snapshot.reader import Snapshot, open_snapshot, read_chunk_file, verify
 from snapshot.writer import DEFAULT_CHUNK_BYTES, DEFAULT_RECORD_BYTES, write
 from wal.fs import OS_FS
 from wal.readfs import ReadFS
@@ -48,7 +48,6 @@ __all__ = [
     "list_snapshots",
     "newest",
     "open",
-    "open_chunk",
     "open_snapshot",
     "parse_snapshot_dir_name",
     "prune",
