@@ -1,7 +1,8 @@
 """walkv snapshots: a sorted map of bytes at one LSN, in chunk files plus a manifest.
 
-Knows nothing of LMDB or the store; uses ``wal.record`` for framing and
-``wal.fs`` for every durable write. On-disk formats: :mod:`snapshot.layout`
+Knows nothing of LMDB or the store; uses ``wal.record`` for framing,
+``wal.fs`` for every durable write and ``wal.readfs`` (the read-only file
+seam) for every read. On-disk formats: :mod:`snapshot.layout`
 (the directory and its commit protocol), :mod:`snapshot.chunk` (chunk
 files), :mod:`snapshot.manifest` (the MANIFEST).
 
@@ -15,8 +16,12 @@ files), :mod:`snapshot.manifest` (the MANIFEST).
     snapshot.list_snapshots(parent); snapshot.newest(parent)
     snapshot.prune(parent, keep=2); snapshot.cleanup_incomplete(parent)
 
-    # a Spark executor, given one ChunkInfo and any binary file object:
-    for keys, values in snapshot.read_chunk_columns(f, chunk_info): ...
+    # on HDFS or S3: any read-only file seam (wal.readfs)
+    snap = snapshot.open(path, fs=wal.readfs.ArrowFS(...))
+
+    # a Spark executor, given one ChunkInfo:
+    for keys, values in snapshot.read_chunk_file(fs, snapshot_dir, chunk_info): ...
+    for keys, values in snapshot.read_chunk_columns(any_binary_file, chunk_info): ...
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ from snapshot.catalog import cleanup_incomplete, list_snapshots, newest, prune
 from snapshot.chunk import ChunkInfo, read_chunk, read_chunk_columns
 from snapshot.layout import chunk_file_name, parse_snapshot_dir_name, snapshot_dir_name
 from snapshot.manifest import SnapshotInfo
-from snapshot.reader import Snapshot, open_snapshot, verify
+from snapshot.reader import Snapshot, open_snapshot, read_chunk_file, verify
 from snapshot.writer import DEFAULT_CHUNK_BYTES, DEFAULT_RECORD_BYTES, write
+from wal.fs import OS_FS
+from wal.readfs import ReadFS
 
 __all__ = [
-    "ChunkInfo",
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_RECORD_BYTES",
+    "ChunkInfo",
     "Snapshot",
     "SnapshotInfo",
     "chunk_file_name",
@@ -46,12 +53,13 @@ __all__ = [
     "prune",
     "read_chunk",
     "read_chunk_columns",
+    "read_chunk_file",
     "snapshot_dir_name",
     "verify",
     "write",
 ]
 
 
-def open(path: str | os.PathLike[str]) -> Snapshot:  # noqa: A001 - the public name is snapshot.open
-    """Open the snapshot directory ``path``; see :func:`snapshot.reader.open_snapshot`."""
-    return open_snapshot(path)
+def open(path: str | os.PathLike[str], *, fs: ReadFS = OS_FS) -> Snapshot:
+    """Open the snapshot directory ``path`` through ``fs``; see :func:`snapshot.reader.open_snapshot`."""
+    return open_snapshot(path, fs=fs)

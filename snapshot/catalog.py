@@ -16,8 +16,6 @@ from __future__ import annotations
 import logging
 import os
 
-from wal.errors import CorruptionError, SnapshotError
-from wal.fs import OS_FS, FileSystem
 from snapshot.layout import (
     dir_in_use,
     discard_dir,
@@ -28,23 +26,25 @@ from snapshot.layout import (
 )
 from snapshot.manifest import SnapshotInfo
 from snapshot.reader import Snapshot, open_snapshot
+from wal.errors import CorruptionError, SnapshotError
+from wal.fs import OS_FS, FileSystem
+from wal.readfs import ReadFS
 
 log = logging.getLogger("walkv.snapshot")
 
 
-def _listdir(parent: str) -> list[str]:
+def _listdir(parent: str, fs: ReadFS) -> list[str]:
+    """The names in ``parent`` (``[]`` when it does not exist)."""
     try:
-        return os.listdir(parent)
-    except FileNotFoundError:
-        return []
+        return [e.name for e in fs.list_dir(parent)]
     except OSError as e:
-        raise SnapshotError(f"cannot list snapshots in {parent}: {e}") from e
+        raise SnapshotError(f"cannot list snapshots in {fs.display(parent)}: {e}") from e
 
 
-def _committed(parent: str) -> list[tuple[int, str]]:
+def _committed(parent: str, fs: ReadFS) -> list[tuple[int, str]]:
     """``(lsn, directory name)`` of every committed name, oldest first."""
     found = []
-    for name in _listdir(parent):
+    for name in _listdir(parent, fs):
         lsn = parse_snapshot_dir_name(name)
         if lsn is not None:
             found.append((lsn, name))
@@ -52,8 +52,9 @@ def _committed(parent: str) -> list[tuple[int, str]]:
     return found
 
 
-def list_snapshots(parent: str | os.PathLike[str]) -> list[SnapshotInfo]:
-    """The valid snapshots in ``parent``, oldest (lowest LSN) first.
+def list_snapshots(parent: str | os.PathLike[str], *, fs: ReadFS = OS_FS) -> list[SnapshotInfo]:
+    """The valid snapshots in ``parent``, oldest (lowest LSN) first, read
+    through ``fs``.
 
     A snapshot whose manifest is missing or damaged, or whose chunk files are
     missing or the wrong size, is left out with a logged warning; chunk
@@ -62,32 +63,36 @@ def list_snapshots(parent: str | os.PathLike[str]) -> list[SnapshotInfo]:
     """
     parent = os.fspath(parent)
     out = []
-    for _, name in _committed(parent):
-        path = os.path.join(parent, name)
+    for _, name in _committed(parent, fs):
+        path = fs.join(parent, name)
         try:
-            out.append(open_snapshot(path).info)
+            out.append(open_snapshot(path, fs=fs).info)
         except (CorruptionError, SnapshotError) as e:
-            log.warning("ignoring unusable snapshot %s: %s", path, e)
+            log.warning("ignoring unusable snapshot %s: %s", fs.display(path), e)
     return out
 
 
-def newest(parent: str | os.PathLike[str], *, verify: bool = False) -> Snapshot | None:
-    """The newest usable snapshot in ``parent``, opened, or None if there is none.
+def newest(parent: str | os.PathLike[str], *, verify: bool = False, max_lsn: int | None = None,
+           fs: ReadFS = OS_FS) -> Snapshot | None:
+    """The newest usable snapshot in ``parent`` (at or before ``max_lsn`` when
+    given), opened through ``fs``, or None if there is none.
 
     A newer snapshot that fails to open (or, with ``verify=True``, fails a
     full :meth:`Snapshot.verify`) is skipped with a logged warning, falling
     back to the next older one.
     """
     parent = os.fspath(parent)
-    for _, name in reversed(_committed(parent)):
-        path = os.path.join(parent, name)
+    for lsn, name in reversed(_committed(parent, fs)):
+        if max_lsn is not None and lsn > max_lsn:
+            continue
+        path = fs.join(parent, name)
         try:
-            snap = open_snapshot(path)
+            snap = open_snapshot(path, fs=fs)
             if verify:
                 snap.verify()
             return snap
         except (CorruptionError, SnapshotError) as e:
-            log.warning("snapshot %s is unusable (%s); falling back to an older snapshot", path, e)
+            log.warning("snapshot %s is unusable (%s); falling back to an older snapshot", fs.display(path), e)
     return None
 
 
@@ -102,7 +107,7 @@ def cleanup_incomplete(parent: str | os.PathLike[str], *, fs: FileSystem | None 
     parent = os.fspath(parent)
     fs = fs or OS_FS
     removed = []
-    for name in sorted(_listdir(parent)):
+    for name in sorted(_listdir(parent, fs)):
         if not is_incomplete_name(name):
             continue
         path = os.path.join(parent, name)
@@ -131,12 +136,12 @@ def prune(parent: str | os.PathLike[str], keep: int = 2, *, fs: FileSystem | Non
         raise ValueError(f"keep must be an integer >= 1 (the store needs a snapshot), not {keep!r}")
     parent = os.fspath(parent)
     fs = fs or OS_FS
-    valid = list_snapshots(parent)
+    valid = list_snapshots(parent, fs=fs)
     removed = cleanup_incomplete(parent, fs=fs)
     if not valid:
         return removed
     oldest_kept = valid[-keep:][0].lsn
-    for lsn, name in _committed(parent):
+    for lsn, name in _committed(parent, fs):
         if lsn >= oldest_kept:
             break
         path = os.path.join(parent, name)

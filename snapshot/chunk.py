@@ -39,18 +39,18 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain, islice, starmap
 from operator import lt
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, cast
 
 import msgpack
 
 from wal.crc import extend
-from wal.errors import CorruptionError, SnapshotError
+from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
 from wal.fs import File, FileSystem
 from wal.record import DEFAULT_MAX_RECORD_BYTES, RecordReader, RecordWriter
-from snapshot.layout import CORRUPTION_HINT
 
 CHUNK_MAGIC = b"WALKVSNC"
 CHUNK_VERSION = 1
@@ -82,11 +82,12 @@ def encode_header(index: int, lsn: int) -> bytes:
     return _HEADER.pack(CHUNK_MAGIC, CHUNK_VERSION, index, lsn)
 
 
-def _corrupt(message: str, path: str | None, offset: int | None = None) -> CorruptionError:
-    return CorruptionError(message, path=path, offset=offset, hint=CORRUPTION_HINT)
+def _corrupt(message: str, path: str | None, offset: int = 0, kind: Damage = Damage.CONTENT) -> CorruptionError:
+    """A damaged chunk: ``offset`` is where the bad data starts (0: the file as a whole)."""
+    return CorruptionError(message, kind=kind, path=path, offset=offset, hint=SNAPSHOT_HINT)
 
 
-def decode_record(payload: bytes, path: str | None = None, offset: int | None = None
+def decode_record(payload: bytes, path: str | None = None, offset: int = 0
                   ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
     """A data record's ``(keys, values)``, checked: shape, types, key order.
 
@@ -94,7 +95,7 @@ def decode_record(payload: bytes, path: str | None = None, offset: int | None = 
     """
     try:
         obj = msgpack.unpackb(payload, use_list=False, raw=False)
-    except Exception as e:  # msgpack raises several types for malformed input
+    except Exception as e:  # noqa: BLE001 - msgpack raises several types for malformed input
         raise _corrupt(f"data record is not valid msgpack ({type(e).__name__}: {e})", path, offset) from None
     if type(obj) is not tuple or len(obj) != 2:
         raise _corrupt("data record is not a [keys, values] array", path, offset)
@@ -141,13 +142,6 @@ class _ChecksumReader:
         return data
 
 
-def _name_of(f: BinaryIO, chunk: ChunkInfo, path: str | None) -> str:
-    if path is not None:
-        return str(path)
-    name = getattr(f, "name", None)
-    return name if isinstance(name, str) else chunk.name
-
-
 def read_chunk_columns(
     f: BinaryIO,
     chunk: ChunkInfo,
@@ -160,7 +154,7 @@ def read_chunk_columns(
 
     ``f`` is any binary file object with ``read`` and ``seek`` (a built-in
     file, ``io.BytesIO``, a pyarrow ``NativeFile``); ``chunk`` is its entry
-    from the manifest; ``path`` names it in errors. Memory is bounded by one
+    from the manifest; ``path`` names it in errors (default: the chunk's name). Memory is bounded by one
     record (at most :data:`MAX_RECORD_BYTES`, and never more than the chunk's
     size as the manifest gives it) plus one 32 KiB block.
 
@@ -172,10 +166,11 @@ def read_chunk_columns(
     they are read, so nothing unchecked is ever yielded. A read cut short by
     ``stop`` has checked every record it yielded but not the whole file.
     """
-    name = _name_of(f, chunk, path)
+    name = path if path is not None else chunk.name
     tee = _ChecksumReader(f, name)
     limit = max(HEADER_SIZE, min(MAX_RECORD_BYTES, chunk.bytes))
-    reader = RecordReader(tee, path=name, start_offset=0, max_record_bytes=limit)
+    # RecordReader only reads and seeks, which _ChecksumReader does.
+    reader = RecordReader(cast(BinaryIO, tee), path=name, start_offset=0, max_record_bytes=limit)
     records = reader.records()
 
     def next_record() -> tuple[int, bytes] | None:
@@ -184,27 +179,28 @@ def read_chunk_columns(
         except StopIteration:
             return None
         except CorruptionError as e:
-            raise _corrupt(e.reason, e.path, e.offset) from e
+            raise _corrupt(e.reason, e.path, e.offset or 0, e.kind) from e
         except OSError as e:
             raise SnapshotError(f"cannot read snapshot chunk {name}: {e}") from e
 
     head = next_record()
     if head is None or head[0] != 0:
         if reader.torn_tail is not None:
-            raise _corrupt("chunk file is truncated (no complete header record)", name, 0)
-        raise _corrupt("chunk file has no header record", name, 0)
+            raise _corrupt("chunk file is truncated (no complete header record)", name, 0, Damage.FRAMING)
+        raise _corrupt("chunk file has no header record", name, 0, Damage.HEADER)
     header = head[1]
     if len(header) != HEADER_SIZE or header[:8] != CHUNK_MAGIC:
-        raise _corrupt("not a walkv snapshot chunk (bad header record)", name, 0)
+        raise _corrupt("not a walkv snapshot chunk (bad header record)", name, 0, Damage.HEADER)
     _, version, index, lsn = _HEADER.unpack(header)
     if version != CHUNK_VERSION:
-        raise _corrupt(f"chunk format version {version}, the manifest says {CHUNK_VERSION}", name, 0)
+        raise _corrupt(f"chunk format version {version}, the manifest says {CHUNK_VERSION}", name, 0, Damage.HEADER)
     if index != chunk.index or lsn != chunk.lsn:
         raise _corrupt(
             f"chunk header says chunk {index} of the snapshot at LSN {lsn}; the manifest "
             f"expects chunk {chunk.index} of LSN {chunk.lsn}",
             name,
             0,
+            Damage.HEADER,
         )
 
     prev: bytes | None = None
@@ -249,7 +245,7 @@ def read_chunk_columns(
 
     if reader.torn_tail is not None:
         off, why = reader.torn_tail
-        raise _corrupt(f"chunk file is truncated ({why})", name, off)
+        raise _corrupt(f"chunk file is truncated ({why})", name, off, Damage.FRAMING)
     if nrecords != chunk.records or npairs != chunk.pairs:
         raise _corrupt(
             f"chunk holds {nrecords} records / {npairs} pairs, the manifest says "
@@ -259,11 +255,14 @@ def read_chunk_columns(
     if prev != chunk.last_key:
         raise _corrupt("chunk's last key differs from the manifest's", name)
     if tee.size != chunk.bytes:
-        raise _corrupt(f"chunk file is {tee.size} bytes, the manifest says {chunk.bytes}", name)
+        raise _corrupt(f"chunk file is {tee.size} bytes, the manifest says {chunk.bytes}", name, 0,
+                       Damage.TOO_LARGE if tee.size > chunk.bytes else Damage.FRAMING)
     if tee.crc != chunk.crc32c:
         raise _corrupt(
             f"chunk file checksum {tee.crc:#010x} differs from the manifest's {chunk.crc32c:#010x}",
             name,
+            0,
+            Damage.CHECKSUM,
         )
 
 
@@ -292,7 +291,7 @@ class _Sink:
         self._pending = 0
 
     def write(self, data: bytes) -> int:
-        if not (type(data) is bytes or (type(data) is memoryview and data.readonly)):
+        if type(data) is not bytes and not (isinstance(data, memoryview) and data.readonly):
             data = bytes(data)  # it may be kept until the next flush: never a mutable buffer
         self.crc = extend(self.crc, data)
         n = len(data)
@@ -328,7 +327,8 @@ class ChunkWriter:
         self.index = index
         self.lsn = lsn
         self._sink = _Sink(fs.open(path, create=True, exclusive=True))
-        self._writer = RecordWriter(self._sink, offset=0, max_record_bytes=MAX_RECORD_BYTES)  # type: ignore[arg-type]
+        # RecordWriter only calls write(), which _Sink provides.
+        self._writer = RecordWriter(cast(BinaryIO, self._sink), offset=0, max_record_bytes=MAX_RECORD_BYTES)
         self._writer.add_record(encode_header(index, lsn))
         self.records = 0
         self.pairs = 0

@@ -48,11 +48,6 @@ CHUNK_SUFFIX = ".wkc"
 LSN_DIGITS = 20
 MAX_LSN = (1 << 64) - 1
 
-CORRUPTION_HINT = (
-    "the snapshot is damaged: delete its directory and take a new snapshot "
-    "(older snapshots and the log are not affected)"
-)
-
 _SNAP_RE = re.compile(r"snap-(\d{20})")
 _TMP_RE = re.compile(r"snap-(\d{20})\.tmp-[0-9a-f]{1,64}")
 _DEL_RE = re.compile(r"snap-(\d{20})\.del-[0-9a-f]{1,64}")
@@ -123,7 +118,7 @@ class DirLock:
     def __init__(self, path: str) -> None:
         self.fd = -1
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return
         try:
@@ -143,7 +138,7 @@ def dir_in_use(path: str) -> bool:
     """True when another process (or this one) holds the writer's flock on ``path``,
     or when that cannot be determined (so it is left alone)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return False  # gone already, or not a directory: nothing to protect
     try:

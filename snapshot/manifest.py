@@ -39,16 +39,17 @@ Rules, and the reason for each:
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from wal.errors import CorruptionError, SnapshotError
-from wal.record import BLOCK_SIZE, RecordReader, RecordWriter
 from snapshot.chunk import HEADER_SIZE, ChunkInfo
-from snapshot.layout import CORRUPTION_HINT, MAX_LSN, check_chunk_name
+from snapshot.layout import MAX_LSN, check_chunk_name
+from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
+from wal.fs import OS_FS
+from wal.readfs import ReadFS
+from wal.record import BLOCK_SIZE, RecordReader, RecordWriter
 
 MANIFEST_FORMAT = "walkv-snapshot"
 MANIFEST_VERSION = 1
@@ -124,18 +125,20 @@ def encode_manifest(manifest: Manifest) -> bytes:
 
 
 class _Checker:
+    """Builds the CorruptionError of a bad manifest and checks its fields."""
+
     def __init__(self, path: str | None) -> None:
         self.path = path
 
-    def fail(self, message: str, offset: int | None = None) -> CorruptionError:
-        return CorruptionError(message, path=self.path, offset=offset, hint=CORRUPTION_HINT)
+    def fail(self, message: str, offset: int = 0, kind: Damage = Damage.CONTENT) -> CorruptionError:
+        return CorruptionError(message, kind=kind, path=self.path, offset=offset, hint=SNAPSHOT_HINT)
 
-    def field(self, m: dict, key: str, where: str = "manifest") -> Any:
+    def field(self, m: dict[str, Any], key: str, where: str = "manifest") -> Any:
         if key not in m:
             raise self.fail(f"{where} has no {key!r}")
         return m[key]
 
-    def int_(self, m: dict, key: str, where: str = "manifest", lo: int = 0, hi: int = _MAX_INT) -> int:
+    def int_(self, m: dict[str, Any], key: str, where: str = "manifest", lo: int = 0, hi: int = _MAX_INT) -> int:
         v = self.field(m, key, where)
         if type(v) is not int:
             raise self.fail(f"{where} {key!r} is {type(v).__name__}, not an integer")
@@ -143,7 +146,7 @@ class _Checker:
             raise self.fail(f"{where} {key!r} = {v} is out of range [{lo}, {hi}]")
         return v
 
-    def bytes_(self, m: dict, key: str, where: str) -> bytes:
+    def bytes_(self, m: dict[str, Any], key: str, where: str) -> bytes:
         v = self.field(m, key, where)
         if type(v) is not bytes:
             raise self.fail(f"{where} {key!r} is {type(v).__name__}, not bytes")
@@ -158,25 +161,26 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
     """
     ck = _Checker(path)
     if len(data) > MAX_MANIFEST_FILE_BYTES:
-        raise ck.fail(f"manifest is {len(data)} bytes, over the limit of {MAX_MANIFEST_FILE_BYTES}")
+        raise ck.fail(f"manifest is {len(data)} bytes, over the limit of {MAX_MANIFEST_FILE_BYTES}",
+                      kind=Damage.TOO_LARGE)
     reader = RecordReader(io.BytesIO(data), path=path, start_offset=0, max_record_bytes=MAX_MANIFEST_BYTES)
     records = reader.records()
     try:
         first = next(records, None)
         second = next(records, None) if first is not None else None
     except CorruptionError as e:
-        raise ck.fail(e.reason, e.offset) from e
+        raise ck.fail(e.reason, e.offset or 0, e.kind) from e
     if first is None:
         if reader.torn_tail is not None:
-            raise ck.fail(f"manifest is truncated ({reader.torn_tail[1]})", reader.torn_tail[0])
-        raise ck.fail("manifest is empty")
+            raise ck.fail(f"manifest is truncated ({reader.torn_tail[1]})", reader.torn_tail[0], Damage.FRAMING)
+        raise ck.fail("manifest is empty", kind=Damage.FRAMING)
     if second is not None:
-        raise ck.fail("manifest holds more than one record", second[0])
+        raise ck.fail("manifest holds more than one record", second[0], Damage.FRAMING)
     if reader.torn_tail is not None or reader.end_offset != len(data):
-        raise ck.fail("manifest has bytes after its record", reader.end_offset)
+        raise ck.fail("manifest has bytes after its record", reader.end_offset, Damage.FRAMING)
     try:
         m = msgpack.unpackb(first[1], raw=False, use_list=True, strict_map_key=True)
-    except Exception as e:  # msgpack raises several types for malformed input
+    except Exception as e:  # noqa: BLE001 - msgpack raises several types for malformed input
         raise ck.fail(f"manifest is not valid msgpack ({type(e).__name__}: {e})") from None
     if not isinstance(m, dict):
         raise ck.fail(f"manifest is a msgpack {type(m).__name__}, not a map")
@@ -217,8 +221,8 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
         names.add(name)
         first_key = ck.bytes_(c, "first_key", where)
         last_key = ck.bytes_(c, "last_key", where)
-        records = ck.int_(c, "records", where, lo=1)
-        pairs = ck.int_(c, "pairs", where, lo=records)
+        nrecords = ck.int_(c, "records", where, lo=1)
+        pairs = ck.int_(c, "pairs", where, lo=nrecords)
         size = ck.int_(c, "bytes", where, lo=HEADER_SIZE + 7)
         crc = ck.int_(c, "crc32c", where, hi=0xFFFFFFFF)
         if first_key > last_key or (first_key == last_key and pairs != 1):
@@ -228,7 +232,7 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
         prev_last = last_key
         sum_pairs += pairs
         sum_bytes += size
-        chunks.append(ChunkInfo(i, name, lsn, first_key, last_key, records, pairs, size, crc))
+        chunks.append(ChunkInfo(i, name, lsn, first_key, last_key, nrecords, pairs, size, crc))
     if sum_pairs != count:
         raise ck.fail(f"manifest 'count' is {count} but its chunks hold {sum_pairs} pairs")
     if sum_bytes != total_bytes:
@@ -236,28 +240,23 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
     return Manifest(lsn, store_id, created_us, count, total_bytes, tuple(chunks), version)
 
 
-def read_manifest(path: str) -> Manifest:
-    """Read and check a MANIFEST file (bounded: an oversized file is refused
-    before it is read). Raises CorruptionError, or SnapshotError when the file
-    cannot be read or is missing."""
+def read_manifest(path: str, *, fs: ReadFS = OS_FS, size: int | None = None) -> Manifest:
+    """Read and check the MANIFEST file ``path`` through ``fs``. An oversized
+    file is refused before it is read (``size``: its size, when the caller
+    has listed it already). Raises CorruptionError when it is missing or
+    damaged, SnapshotError when it cannot be read."""
+    shown = fs.display(path)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise CorruptionError(
-            "snapshot has no MANIFEST (incomplete or damaged)", path=path, hint=CORRUPTION_HINT
-        ) from None
-    except OSError as e:
-        raise SnapshotError(f"cannot open snapshot manifest {path}: {e}") from e
-    try:
-        with os.fdopen(fd, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_MANIFEST_FILE_BYTES:
-                raise CorruptionError(
-                    f"manifest is {size} bytes, over the limit of {MAX_MANIFEST_FILE_BYTES}",
-                    path=path,
-                    hint=CORRUPTION_HINT,
-                )
+        if size is None:
+            size = fs.file_size(path)
+        if size > MAX_MANIFEST_FILE_BYTES:
+            raise CorruptionError(f"manifest is {size} bytes, over the limit of {MAX_MANIFEST_FILE_BYTES}",
+                                  kind=Damage.TOO_LARGE, path=shown, offset=0, hint=SNAPSHOT_HINT)
+        with fs.open_input(path) as f:
             data = f.read(MAX_MANIFEST_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise CorruptionError("snapshot has no MANIFEST (incomplete or damaged)", kind=Damage.MISSING,
+                              path=shown, offset=0, hint=SNAPSHOT_HINT) from None
     except OSError as e:
-        raise SnapshotError(f"cannot read snapshot manifest {path}: {e}") from e
-    return decode_manifest(data, path)
+        raise SnapshotError(f"cannot read snapshot manifest {shown}: {e}") from e
+    return decode_manifest(data, shown)

@@ -1,25 +1,29 @@
 """Reading a committed snapshot: open, iterate, range reads, verify.
 
-Opening reads and checks the MANIFEST and stats every chunk file (present,
-a regular file, the size the manifest says); it reads no chunk data.
-Iteration streams one record at a time and checks each record as it goes
-and each chunk as a whole when it reaches the chunk's end (see
-:func:`snapshot.chunk.read_chunk_columns`). A Snapshot holds no open files,
-so it needs no closing and can be used from several threads.
+Every file is read through a read-only file seam (:mod:`wal.readfs`; local
+files by default), so a snapshot on HDFS or S3 is opened and checked the same
+way as a local one. Opening lists the directory and reads and checks the
+MANIFEST: every chunk it names must be there, a file, the size it gives; no
+chunk data is read. Iteration streams one record at a time and checks each
+record as it goes and each chunk as a whole when it reaches the chunk's end
+(see :func:`snapshot.chunk.read_chunk_columns`). A Snapshot holds no open
+files, so it needs no closing and can be used from several threads; it
+pickles (with its file seam) for another process.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
+from collections.abc import Callable, Iterator
 from itertools import chain, starmap
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
-from wal.errors import CorruptionError, SnapshotError
 from snapshot.chunk import ChunkInfo, read_chunk_columns
-from snapshot.layout import CORRUPTION_HINT, MANIFEST_NAME, parse_snapshot_dir_name
+from snapshot.layout import MANIFEST_NAME, parse_snapshot_dir_name
 from snapshot.manifest import Manifest, SnapshotInfo, read_manifest
+from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
+from wal.fs import OS_FS, FileSystem
+from wal.readfs import FileInfo, ReadFS
 
 Columns = tuple[tuple[bytes, ...], tuple[bytes, ...]]
 
@@ -27,8 +31,9 @@ Columns = tuple[tuple[bytes, ...], tuple[bytes, ...]]
 class Snapshot:
     """A snapshot opened with :func:`open_snapshot` (``snapshot.open``)."""
 
-    def __init__(self, path: str, manifest: Manifest) -> None:
+    def __init__(self, path: str, manifest: Manifest, fs: ReadFS = OS_FS) -> None:
         self.path = path
+        self.fs = fs
         self.manifest = manifest
         self.lsn = manifest.lsn
         self.count = manifest.count
@@ -36,7 +41,7 @@ class Snapshot:
         self.store_id = manifest.store_id
         self.created_us = manifest.created_us
         self.version = manifest.version
-        self.chunks: list[ChunkInfo] = list(manifest.chunks)
+        self.chunks: tuple[ChunkInfo, ...] = manifest.chunks
 
     def __repr__(self) -> str:
         return f"<Snapshot {self.path} lsn={self.lsn} count={self.count} chunks={len(self.chunks)}>"
@@ -53,18 +58,16 @@ class Snapshot:
         return self.items()
 
     def chunk_path(self, i: int) -> str:
-        return os.path.join(self.path, self.chunks[i].name)
+        return self.fs.join(self.path, self.chunks[i].name)
 
     def open_chunk(self, i: int) -> BinaryIO:
         """Open chunk ``i``'s file for reading (never through a symlink)."""
-        return _open_chunk(self.chunk_path(i))
+        return open_chunk(self.fs, self.path, self.chunks[i])
 
     def iter_chunk_columns(self, i: int, start: bytes | None = None,
                            stop: bytes | None = None) -> Iterator[Columns]:
         """Chunk ``i`` as ``(keys, values)`` columns, one record at a time."""
-        path = self.chunk_path(i)
-        with _open_chunk(path) as f:
-            yield from read_chunk_columns(f, self.chunks[i], path=path, start=start, stop=stop)
+        return read_chunk_file(self.fs, self.path, self.chunks[i], start=start, stop=stop)
 
     def iter_chunk(self, i: int) -> Iterator[tuple[bytes, bytes]]:
         """Chunk ``i``'s pairs in key order."""
@@ -110,21 +113,51 @@ class Snapshot:
                 progress(done, self.bytes)
 
 
-def _open_chunk(path: str) -> BinaryIO:
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+def _is_local_symlink(fs: ReadFS, path: str) -> bool:
+    """Whether ``path`` is a symlink on the local file system. The seam shows
+    no links, but a local one could lead a reader out of the snapshot's
+    directory, so snapshot files are never read through one."""
+    return isinstance(fs, FileSystem) and os.path.islink(path)
+
+
+def open_chunk(fs: ReadFS, directory: str, chunk: ChunkInfo) -> BinaryIO:
+    """The file of ``chunk`` (a manifest entry: its name is a plain file name)
+    in the snapshot ``directory``, open for reading through ``fs``."""
+    path = fs.join(directory, chunk.name)
+    if _is_local_symlink(fs, path):
+        raise _damaged("snapshot chunk is a symlink, not a regular file", fs, path, Damage.MISSING)
     try:
-        fd = os.open(path, flags)
+        return fs.open_input(path)
     except FileNotFoundError:
-        raise CorruptionError("snapshot chunk file is missing", path=path, hint=CORRUPTION_HINT) from None
+        raise _damaged("snapshot chunk file is missing", fs, path, Damage.MISSING) from None
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise CorruptionError("snapshot chunk is a symlink", path=path, hint=CORRUPTION_HINT) from None
-        raise SnapshotError(f"cannot open snapshot chunk {path}: {e}") from e
-    return os.fdopen(fd, "rb", buffering=0)
+        raise SnapshotError(f"cannot open snapshot chunk {fs.display(path)}: {e}") from e
 
 
-def open_snapshot(path: str | os.PathLike[str]) -> Snapshot:
-    """Open the snapshot directory ``path`` (``.../snap-<20-digit LSN>``).
+def read_chunk_file(fs: ReadFS, directory: str, chunk: ChunkInfo, *, start: bytes | None = None,
+                    stop: bytes | None = None) -> Iterator[Columns]:
+    """``chunk`` of the snapshot ``directory`` as ``(keys, values)`` columns
+    for ``start <= key < stop``, read through ``fs`` and checked as
+    :func:`snapshot.chunk.read_chunk_columns` does. What an executor given one
+    :class:`ChunkInfo` reads."""
+    with open_chunk(fs, directory, chunk) as f:
+        yield from read_chunk_columns(f, chunk, path=fs.display(fs.join(directory, chunk.name)),
+                                      start=start, stop=stop)
+
+
+def _damaged(message: str, fs: ReadFS, path: str, kind: Damage) -> CorruptionError:
+    """A whole snapshot file missing or wrong (offset 0)."""
+    return CorruptionError(message, kind=kind, path=fs.display(path), offset=0, hint=SNAPSHOT_HINT)
+
+
+def _exists_as_dir(fs: ReadFS, path: str) -> bool:
+    parent, name = os.path.split(path.rstrip("/"))
+    return any(e.name == name and e.is_dir for e in fs.list_dir(parent or "."))
+
+
+def open_snapshot(path: str | os.PathLike[str], *, fs: ReadFS = OS_FS) -> Snapshot:
+    """Open the snapshot directory ``path`` (``.../snap-<20-digit LSN>``),
+    reading through ``fs``.
 
     Checks the manifest (CRC, shape, totals, chunk names, LSN equal to the
     directory name's) and that every chunk file is there with the size the
@@ -137,39 +170,46 @@ def open_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     name = os.path.basename(os.path.normpath(path))
     dir_lsn = parse_snapshot_dir_name(name)
     if dir_lsn is None:
-        raise SnapshotError(f"{path} is not a snapshot directory (its name must be snap-<20-digit LSN>)")
-    if not os.path.isdir(path):
-        raise SnapshotError(f"no snapshot directory at {path}")
-    manifest_path = os.path.join(path, MANIFEST_NAME)
-    manifest = read_manifest(manifest_path)
+        raise SnapshotError(f"{fs.display(path)} is not a snapshot directory (its name must be snap-<20-digit LSN>)")
+    try:
+        entries: dict[str, FileInfo] = {e.name: e for e in fs.list_dir(path)}
+    except OSError as e:
+        raise SnapshotError(f"cannot list the snapshot directory {fs.display(path)}: {e}") from e
+    if not entries and not _exists_as_dir(fs, path):
+        raise SnapshotError(f"no snapshot directory at {fs.display(path)}")
+    manifest_path = fs.join(path, MANIFEST_NAME)
+    if _is_local_symlink(fs, manifest_path):
+        raise _damaged("snapshot MANIFEST is a symlink, not a regular file", fs, manifest_path, Damage.MISSING)
+    listed = entries.get(MANIFEST_NAME)
+    if listed is None:
+        raise _damaged("snapshot has no MANIFEST (incomplete or damaged)", fs, manifest_path, Damage.MISSING)
+    manifest = read_manifest(manifest_path, fs=fs, size=listed.size)
     if manifest.lsn != dir_lsn:
         raise CorruptionError(
             f"manifest says LSN {manifest.lsn} but the directory is named for LSN {dir_lsn}",
-            path=manifest_path,
-            hint=CORRUPTION_HINT,
+            kind=Damage.HEADER,
+            path=fs.display(manifest_path),
+            offset=0,
+            hint=SNAPSHOT_HINT,
         )
     for c in manifest.chunks:
-        cpath = os.path.join(path, c.name)
-        try:
-            st = os.lstat(cpath)
-        except FileNotFoundError:
-            raise CorruptionError("snapshot chunk file is missing", path=cpath, hint=CORRUPTION_HINT) from None
-        except OSError as e:
-            raise SnapshotError(f"cannot stat snapshot chunk {cpath}: {e}") from e
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptionError("snapshot chunk is not a regular file", path=cpath, hint=CORRUPTION_HINT)
-        if st.st_size != c.bytes:
-            raise CorruptionError(
-                f"chunk file is {st.st_size} bytes, the manifest says {c.bytes} (truncated or overwritten)",
-                path=cpath,
-                hint=CORRUPTION_HINT,
+        cpath = fs.join(path, c.name)
+        entry = entries.get(c.name)
+        if entry is None:
+            raise _damaged("snapshot chunk file is missing", fs, cpath, Damage.MISSING)
+        if entry.is_dir or _is_local_symlink(fs, cpath):
+            raise _damaged("snapshot chunk is not a regular file", fs, cpath, Damage.MISSING)
+        if entry.size != c.bytes:
+            raise _damaged(
+                f"chunk file is {entry.size} bytes, the manifest says {c.bytes} (truncated or overwritten)",
+                fs, cpath, Damage.TOO_LARGE if entry.size > c.bytes else Damage.FRAMING,
             )
-    return Snapshot(path, manifest)
+    return Snapshot(path, manifest, fs)
 
 
 def verify(path: str | os.PathLike[str],
-           progress: Callable[[int, int | None], None] | None = None) -> SnapshotInfo:
+           progress: Callable[[int, int | None], None] | None = None, *, fs: ReadFS = OS_FS) -> SnapshotInfo:
     """Open and fully verify the snapshot at ``path``; return its info."""
-    snap = open_snapshot(path)
+    snap = open_snapshot(path, fs=fs)
     snap.verify(progress)
     return snap.info

@@ -17,14 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from operator import lt
-from typing import Callable, Iterable, Iterator
+from typing import Any
 
 import msgpack
 
-from wal.errors import CorruptionError, SnapshotError
-from wal.fs import OS_FS, FileSystem
 from snapshot.chunk import ChunkInfo, ChunkWriter
 from snapshot.layout import (
     MANIFEST_NAME,
@@ -38,6 +37,8 @@ from snapshot.layout import (
 )
 from snapshot.manifest import Manifest, SnapshotInfo, encode_manifest
 from snapshot.reader import open_snapshot
+from wal.errors import CorruptionError, SnapshotError
+from wal.fs import OS_FS, FileSystem
 
 log = logging.getLogger("walkv.snapshot")
 
@@ -110,7 +111,7 @@ def write(
     final = os.path.join(parent, snapshot_dir_name(lsn))
 
     try:
-        existing = _existing(final, lsn)
+        existing = _existing(fs, final)
         if existing is not None:
             if exist_ok:
                 fs.fsync_dir(parent)
@@ -129,14 +130,12 @@ def write(
         fs.fsync_dir(parent)
         chunks: list[ChunkInfo] = []
         count = 0
-        records = 0
-        for payload, first, last, pairs in _records(items, record_bytes):
+        for records, (payload, first, last, pairs) in enumerate(_records(items, record_bytes), 1):
             if cw is None:
                 name = chunk_file_name(len(chunks))
                 cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn)
             cw.add(payload, first, last, pairs)
             count += pairs
-            records += 1
             if cw.size >= chunk_bytes:
                 chunks.append(cw.finish())
                 cw = None
@@ -160,7 +159,7 @@ def write(
         fs.fsync_dir(tmp)
         if before_commit is not None:
             before_commit()  # e.g. the store makes its log durable up to ``lsn``
-        existing = _existing(final, lsn)
+        existing = _existing(fs, final)
         if existing is not None:  # another writer committed the same LSN meanwhile
             if exist_ok:
                 return existing  # (finally removes ours)
@@ -190,12 +189,12 @@ def write(
             _remove_quietly(fs, tmp)
 
 
-def _existing(final: str, lsn: int) -> SnapshotInfo | None:
+def _existing(fs: FileSystem, final: str) -> SnapshotInfo | None:
     """The valid snapshot already at ``final``, else None (missing or broken)."""
     if not os.path.lexists(final):
         return None
     try:
-        return open_snapshot(final).info
+        return open_snapshot(final, fs=fs).info
     except (CorruptionError, SnapshotError):
         return None
 
@@ -203,7 +202,7 @@ def _existing(final: str, lsn: int) -> SnapshotInfo | None:
 def _remove_quietly(fs: FileSystem, path: str) -> None:
     try:
         remove_tree(fs, path)
-    except Exception as e:  # the leftover is harmless; cleanup_incomplete takes it later
+    except Exception as e:  # noqa: BLE001 - the leftover is harmless; cleanup_incomplete takes it later
         log.warning("could not remove the incomplete snapshot %s (%s); cleanup_incomplete will", path, e)
 
 
@@ -249,7 +248,8 @@ def _records(items: Iterable[tuple[bytes, bytes]], record_bytes: int
         n = max(1, min(2 * n, cap, n * record_bytes // size))
 
 
-def _split(keys: list, values: list, record_bytes: int):
+def _split(keys: list[bytes], values: list[bytes], record_bytes: int
+           ) -> Iterator[tuple[list[bytes], list[bytes]]]:
     """Cut an oversized slice (the pair sizes jumped) into records of about
     ``record_bytes`` each."""
     begin = 0
@@ -264,7 +264,7 @@ def _split(keys: list, values: list, record_bytes: int):
     yield keys[begin:], values[begin:]
 
 
-def _explain(batch: list, prev: bytes | None) -> None:
+def _explain(batch: list[Any], prev: bytes | None) -> None:
     """Raise the TypeError/ValueError that says which pair is wrong."""
     for i, pair in enumerate(batch):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import snapshot
 from snapshot.layout import DirLock, tmp_dir_name
-from wal.errors import CorruptionError, SnapshotError
+from wal.errors import CorruptionError, Damage, SnapshotError
 from wal.record import RecordReader
 
 
@@ -86,7 +86,7 @@ def test_empty_snapshot(tmp_path):
     info = snapshot.write(tmp_path, 0, [])
     assert (info.count, info.chunks, info.bytes) == (0, 0, 0)
     snap = snapshot.open(info.path)
-    assert list(snap) == [] and snap.chunks == [] and len(snap) == 0
+    assert list(snap) == [] and snap.chunks == () and len(snap) == 0
     assert list(snap.items(b"a", b"z")) == []
     snap.verify()
     assert os.listdir(info.path) == ["MANIFEST"]
@@ -222,6 +222,39 @@ def test_read_one_chunk_from_pyarrow_file(tmp_path):
 
     with pafs.LocalFileSystem().open_input_file(snap.chunk_path(1)) as f:
         assert list(snapshot.read_chunk(f, snap.chunks[1])) == list(snap.iter_chunk(1))
+
+
+def test_read_through_a_uri_file_seam(tmp_path):
+    """The reader goes through the read-only seam: a file:// URI (pyarrow)
+    opens, lists, verifies and reads the same, and names files as URIs."""
+    pytest.importorskip("pyarrow")
+    from wal.readfs import resolve
+
+    pairs = _pairs(800)
+    _write(tmp_path, 5, pairs[:100])
+    info = _write(tmp_path, 9, pairs)
+    fs, root = resolve("file://" + str(tmp_path))
+    path = fs.join(root, os.path.basename(info.path))
+    snap = snapshot.open(path, fs=fs)
+    assert list(snap) == pairs and snap.chunks == snapshot.open(info.path).chunks
+    assert list(snap.items(pairs[10][0], pairs[20][0])) == pairs[10:20]
+    assert snapshot.verify(path, fs=fs).count == len(pairs)
+    assert [s.lsn for s in snapshot.list_snapshots(root, fs=fs)] == [5, 9]
+    assert snapshot.newest(root, fs=fs).lsn == 9
+    assert snapshot.newest(root, fs=fs, max_lsn=8).lsn == 5
+    assert snapshot.newest(root, fs=fs, max_lsn=4) is None
+    shipped = pickle.loads(pickle.dumps(snap))  # to a Spark executor
+    assert list(shipped.iter_chunk(1)) == list(snap.iter_chunk(1))
+    os.unlink(snap.chunk_path(2))
+    with pytest.raises(CorruptionError, match="missing") as e:
+        snapshot.open(path, fs=fs)
+    assert e.value.kind is Damage.MISSING and e.value.offset == 0
+    assert e.value.path == "file://" + os.path.join(info.path, snap.chunks[2].name)
+    with pytest.raises(CorruptionError, match="missing") as e:
+        list(snapshot.read_chunk_file(fs, path, snap.chunks[2]))
+    assert e.value.kind is Damage.MISSING
+    with pytest.raises(SnapshotError, match="no snapshot directory"):
+        snapshot.open(fs.join(root, "snap-00000000000000000001"), fs=fs)
 
 
 # -- writer input checks ------------------------------------------------------

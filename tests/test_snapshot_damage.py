@@ -19,7 +19,7 @@ import snapshot
 from snapshot.chunk import ChunkInfo, encode_header
 from snapshot.manifest import decode_manifest
 from wal.crc import crc32c
-from wal.errors import CorruptionError, SnapshotError
+from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
 from wal.record import BLOCK_SIZE, FIRST, MIDDLE, RecordReader, RecordWriter, fragment_crc
 
 PAIRS = [(b"key%06d" % i, b"value-%d" % i * 3) for i in range(1200)]
@@ -112,8 +112,9 @@ def test_bit_flip_in_block_padding_is_found_by_the_file_checksum():
     assert data[pad:BLOCK_SIZE] == b"\x00\x00\x00"
     assert list(snapshot.read_chunk(io.BytesIO(data), info)) == [(b"a", b"x" * n), (b"z", b"y")]
     damaged = data[:pad] + b"\x01" + data[pad + 1:]
-    with pytest.raises(CorruptionError, match="checksum"):
+    with pytest.raises(CorruptionError, match="checksum") as e:
         list(snapshot.read_chunk(io.BytesIO(damaged), info))
+    assert e.value.kind is Damage.CHECKSUM and e.value.offset == 0
 
 
 @pytest.mark.parametrize("cut", [0, 5, 21, 29, 1000, -7, -1])
@@ -126,7 +127,8 @@ def test_truncated_chunk(snap, cut):
         f.write(short)
     with pytest.raises(CorruptionError, match="bytes, the manifest says") as e:
         snapshot.open(snap.path)
-    assert e.value.path == path
+    assert e.value.path == path and e.value.offset == 0 and e.value.kind is Damage.FRAMING
+    assert e.value.hint == SNAPSHOT_HINT
     # Read alone from a file object given its (now wrong) ChunkInfo: still refused.
     with pytest.raises(CorruptionError) as e:
         list(snapshot.read_chunk(io.BytesIO(short), snap.chunks[i], path="remote/chunk"))
@@ -140,7 +142,7 @@ def test_missing_chunk(snap):
     os.unlink(path)
     with pytest.raises(CorruptionError, match="missing") as e:
         snapshot.open(snap.path)
-    assert e.value.path == path
+    assert e.value.path == path and e.value.offset == 0 and e.value.kind is Damage.MISSING
     with pytest.raises(CorruptionError, match="missing"):
         snap.verify()  # the already-open snapshot finds it too
     assert snapshot.list_snapshots(os.path.dirname(snap.path)) == []

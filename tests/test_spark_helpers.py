@@ -76,7 +76,7 @@ def random_ops(rng: random.Random, keyspace: int, text: bool) -> list[list]:
     return ops
 
 
-def take_snapshot(db: kvstore.KVStore, path: str, chunk_bytes: int = 200) -> int:
+def take_snapshot(db: kvstore.KVStore, chunk_bytes: int = 200) -> int:
     """A snapshot of the store at its applied LSN, in several small chunks,
     taken the way the store takes them (with its retention: the log is kept
     back to the oldest of the newest 3 snapshots)."""
@@ -118,7 +118,7 @@ def build_store(
             built.states[b.lsn] = dict(built.model)
             built.last_lsn = b.lsn
             if i + 1 in snapshot_after:
-                lsn = take_snapshot(db, path)
+                lsn = take_snapshot(db)
                 built.snapshots[lsn] = dict(built.model)
         assert dict(db.scan()) == built.model
     finally:

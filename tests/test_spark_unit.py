@@ -14,19 +14,13 @@ pa = pytest.importorskip("pyarrow")
 import kvstore  # noqa: E402
 import wal  # noqa: E402
 from kvstore.spark import arrow as sa  # noqa: E402
-from kvstore.spark.source import (  # noqa: E402
-    ChunkPartition,
-    LogPartition,
-    StatePartition,
-    WalkvDataSource,
-    WalkvReader,
-    WalkvStreamReader,
-    spark_schema,
-)
-from kvstore.spark.files import LogGapError, StoreFiles  # noqa: E402
+from kvstore.spark.files import StoreFiles  # noqa: E402
 from kvstore.spark.options import parse  # noqa: E402
+from kvstore.spark.partitions import ChunkPartition, LogPartition, StatePartition  # noqa: E402
+from kvstore.spark.source import WalkvDataSource, WalkvReader, spark_schema  # noqa: E402
+from kvstore.spark.stream import WalkvStreamReader  # noqa: E402
 from tests.test_spark_helpers import build_store, log_timestamps  # noqa: E402
-from wal.errors import CorruptionError  # noqa: E402
+from wal.errors import CorruptionError, LogGapError  # noqa: E402
 
 
 def ship(obj):

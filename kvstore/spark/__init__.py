@@ -4,11 +4,19 @@
     register(spark)                       # then spark.read.format("walkv") ...
 
 :mod:`kvstore.spark.source` is the data source (it imports pyspark),
-:mod:`kvstore.spark.files` and :mod:`kvstore.spark.snapshots` find and read the
-store's files, :mod:`kvstore.spark.arrow` turns entries into Arrow batches,
+:mod:`kvstore.spark.partitions` plans a read and reads one partition,
+:mod:`kvstore.spark.stream` is the stream reader, :mod:`kvstore.spark.files`
+and :mod:`kvstore.spark.snapshots` plan and read the store's log and
+snapshots through the ``wal`` and ``snapshot`` readers,
+:mod:`kvstore.spark.arrow` turns entries into Arrow batches,
 :mod:`kvstore.spark.options` parses the reader options and
-:mod:`kvstore.spark.export` writes the tables as Parquet. Importing this package
-does not import pyspark; :func:`register` and :func:`read_state` do.
+:mod:`kvstore.spark.export` writes the tables as Parquet (it imports pyspark
+too). Importing this package does not import pyspark; :func:`register` and
+:func:`read_state` do. Imports point one way: ``arrow`` and ``files``
+import no other module here; ``options`` imports ``arrow``; ``snapshots``
+imports ``arrow`` and ``files``; ``partitions`` those and ``options``;
+``stream`` imports ``partitions``; ``source`` imports ``stream``; ``export``
+imports ``source``.
 """
 
 from __future__ import annotations

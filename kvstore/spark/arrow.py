@@ -31,13 +31,14 @@ the same nullability), because Spark rejects record batches that differ.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wal.errors import CorruptionError
+from wal.errors import CorruptionError, Damage
 
 BINARY = "binary"
 STRING = "string"
@@ -176,13 +177,13 @@ _TYPE_NAMES = pa.array(["", UPSERT, DELETE, DELETE_RANGE], pa.string())
 def bad_op(lsn: int, index: int, op: Any, path: str | None) -> CorruptionError:
     return CorruptionError(
         f"operation {index} of the batch is not a put, delete or delete_range: {op!r:.80}",
-        path=path, lsn=lsn, hint="run `walkv verify STORE`",
+        kind=Damage.CONTENT, path=path, lsn=lsn, hint="run `walkv verify STORE`",
     )
 
 
 def change_batches(
     entries: Iterable[Any],
-    decode: Callable[[bytes, int, str | None], list],
+    decode: Callable[[bytes, int, str | None], list[Any]],
     key_format: str = BINARY,
     value_format: str = BINARY,
     path: str | None = None,
@@ -253,14 +254,14 @@ def change_batches(
 class TailState:
     """The effect of a run of log entries on the keys in ``[lo, hi)``: the
     last put/delete of each key and every range delete, with their positions
-    ``(lsn, op index)``. Built from :func:`iter_ops` in LSN order."""
+    ``(lsn, op index)``. Built entry by entry, in LSN order (:meth:`add`)."""
 
     def __init__(self, lo: bytes | None = None, hi: bytes | None = None) -> None:
         self.lo, self.hi = lo, hi
         self.latest: dict[bytes, tuple[int, int, bytes | None]] = {}
         self.ranges: list[tuple[bytes, bytes, int, int]] = []
 
-    def add(self, lsn: int, ops: list, path: str | None = None) -> None:
+    def add(self, lsn: int, ops: list[Any], path: str | None = None) -> None:
         lo, hi = self.lo, self.hi
         for i, op in enumerate(ops):
             try:
@@ -283,8 +284,7 @@ class TailState:
         out: list[list[bytes]] = []
         for start, end, _, _ in sorted(self.ranges):
             if out and start <= out[-1][1]:
-                if end > out[-1][1]:
-                    out[-1][1] = end
+                out[-1][1] = max(out[-1][1], end)
             else:
                 out.append([start, end])
         return [(s, e) for s, e in out]

@@ -19,7 +19,7 @@ appends only the LSNs the previous runs did not export (the first run starts
 after the newest snapshot). ``snapshot`` is rewritten only when a newer
 snapshot exists, and ``state`` (not append-only) is rewritten each run. If
 retention deleted log segments between two runs, the run fails with
-:class:`~kvstore.spark.files.LogGapError` naming the missing LSNs; export
+:class:`~wal.errors.LogGapError` naming the missing LSNs; export
 again without ``incremental`` (or into a new ``OUT``) to start over.
 
 Columns are those of the ``walkv`` data source (:mod:`kvstore.spark.arrow`);
@@ -32,14 +32,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
-from typing import Any, Callable
-
-from wal.errors import WalkvError
+from collections.abc import Callable
+from typing import Any
 
 from kvstore.spark.arrow import BINARY, CHANGES, SNAPSHOT, STATE, TABLES
-from kvstore.spark.files import LogGapError, StoreFiles, normalize_location
+from kvstore.spark.files import StoreFiles, normalize_location
+from kvstore.spark.options import parse
+from kvstore.spark.partitions import plan
+from kvstore.spark.source import register, spark_schema
+from wal.errors import LogGapError, WalkvError
 
 log = logging.getLogger("walkv.export")
 
@@ -65,22 +69,22 @@ def _out_fs(out: str) -> tuple[Any, str]:
     import pyarrow.fs as pafs
 
     if "://" in out:
-        return pafs.FileSystem.from_uri(out)
+        filesystem, root = pafs.FileSystem.from_uri(out)
+        return filesystem, str(root)
     return pafs.LocalFileSystem(), out
 
 
-def _read_meta(out: str) -> dict:
+def _read_meta(out: str) -> dict[str, Any]:
     fs, root = _out_fs(out)
     try:
         with fs.open_input_stream(_join(root, META_NAME)) as f:
-            return json.loads(f.read().decode("utf-8"))
-    except (FileNotFoundError, ValueError):
-        return {}
-    except OSError:
+            meta: dict[str, Any] = json.loads(f.read().decode("utf-8"))
+            return meta
+    except (OSError, ValueError):  # none yet, or unreadable: start over
         return {}
 
 
-def _write_meta(out: str, meta: dict) -> None:
+def _write_meta(out: str, meta: dict[str, Any]) -> None:
     fs, root = _out_fs(out)
     fs.create_dir(root, recursive=True)
     tmp = _join(root, META_NAME + ".tmp")
@@ -115,18 +119,18 @@ def _session(master: str) -> tuple[Any, bool]:
     return spark, True
 
 
-def _as_walkv_error(exc: BaseException, what: str) -> WalkvError:
-    """A Spark failure as walkv's own error (the first line that says why)."""
-    text = str(exc)
-    marker = "are no longer in the log"
-    for line in text.splitlines():
-        if marker in line:
-            msg = line.split("LogGapError: ", 1)[-1].strip()
-            import re
+_GAP = re.compile(r"LogGapError: (LSNs (\d+)\.\.(\d+) .*)")
 
-            m = re.search(r"LSNs (\d+)\.\.(\d+)", msg)
-            a, b = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-            return LogGapError(msg, first_missing=a, last_missing=b)
+
+def _as_walkv_error(exc: BaseException, what: str) -> WalkvError:
+    """A Spark failure as walkv's own error. Spark returns an executor's
+    exception as its traceback's text only, so a LogGapError is recognised
+    by its type name there and rebuilt with the LSNs it names; anything else
+    becomes a WalkvError quoting the last line that names an error."""
+    text = str(exc)
+    gap = _GAP.search(text)
+    if gap is not None:
+        return LogGapError(gap.group(1).strip(), first_missing=int(gap.group(2)), last_missing=int(gap.group(3)))
     why = next(
         (ln.strip() for ln in reversed(text.splitlines()) if "Error" in ln and ":" in ln),
         text.strip().splitlines()[0] if text.strip() else type(exc).__name__,
@@ -144,7 +148,7 @@ def export(
     *,
     key_format: str = BINARY,
     value_format: str = BINARY,
-) -> dict:
+) -> dict[str, Any]:
     """Export ``store``'s ``table`` (snapshot, changes, state or all) to
     Parquet under ``out``; see the module docstring. Returns what
     ``OUT/_walkv_export.json`` holds: the store, the snapshot LSN, the end LSN
@@ -154,9 +158,6 @@ def export(
     appear whole; the streaming checkpoint makes an incremental run append
     each LSN exactly once. ``progress(done, total)`` counts tables.
     """
-    from kvstore.spark.source import plan, register, spark_schema
-    from kvstore.spark.options import parse
-
     tables = _tables(table)
     location = normalize_location(store)
     out = normalize_location(out)
@@ -234,7 +235,7 @@ def export(
             spark.stop()
 
 
-def _changes_incremental(spark: Any, location: str, out: str, path: str, snap_lsn: int, fmt: dict) -> dict:
+def _changes_incremental(spark: Any, location: str, out: str, path: str, snap_lsn: int, fmt: dict[str, str]) -> dict[str, Any]:
     checkpoint = _join(out, CHECKPOINTS, CHANGES)
     reader = spark.readStream.format("walkv").options(**fmt).option("startingLsn", snap_lsn + 1)
     query = (

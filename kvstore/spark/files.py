@@ -1,59 +1,42 @@
-"""A store's files as Spark sees them: through ``pyarrow.fs``, without LMDB.
+"""A store's log as the Spark source plans and reads it, without LMDB.
 
 The Spark data source (:mod:`kvstore.spark`) reads a store straight from its
 files, on the driver (planning) and on executors (reading), so that the same
-code reads a local disk, HDFS or S3 as the cluster sees them. This module is
-that file layer. It imports neither pyspark nor LMDB, holds no lock and never
-writes: it is safe to run next to a live writer.
-
-A store, as laid out by :mod:`kvstore`::
-
-    STORE/wal/         the log (segments, sparse indexes, DURABLE): wal.segment
-    STORE/snapshots/   snap-{lsn:020d}/ directories: the snapshot package
-
-What a reader may trust, and why:
+code reads a local disk, HDFS or S3 as the cluster sees them. Files are
+found and decoded by the readers of the ``wal`` package through the
+read-only file seam (:mod:`wal.readfs`), at the paths
+:class:`kvstore.layout.StoreLayout` gives; nothing here holds a lock or
+writes, so it is safe next to a live writer. What is Spark's own:
 
 * Only LSNs up to the durable LSN (``wal/DURABLE``) are read. Past it, the
-  active segment may hold a record still being written; the reader stops as
+  active segment may hold a record still being written; a read stops as
   soon as it has the last LSN it wants and never parses further bytes.
+* The log is cut into :class:`LogSlice`\\ s, one input partition each: one per
+  segment, large sealed segments split at sparse-index points.
 * A segment holds LSNs from its name's first LSN up to the next segment's
   first LSN minus one (the newest: up to the durable LSN). A read that finds
-  fewer entries than that (a segment deleted by retention or cut short) fails
-  with :class:`LogGapError` naming the missing LSNs: never a silent gap.
-* Framing, CRCs, headers and indexes are decoded by ``wal.record`` and
-  ``wal.segment``; this module only finds files and hands them over.
+  fewer entries (a segment deleted by retention or cut short) fails with
+  :class:`~wal.errors.LogGapError` or :class:`~wal.errors.CorruptionError`
+  naming the missing LSNs: never a silent gap.
 
-Paths are plain local paths or URIs (``file:///data/store``,
-``hdfs://nn/store``, ``s3://bucket/store``) resolved with
-``pyarrow.fs.FileSystem.from_uri``. Objects here pickle as the URI only, and
-resolve the file system again where they are unpickled (on an executor).
+A :class:`StoreFiles` pickles as the store's location (a local path or a
+URI such as ``file:///data/store``, ``hdfs://nn/store``, ``s3://bucket/store``)
+and resolves its file system again where it is unpickled (on an executor).
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
-from snapshot.layout import parse_snapshot_dir_name
-from wal.errors import CorruptionError, LogGapError, WalkvError
-from wal.record import RecordReader
-from wal.segment import DURABLE_NAME, decode_durable, segment_first_lsn
+import wal
+from kvstore.layout import WAL_DIR, StoreLayout
+from wal.errors import CorruptionError, Damage, LogGapError, WalkvError
 
-WAL_DIR = "wal"
-SNAPSHOTS_DIR = "snapshots"
-
-
-
-
-
-def _pa_fs() -> Any:
-    try:
-        import pyarrow.fs as pafs
-    except ImportError as exc:  # pragma: no cover - the spark extra brings pyarrow
-        raise ImportError("walkv's Spark support needs pyarrow: pip install 'walkv[spark]'") from exc
-    return pafs
+_REREAD_HINT = "the segment was cut or replaced while being read; rerun, and run `walkv verify STORE` if it persists"
 
 
 def normalize_location(path: str) -> str:
@@ -64,17 +47,6 @@ def normalize_location(path: str) -> str:
     if "://" in path:
         return path.rstrip("/") if not path.endswith(":///") else path
     return os.path.abspath(os.path.expanduser(path))
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    """One segment file: the LSNs it holds are ``first_lsn .. last_lsn``
-    (``last_lsn`` is ``None`` for the newest segment, bounded by the durable LSN)."""
-
-    first_lsn: int
-    path: str
-    size: int
-    last_lsn: int | None
 
 
 @dataclass(frozen=True)
@@ -95,106 +67,45 @@ class LogSlice:
 
 
 class StoreFiles:
-    """A store's files through ``pyarrow.fs``; pickles as its location."""
+    """A store as the Spark source reads it: its location and, resolved from
+    it when first used, its :class:`~kvstore.layout.StoreLayout`. Pickles as
+    the location only."""
 
     def __init__(self, location: str) -> None:
         self.location = normalize_location(location)
-        self._fs: Any = None
-        self._root: str = ""
-
-    # -- pickling: the URI travels, the file system is resolved again --------
+        self._layout: StoreLayout | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.location = state["location"]
-        self._fs = None
-        self._root = ""
+        self._layout = None
 
     def __repr__(self) -> str:
-        return f"StoreFiles({self.location!r})"
-
-    def _resolve(self) -> None:
-        pafs = _pa_fs()
-        if "://" in self.location:
-            try:
-                self._fs, root = pafs.FileSystem.from_uri(self.location)
-            except Exception as exc:  # pyarrow raises ArrowInvalid / OSError
-                raise ValueError(f"cannot resolve store URI {self.location!r}: {exc}") from exc
-        else:
-            self._fs, root = pafs.LocalFileSystem(), self.location
-        self._root = root.rstrip("/") or "/"
+        return f"StoreFiles({self.display()!r})"
 
     @property
-    def fs(self) -> Any:
-        if self._fs is None:
-            self._resolve()
-        return self._fs
+    def layout(self) -> StoreLayout:
+        if self._layout is None:
+            self._layout = StoreLayout.of(self.location)
+        return self._layout
 
-    @property
-    def root(self) -> str:
-        if self._fs is None:
-            self._resolve()
-        return self._root
-
-    def join(self, *parts: str) -> str:
-        return "/".join([self.root.rstrip("/"), *parts]) if self.root != "/" else "/" + "/".join(parts)
-
-    @property
-    def wal_dir(self) -> str:
-        return self.join(WAL_DIR)
-
-    @property
-    def snapshots_dir(self) -> str:
-        return self.join(SNAPSHOTS_DIR)
-
-    def display(self, path: str) -> str:
-        """A path as the user gave the store (URI scheme kept), for messages."""
-        if "://" in self.location and path.startswith(self.root):
-            return self.location + path[len(self.root.rstrip("/")) :]
-        return path
-
-    # -- plain file access ---------------------------------------------------
-
-    def open(self, path: str) -> Any:
-        """A seekable binary file (pyarrow ``NativeFile``)."""
-        return self.fs.open_input_file(path)
-
-    def read_bytes(self, path: str) -> bytes | None:
-        """A whole small file, or ``None`` when it does not exist."""
-        try:
-            with self.fs.open_input_file(path) as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if not self.exists(path):
-                return None
-            raise WalkvError(f"cannot read {self.display(path)}: {exc}") from exc
-
-    def exists(self, path: str) -> bool:
-        pafs = _pa_fs()
-        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
-
-    def listdir(self, path: str) -> list[tuple[str, str, int, bool]]:
-        """``(name, path, size, is_dir)`` of a directory's entries; ``[]`` when
-        the directory does not exist."""
-        pafs = _pa_fs()
-        try:
-            infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-        except OSError as exc:
-            raise WalkvError(f"cannot list {self.display(path)}: {exc}") from exc
-        out = []
-        for info in infos:
-            out.append((info.base_name, info.path, info.size or 0, info.type == pafs.FileType.Directory))
-        return out
+    def display(self, path: str | None = None) -> str:
+        """``path`` (default: the store) as the user named it, for messages
+        (a URI keeps its scheme, credentials redacted)."""
+        return self.layout.display(path)
 
     def check_store(self) -> None:
         """Fail clearly when the location is not a walkv store."""
-        if not self.exists(self.wal_dir):
+        layout = self.layout
+        try:
+            entries = layout.fs.list_dir(layout.root)
+        except OSError as exc:
+            raise WalkvError(f"cannot list {self.display()}: {exc}") from exc
+        if not any(e.name == WAL_DIR and e.is_dir for e in entries):
             raise ValueError(
-                f"{self.location} is not a walkv store (no wal/ directory); "
+                f"{self.display()} is not a walkv store (no {WAL_DIR}/ directory); "
                 "give the directory passed to kvstore.open()"
             )
 
@@ -203,122 +114,72 @@ class StoreFiles:
     def durable_lsn(self) -> int:
         """The durable LSN the writer published in ``wal/DURABLE`` (0 when the
         log has never been written)."""
-        lsn = None
-        for _ in range(10):  # a read racing the writer's update fails its check: retry
-            data = self.read_bytes(self.wal_dir + "/" + DURABLE_NAME)
-            lsn = decode_durable(data) if data is not None else None
-            if lsn is not None or data is None:
-                break
-        if lsn is None:
-            if not self.list_segment_files():
-                return 0
-            raise CorruptionError(
-                "the log has no readable DURABLE file, so a reader cannot tell which entries are durable",
-                path=self.display(self.wal_dir + "/" + DURABLE_NAME),
-                hint="open the store once with kvstore.open() (or `walkv verify STORE`) to publish it",
-            )
-        return lsn
-
-    def list_segment_files(self) -> list[tuple[int, str, int]]:
-        found = []
-        for name, path, size, is_dir in self.listdir(self.wal_dir):
-            first = segment_first_lsn(name)
-            if first is not None and not is_dir:
-                found.append((first, path, size))
-        found.sort()
-        return found
-
-    def segments(self, durable: int) -> list[SegmentInfo]:
-        """The segments holding LSNs ``<= durable``, oldest first, each with its
-        LSN range; segments past the durable LSN (just rolled) are left out."""
-        files = [f for f in self.list_segment_files() if f[0] <= durable]
-        out = []
-        for i, (first, path, size) in enumerate(files):
-            last = files[i + 1][0] - 1 if i + 1 < len(files) else None
-            out.append(SegmentInfo(first, path, size, last))
-        return out
-
-    def read_index(self, segment_path: str) -> Any:
-        """The sparse index of a sealed segment (``wal.segment.SparseIndex``),
-        or ``None`` when it is missing or damaged (then the segment is read
-        from its start; the writer rebuilds the index)."""
-        from wal import segment as wseg
-
-        path = wseg.index_path(segment_path)
-        data = self.read_bytes(path)
-        if data is None:
-            return None
-        import io
-
-        try:
-            records = list(RecordReader(io.BytesIO(data), path=path))
-            if len(records) != 1:
-                return None
-            return wseg.decode_index(records[0], path)
-        except CorruptionError:
-            return None
+        layout = self.layout
+        lsn = wal.read_durable_lsn(layout.wal_dir, layout.fs)
+        if lsn is not None:
+            return lsn
+        if not wal.list_segments(layout.wal_dir, layout.fs):
+            return 0
+        raise CorruptionError(
+            "the log has no readable DURABLE file, so a reader cannot tell which entries are durable",
+            kind=Damage.MISSING, path=self.display(layout.fs.join(layout.wal_dir, wal.DURABLE_NAME)), offset=0,
+            hint="open the store once with kvstore.open() (or `walkv verify STORE`) to publish it",
+        )
 
     def store_id(self) -> str | None:
         """The store id from the newest segment's header (``None`` for a log
         with no segment yet)."""
-        from wal import segment as wseg
+        return wal.read_store_id(self.layout.wal_dir, self.layout.fs)
 
-        files = self.list_segment_files()
-        if not files:
-            return None
-        _, path, _ = files[-1]
-        try:
-            with self.open(path) as f:
-                header, _ = wseg.read_header(f, self.display(path))
-        except FileNotFoundError:
-            files = self.list_segment_files()
-            if not files:
-                return None
-            with self.open(files[0][1]) as f:
-                header, _ = wseg.read_header(f, self.display(files[0][1]))
-        return header.store_id
+    def segments(self, durable: int) -> list[wal.SegmentFile]:
+        """The segments holding LSNs ``<= durable``, oldest first; segments
+        past the durable LSN (just rolled) are left out."""
+        return [s for s in wal.list_segments(self.layout.wal_dir, self.layout.fs) if s.first_lsn <= durable]
+
+    def first_held(self, durable: int) -> int:
+        """The first LSN the log still holds (``durable + 1`` when it holds none)."""
+        segs = self.segments(durable)
+        return segs[0].first_lsn if segs else durable + 1
 
     def plan_log(self, from_lsn: int, to_lsn: int, durable: int, max_bytes: int) -> list[LogSlice]:
         """Slices covering exactly LSNs ``from_lsn .. to_lsn`` (inclusive; empty
         when ``to_lsn < from_lsn``): one per segment, large sealed segments
         split at sparse-index points into pieces of about ``max_bytes``.
 
-        Raises :class:`LogGapError` when the log no longer holds ``from_lsn``.
+        Raises :class:`~wal.errors.LogGapError` when the log no longer holds
+        ``from_lsn``.
         """
         if to_lsn < from_lsn:
             return []
         if to_lsn > durable:
-            raise ValueError(f"LSN {to_lsn} is past the durable LSN {durable} of {self.location}")
+            raise ValueError(f"LSN {to_lsn} is past the durable LSN {durable} of {self.display()}")
         segs = self.segments(durable)
         first_held = segs[0].first_lsn if segs else durable + 1
         if from_lsn < first_held:
-            raise gap_error(self.location, from_lsn, min(to_lsn, first_held - 1), first_held)
-        firsts = [s.first_lsn for s in segs]
-        i = bisect.bisect_right(firsts, from_lsn) - 1
+            raise self.gap_error(from_lsn, min(to_lsn, first_held - 1), first_held)
+        i = bisect.bisect_right([s.first_lsn for s in segs], from_lsn) - 1
         slices: list[LogSlice] = []
-        for seg in segs[i:]:
+        for k in range(i, len(segs)):
+            seg = segs[k]
             if seg.first_lsn > to_lsn:
                 break
-            seg_last = seg.last_lsn if seg.last_lsn is not None else durable
+            sealed = k + 1 < len(segs)
+            seg_last = segs[k + 1].first_lsn - 1 if sealed else durable
             lo, hi = max(from_lsn, seg.first_lsn), min(to_lsn, seg_last)
-            if hi < lo:
-                continue
-            slices.extend(self._split_segment(seg, lo, hi, max_bytes))
+            if hi >= lo:
+                slices.extend(self._split_segment(seg, sealed, lo, hi, max_bytes))
         return slices
 
-    def _split_segment(self, seg: SegmentInfo, lo: int, hi: int, max_bytes: int) -> list[LogSlice]:
-        index = self.read_index(seg.path) if seg.last_lsn is not None else None
-        if index is None or not index.points:
+    def _split_segment(self, seg: wal.SegmentFile, sealed: bool, lo: int, hi: int,
+                       max_bytes: int) -> list[LogSlice]:
+        index = wal.read_index(seg.path, self.layout.fs) if sealed else None
+        if index is None or index.first_lsn != seg.first_lsn or not index.points:
             return [LogSlice(seg.path, 0, lo, hi, seg.size)]
         points = [p for p in index.points if p[0] <= hi]
         # The piece containing ``lo`` starts at the last point at or before it.
         j = bisect.bisect_right(points, (lo, 1 << 64)) - 1
-        start_lsn, start_off = (lo, 0) if j < 0 else (lo, points[j][1])
-        cuts: list[tuple[int, int]] = []  # (first lsn, start offset) of each piece
-        cuts.append((start_lsn, start_off))
+        cuts = [(lo, 0 if j < 0 else points[j][1])]  # (first lsn, start offset) of each piece
         for lsn, off in points[j + 1 :]:
-            if lsn > hi:
-                break
             if off - cuts[-1][1] >= max_bytes and lsn > cuts[-1][0]:
                 cuts.append((lsn, off))
         end_off = index.data_end or seg.size
@@ -329,68 +190,58 @@ class StoreFiles:
             out.append(LogSlice(seg.path, off, first, last, max(0, nxt - off)))
         return out
 
-    # -- reading ---------------------------------------------------------------
+    def gap_error(self, first: int, last: int, first_held: int | None) -> LogGapError:
+        """LSNs ``first .. last`` are gone from the log (retention deleted them)."""
+        held = f"; the log now starts at LSN {first_held}" if first_held is not None else ""
+        return LogGapError(
+            f"LSNs {first}..{last} are no longer in the log of {self.display()} (retention deleted their "
+            f"segments after a snapshot covered them){held}. Read table=snapshot and then the changes "
+            f"after the snapshot's LSN, or restart the stream with a new checkpoint and startingLsn",
+            first_missing=first,
+            last_missing=last,
+            first_available=first_held,
+        )
 
-    def iter_entries(self, piece: LogSlice) -> Iterator[Any]:
-        """The entries ``piece.from_lsn .. piece.to_lsn`` (``wal.segment.Entry``),
-        checked to be all there; stops right after ``to_lsn`` without reading
-        further bytes (which may be a record still being written)."""
-        from wal import segment as wseg
+    # -- reading (on executors) ------------------------------------------------
 
-        expected = piece.from_lsn
+    def iter_slice(self, piece: LogSlice) -> Iterator[wal.Entry]:
+        """The entries ``piece.from_lsn .. piece.to_lsn``, checked to be all
+        there; stops right after ``to_lsn`` without reading further bytes
+        (which may be a record still being written)."""
+        fs = self.layout.fs
         shown = self.display(piece.path)
         try:
-            f = self.open(piece.path)
+            f = fs.open_input(piece.path)
         except FileNotFoundError:
-            raise gap_error(self.location, piece.from_lsn, piece.to_lsn, None) from None
+            raise self.gap_error(piece.from_lsn, piece.to_lsn, None) from None
         except OSError as exc:
-            if not self.exists(piece.path):
-                raise gap_error(self.location, piece.from_lsn, piece.to_lsn, None) from None
+            if self._missing(piece.path):
+                raise self.gap_error(piece.from_lsn, piece.to_lsn, None) from None
             raise WalkvError(f"cannot open {shown}: {exc}") from exc
+        expected = piece.from_lsn
         with f:
-            if expected <= piece.to_lsn:
-                for entry in wseg.iter_entries(f, shown, piece.start_offset, piece.from_lsn, piece.to_lsn):
-                    if entry.lsn != expected:  # pragma: no cover - iter_entries checks order
-                        raise CorruptionError(
-                            f"expected LSN {expected}, found {entry.lsn}", path=shown, lsn=entry.lsn,
-                            hint="run `walkv verify STORE`",
-                        )
-                    yield entry
-                    expected += 1
-                    if expected > piece.to_lsn:
-                        return
-        if expected <= piece.to_lsn:
-            raise CorruptionError(
-                f"segment ends at LSN {expected - 1} but the log says it holds LSNs up to {piece.to_lsn}",
-                path=shown, lsn=expected,
-                hint="the segment was cut or replaced while being read; rerun, and run `walkv verify STORE` if it persists",
-            )
+            for entry in wal.iter_entries(f, shown, piece.start_offset, piece.from_lsn, piece.to_lsn):
+                if entry.lsn != expected:  # the slice started past from_lsn (a wrong index point)
+                    raise CorruptionError(
+                        f"expected LSN {expected}, found {entry.lsn}", kind=Damage.SEQUENCE, path=shown,
+                        offset=piece.start_offset, lsn=entry.lsn, hint=_REREAD_HINT,
+                    )
+                yield entry
+                expected += 1
+                if expected > piece.to_lsn:
+                    return
+            ended = f.tell()
+        raise CorruptionError(
+            f"segment ends at LSN {expected - 1} but the log says it holds LSNs up to {piece.to_lsn}",
+            kind=Damage.SEQUENCE, path=shown, offset=ended, lsn=expected, hint=_REREAD_HINT,
+        )
 
-    # -- snapshots -------------------------------------------------------------
-
-    def snapshot_dirs(self) -> list[tuple[int, str]]:
-        """``(lsn, path)`` of every ``snap-*`` directory, oldest first (valid
-        or not: :func:`kvstore.spark.snapshots` checks manifests)."""
-        out = []
-        for name, path, _, is_dir in self.listdir(self.snapshots_dir):
-            lsn = parse_snapshot_dir_name(name)
-            if lsn is not None and is_dir:
-                out.append((lsn, path))
-        out.sort()
-        return out
+    def _missing(self, path: str) -> bool:
+        try:
+            self.layout.fs.file_size(path)
+        except FileNotFoundError:
+            return True
+        return False
 
 
-def gap_error(location: str, first: int, last: int, first_held: int | None) -> LogGapError:
-    held = f"; the log now starts at LSN {first_held}" if first_held is not None else ""
-    return LogGapError(
-        f"LSNs {first}..{last} are no longer in the log of {location} (retention deleted their "
-        f"segments after a snapshot covered them){held}. Read table=snapshot and then the changes "
-        f"after the snapshot's LSN, or restart the stream with a new checkpoint and startingLsn",
-        first_missing=first,
-        last_missing=last,
-    )
-
-
-
-
-__all__ = ["LogGapError", "LogSlice", "SegmentInfo", "StoreFiles", "gap_error", "normalize_location"]
+__all__ = ["LogSlice", "StoreFiles", "normalize_location"]

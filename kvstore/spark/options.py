@@ -32,8 +32,8 @@ option                 meaning (names are case-insensitive, as Spark's are)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from kvstore.spark.arrow import BINARY, CHANGES, FORMATS, STRING, TABLES
 
@@ -141,6 +141,6 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         starting_lsn=starting,
         ending_lsn=ending,
         max_records_per_batch=max_records,
-        max_partition_bytes=_int("maxPartitionBytes", raw.get("maxPartitionBytes", DEFAULT_MAX_PARTITION_BYTES), 1),
-        rows_per_batch=_int("rowsPerBatch", raw.get("rowsPerBatch", DEFAULT_ROWS_PER_BATCH), 1),
+        max_partition_bytes=_int("maxPartitionBytes", raw.get("maxPartitionBytes", str(DEFAULT_MAX_PARTITION_BYTES)), 1),
+        rows_per_batch=_int("rowsPerBatch", raw.get("rowsPerBatch", str(DEFAULT_ROWS_PER_BATCH)), 1),
     )

@@ -1,0 +1,169 @@
+"""Planning a walkv read into input partitions (on the driver) and reading one (on an executor).
+
+Planning happens once, on the driver: the durable LSN is read then and bounds
+every partition, so a query never reads past it and sees one consistent LSN
+range however long its tasks take. Partitions: one per snapshot chunk and one
+per log segment (large sealed segments split at sparse-index points); a
+``state`` read has one per snapshot chunk's key range, each applying the log
+tail to its range. Each partition holds everything its task needs; the
+:class:`~kvstore.spark.files.StoreFiles` it is read with pickles as the
+store's location only. Tasks yield ``pyarrow.RecordBatch``\\ es whose types
+are exactly the schema's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import InputPartition
+
+import snapshot
+from kvstore.batch import decode
+from kvstore.spark import arrow as sa
+from kvstore.spark import snapshots as ss
+from kvstore.spark.files import LogSlice, StoreFiles
+from kvstore.spark.options import EARLIEST, LATEST, Options
+from wal.errors import CorruptionError
+
+
+@dataclass(frozen=True)
+class ChunkPartition(InputPartition):
+    """One chunk of the snapshot in ``directory``: ``snapshot`` rows."""
+
+    directory: str
+    chunk: snapshot.ChunkInfo
+
+
+@dataclass(frozen=True)
+class LogPartition(InputPartition):
+    """A run of LSNs inside one segment: ``changes`` rows."""
+
+    piece: LogSlice
+
+
+@dataclass(frozen=True)
+class StatePartition(InputPartition):
+    """The keys in ``[lo, hi)`` (``None``: unbounded): the rows of one chunk
+    of the snapshot in ``directory`` (or none) with the log tail ``pieces``
+    applied."""
+
+    directory: str | None
+    chunk: snapshot.ChunkInfo | None
+    lo: bytes | None
+    hi: bytes | None
+    pieces: tuple[LogSlice, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one batch query reads, fixed once: the snapshot, the LSN range of
+    the log (inclusive), and the durable LSN it was planned against."""
+
+    snapshot: snapshot.Snapshot | None
+    from_lsn: int
+    to_lsn: int
+    durable_lsn: int
+
+
+def plan(files: StoreFiles, opts: Options) -> Plan:
+    """Choose the snapshot and the LSN range for a batch read."""
+    files.check_store()
+    durable = files.durable_lsn()
+    if opts.ending_lsn is not None and opts.ending_lsn > durable:
+        raise ValueError(
+            f"endingLsn {opts.ending_lsn} is past the durable LSN {durable} of {files.display()}; "
+            "entries past it may still be lost to a crash, so they are not read"
+        )
+    end = durable if opts.ending_lsn is None else opts.ending_lsn
+    snap: snapshot.Snapshot | None = None
+    if opts.table != sa.CHANGES or opts.starting_lsn is None:
+        snap = ss.choose(files, opts.snapshot_lsn, opts.ending_lsn if opts.table != sa.SNAPSHOT else None)
+    if opts.table == sa.CHANGES and opts.starting_lsn is not None:
+        if opts.starting_lsn == EARLIEST:
+            start = files.first_held(durable)
+        elif opts.starting_lsn == LATEST:
+            start = durable + 1
+        else:
+            start = int(opts.starting_lsn)
+    else:
+        start = (snap.lsn if snap is not None else 0) + 1
+    return Plan(snap, start, end, durable)
+
+
+def partitions_for(files: StoreFiles, opts: Options, p: Plan) -> list[Any]:
+    """The input partitions of a planned batch read."""
+    if opts.table == sa.SNAPSHOT:
+        if p.snapshot is None:
+            return []
+        return [ChunkPartition(p.snapshot.path, c) for c in p.snapshot.chunks]
+    pieces = tuple(files.plan_log(p.from_lsn, p.to_lsn, p.durable_lsn, opts.max_partition_bytes))
+    if opts.table == sa.CHANGES:
+        return [LogPartition(piece) for piece in pieces]
+    # state: one task per snapshot chunk's key range, covering every key.
+    if p.snapshot is None or not p.snapshot.chunks:
+        return [StatePartition(p.snapshot.path if p.snapshot else None, None, None, None, pieces)]
+    chunks = p.snapshot.chunks
+    out = []
+    for i, chunk in enumerate(chunks):
+        lo = None if i == 0 else chunk.first_key
+        hi = chunks[i + 1].first_key if i + 1 < len(chunks) else None
+        out.append(StatePartition(p.snapshot.path, chunk, lo, hi, pieces))
+    return out
+
+
+def _decode_batch(payload: bytes, lsn: int, path: str | None = None) -> list[list[Any]]:
+    """One log entry's batch (the format :mod:`kvstore.batch` owns), its
+    damage naming the segment ``path``."""
+    try:
+        return decode(payload, lsn)
+    except CorruptionError as exc:
+        if path is None or exc.path is not None:
+            raise
+        raise CorruptionError(exc.reason, kind=exc.kind, path=path, offset=exc.offset, lsn=exc.lsn,
+                              hint="run `walkv verify STORE`") from None
+
+
+def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator[Any]:
+    """The record batches of one partition (on an executor)."""
+    kf, vf, rows = opts.key_format, opts.value_format, opts.rows_per_batch
+    if isinstance(partition, LogPartition):
+        piece = partition.piece
+        yield from sa.change_batches(
+            files.iter_slice(piece), _decode_batch, kf, vf, files.display(piece.path), rows
+        )
+    elif isinstance(partition, ChunkPartition):
+        directory, chunk = partition.directory, partition.chunk
+        for keys, values in ss.read_chunk(files, directory, chunk, rows):
+            yield sa.snapshot_batch(sa.binary_array(keys), sa.binary_array(values), chunk.lsn, kf, vf,
+                                    lambda: ss.where(files, directory, chunk))
+    elif isinstance(partition, StatePartition):
+        yield from _read_state_partition(files, opts, partition)
+    elif partition is None or type(partition) is InputPartition:
+        return  # Spark's placeholder when a plan has no partitions: no rows
+    else:
+        raise TypeError(f"not a walkv partition: {partition!r}")
+
+
+def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -> Iterator[Any]:
+    tail = sa.TailState(p.lo, p.hi)
+    for piece in p.pieces:
+        shown = files.display(piece.path)
+        for entry in files.iter_slice(piece):
+            tail.add(entry.lsn, _decode_batch(entry.payload, entry.lsn, shown), shown)
+    kf, vf = opts.key_format, opts.value_format
+    if p.directory is not None and p.chunk is not None:
+        directory, chunk = p.directory, p.chunk
+
+        def where() -> str:
+            return ss.where(files, directory, chunk)
+
+        for keys, values in ss.read_chunk(files, directory, chunk, opts.rows_per_batch):
+            k, v = tail.filter_snapshot(sa.binary_array(keys), sa.binary_array(values))
+            if len(k):
+                yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, where, sa.STATE)
+    keys_, values_, lsns = tail.survivors()
+    for i in range(0, len(keys_), opts.rows_per_batch):
+        j = i + opts.rows_per_batch
+        yield sa.state_batch(keys_[i:j], values_[i:j], lsns[i:j], kf, vf, lambda: f"{files.display()}, log tail")
