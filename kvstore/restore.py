@@ -32,7 +32,7 @@ from kvstore import recovery
 from kvstore.snapshots import SNAPSHOTS_DIR, choose_base
 from wal.errors import CorruptionError, SnapshotError, WalkvError
 from wal.fs import OS_FS
-from wal.segment import list_segments, read_durable_lsn, read_log
+from wal import list_segments, read_durable_lsn, read_log
 
 if TYPE_CHECKING:
     from kvstore.store import KVStore

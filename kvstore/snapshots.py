@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import snapshot
 from wal.errors import ClosedError, CorruptionError, SnapshotError
-from wal.segment import list_segments, read_durable_lsn
+from wal import list_segments, read_durable_lsn
 
 if TYPE_CHECKING:
     from kvstore.store import KVStore

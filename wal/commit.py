@@ -276,6 +276,22 @@ class GroupCommit:
                     self._thawed.notify_all()
                 self._handoff()
 
+    def fail(self, error: BaseException, first_lsn: int) -> BaseException:
+        """Fail the log from outside a group (a sync or a truncation failed at
+        LSN ``first_lsn``): every later append gets the failure, which is
+        returned (the first one, if the log had already failed)."""
+        with self.mutex:
+            if self.failure is None:
+                self.failure = self._on_failure(error, first_lsn)
+            return self.failure
+
+    def renumber(self, next_lsn: int) -> None:
+        """The log was cut (``truncate_after``, inside ``exclusive(freeze=True)``,
+        so no LSN is handed out meanwhile): the next append gets ``next_lsn``."""
+        with self.mutex:
+            self.next_lsn = next_lsn
+            self.acked_lsn = next_lsn - 1
+
     def stop(self, error: BaseException) -> None:
         """Stop the committer thread and fail whatever is still queued."""
         with self.mutex:

@@ -13,7 +13,9 @@ from typing import Callable
 
 import crcmod.predefined
 
-_MASK_DELTA = 0xA282EAD8
+MASK_DELTA = 0xA282EAD8
+"""The constant LevelDB adds to a rotated CRC (see :func:`mask`); the framing's hot
+loops inline :func:`mask` with it."""
 
 
 def _crcmod_crc32c() -> Callable[[bytes], int]:
@@ -66,9 +68,9 @@ else:
 def mask(crc: int) -> int:
     """LevelDB's mask: storing the CRC of data that itself contains CRCs is
     problematic, so the stored value is rotated right by 15 bits plus a constant."""
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + MASK_DELTA) & 0xFFFFFFFF
 
 
 def unmask(masked: int) -> int:
-    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    rot = (masked - MASK_DELTA) & 0xFFFFFFFF
     return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF

@@ -102,7 +102,7 @@ def gather_stats(path: str) -> dict[str, Any]:
     may be running): LSNs, segments, snapshots, LMDB."""
     import snapshot
     import wal
-    from wal.segment import list_segments, read_header
+    from wal import list_segments, read_header
 
     d = require_store(path)
     out: dict[str, Any] = {"path": d["root"]}

@@ -85,7 +85,7 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
     from snapshot.layout import parse_snapshot_dir_name
     from wal.errors import CorruptionError, WalkvError
     from wal.record import RecordReader
-    from wal.segment import decode_entry, list_segments, read_index
+    from wal import decode_entry, list_segments, read_index
 
     d = require_store(path)
     problems: list[Problem] = []

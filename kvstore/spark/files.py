@@ -39,7 +39,8 @@ from typing import Any, Iterator
 from snapshot.layout import parse_snapshot_dir_name
 from wal.errors import CorruptionError, LogGapError, WalkvError
 from wal.record import RecordReader
-from wal.segment import DURABLE_NAME, decode_durable, segment_first_lsn
+from wal.durable import DURABLE_NAME, decode_durable
+from wal.segment import segment_first_lsn
 
 WAL_DIR = "wal"
 SNAPSHOTS_DIR = "snapshots"
