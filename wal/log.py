@@ -36,7 +36,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from typing import Callable, Iterable, Iterator
 
 from wal.commit import Callback, GroupCommit
@@ -50,6 +49,7 @@ from wal.record import DEFAULT_MAX_RECORD_BYTES
 from wal.recovery import recover
 from wal.segment import ENTRY_HEADER_SIZE, Entry, SegmentFile
 from wal.segment_writer import ActiveSegment, round_block
+from wal.stats import LogStats
 from wal.truncation import TRUNCATE_MARKER, cut_after, delete_segments
 
 logger = logging.getLogger("walkv.wal")
@@ -130,8 +130,7 @@ class Log:
         self._flusher: threading.Thread | None = None
         self._flush_due = threading.Condition(self._gc.mutex)  # wakes the batch flusher early
         self._unsynced_bytes = 0
-        self._appends = self._bytes = self._groups = self._max_group = self._fsyncs = self._rolls = 0
-        self._fsync_times: deque[float] = deque(maxlen=4096)
+        self._stats = LogStats()
         if sync == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, name="walkv-flusher", daemon=True)
             self._flusher.start()
@@ -147,7 +146,7 @@ class Log:
         self._indexes: dict[int, SparseIndex] = {s.file.first_lsn: s.index for s in rec.sealed}
         self._active = rec.active
         self._active.open(self._fs, self._prealloc_step)
-        self._active.sync(full=True)  # what a crashed process left in the page cache
+        self._active.sync_full()  # what a crashed process left in the page cache
         last = rec.active.last_lsn
         self._last_at_open = last
         self._written = (last, rec.active.data_end)
@@ -184,7 +183,7 @@ class Log:
     def appended_bytes(self) -> int:
         """Bytes of log written since this log object was opened (cheap: for
         policies such as "snapshot every N bytes of log")."""
-        return self._bytes
+        return self._stats.bytes
 
     # -- appending -------------------------------------------------------------
 
@@ -257,19 +256,12 @@ class Log:
             if self._unsynced_bytes >= self.sync_bytes and self.sync_mode == "batch":
                 with self._gc.mutex:
                     self._flush_due.notify()
-        self._bytes += written
-        self._groups += 1
-        self._appends += len(payloads)
-        if len(payloads) > self._max_group:
-            self._max_group = len(payloads)
+        self._stats.group(len(payloads), written)
         if self._on_commit is not None:
             self._on_commit(list(zip(range(first, lsn), payloads)))
 
     def _timed_sync(self, full: bool = False) -> None:
-        t0 = time.perf_counter()
-        self._active.sync(full=full)
-        self._fsync_times.append(time.perf_counter() - t0)
-        self._fsyncs += 1
+        self._stats.timed(self._active.sync_full if full else self._active.sync)
         self._unsynced_bytes = 0
 
     def _roll(self, first: int) -> None:
@@ -286,7 +278,7 @@ class Log:
             self._written = self._durable = (first - 1, new.data_end)
         old.close()
         self._publish_durable()
-        self._rolls += 1
+        self._stats.rolls += 1
 
     # -- sync -------------------------------------------------------------------
 
@@ -452,24 +444,10 @@ class Log:
         """Counters and latencies: appends, bytes, groups, fsyncs, fsync
         latency p50/p99 (ms, over the last 4096), group sizes, segments."""
         with self._gc.mutex:
-            times = sorted(self._fsync_times)
-            st: dict[str, float | int | str] = dict(
-                appends=self._appends,
-                bytes=self._bytes,
-                groups=self._groups,
-                fsyncs=self._fsyncs,
-                max_group=self._max_group,
-                rolls=self._rolls,
-                first_lsn=self._first_lsn,
-                last_lsn=self._gc.next_lsn - 1,
-                durable_lsn=self._durable[0],
-                segments=len(self._sealed) + 1,
-                sync=self.sync_mode,
-                dropped_bytes_at_open=self.dropped_bytes_at_open,
-            )
-        st["avg_group"] = st["appends"] / st["groups"] if st["groups"] else 0.0
-        st["fsync_p50_ms"] = times[len(times) // 2] * 1e3 if times else 0.0
-        st["fsync_p99_ms"] = times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3 if times else 0.0
+            st = self._stats.report()
+            st.update(first_lsn=self._first_lsn, last_lsn=self._gc.next_lsn - 1, durable_lsn=self._durable[0],
+                      segments=len(self._sealed) + 1, sync=self.sync_mode,
+                      dropped_bytes_at_open=self.dropped_bytes_at_open)
         return st
 
     def __repr__(self) -> str:

@@ -107,8 +107,13 @@ class ActiveSegment:
         if self._f is not None:
             self._f.close()
 
-    def sync(self, full: bool = False) -> None:
-        self.file_handle.sync(full=full)
+    def sync(self) -> None:
+        """``fdatasync``: enough while the file's size has not changed."""
+        self.file_handle.sync(full=False)
+
+    def sync_full(self) -> None:
+        """``fsync``: the file's size (or the file) is new."""
+        self.file_handle.sync(full=True)
 
     def write_group(self, first: int, payloads: list[bytes], timestamp_us: int) -> tuple[int, bool]:
         """Frame entries ``first, first+1, ...`` after the last one and write
