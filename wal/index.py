@@ -18,14 +18,21 @@ import io
 import struct
 import sys
 from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from operator import lt
-from typing import BinaryIO, Iterable, Iterator, NamedTuple, Sequence, overload
+from typing import BinaryIO, NamedTuple, overload
 
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS, FileSystem
 from wal.readfs import ReadFS
 from wal.record import DEFAULT_MAX_RECORD_BYTES, RecordReader, RecordWriter
-from wal.segment import FORMAT_VERSION, SegmentHeader, SegmentScan, index_path, read_header
+from wal.segment import (
+    FORMAT_VERSION,
+    SegmentHeader,
+    SegmentScan,
+    index_path,
+    read_header,
+)
 
 INDEX_MAGIC = b"WALKVIDX"
 INDEX_INTERVAL = 4096

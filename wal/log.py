@@ -32,15 +32,24 @@ acknowledged before is lost; reopen to go on.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import os
 import threading
 import time
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Self
 
 from wal.commit import Callback, GroupCommit
 from wal.durable import DurableMarker
-from wal.errors import ClosedError, LogFailedError, LogGapError, RecordTooLargeError, file_error, log_failed
+from wal.errors import (
+    ClosedError,
+    LogFailedError,
+    LogGapError,
+    RecordTooLargeError,
+    file_error,
+    log_failed,
+)
 from wal.fs import OS_FS, FileSystem
 from wal.index import SparseIndex
 from wal.lock import DirectoryLock
@@ -359,7 +368,7 @@ class Log:
         with self._gc.mutex:
             self._refuse()
             segments = self._sealed + [self._active.file]
-            doomed = [seg for seg, nxt in zip(segments, segments[1:]) if nxt.first_lsn <= lsn]
+            doomed = [seg for seg, nxt in itertools.pairwise(segments) if nxt.first_lsn <= lsn]
             if not doomed:
                 return 0
             self._sealed = self._sealed[len(doomed):]
@@ -434,7 +443,7 @@ class Log:
                 "The next open recovers the log."
             ) from error
 
-    def __enter__(self) -> "Log":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -455,6 +464,6 @@ class Log:
         return f"<wal.Log {self.directory!r} sync={self.sync_mode} {state}>"
 
 
-def open(directory: str | os.PathLike[str], **options: object) -> Log:  # noqa: A001 - the spec's name
+def open(directory: str | os.PathLike[str], **options: object) -> Log:
     """Open (or create) the log in ``directory`` for writing. See :class:`Log`."""
-    return Log(directory, **options)  # type: ignore[arg-type]
+    return Log(directory, **options)  # type: ignore[arg-type]  # Log.__init__ checks each option's type at run time

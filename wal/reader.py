@@ -4,7 +4,7 @@ process and after it is gone)."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from wal.durable import read_durable_lsn
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import BinaryIO, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import BinaryIO, NamedTuple
 
 from wal.crc import MASK_DELTA, crc32c, extend, extend_bytes, mask
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, RecordTooLargeError

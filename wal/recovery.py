@@ -28,7 +28,14 @@ from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS, FileSystem
 from wal.index import INDEX_INTERVAL, SparseIndex, read_index, scan_segment, write_index
 from wal.repair import repair
-from wal.segment import SegmentFile, SegmentHeader, SegmentScan, index_path, list_segments, read_header
+from wal.segment import (
+    SegmentFile,
+    SegmentHeader,
+    SegmentScan,
+    index_path,
+    list_segments,
+    read_header,
+)
 from wal.segment_writer import ActiveSegment
 from wal.torn import is_torn
 from wal.truncation import cut_tail, finish_truncate

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from wal.errors import CorruptionError, Damage, WalkvError
 from wal.fs import OS_FS, FileSystem

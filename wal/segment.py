@@ -37,8 +37,9 @@ import re
 import struct
 import time
 import uuid
+from collections.abc import Iterator
 from operator import itemgetter
-from typing import BinaryIO, Iterator, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS
@@ -180,7 +181,7 @@ class SegmentScan:
     would carry (``None`` when unknown): recovery cuts and repairs there.
     """
 
-    __slots__ = ("path", "header", "next_lsn", "data_end", "_reader")
+    __slots__ = ("_reader", "data_end", "header", "next_lsn", "path")
 
     def __init__(
         self,

@@ -19,12 +19,19 @@ from __future__ import annotations
 import io
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from wal.fs import OS_FS, File, FileSystem
 from wal.index import INDEX_INTERVAL, IndexPoints, SparseIndex, write_index
 from wal.record import BLOCK_SIZE, HEADER_SIZE, RecordWriter, frame, frame_into
-from wal.segment import FORMAT_VERSION, SegmentFile, SegmentHeader, encode_header, pack_entry_header, segment_name
+from wal.segment import (
+    FORMAT_VERSION,
+    SegmentFile,
+    SegmentHeader,
+    encode_header,
+    pack_entry_header,
+    segment_name,
+)
 
 
 def round_block(n: int) -> int:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 
 class LogStats:
     """Counted by the leader that writes each group (one at a time), read
     under the log's mutex."""
 
-    __slots__ = ("appends", "bytes", "groups", "max_group", "fsyncs", "rolls", "_fsync_times")
+    __slots__ = ("_fsync_times", "appends", "bytes", "fsyncs", "groups", "max_group", "rolls")
 
     def __init__(self) -> None:
         self.appends = self.bytes = self.groups = self.max_group = self.fsyncs = self.rolls = 0
@@ -22,8 +22,7 @@ class LogStats:
         self.bytes += nbytes
         self.groups += 1
         self.appends += entries
-        if entries > self.max_group:
-            self.max_group = entries
+        self.max_group = max(self.max_group, entries)
 
     def timed(self, sync: Callable[[], None]) -> None:
         """Run one fsync, counting it and its latency."""
@@ -36,10 +35,10 @@ class LogStats:
         """The counters, the average group and the fsync latency p50/p99 (ms,
         over the last 4096)."""
         times = sorted(self._fsync_times)
-        return dict(
-            appends=self.appends, bytes=self.bytes, groups=self.groups, fsyncs=self.fsyncs,
-            max_group=self.max_group, rolls=self.rolls,
-            avg_group=self.appends / self.groups if self.groups else 0.0,
-            fsync_p50_ms=times[len(times) // 2] * 1e3 if times else 0.0,
-            fsync_p99_ms=times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3 if times else 0.0,
-        )
+        return {
+            "appends": self.appends, "bytes": self.bytes, "groups": self.groups, "fsyncs": self.fsyncs,
+            "max_group": self.max_group, "rolls": self.rolls,
+            "avg_group": self.appends / self.groups if self.groups else 0.0,
+            "fsync_p50_ms": times[len(times) // 2] * 1e3 if times else 0.0,
+            "fsync_p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3 if times else 0.0,
+        }

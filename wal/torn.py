@@ -10,7 +10,15 @@ and :func:`wal.repair` cuts.
 from __future__ import annotations
 
 from wal.fs import File
-from wal.record import BLOCK_SIZE, FRAGMENT_HEADER, FIRST, FULL, HEADER_SIZE, RecordReader, fragment_crc
+from wal.record import (
+    BLOCK_SIZE,
+    FIRST,
+    FRAGMENT_HEADER,
+    FULL,
+    HEADER_SIZE,
+    RecordReader,
+    fragment_crc,
+)
 from wal.segment import ENTRY_HEADER_SIZE
 
 SECTOR = 512
