@@ -243,7 +243,7 @@ class StoreFiles:
         """The sparse index of a sealed segment (``wal.segment.SparseIndex``),
         or ``None`` when it is missing or damaged (then the segment is read
         from its start; the writer rebuilds the index)."""
-        from wal import segment as wseg
+        from wal import index as wseg
 
         path = wseg.index_path(segment_path)
         data = self.read_bytes(path)
