@@ -33,7 +33,7 @@ from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.snapshots import choose_base
 from wal.errors import CorruptionError, Damage, SnapshotError, WalkvError
 from wal.fs import OS_FS
-from wal.segment import Entry, list_segments, read_durable_lsn, read_log
+from wal import Entry, list_segments, read_durable_lsn, read_log
 
 if TYPE_CHECKING:
     from kvstore.store import KVStore

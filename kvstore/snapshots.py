@@ -32,7 +32,7 @@ from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 from kvstore.state import State
 from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError
 from wal.fs import FileSystem
-from wal.segment import list_segments, read_durable_lsn
+from wal import list_segments, read_durable_lsn
 
 log_ = logging.getLogger("walkv.snapshots")
 

@@ -30,16 +30,9 @@ import wal
 from wal.crc import crc32c, mask
 from wal.errors import CorruptionError, WalkvError
 from wal.record import BLOCK_SIZE, FIRST, FULL, LAST, MIDDLE, RecordReader
-from wal.segment import (
-    index_path,
-    iter_entries,
-    list_segments,
-    read_durable_lsn,
-    read_log,
-    read_header,
-    read_index,
-    scan_segment,
-)
+from wal import iter_entries, list_segments, read_durable_lsn, read_header, read_index, read_log
+from wal.index import scan_segment
+from wal.segment import index_path
 
 SEGMENT_BYTES = 4096
 SETTINGS = settings(max_examples=120, deadline=None,

@@ -24,15 +24,8 @@ from wal.errors import ClosedError, CorruptionError, LogFailedError, LogGapError
 from wal.fs import FileSystem
 from wal.record import BLOCK_SIZE, RecordReader
 from wal.truncation import TRUNCATE_MARKER
-from wal.segment import (
-    INDEX_INTERVAL,
-    index_path,
-    iter_entries,
-    list_segments,
-    read_header,
-    read_index,
-    scan_segment,
-)
+from wal.index import INDEX_INTERVAL, read_index, scan_segment
+from wal.segment import index_path, iter_entries, list_segments, read_header
 
 STATS_KEYS = {
     "appends", "bytes", "groups", "fsyncs", "max_group", "rolls", "first_lsn", "last_lsn", "durable_lsn",
@@ -391,11 +384,13 @@ def test_truncate_before(tmp_path: Path) -> None:
         assert log.stats()["first_lsn"] == segs[3].first_lsn
         for s in segs[:3]:
             assert not os.path.exists(s.path) and not os.path.exists(index_path(s.path))
-        with pytest.raises(ValueError, match="no longer"):
+        with pytest.raises(LogGapError, match="no longer") as gap:
             list(log.read(segs[3].first_lsn - 1))
-        with pytest.raises(ValueError):
+        assert (gap.value.first_missing, gap.value.last_missing, gap.value.first_available) == (
+            segs[3].first_lsn - 1, segs[3].first_lsn - 1, segs[3].first_lsn)
+        with pytest.raises(LogGapError):
             list(log.read(1, 5))
-        with pytest.raises(ValueError):
+        with pytest.raises(LogGapError):
             list(log.read_entries(1))
         assert read_all(log, from_lsn=log.first_lsn) == [(k, model[k]) for k in range(segs[3].first_lsn, 201)]
         # Never deletes the active segment, however far ahead the LSN.
@@ -410,7 +405,7 @@ def test_truncate_before(tmp_path: Path) -> None:
     with wal.open(d, segment_bytes=4096) as log:
         assert log.first_lsn == first and log.last_lsn == 201
         assert read_all(log, from_lsn=first)[-1] == (201, b"after")
-        with pytest.raises(ValueError):
+        with pytest.raises(LogGapError):
             list(log.read(1))
         more = fill(log, 100, start=202)
         assert min(more) == 202

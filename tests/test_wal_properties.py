@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wal
+from wal.errors import LogGapError
 from wal.record import RecordReader
 from wal.segment import index_path, list_segments
 
@@ -58,7 +59,7 @@ def check(log: wal.Log, model: dict[int, bytes], first: int, sync: str, data) ->
     hi = data.draw(st.integers(lo - 1, last + 2), label="hi")
     assert list(log.read(lo, hi, durable_only=False)) == [(k, model[k]) for k in range(lo, min(hi, last) + 1)]
     if first > 1:
-        with pytest.raises(ValueError):
+        with pytest.raises(LogGapError):
             list(log.read(first - 1))
 
 

@@ -36,9 +36,10 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal.errors import CorruptionError, LockedError
+from wal.errors import CorruptionError, LockedError, LogGapError
 from wal.record import BLOCK_SIZE, RecordReader, frame_into
-from wal.segment import index_path, list_segments, read_index
+from wal.index import read_index
+from wal.segment import index_path, list_segments
 
 SECTOR = 512
 
@@ -713,7 +714,7 @@ def test_start_lsn(tmp_path: Path) -> None:
     with wal.open(d, start_lsn=1000, segment_bytes=4096) as log:
         assert (log.first_lsn, log.last_lsn, log.durable_lsn) == (1000, 999, 999)
         assert read_all(log, from_lsn=1000) == []
-        with pytest.raises(ValueError):
+        with pytest.raises(LogGapError):
             list(log.read(1))
         for i in range(100):
             assert log.append(pl(i)) == 1000 + i

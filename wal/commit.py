@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 logger = logging.getLogger("walkv.wal")
 
@@ -32,7 +32,7 @@ Callback = Callable[[int, "BaseException | None"], None]
 
 
 class _Waiter:
-    __slots__ = ("lock", "lsn", "lead", "exclusive")
+    __slots__ = ("exclusive", "lead", "lock", "lsn")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -77,6 +77,13 @@ class GroupCommit:
         self.acked_lsn = next_lsn - 1  # what appenders may be told is done
         self.failure: BaseException | None = None
 
+    def _group_failure(self) -> BaseException:
+        """Why a group was not acknowledged: a group fails only by setting
+        ``failure`` (before its appenders wake)."""
+        if self.failure is None:
+            raise RuntimeError("group commit: a group was neither acknowledged nor failed")
+        return self.failure
+
     def _waiter(self) -> _Waiter:
         w = getattr(self._local, "waiter", None)
         if w is None:
@@ -108,7 +115,7 @@ class GroupCommit:
             self._handoff()
             m.release()
             if self.acked_lsn < last:
-                raise self.failure  # type: ignore[misc]
+                raise self._group_failure()
             return first
         else:
             if len(payloads) == 1:
@@ -126,7 +133,7 @@ class GroupCommit:
                 w.lock.acquire()  # released by the leader: done, failed, or our turn to lead
                 if not w.lead:
                     if self.acked_lsn < last:
-                        raise self.failure  # type: ignore[misc]
+                        raise self._group_failure()
                     return first
                 m.acquire()
             else:
@@ -136,7 +143,7 @@ class GroupCommit:
         m.release()
         _run_callbacks(done)
         if self.acked_lsn < last:
-            raise self.failure  # type: ignore[misc]
+            raise self._group_failure()
         return first
 
     def submit_nowait(self, payload: bytes, callback: Callback) -> int:
@@ -275,6 +282,22 @@ class GroupCommit:
                     self._frozen = False
                     self._thawed.notify_all()
                 self._handoff()
+
+    def fail(self, error: BaseException, first_lsn: int) -> BaseException:
+        """Fail the log from outside a group (a sync or a truncation failed at
+        LSN ``first_lsn``): every later append gets the failure, which is
+        returned (the first one, if the log had already failed)."""
+        with self.mutex:
+            if self.failure is None:
+                self.failure = self._on_failure(error, first_lsn)
+            return self.failure
+
+    def renumber(self, next_lsn: int) -> None:
+        """The log was cut (``truncate_after``, inside ``exclusive(freeze=True)``,
+        so no LSN is handed out meanwhile): the next append gets ``next_lsn``."""
+        with self.mutex:
+            self.next_lsn = next_lsn
+            self.acked_lsn = next_lsn - 1
 
     def stop(self, error: BaseException) -> None:
         """Stop the committer thread and fail whatever is still queued."""

@@ -189,7 +189,7 @@ class FileSystem:
         return out
 
     def open_input(self, path: str) -> BinaryIO:
-        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+        return open(path, "rb")
 
     def read_file(self, path: str) -> bytes | None:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from typing import Self
 
 from wal.errors import LockedError
 
@@ -45,7 +46,7 @@ class DirectoryLock:
             fd, self.fd = self.fd, -1
             os.close(fd)
 
-    def __enter__(self) -> "DirectoryLock":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

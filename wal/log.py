@@ -32,34 +32,34 @@ acknowledged before is lost; reopen to go on.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import os
 import threading
 import time
-from collections import deque
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Self
 
-from wal.errors import ClosedError, LogFailedError, RecordTooLargeError, file_error, log_failed
-from wal.fs import OS_FS, File, FileSystem
-from wal.lock import DirectoryLock
-from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, frame, frame_into
 from wal.commit import Callback, GroupCommit
-from wal.recovery import ActiveSegment, recover
-from wal.truncation import TRUNCATE_MARKER, cut_after, delete_segments
-from wal.segment import (
-    DurableMarker,
-    ENTRY_HEADER_SIZE,
-    INDEX_INTERVAL,
-    Entry,
-    IndexPoints,
-    SegmentFile,
-    SparseIndex,
-    read_segments,
-    pack_entry_header,
-    record_start,
-    write_index,
-    write_new_segment,
+from wal.durable import DurableMarker
+from wal.errors import (
+    ClosedError,
+    LogFailedError,
+    LogGapError,
+    RecordTooLargeError,
+    file_error,
+    log_failed,
 )
+from wal.fs import OS_FS, FileSystem
+from wal.index import SparseIndex
+from wal.lock import DirectoryLock
+from wal.reader import read_segments
+from wal.record import DEFAULT_MAX_RECORD_BYTES
+from wal.recovery import recover
+from wal.segment import ENTRY_HEADER_SIZE, Entry, SegmentFile
+from wal.segment_writer import ActiveSegment, round_block
+from wal.stats import LogStats
+from wal.truncation import TRUNCATE_MARKER, cut_after, delete_segments
 
 logger = logging.getLogger("walkv.wal")
 
@@ -114,7 +114,7 @@ class Log:
         self._max_payload = max_record_bytes - ENTRY_HEADER_SIZE
         self._on_commit = on_commit
         self._fs = fs or OS_FS
-        self._prealloc_step = min(PREALLOC_STEP, _round_block(segment_bytes))
+        self._prealloc_step = min(PREALLOC_STEP, round_block(segment_bytes))
         if not isinstance(start_lsn, int) or start_lsn < 1:
             raise ValueError(f"start_lsn must be a positive int, not {start_lsn!r}")
         self._start_lsn = start_lsn
@@ -139,8 +139,7 @@ class Log:
         self._flusher: threading.Thread | None = None
         self._flush_due = threading.Condition(self._gc.mutex)  # wakes the batch flusher early
         self._unsynced_bytes = 0
-        self._appends = self._bytes = self._groups = self._max_group = self._fsyncs = self._rolls = 0
-        self._fsync_times: deque[float] = deque(maxlen=4096)
+        self._stats = LogStats()
         if sync == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, name="walkv-flusher", daemon=True)
             self._flusher.start()
@@ -154,8 +153,9 @@ class Log:
         self.dropped_bytes_at_open = rec.dropped_bytes
         self._sealed: list[SegmentFile] = [s.file for s in rec.sealed]
         self._indexes: dict[int, SparseIndex] = {s.file.first_lsn: s.index for s in rec.sealed}
-        self._activate(rec.active)
-        self._file.sync(full=True)  # what a crashed process left in the page cache
+        self._active = rec.active
+        self._active.open(self._fs, self._prealloc_step)
+        self._active.sync_full()  # what a crashed process left in the page cache
         last = rec.active.last_lsn
         self._last_at_open = last
         self._written = (last, rec.active.data_end)
@@ -163,12 +163,6 @@ class Log:
         self._first_lsn = self._sealed[0].first_lsn if self._sealed else rec.active.file.first_lsn
         self._durable_marker = DurableMarker(self.directory)
         self._publish_durable()
-
-    def _activate(self, active: ActiveSegment) -> None:
-        self._active = active
-        self._file: File = self._fs.open(active.file.path)
-        self._offset = active.data_end
-        self._prealloc_end = self._file.size()
 
     def _publish_durable(self) -> None:
         self._durable_marker.publish(self._durable[0])
@@ -198,7 +192,7 @@ class Log:
     def appended_bytes(self) -> int:
         """Bytes of log written since this log object was opened (cheap: for
         policies such as "snapshot every N bytes of log")."""
-        return self._bytes
+        return self._stats.bytes
 
     # -- appending -------------------------------------------------------------
 
@@ -256,80 +250,44 @@ class Log:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
         it to ``on_commit``. Called by the leader only, without the mutex."""
         active = self._active
-        if self._offset >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
+        if active.data_end >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
             self._roll(first)
             active = self._active
-        ts = time.time_ns() // 1000
-        off = start = self._offset
-        last_point = active.last_point
-        if len(payloads) == 1 and off - last_point < INDEX_INTERVAL:  # one append, no index point
-            data, off = frame(pack_entry_header(first, ts) + payloads[0], off)
-            lsn = first + 1
-        else:
-            points = active.points
-            lsn = first
-            parts: list[bytes] = []
-            for payload in payloads:
-                if off - last_point >= INDEX_INTERVAL:
-                    rec = record_start(off)
-                    points.append((lsn, rec))
-                    last_point = rec
-                off = frame_into(parts, pack_entry_header(lsn, ts) + payload, off)
-                lsn += 1
-            active.last_point = last_point
-            data = b"".join(parts)
-        grew = off > self._prealloc_end
-        if grew:
-            new_end = _round_block(max(off, self._prealloc_end + self._prealloc_step))
-            self._file.preallocate(self._prealloc_end, new_end - self._prealloc_end)
-            self._prealloc_end = new_end
-        self._file.pwrite(data, start)
-        self._offset = active.data_end = off
-        active.last_lsn = lsn - 1
-        self._written = (lsn - 1, off)
+        written, grew = active.write_group(first, payloads, time.time_ns() // 1000)
+        lsn = first + len(payloads)
+        self._written = (lsn - 1, active.data_end)
         if self.sync_mode == "always":
             self._timed_sync(full=grew)
             self._durable = self._written
             self._durable_marker.publish(lsn - 1)
         else:
-            self._unsynced_bytes += off - start
+            self._unsynced_bytes += written
             if self._unsynced_bytes >= self.sync_bytes and self.sync_mode == "batch":
                 with self._gc.mutex:
                     self._flush_due.notify()
-        self._bytes += off - start
-        self._groups += 1
-        self._appends += len(payloads)
-        if len(payloads) > self._max_group:
-            self._max_group = len(payloads)
+        self._stats.group(len(payloads), written)
         if self._on_commit is not None:
             self._on_commit(list(zip(range(first, lsn), payloads)))
 
     def _timed_sync(self, full: bool = False) -> None:
-        t0 = time.perf_counter()
-        self._file.sync(full=full)
-        self._fsync_times.append(time.perf_counter() - t0)
-        self._fsyncs += 1
+        self._stats.timed(self._active.sync_full if full else self._active.sync)
         self._unsynced_bytes = 0
 
     def _roll(self, first: int) -> None:
         """Seal the active segment (cut its zeros, fsync, write its index) and
         start a new one whose first LSN is ``first``."""
-        active = self._active
-        self._file.truncate(self._offset)
-        self._timed_sync(full=True)
-        index = SparseIndex(active.file.first_lsn, first - 1, self._offset, IndexPoints(active.points))
-        write_index(active.file.path, index, self._fs)
-        path, end = write_new_segment(self.directory, self.store_id, first, self._prealloc_step, self._fs)
-        old = self._file
-        header = active.header._replace(first_lsn=first)
+        old = self._active
+        index = old.seal(self._fs, self._timed_sync)
+        new = ActiveSegment.create(self.directory, self.store_id, first, self._prealloc_step, self._fs)
+        new.open(self._fs, self._prealloc_step)
         with self._gc.mutex:  # readers copy the segment list under it
-            self._sealed.append(active.file)
-            self._indexes[active.file.first_lsn] = index
-            self._activate(ActiveSegment(SegmentFile(first, path), header, end, first - 1))
-            self._written = self._durable = (first - 1, end)
+            self._sealed.append(old.file)
+            self._indexes[old.file.first_lsn] = index
+            self._active = new
+            self._written = self._durable = (first - 1, new.data_end)
         old.close()
         self._publish_durable()
-        self._rolls += 1
+        self._stats.rolls += 1
 
     # -- sync -------------------------------------------------------------------
 
@@ -357,9 +315,7 @@ class Log:
                 try:
                     self._timed_sync()
                 except OSError as e:
-                    with self._gc.mutex:
-                        self._gc.failure = self._fail(e, self._durable[0] + 1)
-                    raise self._failure from e  # type: ignore[misc]
+                    raise self._gc.fail(e, self._durable[0] + 1) from e
                 self._durable = target
                 self._publish_durable()
         return self._durable[0]
@@ -387,9 +343,10 @@ class Log:
         if from_lsn < 1:
             raise ValueError(f"LSNs start at 1; cannot read from LSN {from_lsn}")
         if from_lsn < first_held:
-            raise ValueError(
+            raise LogGapError(
                 f"LSN {from_lsn} is no longer in the log at {self.directory} (it starts at LSN {first_held}; "
-                "older entries were truncated after a snapshot covered them)"
+                "older entries were truncated after a snapshot covered them)",
+                first_missing=from_lsn, last_missing=first_held - 1, first_available=first_held,
             )
         last = limit_lsn if to_lsn is None else min(to_lsn, limit_lsn)
         if from_lsn > last:
@@ -411,7 +368,7 @@ class Log:
         with self._gc.mutex:
             self._refuse()
             segments = self._sealed + [self._active.file]
-            doomed = [seg for seg, nxt in zip(segments, segments[1:]) if nxt.first_lsn <= lsn]
+            doomed = [seg for seg, nxt in itertools.pairwise(segments) if nxt.first_lsn <= lsn]
             if not doomed:
                 return 0
             self._sealed = self._sealed[len(doomed):]
@@ -438,18 +395,15 @@ class Log:
                 self._fs.write_file(marker + ".tmp", str(lsn).encode())
                 self._fs.rename(marker + ".tmp", marker)
                 self._fs.fsync_dir(self.directory)
-                self._file.close()
+                self._active.close()
                 self._durable_marker.close()
                 cut_after(self.directory, lsn, self._fs)
                 self._fs.unlink(marker)
                 self._fs.fsync_dir(self.directory)
                 self._open_state("strict")
             except OSError as e:
-                with self._gc.mutex:
-                    self._gc.failure = self._fail(e, lsn + 1)
-                raise self._failure from e  # type: ignore[misc]
-            self._gc.next_lsn = lsn + 1
-            self._gc.acked_lsn = lsn
+                raise self._gc.fail(e, lsn + 1) from e
+            self._gc.renumber(lsn + 1)
 
     # -- closing and stats -----------------------------------------------------------
 
@@ -468,9 +422,7 @@ class Log:
                         self._timed_sync()
                         self._durable = self._written
                         self._publish_durable()
-                    a = self._active
-                    index = SparseIndex(a.file.first_lsn, a.last_lsn, a.data_end, IndexPoints(a.points))
-                    write_index(a.file.path, index, self._fs)
+                    self._active.write_index(self._fs)
                     self._fs.fsync_dir(self.directory)
         except OSError as e:
             error = e
@@ -481,17 +433,17 @@ class Log:
             self._gc.stop(self._failure or ClosedError("the log was closed before this entry was written"))
             if self._flusher is not None and self._flusher is not threading.current_thread():
                 self._flusher.join(timeout=5)
-            self._file.close()
+            self._active.close()
             self._durable_marker.close()
             self._lock.release()
         if error is not None:
             raise LogFailedError(
-                f"closing the log at {self.directory} failed: {error.strerror} ({error.filename or self._file.path}). "
+                f"closing the log at {self.directory} failed: {error.strerror} ({error.filename or self._active.file.path}). "
                 f"Entries up to LSN {self._durable[0]} are durable; those written after it may not be. "
                 "The next open recovers the log."
             ) from error
 
-    def __enter__(self) -> "Log":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -501,24 +453,10 @@ class Log:
         """Counters and latencies: appends, bytes, groups, fsyncs, fsync
         latency p50/p99 (ms, over the last 4096), group sizes, segments."""
         with self._gc.mutex:
-            times = sorted(self._fsync_times)
-            st: dict[str, float | int | str] = dict(
-                appends=self._appends,
-                bytes=self._bytes,
-                groups=self._groups,
-                fsyncs=self._fsyncs,
-                max_group=self._max_group,
-                rolls=self._rolls,
-                first_lsn=self._first_lsn,
-                last_lsn=self._gc.next_lsn - 1,
-                durable_lsn=self._durable[0],
-                segments=len(self._sealed) + 1,
-                sync=self.sync_mode,
-                dropped_bytes_at_open=self.dropped_bytes_at_open,
-            )
-        st["avg_group"] = st["appends"] / st["groups"] if st["groups"] else 0.0
-        st["fsync_p50_ms"] = times[len(times) // 2] * 1e3 if times else 0.0
-        st["fsync_p99_ms"] = times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3 if times else 0.0
+            st = self._stats.report()
+            st.update(first_lsn=self._first_lsn, last_lsn=self._gc.next_lsn - 1, durable_lsn=self._durable[0],
+                      segments=len(self._sealed) + 1, sync=self.sync_mode,
+                      dropped_bytes_at_open=self.dropped_bytes_at_open)
         return st
 
     def __repr__(self) -> str:
@@ -526,10 +464,6 @@ class Log:
         return f"<wal.Log {self.directory!r} sync={self.sync_mode} {state}>"
 
 
-def _round_block(n: int) -> int:
-    return (n + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
-
-
-def open(directory: str | os.PathLike[str], **options: object) -> Log:  # noqa: A001 - the spec's name
+def open(directory: str | os.PathLike[str], **options: object) -> Log:
     """Open (or create) the log in ``directory`` for writing. See :class:`Log`."""
-    return Log(directory, **options)  # type: ignore[arg-type]
+    return Log(directory, **options)  # type: ignore[arg-type]  # Log.__init__ checks each option's type at run time

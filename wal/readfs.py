@@ -174,13 +174,13 @@ def redact(uri: str) -> str:
     netloc, sep, tail = rest.partition("/")
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
-    tail = re.sub(r"((?:secret_key|access_key|session_token|password)=)[^&]*", r"\1***", tail, flags=re.I)
+    tail = re.sub(r"((?:secret_key|access_key|session_token|password)=)[^&]*", r"\1***", tail, flags=re.IGNORECASE)
     return f"{scheme}://{netloc}{sep}{tail}"
 
 
 def _pyarrow_fs() -> Any:
     try:
-        import pyarrow.fs as pafs
+        import pyarrow.fs as pafs  # type: ignore[import-not-found,import-untyped,unused-ignore]  # optional (walkv[spark]), untyped
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("reading a URI or a file system object needs pyarrow: pip install 'walkv[spark]'") from exc
     return pafs

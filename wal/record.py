@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import BinaryIO, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import BinaryIO, NamedTuple
 
-from wal.crc import crc32c, extend, extend_bytes, mask
-from wal.errors import CorruptionError, RecordTooLargeError
+from wal.crc import MASK_DELTA, crc32c, extend, extend_bytes, mask
+from wal.errors import REPAIR_HINT, CorruptionError, Damage, RecordTooLargeError
 
 BLOCK_SIZE = 32768
 HEADER_SIZE = 7
@@ -63,9 +64,9 @@ _MAX_TYPE = LAST
 
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
 
-_HEADER = struct.Struct("<IHB")
-_pack_header = _HEADER.pack
-_unpack_header = _HEADER.unpack_from
+FRAGMENT_HEADER = struct.Struct("<IHB")  # masked CRC, payload length, type
+_pack_header = FRAGMENT_HEADER.pack
+_unpack_header = FRAGMENT_HEADER.unpack_from
 # CRC-32C of the single type byte, the start of every fragment's checksum.
 _TYPE_CRC = [crc32c(bytes([t])) for t in range(256)]
 _ZEROS = bytes(HEADER_SIZE)
@@ -85,7 +86,7 @@ def frame(payload: bytes, offset: int) -> tuple[bytes, int]:
     n = len(payload)
     if n + HEADER_SIZE <= BLOCK_SIZE - offset % BLOCK_SIZE:
         crc = extend_bytes(_FULL_CRC, payload)  # mask() inlined: this is the hot path
-        header = _pack_header((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF, n, FULL)
+        header = _pack_header((((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF, n, FULL)
         return header + payload, offset + HEADER_SIZE + n
     parts: list[bytes] = []
     end = frame_into(parts, payload, offset)
@@ -104,7 +105,7 @@ def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
     n = len(payload)
     if n + HEADER_SIZE <= BLOCK_SIZE - offset % BLOCK_SIZE:  # the common case: one FULL fragment
         crc = extend_bytes(_FULL_CRC, payload)  # mask() inlined: this is the hot path
-        out.append(_pack_header((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF, n, FULL))
+        out.append(_pack_header((((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF, n, FULL))
         out.append(payload)
         return offset + HEADER_SIZE + n
     left = BLOCK_SIZE - offset % BLOCK_SIZE
@@ -185,10 +186,12 @@ class Fragment(NamedTuple):
     problem: str | None  # why it is damaged, or None
 
 
-# Events from the physical layer (besides fragment types 1..4).
+# Events from the physical layer (besides fragment types 1..4). A fragment
+# comes with its payload; an event with b"", and _TORN and _BAD with the
+# reader's ``_problem`` set first.
 _EOF = -1  # clean end of data
-_TORN = -2  # truncated header or payload at end of file
-_BAD = -3  # corrupt fragment: (offset, _BAD, (end, reason))
+_TORN = -2  # truncated header or payload at end of file: _problem is (offset, reason, FRAMING)
+_BAD = -3  # corrupt fragment: _problem is (end of the bad bytes, reason, kind)
 _PAD = -4  # zero-filled space: the rest of the block is unused
 
 
@@ -232,6 +235,7 @@ class RecordReader:
         self.end_offset = self.start_offset
         self.torn_tail: tuple[int, str] | None = None
         self.skipped: list[tuple[int, int, str]] = []
+        self._problem: tuple[int, str, Damage] = (0, "", Damage.FRAMING)
 
     def __iter__(self) -> Iterator[bytes]:
         for _, payload in self.records():
@@ -239,9 +243,10 @@ class RecordReader:
 
     # -- physical layer: fragments of one block at a time -----------------
 
-    def _fragments(self) -> Iterator[tuple[int, int, object]]:
+    def _fragments(self) -> Iterator[tuple[int, int, bytes]]:
         f = self._f
         limit = self._limit
+        delta = MASK_DELTA  # a local: mask() is inlined below, once per fragment
         pos = self.start_offset
         block_start = pos - pos % BLOCK_SIZE
         f.seek(block_start)
@@ -259,49 +264,46 @@ class RecordReader:
                     if full_block:
                         break  # trailer: next block
                     if rem > 0 and buf.count(0, i) != rem:
-                        yield block_start + i, _TORN, "truncated header at end of file"
+                        self._problem = (block_start + i, "truncated header at end of file", Damage.FRAMING)
+                        yield block_start + i, _TORN, b""
                     else:
-                        yield block_start + i, _EOF, None
+                        yield block_start + i, _EOF, b""
                     return
                 crc, length, ftype = _unpack_header(buf, i)
                 if ftype == ZERO_TYPE and length == 0:
-                    if self.zeros_end:
-                        yield block_start + i, _EOF, None
+                    if self.zeros_end or not full_block:
+                        yield block_start + i, _EOF, b""
                         return
-                    if not full_block:
-                        yield block_start + i, _EOF, None
-                        return
-                    yield block_start + i, _PAD, None
+                    yield block_start + i, _PAD, b""
                     break  # padding: the rest of this block is unused
                 end = i + HEADER_SIZE + length
                 if end > n:
                     if not full_block:
-                        yield block_start + i, _TORN, "truncated record at end of file"
+                        self._problem = (block_start + i, "truncated record at end of file", Damage.FRAMING)
+                        yield block_start + i, _TORN, b""
                         return
-                    yield block_start + i, _BAD, (
-                        block_start + n,
-                        f"bad record length {length} (past the end of the block)",
-                    )
+                    self._problem = (block_start + n, f"bad record length {length} (past the end of the block)",
+                                     Damage.FRAMING)
+                    yield block_start + i, _BAD, b""
                     break
                 payload = buf[i + HEADER_SIZE : end]
                 c = extend_bytes(_TYPE_CRC[ftype], payload)  # mask() inlined: once per fragment
-                if crc != (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF:
+                if crc != (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF:
                     # The length may be the corrupt field, so nothing after it
                     # in this block can be trusted.
-                    yield block_start + i, _BAD, (block_start + n, "checksum mismatch")
+                    self._problem = (block_start + n, "checksum mismatch", Damage.CHECKSUM)
+                    yield block_start + i, _BAD, b""
                     break
                 if ftype > _MAX_TYPE or ftype == ZERO_TYPE:
-                    yield block_start + i, _BAD, (
-                        block_start + end,
-                        f"unknown record type {ftype}",
-                    )
+                    self._problem = (block_start + end, f"unknown record type {ftype}", Damage.FRAMING)
+                    yield block_start + i, _BAD, b""
                 else:
                     yield block_start + i, ftype, payload
                 i = end
             block_start += BLOCK_SIZE
             pos = block_start
             if not full_block:
-                yield block_start - BLOCK_SIZE + n, _EOF, None
+                yield block_start - BLOCK_SIZE + n, _EOF, b""
                 return
 
     def fragments(self) -> Iterator[Fragment]:
@@ -309,28 +311,23 @@ class RecordReader:
         tools: valid ones with their type and payload length, damaged ones
         with type 0 and the problem; stops at the end of data or a torn tail
         (reported as a last fragment with its problem)."""
-        for offset, ftype, item in self._fragments():
+        for offset, ftype, payload in self._fragments():
             if ftype > 0:
-                yield Fragment(offset, ftype, len(item), None)  # type: ignore[arg-type]
+                yield Fragment(offset, ftype, len(payload), None)
             elif ftype == _BAD:
-                end, reason = item  # type: ignore[misc]
+                end, reason, _ = self._problem
                 yield Fragment(offset, ZERO_TYPE, max(0, end - offset - HEADER_SIZE), reason)
             elif ftype == _TORN:
-                yield Fragment(offset, ZERO_TYPE, 0, f"torn tail: {item}")
+                yield Fragment(offset, ZERO_TYPE, 0, f"torn tail: {self._problem[1]}")
                 return
             elif ftype == _EOF:
                 return
 
     # -- logical layer: reassembly -----------------------------------------
 
-    def _corrupt(self, start: int, end: int, reason: str) -> None:
+    def _corrupt(self, start: int, end: int, reason: str, kind: Damage = Damage.FRAMING) -> None:
         if not self.skip_corrupt:
-            raise CorruptionError(
-                reason,
-                path=self.path,
-                offset=start,
-                hint="the log or file is damaged; `walkv repair` cuts a log at the first bad record",
-            )
+            raise CorruptionError(reason, kind=kind, path=self.path, offset=start, hint=REPAIR_HINT)
         self.skipped.append((start, end, reason))
 
     def records(self) -> Iterator[tuple[int, bytes]]:
@@ -352,19 +349,21 @@ class RecordReader:
                     self._corrupt(record_start, offset, "partial record without end (FULL inside a fragmented record)")
                     record_start = -1
                     parts = []
-                if len(item) > max_bytes:  # type: ignore[arg-type]
-                    self._corrupt(offset, offset + HEADER_SIZE + len(item), f"record over the limit of {max_bytes} bytes")  # type: ignore[arg-type]
+                end = offset + HEADER_SIZE + len(item)
+                if len(item) > max_bytes:
+                    self._corrupt(offset, end, f"record over the limit of {max_bytes} bytes", Damage.TOO_LARGE)
                     continue
-                self.end_offset = offset + HEADER_SIZE + len(item)  # type: ignore[arg-type]
-                yield offset, item  # type: ignore[misc]
+                self.end_offset = end
+                yield offset, item
             elif ftype == FIRST:
                 resyncing = False
                 if record_start >= 0:
                     self._corrupt(record_start, offset, "partial record without end (FIRST inside a fragmented record)")
                 record_start = offset
-                parts = [item]  # type: ignore[list-item]
-                size = len(item)  # type: ignore[arg-type]
+                parts = [item]
+                size = len(item)
             elif ftype == MIDDLE or ftype == LAST:
+                end = offset + HEADER_SIZE + len(item)
                 if record_start < 0:
                     if resyncing:
                         # LevelDB: the LAST of the record we started inside
@@ -372,21 +371,21 @@ class RecordReader:
                         resyncing = ftype == MIDDLE
                     else:
                         name = "MIDDLE" if ftype == MIDDLE else "LAST"
-                        self._corrupt(offset, offset + HEADER_SIZE + len(item), f"missing start of fragmented record ({name} without FIRST)")  # type: ignore[arg-type]
+                        self._corrupt(offset, end, f"missing start of fragmented record ({name} without FIRST)")
                     continue
-                size += len(item)  # type: ignore[arg-type]
+                size += len(item)
                 if size > max_bytes:
-                    self._corrupt(record_start, offset + HEADER_SIZE + len(item), f"record over the limit of {max_bytes} bytes")  # type: ignore[arg-type]
+                    self._corrupt(record_start, end, f"record over the limit of {max_bytes} bytes", Damage.TOO_LARGE)
                     record_start = -1
                     parts = []
                     continue
-                parts.append(item)  # type: ignore[arg-type]
+                parts.append(item)
                 if ftype == LAST:
                     start = record_start
                     record_start = -1
                     payload = b"".join(parts)
                     parts = []
-                    self.end_offset = offset + HEADER_SIZE + len(item)  # type: ignore[arg-type]
+                    self.end_offset = end
                     yield start, payload
             elif ftype == _PAD:
                 if record_start >= 0:  # LevelDB: an error in the middle of a record,
@@ -394,15 +393,15 @@ class RecordReader:
                     record_start = -1
                     parts = []
             elif ftype == _BAD:
-                end, reason = item  # type: ignore[misc]
+                bad_end, reason, kind = self._problem
                 if record_start >= 0:
                     # An error between fragments must not join them: the
                     # unfinished record is dropped with the bad fragment.
-                    self._corrupt(record_start, end, reason)
+                    self._corrupt(record_start, bad_end, reason, kind)
                     record_start = -1
                     parts = []
                 else:
-                    self._corrupt(offset, end, reason)
+                    self._corrupt(offset, bad_end, reason, kind)
             else:  # _EOF or _TORN
                 if holed >= 0:
                     self.torn_tail = (holed, "fragmented record followed only by zeros at end of file")
@@ -410,5 +409,5 @@ class RecordReader:
                 if record_start >= 0:
                     self.torn_tail = (record_start, "fragmented record without its LAST fragment at end of file")
                 elif ftype == _TORN:
-                    self.torn_tail = (offset, item)  # type: ignore[assignment]
+                    self.torn_tail = (offset, self._problem[1])
                 return

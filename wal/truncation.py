@@ -20,8 +20,8 @@ import os
 
 from wal.errors import CorruptionError, file_error
 from wal.fs import OS_FS, File, FileSystem
-from wal.record import RecordReader
-from wal.segment import SegmentFile, decode_entry, index_path, list_segments, read_header, read_index
+from wal.index import read_index
+from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header
 
 log = logging.getLogger("walkv.wal")
 
@@ -80,24 +80,16 @@ def delete_segments(directory: str, doomed: list[SegmentFile], fs: FileSystem = 
 TRUNCATE_MARKER = "TRUNCATE"
 
 
-def _entry_end(path: str, header_end: int, lsn: int, start: int) -> int:
-    """Offset just after entry ``lsn`` in a segment (``header_end`` when the
+def _entry_end(path: str, lsn: int, start: int) -> int:
+    """Offset just after entry ``lsn`` in a segment (``start`` when the
     segment's first LSN is ``lsn + 1``), scanning from record offset ``start``.
     Nothing after entry ``lsn`` is read: an interrupted cut may have left it
     half zeroed."""
-    end = header_end
     with open(path, "rb") as fh:
-        reader = RecordReader(fh, path=path, start_offset=start, zeros_end=True)
-        for offset, payload in reader.records():
-            if offset == 0:
-                continue
-            entry_lsn = decode_entry(payload, path, offset).lsn
-            if entry_lsn > lsn:
-                break
-            end = reader.end_offset
-            if entry_lsn == lsn:
-                break
-    return end
+        scan = SegmentScan(fh, path, start)
+        for _ in scan.entries(to_lsn=lsn):
+            pass
+        return scan.data_end
 
 
 def cut_after(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
@@ -119,7 +111,7 @@ def cut_after(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
         start = max((off for p_lsn, off in index.points if p_lsn <= lsn), default=header_end)
     if os.path.exists(index_path(seg.path)):
         fs.unlink(index_path(seg.path))
-    end = _entry_end(seg.path, header_end, lsn, start)
+    end = _entry_end(seg.path, lsn, start)
     cut_tail(fs, seg.path, end, f"truncate_after({lsn})")
     f = fs.open(seg.path)
     try:

@@ -1,0 +1,94 @@
+"""Reading entries across segments, from a live log or straight from a
+directory's files (:func:`read_log`: no lock, safe beside a writer in another
+process and after it is gone)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from wal.durable import read_durable_lsn
+from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError
+from wal.fs import OS_FS
+from wal.index import read_index
+from wal.readfs import ReadFS
+from wal.record import DEFAULT_MAX_RECORD_BYTES
+from wal.segment import Entry, SegmentFile, SegmentScan, find_segment, list_segments
+
+
+def read_segments(
+    segments: list[SegmentFile],
+    from_lsn: int,
+    last: int | None,
+    start_offset: Callable[[int, SegmentFile, int], int],
+    *,
+    active_end: int | None = None,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    fs: ReadFS = OS_FS,
+) -> Iterator[Entry]:
+    """Entries ``from_lsn..last`` (None: to the end) of consecutive segments,
+    strictly checked, with no LSN missing (a missing one is corruption, named
+    at the offset where it should have been). ``start_offset(i, segment,
+    lsn)`` gives the record offset to start reading segment ``i`` at (from a
+    sparse index); ``active_end`` bounds the bytes read of the last segment
+    (the durable part of a segment still being written)."""
+    expected = from_lsn
+    for i in range(max(0, find_segment(segments, from_lsn)), len(segments)):
+        seg = segments[i]
+        if last is not None and seg.first_lsn > last:
+            return
+        is_last = i == len(segments) - 1
+        shown = fs.display(seg.path)
+        start = start_offset(i, seg, expected)
+        try:
+            fh = fs.open_input(seg.path)
+        except FileNotFoundError:
+            raise LogGapError(
+                f"segment {shown} (LSNs from {seg.first_lsn}) was deleted while being read: a "
+                "snapshot covered it and retention (truncate_before) removed it; read again from a snapshot",
+                first_missing=expected, last_missing=(segments[i + 1].first_lsn - 1) if not is_last else expected,
+            ) from None
+        with fh:
+            scan = SegmentScan(fh, shown, start, end_offset=active_end if is_last else None,
+                               max_record_bytes=max_record_bytes)
+            for offset, entry in scan.entries(expected, last):
+                if entry.lsn != expected:
+                    raise CorruptionError(f"LSNs {expected}..{entry.lsn - 1} are missing from the log",
+                                          kind=Damage.SEQUENCE, path=shown, offset=offset, lsn=expected,
+                                          hint=REPAIR_HINT)
+                yield entry
+                expected += 1
+        if last is not None and expected > last:
+            return
+        nxt = segments[i + 1].first_lsn if not is_last else None
+        if nxt is not None and expected < nxt:
+            raise CorruptionError(f"LSNs {expected}..{nxt - 1} are missing from the log", kind=Damage.SEQUENCE,
+                                  path=shown, offset=scan.data_end, lsn=expected, hint=REPAIR_HINT)
+
+
+def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
+             durable_only: bool = True, fs: ReadFS = OS_FS) -> Iterator[Entry]:
+    """Entries of a log directory, read straight from its files: no lock, so
+    safe beside a live writer (another process) and after it is gone. Reads up
+    to the published durable LSN (``durable_only``; every valid entry when no
+    ``DURABLE`` file exists). Raises :class:`LogGapError` when ``from_lsn`` is
+    before the first segment (retention deleted it) and :class:`CorruptionError`
+    when entries are missing in the middle. ``fs`` is the read-only file seam
+    (:mod:`wal.readfs`) the files are read through."""
+    segments = list_segments(directory, fs)
+    if not segments:
+        return
+    if from_lsn < segments[0].first_lsn:
+        first = segments[0].first_lsn
+        raise LogGapError(
+            f"LSN {from_lsn} is no longer in the log at {fs.display(directory)}: it starts at LSN "
+            f"{first} (older segments were deleted after a snapshot covered them); read from a snapshot",
+            first_missing=from_lsn, last_missing=first - 1, first_available=first,
+        )
+    limit = read_durable_lsn(directory, fs) if durable_only else None
+    last = to_lsn if limit is None else (limit if to_lsn is None else min(to_lsn, limit))
+
+    def start_offset(_i: int, seg: SegmentFile, lsn: int) -> int:
+        index = read_index(seg.path, fs)
+        return index.offset_for(lsn) if index is not None and index.first_lsn == seg.first_lsn else 0
+
+    yield from read_segments(segments, from_lsn, last, start_offset, fs=fs)

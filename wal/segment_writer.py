@@ -1,0 +1,175 @@
+"""The active (newest) segment: the only file the log writes.
+
+Rules, and why:
+
+* A new segment is written under a ``.tmp`` name, fsynced and renamed, then
+  the directory fsynced, so a ``.wal`` file always has a valid header.
+* The active segment is preallocated with zeros ahead of its tail (in steps),
+  so that an ``fdatasync`` after an append journals no size change; zeros read
+  as the end of the data.
+* A group of entries is framed in memory and written with one ``pwrite``; an
+  index point is taken about every :data:`~wal.index.INDEX_INTERVAL` bytes as
+  entries pass, so the index of a segment costs no second pass.
+* Sealing cuts the file to its data end, fsyncs it and writes its index
+  sidecar; a sealed segment is never written again.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Callable
+
+from wal.fs import OS_FS, File, FileSystem
+from wal.index import INDEX_INTERVAL, IndexPoints, SparseIndex, write_index
+from wal.record import BLOCK_SIZE, HEADER_SIZE, RecordWriter, frame, frame_into
+from wal.segment import (
+    FORMAT_VERSION,
+    SegmentFile,
+    SegmentHeader,
+    encode_header,
+    pack_entry_header,
+    segment_name,
+)
+
+
+def round_block(n: int) -> int:
+    """``n`` rounded up to a whole record block."""
+    return (n + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+
+
+def record_start(offset: int) -> int:
+    """Where a record written at ``offset`` really starts (past a trailer)."""
+    left = BLOCK_SIZE - offset % BLOCK_SIZE
+    return offset + left if left < HEADER_SIZE else offset
+
+
+def write_new_segment(
+    directory: str, store_id: str, first_lsn: int, prealloc: int, fs: FileSystem = OS_FS
+) -> tuple[str, int]:
+    """Create a segment durably (temp name, header, zeros, fsync, rename, fsync
+    directory). Returns its path and the offset after the header."""
+    path = os.path.join(directory, segment_name(first_lsn))
+    tmp = path + ".tmp"
+    buf = io.BytesIO()
+    RecordWriter(buf, 0).add_record(encode_header(store_id, first_lsn))
+    data = buf.getvalue()
+    end = len(data)
+    f = fs.open(tmp, create=True)
+    try:
+        f.truncate(0)
+        f.pwrite(data, 0)
+        if prealloc > end:
+            f.preallocate(end, prealloc - end)
+        f.sync(full=True)
+    finally:
+        f.close()
+    fs.rename(tmp, path)
+    fs.fsync_dir(directory)
+    return path, end
+
+
+class ActiveSegment:
+    """The active segment's state (what recovery found, then what the log
+    wrote) and, once :meth:`open`, its file.
+
+    ``data_end`` is the offset just after the last entry, ``last_lsn`` its LSN
+    (``first_lsn - 1`` when empty), ``points`` the index points so far.
+    """
+
+    def __init__(self, file: SegmentFile, header: SegmentHeader, data_end: int, last_lsn: int,
+                 points: list[tuple[int, int]] | None = None, last_point: int = -INDEX_INTERVAL) -> None:
+        self.file = file
+        self.header = header
+        self.data_end = data_end
+        self.last_lsn = last_lsn
+        self.points: list[tuple[int, int]] = [] if points is None else points
+        self.last_point = last_point
+        self._f: File | None = None
+        self._prealloc_end = 0
+        self._prealloc_step = 0
+
+    @classmethod
+    def create(cls, directory: str, store_id: str, first_lsn: int, prealloc: int,
+               fs: FileSystem = OS_FS) -> ActiveSegment:
+        """A new, empty segment whose first LSN is ``first_lsn``."""
+        path, end = write_new_segment(directory, store_id, first_lsn, prealloc, fs)
+        header = SegmentHeader(FORMAT_VERSION, store_id, first_lsn, time.time_ns() // 1000)
+        return cls(SegmentFile(first_lsn, path), header, end, first_lsn - 1)
+
+    @property
+    def file_handle(self) -> File:
+        if self._f is None:
+            raise RuntimeError(f"{self.file.path} is not open for writing")
+        return self._f
+
+    def open(self, fs: FileSystem, prealloc_step: int) -> None:
+        """Open the file for appending, preallocating ``prealloc_step`` bytes at a time."""
+        self._f = fs.open(self.file.path)
+        self._prealloc_end = self._f.size()
+        self._prealloc_step = prealloc_step
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+    def sync(self) -> None:
+        """``fdatasync``: enough while the file's size has not changed."""
+        self.file_handle.sync(full=False)
+
+    def sync_full(self) -> None:
+        """``fsync``: the file's size (or the file) is new."""
+        self.file_handle.sync(full=True)
+
+    def write_group(self, first: int, payloads: list[bytes], timestamp_us: int) -> tuple[int, bool]:
+        """Frame entries ``first, first+1, ...`` after the last one and write
+        them with one ``pwrite``. Returns the bytes written and whether the
+        file grew (its size changed: the next sync must be a full fsync)."""
+        f = self.file_handle
+        off = start = self.data_end
+        last_point = self.last_point
+        if len(payloads) == 1 and off - last_point < INDEX_INTERVAL:  # one append, no index point
+            data, off = frame(pack_entry_header(first, timestamp_us) + payloads[0], off)
+            lsn = first + 1
+        else:
+            points = self.points
+            lsn = first
+            parts: list[bytes] = []
+            for payload in payloads:
+                if off - last_point >= INDEX_INTERVAL:
+                    rec = record_start(off)
+                    points.append((lsn, rec))
+                    last_point = rec
+                off = frame_into(parts, pack_entry_header(lsn, timestamp_us) + payload, off)
+                lsn += 1
+            self.last_point = last_point
+            data = b"".join(parts)
+        grew = off > self._prealloc_end
+        if grew:
+            new_end = round_block(max(off, self._prealloc_end + self._prealloc_step))
+            f.preallocate(self._prealloc_end, new_end - self._prealloc_end)
+            self._prealloc_end = new_end
+        f.pwrite(data, start)
+        self.data_end = off
+        self.last_lsn = lsn - 1
+        return off - start, grew
+
+    def index(self) -> SparseIndex:
+        """The sparse index of what is written so far."""
+        return SparseIndex(self.file.first_lsn, self.last_lsn, self.data_end, IndexPoints(self.points))
+
+    def write_index(self, fs: FileSystem) -> SparseIndex:
+        """Write the index sidecar (so the next open scans little); the caller
+        fsyncs the directory."""
+        index = self.index()
+        write_index(self.file.path, index, fs)
+        return index
+
+    def seal(self, fs: FileSystem, sync: Callable[[bool], None]) -> SparseIndex:
+        """Cut the preallocated zeros, make the file durable with ``sync(full)``
+        and write its index; return the index. The file stays open (the
+        caller closes it once the next segment is active)."""
+        self.file_handle.truncate(self.data_end)
+        sync(True)
+        return self.write_index(fs)
