@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable
 
 from benchmarks import data
-from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
+from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.log_workloads import _leveldb_replay, _leveldb_replay_prepare
 from benchmarks.peers import KV_PEERS, LMDB, LevelDB
 from benchmarks.timing import coroutines, counted, in_child_on_copy, threaded

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from benchmarks import data
-from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
+from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.peers import LevelDB, PlainLog
 from benchmarks.timing import counted, in_child, in_child_on_copy, threaded
 
@@ -45,7 +45,8 @@ def _walkv_durable(threads: int, seconds: float):
         log = wal.open(ctx.fresh_dir("wal"), sync="always")
         try:
             p = data.payload()
-            m = threaded(threads, seconds, lambda i: (lambda n, a=log.append: a(p)))
+            append = log.append
+            m = threaded(threads, seconds, lambda i: lambda n: append(p))
             m.extra.update(_stats(log))
             return m
         finally:
@@ -152,7 +153,8 @@ def _plain_durable(seconds: float):
         log = PlainLog(ctx.fresh_dir("plain"))
         try:
             p = data.payload()
-            return threaded(1, seconds, lambda i: (lambda n, a=log.append: a(p)))
+            append = log.append
+            return threaded(1, seconds, lambda i: lambda n: append(p))
         finally:
             log.close()
 

@@ -23,10 +23,10 @@ import shutil
 import time
 from typing import Any
 
-from benchmarks.harness import Config, Context, Contender, Limit, Measurement, Target, Workload
+from benchmarks.child import AnonPeak, peak_rss_mb
+from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.kv_workloads import WalkvKV, load
 from benchmarks.peers import LMDB
-from benchmarks.child import AnonPeak, peak_rss_mb
 from benchmarks.timing import in_child
 
 SNAP = ("kvstore:open", "kvstore:restore", "snapshot")
@@ -36,17 +36,6 @@ def _peak_mb() -> float:
     return peak_rss_mb()
 
 
-def take_snapshot(db: Any) -> Any:
-    """``db.snapshot()`` (DESIGN section 9), or kvstore.snapshots.take(db)
-    while the method is not on KVStore yet."""
-    method = getattr(db, "snapshot", None)
-    if method is not None:
-        return method()
-    from kvstore.snapshots import take
-
-    return take(db)
-
-
 def _store_prepare(entries: int, snapshot: bool):
     def prepare(ctx: Context) -> str:
         path = os.path.join(ctx.directory, "store")
@@ -54,7 +43,7 @@ def _store_prepare(entries: int, snapshot: bool):
         try:
             load(db, entries)
             if snapshot:
-                take_snapshot(db.db)
+                db.db.snapshot()
         finally:
             db.close()
         return path
@@ -101,7 +90,7 @@ def child_snapshot_walkv(path: str, n: int) -> dict[str, Any]:
     try:
         db.put(b"snapshot-bench-tick", str(time.time()).encode())
         with _Timed() as t:
-            info = take_snapshot(db)
+            info = db.snapshot()
     finally:
         db.close()
     return t.result(n, snapshot_lsn=getattr(info, "lsn", None))

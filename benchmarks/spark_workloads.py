@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from benchmarks import data
-from benchmarks.harness import Config, Context, Contender, Measurement, Target, Workload
+from benchmarks.harness import Config, Contender, Context, Measurement, Target, Workload
 from benchmarks.snapshot_workloads import _store_prepare
 
 SPARK = ("pyspark", "kvstore.spark.source:register", "snapshot")

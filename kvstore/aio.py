@@ -62,7 +62,6 @@ class AsyncKVStore:
         self._wake_scheduled = False
         self._closing = False
         self._max_value = store.max_value_bytes
-        self._decoded = store._decoded if not store.readonly else {}
         log = store._log
         self._append_nowait = log.append_nowait if log is not None else self._refuse
         self._create_future = loop.create_future
@@ -96,21 +95,15 @@ class AsyncKVStore:
             else:
                 fut.set_exception(error)
 
-    def _submit(self, payload: bytes, ops: list, puts_only: bool = False) -> asyncio.Future:
+    def _submit(self, payload: bytes, ops: list) -> asyncio.Future:
         fut = self._create_future()
-        known = self._decoded
-        known[id(payload)] = (payload, ops, puts_only)
         # No await between the append and the insert: _drain runs on this
         # same loop thread, so it cannot look the LSN up before it is there.
-        try:
-            lsn = self._append_nowait(payload, self._callback)
-        except BaseException:
-            known.pop(id(payload), None)
-            raise
+        lsn = self._append_nowait(payload, self._callback, ops)
         self._pending[lsn] = fut
         return fut
 
-    def _refuse(self, payload: bytes, callback: object) -> int:
+    def _refuse(self, payload: bytes, callback: object, ops: object) -> int:
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
         raise ReadOnlyError(f"the store {self.store.path} was opened with "
@@ -125,7 +118,7 @@ class AsyncKVStore:
         if type(value) is not bytes or len(value) > self._max_value:
             value = check_value(value, self._max_value)
         ops = [[OP_PUT, key, value]]
-        return self._submit(_pack(ops), ops, True)
+        return self._submit(_pack(ops), ops)
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
@@ -221,7 +214,7 @@ class AsyncWriteBatch(WriteBatch):
         self._adb = adb
 
     @staticmethod
-    def _refuse_sync_commit(payload: bytes, ops: list, puts_only: bool) -> int:
+    def _refuse_sync_commit(payload: bytes, ops: list) -> int:
         raise TypeError("an async batch is committed by `async with` (or `await b.acommit()`)")
 
     async def acommit(self) -> int | None:
@@ -229,7 +222,7 @@ class AsyncWriteBatch(WriteBatch):
         sealed = self._seal()
         if sealed is None:
             return None
-        self.lsn = await self._adb._submit(sealed[0], sealed[1], self._puts_only)
+        self.lsn = await self._adb._submit(sealed[0], sealed[1])
         return self.lsn
 
     async def __aenter__(self) -> "AsyncWriteBatch":

@@ -77,7 +77,7 @@ def as_bytes(obj: object, what: str) -> bytes:
     """``obj`` as ``bytes``: bytes as is, bytearray and memoryview copied,
     anything else a TypeError that says so."""
     if type(obj) is bytes:
-        return obj  # type: ignore[return-value]
+        return obj
     if isinstance(obj, (bytes, bytearray)):
         return bytes(obj)
     if isinstance(obj, memoryview):
@@ -89,9 +89,9 @@ def check_key(key: object) -> bytes:
     """Validate a key: bytes-like, 1..511 bytes. Returns it as ``bytes``."""
     if type(key) is not bytes:
         key = as_bytes(key, "key")
-    n = len(key)  # type: ignore[arg-type]
+    n = len(key)
     if 0 < n <= MAX_KEY_BYTES:
-        return key  # type: ignore[return-value]
+        return key
     if n == 0:
         raise ValueError("key must not be empty (LMDB cannot store an empty key)")
     raise RecordTooLargeError(
@@ -104,25 +104,25 @@ def check_value(value: object, limit: int) -> bytes:
     """Validate a value: bytes-like, at most ``limit`` bytes."""
     if type(value) is not bytes:
         value = as_bytes(value, "value")
-    if len(value) > limit:  # type: ignore[arg-type]
+    if len(value) > limit:
         raise RecordTooLargeError(
-            f"value is {len(value)} bytes; the limit is {limit} bytes "  # type: ignore[arg-type]
+            f"value is {len(value)} bytes; the limit is {limit} bytes "
             f"(option max_value_bytes, bounded by the log's max_record_bytes). "
             f"Nothing was written."
         )
-    return value  # type: ignore[return-value]
+    return value
 
 
 def check_bound(bound: object, what: str) -> bytes:
     """Validate a range bound: bytes-like, 0..512 bytes."""
     if type(bound) is not bytes:
         bound = as_bytes(bound, what)
-    if len(bound) > MAX_BOUND_BYTES:  # type: ignore[arg-type]
+    if len(bound) > MAX_BOUND_BYTES:
         raise ValueError(
-            f"{what} is {len(bound)} bytes; range bounds are at most "  # type: ignore[arg-type]
+            f"{what} is {len(bound)} bytes; range bounds are at most "
             f"{MAX_BOUND_BYTES} bytes (keys are at most {MAX_KEY_BYTES})"
         )
-    return bound  # type: ignore[return-value]
+    return bound
 
 
 def check_range(start: object, end: object) -> tuple[bytes, bytes]:
@@ -130,7 +130,7 @@ def check_range(start: object, end: object) -> tuple[bytes, bytes]:
     inverted range (start >= end) is empty, and deletes nothing."""
     start = b"" if start is None else check_bound(start, "start")
     end = END_OF_KEYS if end is None else check_bound(end, "end")
-    return start, end  # type: ignore[return-value]
+    return start, end
 
 
 def encode(ops: Iterable[list | tuple]) -> bytes:
@@ -244,22 +244,21 @@ class WriteBatch:
     key raises at the call that adds it. After commit, :attr:`lsn` holds the
     entry's LSN (``None`` for an empty batch, which writes nothing).
 
-    ``commit`` is called as ``commit(payload, ops, puts_only)`` and returns
-    the LSN: the ops are handed over with the payload so that the store can
-    apply them without decoding its own payload again.
+    ``commit`` is called as ``commit(payload, ops)`` and returns the LSN: the
+    ops travel with the payload through the log, so that the store applies
+    them without decoding its own payload again.
     """
 
     __slots__ = ("_ops", "_commit", "_max_value", "_max_payload", "_done",
-                 "_puts_only", "lsn")
+                 "lsn")
 
-    def __init__(self, commit: Callable[[bytes, list, bool], int], max_value: int,
+    def __init__(self, commit: Callable[[bytes, list], int], max_value: int,
                  max_payload: int) -> None:
         self._ops: list = []
         self._commit = commit
         self._max_value = max_value
         self._max_payload = max_payload
         self._done = False
-        self._puts_only = True
         self.lsn: int | None = None
 
     def put(self, key: bytes, value: bytes) -> None:
@@ -291,13 +290,11 @@ class WriteBatch:
         """Remove ``key`` when the batch commits."""
         key = check_key(key)
         self._ops.append((OP_DELETE, key))
-        self._puts_only = False
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> None:
         """Delete every key with ``start <= key < end`` (``None``: unbounded)."""
         start, end = check_range(start, end)
         self._ops.append((OP_DELETE_RANGE, start, end))
-        self._puts_only = False
 
     def __len__(self) -> int:
         return 0 if self._done else len(self._ops)
@@ -327,7 +324,7 @@ class WriteBatch:
         sealed = self._seal()
         if sealed is None:
             return None
-        self.lsn = self._commit(sealed[0], sealed[1], self._puts_only)
+        self.lsn = self._commit(sealed[0], sealed[1])
         return self.lsn
 
     def discard(self) -> None:

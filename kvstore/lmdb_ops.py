@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import operator
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import lmdb
 
@@ -60,7 +62,7 @@ def position(cur: lmdb.Cursor, lo: bytes, hi: bytes | None, last: bytes | None,
     return cur.iterprev() if ok else None
 
 
-def put_run(txn: lmdb.Transaction, run: list) -> None:
+def put_run(txn: lmdb.Transaction, run: Sequence[Sequence[Any]]) -> None:
     """Put a run of put ops ([1, key, value] or tuples) in one LMDB call."""
     if len(run) == 1:
         op = run[0]
@@ -78,7 +80,7 @@ def delete_range(txn: lmdb.Transaction, start: bytes, end: bytes) -> None:
     delete = cur.delete
     key = cur.key
     while True:
-        k = key()
+        k: bytes = key()  # type: ignore[assignment]  # bytes: walkv never sets buffers=True
         if not k or k >= end:
             return
         delete()

@@ -40,13 +40,14 @@ import logging
 import os
 import shutil
 import time
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
 
 import wal
+from kvstore import snapshots
 from kvstore.batch import decode
 from kvstore.layout import SESSION_NAME
-from kvstore.state import State
-from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, SnapshotError
+from kvstore.state import ReadOnlyState, State, StateOptions
+from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, SnapshotError, WalkvError
 from wal.fs import OS_FS, FileSystem
 
 log = logging.getLogger("walkv.recovery")
@@ -167,18 +168,20 @@ def replay(state: State, wal_log: LogSource, *, to_lsn: int | None = None,
     next_report = t0 + PROGRESS_EVERY
     reported = False
     done = 0
-    buf: list[tuple[int, bytes]] = []
+    first = start   # the LSN of buf[0]
+    buf: list[list[list[Any]]] = []
     size = 0
     if progress is not None:
         progress(0, total)
     try:
         apply = state.apply
         for lsn, _, payload in wal_log.read_entries(start, last, durable_only=False):
-            buf.append((lsn, decode(payload, lsn)))
+            buf.append(decode(payload, lsn))
             size += len(payload)
             if size >= REPLAY_CHUNK_BYTES or len(buf) >= REPLAY_CHUNK_ENTRIES:
-                apply(buf, decoded=True)
+                apply(first, buf)
                 done += len(buf)
+                first = lsn + 1
                 buf = []
                 size = 0
                 if progress is not None:
@@ -190,7 +193,7 @@ def replay(state: State, wal_log: LogSource, *, to_lsn: int | None = None,
                     log.info("%s of %s: %d of %d log entries applied (%.0f/s)", what,
                              state.path, done, total, done / (now - t0))
         if buf:
-            apply(buf, decoded=True)
+            apply(first, buf)
             done += len(buf)
     except CorruptionError as exc:
         if exc.hint is None:
@@ -240,7 +243,7 @@ def rebuild_state(
     base_lsn: int = 0,
     progress: Progress | None = None,
     fs: FileSystem = OS_FS,
-    state_options: dict | None = None,
+    state_options: StateOptions = StateOptions(),
 ) -> State:
     """Delete LMDB and build it again: the ``base`` (key, value) pairs, sorted
     by key, as of ``base_lsn`` (the newest snapshot; none: an empty state at
@@ -267,7 +270,7 @@ def rebuild_state(
     remove_state(lmdb_dir, fs)
     fs.makedirs(lmdb_dir)
     write_session(lmdb_dir, store_id, clean=False, fs=fs)
-    state = State(lmdb_dir, **(state_options or {}))
+    state = State(lmdb_dir, state_options)
     try:
         state.initialize(store_id, base_lsn, complete=base is None)
         if base is not None:
@@ -291,3 +294,59 @@ def iter_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, by
         prev = k
         yield k, v
 
+
+
+class Opened(NamedTuple):
+    """What :func:`open_state` did: the state to use, how many log entries it
+    replayed, and why LMDB was rebuilt (``None``: it was trusted)."""
+
+    state: State
+    replayed: int
+    rebuilt: str | None
+
+
+def open_state(store_path: str, lmdb_dir: str, wal_log: wal.Log, *, fs: FileSystem,
+               options: StateOptions, progress: Progress | None = None) -> Opened:
+    """Open a writer's LMDB state: trust it (:func:`distrust_reason`,
+    :func:`check_state`) and replay the log after its applied LSN, or rebuild
+    it from the newest usable snapshot plus the log."""
+    store_id = wal_log.store_id
+    session = read_session(lmdb_dir)
+    reason = distrust_reason(lmdb_dir, session, store_id)
+    if reason is None:
+        try:
+            state = State(lmdb_dir, options)
+        except CorruptionError as exc:
+            reason = f"LMDB will not open ({exc})"
+        else:
+            reason = check_state(state, store_id, wal_log.first_lsn, wal_log.last_lsn)
+            if reason is None:
+                try:
+                    write_session(lmdb_dir, store_id, clean=False, fs=fs)
+                    return Opened(state, replay(state, wal_log, progress=progress), None)
+                except BaseException:
+                    state.close(sync=False)
+                    raise
+            state.close(sync=False)
+    fresh = reason == "there is no LMDB state yet" and wal_log.last_lsn == 0
+    if not fresh:
+        log.warning("rebuilding the LMDB state of %s from the log: %s", store_path, reason)
+    found = snapshots.rebuild_base(store_path, store_id)
+    base, base_lsn = found if found is not None else (None, 0)
+    state = rebuild_state(lmdb_dir, wal_log, store_id=store_id, base=base, base_lsn=base_lsn,
+                          progress=progress, fs=fs, state_options=options)
+    return Opened(state, state.applied_entries, None if fresh else reason)
+
+
+def open_readonly_state(store_path: str, lmdb_dir: str, options: StateOptions) -> ReadOnlyState:
+    """Open the state of a store another process may be writing, for reading
+    only; refused after a machine crash of its writer (LMDB may be damaged
+    until a read-write open recovers it)."""
+    if not os.path.isdir(store_path):
+        raise WalkvError(f"{store_path} is not a walkv store (no such directory)")
+    session = read_session(lmdb_dir)
+    if session is not None and not session["clean"] and session["boot_id"] != boot_id():
+        raise WalkvError(
+            f"{store_path} was open for writing when its machine crashed; its LMDB "
+            f"state may be damaged. Open it read-write once to recover it.")
+    return ReadOnlyState(lmdb_dir, options)

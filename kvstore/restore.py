@@ -24,19 +24,17 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 import snapshot
 import wal
 from kvstore import recovery
 from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.snapshots import choose_base
+from kvstore.store import KVStore
+from wal import Entry, list_segments, read_durable_lsn, read_log
 from wal.errors import CorruptionError, Damage, SnapshotError, WalkvError
 from wal.fs import OS_FS
-from wal import Entry, list_segments, read_durable_lsn, read_log
-
-if TYPE_CHECKING:
-    from kvstore.store import KVStore
 
 log = logging.getLogger("walkv.restore")
 
@@ -88,14 +86,14 @@ def _locate(source: str) -> tuple[str | None, list[str]]:
     return (wal_dir if os.path.isdir(wal_dir) else None), found
 
 
-def restore(source: "str | os.PathLike[str] | KVStore", target: str | os.PathLike[str],
+def restore(source: str | os.PathLike[str] | KVStore, target: str | os.PathLike[str],
             to_lsn: int | None = None, *, progress: Progress | None = None) -> RestoreInfo:
     """Build a new store at ``target`` equal to ``source`` at ``to_lsn``
     (default: its last durable LSN). ``source`` is a store (path or open
     :class:`KVStore`) or one snapshot directory. ``target`` must not exist or
     be empty. Durable on return."""
     t0 = time.monotonic()
-    source = os.path.abspath(os.fspath(getattr(source, "path", source)))
+    source = os.path.abspath(source.path if isinstance(source, KVStore) else os.fspath(source))
     target = os.path.abspath(os.fspath(target))
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise WalkvError(f"{target} exists and is not empty; restore builds a new store there")

@@ -30,9 +30,9 @@ import snapshot
 import wal
 from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 from kvstore.state import State
+from wal import list_segments, read_durable_lsn
 from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError
 from wal.fs import FileSystem
-from wal import list_segments, read_durable_lsn
 
 log_ = logging.getLogger("walkv.snapshots")
 
@@ -55,10 +55,9 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         lsn = view.lsn
         if newest and newest[-1].lsn == lsn:
             return newest[-1]
-        options = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
         info = snapshot.write(
-            parent, lsn, view.pairs(), store_id=store_id, fs=fs, progress=progress,
-            total=view.count, before_commit=lambda: _make_durable(log, lsn), **options,
+            parent, lsn, view.pairs(), store_id=store_id, fs=fs, progress=progress, total=view.count,
+            before_commit=lambda: _make_durable(log, lsn), chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
         )
     log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info

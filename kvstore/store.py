@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator, cast
 
 import snapshot
 import wal
@@ -43,16 +43,17 @@ from kvstore.batch import (
     OP_DELETE_RANGE,
     OP_PUT,
     WriteBatch,
+    _pack,
     as_bytes,
     check_key,
     check_range,
-    parse,
     check_value,
+    parse,
 )
-from kvstore.batch import _pack
 from kvstore.layout import LMDB_DIR, WAL_DIR
-from kvstore.state import DEFAULT_MAP_SIZE, State
-from wal.errors import ClosedError, CorruptionError, ReadOnlyError, SnapshotError, WalkvError
+from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
+from snapshot import SnapshotInfo
+from wal.errors import ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
@@ -88,163 +89,97 @@ class KVStore:
                  snapshot_every_bytes: int | None = None,
                  snapshot_chunk_bytes: int | None = None,
                  progress: Progress | None = None, fs: FileSystem | None = None,
-                 **log_options: object) -> None:
+                 **log_options: Any) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.readonly = bool(readonly)
         self._fs = fs or OS_FS
         self._closed = True
-        self._log = None
-        self._lock: DirectoryLock | None = None
-        self._reads_closed = False
         if type(keep_snapshots) is not int or keep_snapshots < 1:
             raise ValueError(f"keep_snapshots must be an int >= 1, not {keep_snapshots!r}")
-        self.keep_snapshots = keep_snapshots
-        self.snapshot_chunk_bytes = snapshot_chunk_bytes
-        self.log_bytes_trimmed = 0
-        self._auto: snapshots.AutoSnapshot | None = None
-        self.snapshot_lock = threading.Lock()  # one snapshot (and its retention) at a time
-        self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
-        self.replayed = 0
-        self.open_seconds = 0.0
         if max_record_bytes < 4096:
             raise ValueError(f"max_record_bytes must be at least 4096, not {max_record_bytes!r}")
-        self.max_value_bytes = min(int(max_value_bytes),
-                                   max_record_bytes - ENTRY_OVERHEAD - MAX_KEY_BYTES)
+        self.max_value_bytes = min(int(max_value_bytes), max_record_bytes - ENTRY_OVERHEAD - MAX_KEY_BYTES)
         if self.max_value_bytes < 1:
             raise ValueError(f"max_value_bytes must be positive, not {max_value_bytes!r}")
+        if self.readonly and log_options:
+            raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
+        self.keep_snapshots = keep_snapshots
+        self.snapshot_chunk_bytes = snapshot_chunk_bytes
+        self.snapshot_lock = threading.Lock()  # one snapshot (and its retention) at a time
+        self.log_bytes_trimmed = 0
+        self._auto: snapshots.AutoSnapshot | None = None
         self._max_payload = max_record_bytes - ENTRY_OVERHEAD
         self._wal_dir = os.path.join(self.path, WAL_DIR)
         self._lmdb_dir = os.path.join(self.path, LMDB_DIR)
-        self._state_options = {"map_size": map_size, "writemap": writemap,
-                               "max_readers": max_readers}
+        self._log: wal.Log | None = None
+        self._lock: DirectoryLock | None = None
+        self.replayed = 0                 # log entries replayed (or rebuilt from) at open
+        self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
+        options = StateOptions(map_size, writemap, max_readers)
         t0 = time.monotonic()
-        if self.readonly and log_options:
-            raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
         try:
             if self.readonly:
-                self._open_readonly()
+                self._state: State = recovery.open_readonly_state(self.path, self._lmdb_dir, options)
+                self.max_record_bytes: int | None = None
+                self._append: Callable[[bytes, Ops], int] = self._refuse_write
             else:
-                self._open_writer(sync=sync, segment_bytes=segment_bytes,
-                                  max_record_bytes=max_record_bytes, progress=progress,
-                                  log_options=log_options)
-        except OSError as exc:
-            raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
-        self.open_seconds = time.monotonic() - t0
-        if not self.readonly:
-            try:
-                snapshot.cleanup_incomplete(snapshots.snapshots_dir(self.path), fs=self._fs)
+                self._open_writer(options, sync=sync, segment_bytes=segment_bytes,
+                                  max_record_bytes=max_record_bytes, progress=progress, log_options=log_options)
                 if snapshot_every_bytes:
                     self._auto = snapshots.AutoSnapshot(self.snapshot, self.path, int(snapshot_every_bytes))
-            except BaseException as exc:
-                # Opened but unusable: let go of everything open took.
+        except OSError as exc:
+            raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
+        self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
+        self.open_seconds = time.monotonic() - t0  # replay or rebuild included
+        self._closed = False
+
+    # -- opening -------------------------------------------------------------
+
+    def _open_writer(self, options: StateOptions, *, sync: str, segment_bytes: int, max_record_bytes: int,
+                     progress: Progress | None, log_options: dict[str, Any]) -> None:
+        """Take the store's lock, open the log, open (replay or rebuild) the
+        state; on any failure let go of everything taken."""
+        self._fs.makedirs(self.path)
+        self._lock = DirectoryLock(self.path, f"the store {self.path}")
+        try:
+            self._log = wal.open(self._wal_dir, sync=sync, segment_bytes=segment_bytes,
+                                 max_record_bytes=max_record_bytes,
+                                 on_commit=self._on_commit, fs=self._fs, **log_options)
+            try:
+                opened = recovery.open_state(self.path, self._lmdb_dir, self._log, fs=self._fs,
+                                             options=options, progress=progress)
+                self._state, self.replayed, self.rebuilt = opened
+                try:
+                    snapshot.cleanup_incomplete(snapshots.snapshots_dir(self.path), fs=self._fs)
+                except BaseException:
+                    self._state.close(sync=False)
+                    raise
+            except BaseException:
                 try:
                     self._log.close()
                 except WalkvError:
                     pass
-                self._state.close(sync=False)
-                self._release_lock()
-                if isinstance(exc, OSError):
-                    raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
                 raise
-        self._closed = False
-        self._decoded = self._state.decoded
-
-    # -- opening -------------------------------------------------------------
-
-    def _open_readonly(self) -> None:
-        if not os.path.isdir(self.path):
-            raise WalkvError(f"{self.path} is not a walkv store (no such directory)")
-        session = recovery.read_session(self._lmdb_dir)
-        if session is not None and not session["clean"] and \
-                session["boot_id"] != recovery.boot_id():
-            raise WalkvError(
-                f"{self.path} was open for writing when its machine crashed; its LMDB "
-                f"state may be damaged. Open it read-write once to recover it.")
-        self._state = State(self._lmdb_dir, readonly=True,
-                            max_readers=self._state_options["max_readers"])
-        self.store_id = self._state.store_id
-        self._append = self._refuse_write
-        self.max_record_bytes = None
-
-    def _take_lock(self) -> None:
-        self._fs.makedirs(self.path)
-        self._lock = DirectoryLock(self.path, f"the store {self.path}")
+        except BaseException:
+            self._release_lock()
+            raise
+        self.max_record_bytes = max_record_bytes
+        self._append = self._log.append
 
     def _release_lock(self) -> None:
         if self._lock is not None:
             lock, self._lock = self._lock, None
             lock.release()
 
-    def _open_writer(self, *, sync: str, segment_bytes: int, max_record_bytes: int,
-                     progress: Progress | None, log_options: dict) -> None:
-        self._take_lock()
-        try:
-            self._log = wal.open(self._wal_dir, sync=sync, segment_bytes=segment_bytes,
-                                 max_record_bytes=max_record_bytes,
-                                 on_commit=self._on_commit, fs=self._fs, **log_options)
-            try:
-                self._open_state(progress)
-            except BaseException:
-                self._log.close()
-                raise
-        except BaseException:
-            self._release_lock()
-            raise
-        self.store_id = self._log.store_id
-        self.max_record_bytes = max_record_bytes
-        self._append = self._log.append
-
-    def _open_state(self, progress: Progress | None) -> None:
-        wlog = self._log
-        store_id = wlog.store_id
-        session = recovery.read_session(self._lmdb_dir)
-        reason = recovery.distrust_reason(self._lmdb_dir, session, store_id)
-        state = None
-        if reason is None:
-            try:
-                state = State(self._lmdb_dir, **self._state_options)
-            except CorruptionError as exc:
-                reason = f"LMDB will not open ({exc})"
-            else:
-                reason = recovery.check_state(state, store_id, wlog.first_lsn, wlog.last_lsn)
-                if reason is not None:
-                    state.close(sync=False)
-                    state = None
-        if state is None:
-            self._state = self._rebuild(reason or "unknown", progress)
-            return
-        self._state = state
-        try:
-            recovery.write_session(self._lmdb_dir, store_id, clean=False, fs=self._fs)
-            self.replayed = recovery.replay(state, wlog, progress=progress)
-        except BaseException:
-            state.close(sync=False)
-            raise
-
-    def _rebuild(self, reason: str, progress: Progress | None) -> State:
-        """Rebuild LMDB from the newest usable snapshot plus the log
-        (:func:`kvstore.snapshots.rebuild_base`)."""
-        wlog = self._log
-        fresh = reason == "there is no LMDB state yet" and wlog.last_lsn == 0
-        if not fresh:
-            log.warning("rebuilding the LMDB state of %s from the log: %s", self.path, reason)
-        self.rebuilt = None if fresh else reason
-        found = snapshots.rebuild_base(self.path, wlog.store_id)
-        base, base_lsn = found if found is not None else (None, 0)
-        state = recovery.rebuild_state(
-            self._lmdb_dir, wlog, store_id=wlog.store_id, base=base, base_lsn=base_lsn,
-            progress=progress, fs=self._fs, state_options=self._state_options)
-        self.replayed = state.applied_entries
-        return state
-
-    def _on_commit(self, entries: list[tuple[int, bytes]]) -> None:
+    def _on_commit(self, group: wal.Group) -> None:
         # Called by the log's committing thread for every group, after its
-        # fsync and before any of its appenders is released.
-        self._state.apply(entries)
-        if self._auto is not None:
+        # fsync and before any of its appenders is released. This store is
+        # its log's one appender, and passes every entry's operations along.
+        self._state.apply(group.first_lsn, cast("list[Ops]", group.contexts))
+        if self._auto is not None and self._log is not None:
             self._auto.poke(self._log.appended_bytes)
 
-    def _refuse_write(self, payload: bytes) -> int:
+    def _refuse_write(self, payload: bytes, ops: Ops) -> int:
         raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; "
                             f"writes are refused")
 
@@ -258,41 +193,22 @@ class KVStore:
         if type(value) is not bytes or len(value) > self.max_value_bytes:
             value = check_value(value, self.max_value_bytes)
         ops = [[OP_PUT, key, value]]
-        payload = _pack(ops)
-        known = self._decoded
-        known[id(payload)] = (payload, ops, True)
-        try:
-            return self._append(payload)
-        except BaseException:
-            known.pop(id(payload), None)
-            raise
+        return self._append(_pack(ops), ops)
 
     def delete(self, key: bytes) -> int:
         """Remove ``key`` (absent keys too: the delete is logged anyway);
         return the LSN."""
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
             key = check_key(key)
-        return self._write_ops([[OP_DELETE, key]], False)
+        ops = [[OP_DELETE, key]]
+        return self._append(_pack(ops), ops)
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
         """Remove every key with ``start <= key < end`` (None: unbounded), as
         one atomic write; return its LSN."""
         start, end = check_range(start, end)
-        return self._write_ops([[OP_DELETE_RANGE, start, end]], False)
-
-    def _write_ops(self, ops: list, puts_only: bool, payload: bytes | None = None) -> int:
-        if payload is None:
-            payload = _pack(ops)
-        known = self._decoded
-        known[id(payload)] = (payload, ops, puts_only)
-        try:
-            return self._append(payload)
-        except BaseException:
-            known.pop(id(payload), None)
-            raise
-
-    def _commit_batch(self, payload: bytes, ops: list, puts_only: bool) -> int:
-        return self._write_ops(ops, puts_only, payload)
+        ops = [[OP_DELETE_RANGE, start, end]]
+        return self._append(_pack(ops), ops)
 
     def batch(self) -> WriteBatch:
         """A batch of writes applied atomically as one log entry (one LSN)::
@@ -306,8 +222,8 @@ class KVStore:
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
         if self.readonly:
-            self._refuse_write(b"")
-        return WriteBatch(self._commit_batch, self.max_value_bytes, self._max_payload)
+            self._refuse_write(b"", [])
+        return WriteBatch(self._append, self.max_value_bytes, self._max_payload)
 
     def update(self, pairs) -> int | None:
         """Put every (key, value) of ``pairs`` (a mapping or an iterable of
@@ -323,9 +239,7 @@ class KVStore:
         bytes-like: TypeError; not a valid batch: ValueError (nothing is
         written either way)."""
         payload = as_bytes(payload, "payload")
-        ops = parse(payload)
-        puts_only = all(op[0] == OP_PUT for op in ops)
-        return self._write_ops(ops, puts_only, payload)
+        return self._append(payload, parse(payload))
 
     # -- reading ---------------------------------------------------------------
 
@@ -402,14 +316,14 @@ class KVStore:
     def last_lsn(self) -> int:
         """The last LSN written to the log."""
         if self._log is None:
-            return wal.read_durable_lsn(self._wal_dir)
+            return wal.read_durable_lsn(self._wal_dir) or 0
         return self._log.last_lsn
 
     @property
     def durable_lsn(self) -> int:
         """The last LSN known to be on disk."""
         if self._log is None:
-            return wal.read_durable_lsn(self._wal_dir)
+            return wal.read_durable_lsn(self._wal_dir) or 0
         return self._log.durable_lsn
 
     @property
@@ -424,7 +338,7 @@ class KVStore:
         return self._closed
 
     def snapshot(self, *, keep: int | None = None, progress: Progress | None = None,
-                 chunk_bytes: int | None = None) -> snapshot.SnapshotInfo:
+                 chunk_bytes: int | None = None) -> SnapshotInfo:
         """Write a snapshot of the store at its applied LSN (``.lsn``,
         ``.path``), from one consistent LMDB view while writers go on; then
         keep the newest ``keep`` (default ``keep_snapshots``) snapshots and
@@ -439,12 +353,12 @@ class KVStore:
             raise SnapshotError(f"the store {self.path} is open read-only; snapshots are taken by its writer")
         parent = snapshots.snapshots_dir(self.path)
         with self.snapshot_lock:
-            info = snapshots.take(self._state, self._log, parent, store_id=self.store_id, fs=self._fs,
+            info = snapshots.take(self._state, self._log, parent, store_id=self._log.store_id, fs=self._fs,
                                   chunk_bytes=chunk_bytes or self.snapshot_chunk_bytes, progress=progress)
             self.log_bytes_trimmed += snapshots.retain(parent, self._log, keep or self.keep_snapshots, self._fs)
         return info
 
-    def list_snapshots(self) -> list["snapshot.SnapshotInfo"]:
+    def list_snapshots(self) -> list[SnapshotInfo]:
         """The store's valid snapshots, oldest first."""
         return snapshot.list_snapshots(snapshots.snapshots_dir(self.path))
 
@@ -493,7 +407,7 @@ class KVStore:
             return
         self.wait_for_snapshots()
         self._closed = True
-        if self.readonly:
+        if self._log is None:
             self._state.close(sync=False)
             return
         clean = True
@@ -507,13 +421,12 @@ class KVStore:
                 self._state.close(sync=clean)
             if clean:
                 try:
-                    recovery.write_session(self._lmdb_dir, self.store_id, clean=True, fs=self._fs)
+                    recovery.write_session(self._lmdb_dir, self._log.store_id, clean=True, fs=self._fs)
                 except OSError as exc:
                     raise WalkvError(
                         f"closing {self.path}: could not record the clean close ({exc}); "
                         f"nothing is lost, the next open replays the log") from exc
         finally:
-            self._decoded.clear()
             self._release_lock()
 
     def __enter__(self) -> "KVStore":

@@ -266,7 +266,7 @@ def _split(keys: list[bytes], values: list[bytes], record_bytes: int
 
 def _explain(batch: list[Any], prev: bytes | None) -> None:
     """Raise the TypeError/ValueError that says which pair is wrong."""
-    for i, pair in enumerate(batch):
+    for pair in batch:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(f"snapshot items must be (key, value) pairs, got {type(pair).__name__} {pair!r:.80}")
         key, value = pair

@@ -149,9 +149,9 @@ class Sink:
     def __init__(self) -> None:
         self.payloads: list[bytes] = []
 
-    def __call__(self, payload: bytes, ops: list, puts_only: bool) -> int:
+    def __call__(self, payload: bytes, ops: list) -> int:
         assert packb(ops) == payload
-        assert puts_only == all(op[0] == OP_PUT for op in ops)
+        assert decode(payload) == [list(op) for op in ops], "the ops travel with their payload"
         self.payloads.append(payload)
         return 100 + len(self.payloads)
 

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 import pytest
 
 import wal
-from wal.errors import WalkvError
 from tests.faultfs import (
     PLAIN,
     FaultFS,
@@ -42,6 +41,7 @@ from tests.faultfs import (
     run_to_crash,
     scratch_dir,
 )
+from wal.errors import WalkvError
 
 SEGMENT_BYTES = 2048
 CI_POINTS = 360          # crash points in the CI run of the main workload

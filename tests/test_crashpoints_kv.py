@@ -30,7 +30,6 @@ import pytest
 
 import kvstore
 import kvstore.recovery
-from wal.errors import WalkvError
 from tests.faultfs import (
     PLAIN,
     FaultFS,
@@ -40,6 +39,7 @@ from tests.faultfs import (
     run_to_crash,
     scratch_dir,
 )
+from wal.errors import WalkvError
 
 SEGMENT_BYTES = 2048
 CI_POINTS = 250

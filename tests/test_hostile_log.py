@@ -27,11 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wal
+from wal import iter_entries, list_segments, read_durable_lsn, read_header, read_index, read_log
 from wal.crc import crc32c, mask
 from wal.errors import CorruptionError, WalkvError
-from wal.record import BLOCK_SIZE, FIRST, FULL, LAST, MIDDLE, RecordReader
-from wal import iter_entries, list_segments, read_durable_lsn, read_header, read_index, read_log
 from wal.index import scan_segment
+from wal.record import BLOCK_SIZE, FIRST, FULL, LAST, MIDDLE, RecordReader
 from wal.segment import index_path
 
 SEGMENT_BYTES = 4096

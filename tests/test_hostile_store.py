@@ -39,8 +39,8 @@ import snapshot
 import wal
 from kvstore.batch import MAX_BOUND_BYTES, MAX_KEY_BYTES, decode
 from snapshot.manifest import decode_manifest, encode_manifest
-from wal.errors import CorruptionError, WalkvError
 from tests.test_kvstore import abandon
+from wal.errors import CorruptionError, WalkvError
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -856,9 +856,9 @@ def test_interrupted_rebuild_is_redone(store, monkeypatch) -> None:
     calls = {"n": 0}
     real = recovery.State.apply
 
-    def dying_apply(self, entries, **kw):
+    def dying_apply(self, first_lsn, batches):
         calls["n"] += 1
-        real(self, entries[:3], **kw)
+        real(self, first_lsn, batches[:3])
         raise KeyboardInterrupt
 
     monkeypatch.setattr(recovery.State, "apply", dying_apply)

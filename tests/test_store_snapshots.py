@@ -14,8 +14,8 @@ import kvstore
 import snapshot
 from kvstore.batch import decode
 from kvstore.restore import restore
-from wal.errors import CorruptionError, SnapshotError, WalkvError
 from wal import list_segments, read_log
+from wal.errors import CorruptionError, SnapshotError, WalkvError
 
 
 def model_at(store_path: str, lsn: int, base: dict[bytes, bytes] | None = None, base_lsn: int = 0

@@ -184,8 +184,9 @@ def test_mixed_append_kinds_and_on_commit(tmp_path: Path) -> None:
     state = {"committed": 0, "durable_ok": True}
     lock = threading.Lock()
 
-    def on_commit(entries: list[tuple[int, bytes]]) -> None:
-        groups.append(list(entries))
+    def on_commit(group: wal.Group) -> None:
+        entries = group.entries()
+        groups.append(entries)
         if wal.read_durable_lsn(str(d)) < entries[-1][0]:
             state["durable_ok"] = False
         state["committed"] = entries[-1][0]
@@ -487,7 +488,8 @@ def test_on_commit_that_raises_fails_the_log(tmp_path: Path) -> None:
     d = tmp_path / "log"
     seen: list[int] = []
 
-    def on_commit(entries: list[tuple[int, bytes]]) -> None:
+    def on_commit(group: wal.Group) -> None:
+        entries = group.entries()
         seen.extend(lsn for lsn, _ in entries)
         if entries[-1][0] >= 5:
             raise RuntimeError("state machine rejected the group")
@@ -631,7 +633,8 @@ def test_on_commit_sees_its_group_durable_and_readable(tmp_path: Path) -> None:
     problems: list[str] = []
     holder: dict[str, wal.Log] = {}
 
-    def on_commit(entries: list[tuple[int, bytes]]) -> None:
+    def on_commit(group: wal.Group) -> None:
+        entries = group.entries()
         log = holder.get("log")
         if log is None:
             return

@@ -22,10 +22,10 @@ import pytest
 import wal
 from wal.errors import ClosedError, CorruptionError, LogFailedError, LogGapError, RecordTooLargeError, WalkvError
 from wal.fs import FileSystem
-from wal.record import BLOCK_SIZE, RecordReader
-from wal.truncation import TRUNCATE_MARKER
 from wal.index import INDEX_INTERVAL, read_index, scan_segment
+from wal.record import BLOCK_SIZE, RecordReader
 from wal.segment import index_path, iter_entries, list_segments, read_header
+from wal.truncation import TRUNCATE_MARKER
 
 STATS_KEYS = {
     "appends", "bytes", "groups", "fsyncs", "max_group", "rolls", "first_lsn", "last_lsn", "durable_lsn",

@@ -6,6 +6,7 @@ files, :mod:`wal.record` for the framing, :mod:`wal.recovery` for what open
 checks and :mod:`wal.repair` for what :func:`repair` does.
 """
 
+from wal.commit import Group
 from wal.durable import DURABLE_NAME, read_durable_lsn
 from wal.errors import (
     ClosedError,
@@ -35,6 +36,7 @@ from wal.segment import (
 )
 
 __all__ = [
+    "Group",
     "DURABLE_NAME",
     "SYNC_MODES",
     "ClosedError",

@@ -9,6 +9,11 @@ queued behind. Each waiting thread sleeps on a lock of its own, released by
 the leader, so waking a group costs one lock release per thread and no
 thundering herd on the mutex.
 
+Each payload travels with a *context*, an object the log never looks at
+(the store passes the decoded operations), and reaches the log's
+``on_commit`` hook with it in a :class:`Group`, so the layer above never has
+to decode what it just encoded.
+
 Appenders that must not block (``submit_nowait``, the asyncio front) pass a
 callback instead; a committer thread leads when no appender thread is there
 to, and callbacks run on whichever thread led their group, after the mutex
@@ -25,10 +30,28 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 logger = logging.getLogger("walkv.wal")
 
 Callback = Callable[[int, "BaseException | None"], None]
+
+
+class Group(NamedTuple):
+    """One group as written: the entries with LSNs ``first_lsn ..`` in order,
+    each payload with the context its appender passed (``None``: none)."""
+
+    first_lsn: int
+    payloads: list[bytes]
+    contexts: list[object]
+
+    @property
+    def last_lsn(self) -> int:
+        return self.first_lsn + len(self.payloads) - 1
+
+    def entries(self) -> list[tuple[int, bytes]]:
+        """``[(lsn, payload), ...]``."""
+        return list(zip(range(self.first_lsn, self.first_lsn + len(self.payloads)), self.payloads))
 
 
 class _Waiter:
@@ -45,15 +68,15 @@ class _Waiter:
 class GroupCommit:
     """The queue and leadership of one log.
 
-    ``write_group(first_lsn, payloads)`` does the I/O for a group (called by
-    one leader at a time, without the mutex); when it raises,
+    ``write_group(group)`` does the I/O for a :class:`Group` (called by one
+    leader at a time, without the mutex); when it raises,
     ``on_failure(error, first_lsn)`` returns the exception every later caller
     gets. ``check()`` raises when the log is closed or failed.
     """
 
     def __init__(
         self,
-        write_group: Callable[[int, list[bytes]], None],
+        write_group: Callable[[Group], None],
         on_failure: Callable[[BaseException, int], BaseException],
         check: Callable[[], None],
         next_lsn: int,
@@ -64,6 +87,7 @@ class GroupCommit:
         self._on_failure = on_failure
         self._check = check
         self._queue: list[bytes] = []
+        self._contexts: list[object] = []
         self._callbacks: list[Callback | None] = []
         self._has_callbacks = False
         self._waiters: deque[_Waiter] = deque()
@@ -92,9 +116,10 @@ class GroupCommit:
 
     # -- appending -------------------------------------------------------------
 
-    def submit(self, payloads: list[bytes]) -> int:
-        """Queue ``payloads`` and return once they are acknowledged; return
-        the first LSN. Raises the log's failure if their group failed."""
+    def submit(self, payloads: list[bytes], contexts: list[object]) -> int:
+        """Queue ``payloads`` (each with its context) and return once they are
+        acknowledged; return the first LSN. Raises the log's failure if their
+        group failed."""
         m = self.mutex
         m.acquire()
         try:
@@ -111,7 +136,7 @@ class GroupCommit:
             # Nobody leads and nothing is queued: write our own group at once
             # (the common single-writer case skips the queue).
             self._leading = True
-            self._write_and_wake(first, payloads, None)
+            self._write_and_wake(Group(first, payloads, contexts), None)
             self._handoff()
             m.release()
             if self.acked_lsn < last:
@@ -120,9 +145,11 @@ class GroupCommit:
         else:
             if len(payloads) == 1:
                 self._queue.append(payloads[0])
+                self._contexts.append(contexts[0])
                 self._callbacks.append(None)
             else:
                 self._queue.extend(payloads)
+                self._contexts.extend(contexts)
                 self._callbacks.extend([None] * len(payloads))
             if self._leading:
                 w = self._waiter()
@@ -146,9 +173,9 @@ class GroupCommit:
             raise self._group_failure()
         return first
 
-    def submit_nowait(self, payload: bytes, callback: Callback) -> int:
-        """Queue one payload; ``callback(lsn, error)`` runs when it is
-        acknowledged or failed. Returns its LSN at once."""
+    def submit_nowait(self, payload: bytes, context: object, callback: Callback) -> int:
+        """Queue one payload (with its context); ``callback(lsn, error)`` runs
+        when it is acknowledged or failed. Returns its LSN at once."""
         with self.mutex:
             while self._frozen:
                 self._thawed.wait()
@@ -156,6 +183,7 @@ class GroupCommit:
             lsn = self.next_lsn
             self.next_lsn = lsn + 1
             self._queue.append(payload)
+            self._contexts.append(context)
             self._callbacks.append(callback)
             self._has_callbacks = True
             if self._committer is None:
@@ -173,19 +201,21 @@ class GroupCommit:
         payloads, callbacks, has_callbacks = self._queue, self._callbacks, self._has_callbacks
         if not payloads:
             return None
-        self._queue, self._callbacks, self._has_callbacks = [], [], False
-        return self._write_and_wake(self.acked_lsn + 1, payloads, callbacks if has_callbacks else None)
+        group = Group(self.acked_lsn + 1, payloads, self._contexts)
+        self._queue, self._contexts, self._callbacks, self._has_callbacks = [], [], [], False
+        return self._write_and_wake(group, callbacks if has_callbacks else None)
 
-    def _write_and_wake(self, first: int, payloads: list[bytes], callbacks: list[Callback | None] | None
+    def _write_and_wake(self, group: Group, callbacks: list[Callback | None] | None
                         ) -> tuple[int, list[Callback | None], BaseException | None] | None:
         """Mutex held, leading: write one group (releasing the mutex for the
         I/O), then wake the appenders it covered, or fail everything queued
         if it failed. Returns the callbacks to run, if any."""
+        first, payloads = group.first_lsn, group.payloads
         error: BaseException | None = self.failure
         if error is None:
             self.mutex.release()
             try:
-                self._write_group(first, payloads)
+                self._write_group(group)
             except BaseException as e:  # noqa: BLE001 - any failure here fails the log
                 error = e
             self.mutex.acquire()
@@ -198,7 +228,7 @@ class GroupCommit:
             # What is queued behind a failed group will never be written.
             if self._has_callbacks:
                 callbacks = (callbacks or [None] * len(payloads)) + self._callbacks
-            self._queue, self._callbacks, self._has_callbacks = [], [], False
+            self._queue, self._contexts, self._callbacks, self._has_callbacks = [], [], [], False
         waiters = self._waiters
         acked = self.acked_lsn
         while waiters and not waiters[0].exclusive and (waiters[0].lsn <= acked or error is not None):
@@ -307,7 +337,7 @@ class GroupCommit:
             self._thawed.notify_all()
             self._work.notify_all()
             first = self.acked_lsn + 1
-            callbacks, self._queue, self._callbacks = self._callbacks, [], []
+            callbacks, self._queue, self._contexts, self._callbacks = self._callbacks, [], [], []
         _run_callbacks((first, callbacks, error))
         t = self._committer
         if t is not None and t is not threading.current_thread():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-import crcmod.predefined  # type: ignore[import-untyped]  # crcmod ships no type hints
+import crcmod.predefined
 
 MASK_DELTA = 0xA282EAD8
 """The constant LevelDB adds to a rotated CRC (see :func:`mask`); the framing's hot

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
-from wal.commit import Callback, GroupCommit
+from wal.commit import Callback, Group, GroupCommit
 from wal.durable import DurableMarker
 from wal.errors import (
     ClosedError,
@@ -66,7 +66,7 @@ logger = logging.getLogger("walkv.wal")
 SYNC_MODES = ("always", "batch", "none")
 DEFAULT_SEGMENT_BYTES = 64 << 20
 PREALLOC_STEP = 8 << 20
-CommitHook = Callable[[list[tuple[int, bytes]]], None]
+CommitHook = Callable[[Group], None]
 
 
 class Log:
@@ -76,8 +76,9 @@ class Log:
     at which a segment is sealed and the next begun; ``sync_interval`` (ms) and
     ``sync_bytes`` for ``sync="batch"``; ``recovery`` ("strict" refuses to open
     a corrupt log, "prefix" keeps its longest valid prefix); ``on_commit``,
-    called with each group's ``[(lsn, payload), ...]`` after it is
-    acknowledged and before its appenders return; ``max_record_bytes``, the
+    called with each :class:`~wal.commit.Group` (LSNs, payloads and the
+    contexts their appenders passed) after it is acknowledged and before its
+    appenders return; ``max_record_bytes``, the
     bound on one entry; ``start_lsn``, the first LSN of a log created empty
     (a restored store continues its LSNs); ``fs``, the file-system seam
     (tests inject faults through it).
@@ -214,12 +215,13 @@ class Log:
         if self._failure is not None:
             raise self._failure
 
-    def append(self, payload: bytes) -> int:
+    def append(self, payload: bytes, context: object = None) -> int:
         """Append one entry; return its LSN. Durable on return when
-        ``sync="always"``, written to the OS otherwise."""
+        ``sync="always"``, written to the OS otherwise. ``context`` is handed
+        to ``on_commit`` with the payload (the log never looks at it)."""
         if type(payload) is not bytes or len(payload) > self._max_payload:
             payload = self._check(payload)
-        return self._gc.submit([payload])
+        return self._gc.submit([payload], [context])
 
     def append_batch(self, payloads: Iterable[bytes]) -> tuple[int, int]:
         """Append several entries, written as one group; return ``(first,
@@ -228,15 +230,16 @@ class Log:
         items = [self._check(p) for p in payloads]
         if not items:
             raise ValueError("append_batch needs at least one payload")
-        first = self._gc.submit(items)
+        first = self._gc.submit(items, [None] * len(items))
         return first, first + len(items) - 1
 
-    def append_nowait(self, payload: bytes, callback: Callback) -> int:
+    def append_nowait(self, payload: bytes, callback: Callback, context: object = None) -> int:
         """Queue one entry without blocking; return its LSN. ``callback(lsn,
         error)`` runs on the committing thread once the entry is acknowledged
         (durable when ``sync="always"``), or with the error that failed it. It
-        must be quick and must not call back into the log."""
-        return self._gc.submit_nowait(self._check(payload), callback)
+        must be quick and must not call back into the log. ``context`` as for
+        :meth:`append`."""
+        return self._gc.submit_nowait(self._check(payload), context, callback)
 
     def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:
@@ -246,9 +249,10 @@ class Log:
         logger.error("%s", self._failure)
         return self._failure
 
-    def _write_group(self, first: int, payloads: list[bytes]) -> None:
+    def _write_group(self, group: Group) -> None:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
         it to ``on_commit``. Called by the leader only, without the mutex."""
+        first, payloads = group.first_lsn, group.payloads
         active = self._active
         if active.data_end >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
             self._roll(first)
@@ -267,7 +271,7 @@ class Log:
                     self._flush_due.notify()
         self._stats.group(len(payloads), written)
         if self._on_commit is not None:
-            self._on_commit(list(zip(range(first, lsn), payloads)))
+            self._on_commit(group)
 
     def _timed_sync(self, full: bool = False) -> None:
         self._stats.timed(self._active.sync_full if full else self._active.sync)

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from wal.fs import OS_FS, FileInfo
 
+
 @runtime_checkable
 class ReadFS(Protocol):
     """Read-only access to a tree of files (see the module docstring)."""

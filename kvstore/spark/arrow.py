@@ -231,16 +231,22 @@ def change_batches(
             try:
                 code = op[0]
                 if code == OP_PUT:
-                    k_append(op[1]); v_append(op[2]); e_append(None)
+                    key, value, end = op[1], op[2], None
                 elif code == OP_DELETE:
-                    k_append(op[1]); v_append(None); e_append(None)
+                    key, value, end = op[1], None, None
                 elif code == OP_DELETE_RANGE:
-                    k_append(op[1]); v_append(None); e_append(op[2])
+                    key, value, end = op[1], None, op[2]
                 else:
                     raise bad_op(lsn, i, op, path)
             except (IndexError, TypeError):
                 raise bad_op(lsn, i, op, path) from None
-            c_append(code); l_append(lsn); s_append(ts); i_append(i)
+            k_append(key)
+            v_append(value)
+            e_append(end)
+            c_append(code)
+            l_append(lsn)
+            s_append(ts)
+            i_append(i)
         if len(lsns) >= rows_per_batch or pending >= MAX_BATCH_BYTES:
             yield flush()
             pending = 0

@@ -1,0 +1,270 @@
+"""The read side of the LMDB state machine: cached per-thread read
+transactions, gets, consistent views and scans (:class:`StateReads`, which
+:class:`kvstore.state.State` extends with the writer's side).
+
+A get is one LMDB lookup in this thread's cached read transaction
+(:class:`kvstore.readers.Reader`), renewed only when a commit happened since
+(``gen``), so reads take no lock. The writer holds readers out of LMDB for a
+moment (:class:`kvstore.readers.ReadGate`) to grow the map, drop idle threads'
+stale transactions, or close. Read-only opens (another process writes) take a
+fresh transaction per get: :class:`kvstore.state.ReadOnlyState`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import weakref
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
+
+import lmdb
+
+from kvstore.batch import as_bytes
+from kvstore.lmdb_ops import read_error
+from kvstore.readers import Reader, ReadGate, ReadView
+from kvstore.readers import scan as _scan
+from wal.errors import ClosedError
+
+K_APPLIED = b"walkv.applied"
+_U64 = struct.Struct("<Q")
+_get_ident = threading.get_ident
+T = TypeVar("T")
+
+
+class StateReads:
+    """The read side of one LMDB environment (see the module docstring).
+    Subclasses open ``env`` and set ``main_db`` and ``data_db``."""
+
+    env: lmdb.Environment
+    main_db: Any
+    data_db: Any
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._closed = False
+        self.gen = 0              # bumped after every commit and remap
+        self.map_gen = 0          # bumped whenever open transactions die
+        self._local = threading.local()
+        self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()
+        self.dead_gets = 0
+        self.gate = ReadGate(self._reader_list, self._on_block, self._on_release)
+        self._held_gen = 0
+        self._r0 = Reader(None)  # the last reading thread's reader (fast path)
+
+    def adopt_mapsize(self) -> None:
+        """Read-only: another process grew the map; adopt its size."""
+        gate = self.gate
+        gate.acquire_exclusive()
+        try:
+            self.env.set_mapsize(0)
+            self.map_gen += 1
+        finally:
+            gate.release_exclusive()
+
+    def _reader_list(self) -> list[Reader]:
+        with self._readers_lock:
+            return list(self._readers)
+
+    def _sweep(self) -> None:
+        """Drop cached read transactions older than the newest commit, so an
+        idle reading thread does not pin old pages."""
+        readers = self._reader_list()
+        gen = self.gen
+        if not any(r.txn is not None and r.gen != gen for r in readers):
+            return
+        gate = self.gate
+        gate.acquire_exclusive(cached_only=True)
+        try:
+            for r in readers:
+                if r.txn is not None and r.gen != gen:
+                    try:
+                        r.txn.abort()
+                    except lmdb.Error:
+                        pass
+                    r.txn = None
+                    r.gen = -1
+        finally:
+            gate.release_exclusive()
+
+    # -- reading ------------------------------------------------------------
+
+    def _on_block(self) -> None:
+        # A writer wants LMDB to itself: no cached transaction matches -2.
+        self._held_gen = self.gen
+        self.gen = -2
+
+    def _on_release(self) -> None:
+        # Every cached transaction predates what the writer did: renew.
+        self.gen = self._held_gen + 1
+
+    def _reader(self) -> Reader:
+        """This thread's reader (created and registered on first use)."""
+        try:
+            return self._local.r
+        except AttributeError:
+            pass
+        r = Reader(self, _get_ident())
+        self._local.r = r
+        with self._readers_lock:
+            self._readers.add(r)
+        return r
+
+    def _renew(self, r: Reader) -> lmdb.Transaction:
+        gen = self.gen  # read before begin: never record a newer gen than the snapshot
+        t = r.txn
+        if t is not None:
+            r.txn = None
+            try:
+                t.abort()
+            except lmdb.Error:
+                pass
+        t = r.txn = self.env.begin(db=self.data_db)
+        r.gen = gen
+        return t
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key`` or ``default``; sees every group applied
+        before it was called."""
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        r = self._r0
+        if r.ident != _get_ident():
+            r = self._r0 = self._reader()  # the last thread to read goes fast
+        r.busy = True
+        try:
+            if r.gen == self.gen:
+                r.gets += 1
+                # r.txn is set whenever r.gen matches; values are bytes (no buffers=True)
+                return r.txn.get(key, default)  # type: ignore[union-attr,return-value]
+        except lmdb.BadValsizeError:
+            return default  # an empty or over-long key: no such key can exist
+        except lmdb.Error:
+            pass
+        finally:
+            r.busy = False
+        return self._get_slow(r, key, default)
+
+    def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
+        """A commit happened since this thread's last read, or a writer holds
+        the gate, or the cached transaction died: renew it (announced by the
+        reader's ``busy`` flag, as on the fast path)."""
+        gate = self.gate
+        while True:
+            r.busy = True
+            if not gate.blocking:
+                break
+            r.busy = False
+            gate.wait()
+        try:
+            if self._closed:
+                raise self._closed_error()
+            txn = self._renew(r) if r.gen != self.gen or r.txn is None else r.txn
+            r.gets += 1
+            return txn.get(key, default)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
+        except lmdb.BadValsizeError:
+            return default
+        except lmdb.Error as exc:
+            if self._closed:
+                raise self._closed_error() from None
+            raise read_error(exc, self.path) from None
+        finally:
+            r.busy = False
+
+    def _plain_get(self, key: bytes, default: bytes | None) -> bytes | None:
+        try:
+            txn = self.env.begin(db=self.data_db)
+            try:
+                v = txn.get(key)
+            finally:
+                txn.abort()
+        except lmdb.BadValsizeError:
+            return default
+        except lmdb.MapResizedError:
+            raise
+        except lmdb.Error as exc:
+            raise read_error(exc, self.path) from None
+        return default if v is None else v
+
+    def _get_uncached(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """Read-only opens: a fresh read transaction per get (another process
+        writes, so there is no commit counter to cache against)."""
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        for attempt in (0, 1):
+            self.enter_read()
+            try:
+                return self._plain_get(key, default)
+            except lmdb.MapResizedError as exc:
+                if attempt:
+                    raise read_error(exc, self.path) from None
+            finally:
+                self.gate.exit()
+            self.adopt_mapsize()  # the writer grew the map
+        raise AssertionError("unreachable")
+
+    @property
+    def gets(self) -> int:
+        with self._readers_lock:
+            return self.dead_gets + sum(r.gets for r in self._readers)
+
+    def enter_read(self) -> None:
+        gate = self.gate
+        gate.enter()
+        if self._closed:
+            gate.exit()
+            raise self._closed_error()
+
+    def _read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in a fresh read transaction, inside the gate."""
+        for attempt in (0, 1):
+            self.enter_read()
+            try:
+                try:
+                    with self.env.begin(db=self.data_db) as txn:
+                        return fn(txn)
+                except lmdb.MapResizedError:
+                    if attempt:
+                        raise
+                except lmdb.Error as exc:
+                    raise read_error(exc, self.path) from None
+            finally:
+                self.gate.exit()
+            self.adopt_mapsize()
+        raise AssertionError("unreachable")
+
+    def read_meta_applied(self) -> int:
+        """The applied LSN as LMDB holds it now (read-only opens: the
+        writer's progress)."""
+        return self._read(self.applied_in)
+
+    def applied_in(self, txn: lmdb.Transaction) -> int:
+        """The applied LSN recorded in ``txn``'s snapshot of LMDB."""
+        v = txn.get(K_APPLIED, db=self.main_db)
+        return _U64.unpack(v)[0] if v and len(v) == 8 else 0
+
+    def read_view(self) -> ReadView:
+        """The state at one LSN, from one read transaction: ``.lsn``,
+        ``.count``, ``.pairs()`` (see :class:`kvstore.readers.ReadView`).
+        Use as a context manager; it holds off map growth while open."""
+        return ReadView(self)
+
+    def count(self) -> int:
+        data = self.data_db
+        return self._read(lambda txn: txn.stat(data)["entries"])
+
+    def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
+             ) -> Generator[tuple[bytes, bytes], None, None]:
+        """See :func:`kvstore.readers.scan`."""
+        return _scan(self, lo, hi, reverse)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"the store {os.path.dirname(self.path)} is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
