@@ -8,7 +8,7 @@ STAMP   = $(VENV)/.installed
 # `make demo` runs the full-size demo; CI (CI set) or DEMO_ARGS=--small runs the small one.
 DEMO_ARGS ?= $(if $(CI),--small,)
 
-.PHONY: demo test bench soak clean
+.PHONY: demo test lint bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
