@@ -60,7 +60,9 @@ class Condition(NamedTuple):
         return [OP_REQUIRE_ABSENT if self.kind == ABSENT else OP_REQUIRE_PRESENT, self.key]
 
 
-def _decided(outcome: Outcome, lsn: int) -> int | None:
+def decided(outcome: Outcome, lsn: int) -> int | None:
+    """The index of the failed condition of the entry just logged (None:
+    it succeeded)."""
     if not outcome.decided:  # apply runs before the appender is released
         raise WalkvError(f"the outcome of LSN {lsn} was not decided at apply; "
                          f"close and reopen the store")
@@ -72,18 +74,25 @@ def conditional_write(append: Append, conds: list[Condition], writes: list[list]
     (LSN, index of the failed condition or None)."""
     outcome = Outcome([c.as_op() for c in conds] + writes)
     lsn = append(_pack(outcome), outcome)
-    return lsn, _decided(outcome, lsn)
+    return lsn, decided(outcome, lsn)
+
+
+def cas_outcome(max_value: int, key: bytes, expected: bytes | None, new: bytes) -> Outcome:
+    """The validated operations of a compare-and-set (see :func:`compare_and_set`)."""
+    key = check_key(key)
+    new = check_value(new, max_value)
+    cond = (Condition(key, ABSENT) if expected is None
+            else Condition(key, EQUALS, check_value(expected, max_value)))
+    return Outcome([cond.as_op(), [OP_PUT, key, new]])
 
 
 def compare_and_set(append: Append, max_value: int, key: bytes, expected: bytes | None,
                     new: bytes) -> bool:
     """Set ``key`` to ``new`` if its value is ``expected`` (None: if it is
     absent), decided in log order at apply. True when it was set."""
-    key = check_key(key)
-    new = check_value(new, max_value)
-    cond = (Condition(key, ABSENT) if expected is None
-            else Condition(key, EQUALS, check_value(expected, max_value)))
-    return conditional_write(append, [cond], [[OP_PUT, key, new]])[1] is None
+    outcome = cas_outcome(max_value, key, expected, new)
+    lsn = append(_pack(outcome), outcome)
+    return decided(outcome, lsn) is None
 
 
 def delete_if(append: Append, max_value: int, key: bytes, expected: bytes) -> bool:
@@ -172,7 +181,7 @@ class Transaction:
                 f"transaction of {len(ops)} operations is {len(payload)} bytes, over the "
                 f"log's record limit of {self._max_payload} bytes. Nothing was written.")
         self.lsn = self._append(payload, outcome)
-        failed = _decided(outcome, self.lsn)
+        failed = decided(outcome, self.lsn) if self._conds else None
         self.succeeded = failed is None
         self.failed_condition = None if failed is None else self._conds[failed]
         return self.succeeded

@@ -56,9 +56,11 @@ wakes it: the iteration ends (the store closed: :class:`ClosedError`).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import snapshot
@@ -305,3 +307,35 @@ class Watcher:
         for key, value in snap.items(self._lo or None, hi):
             yield Change(info.lsn, info.created_us, SNAPSHOT, key, value, None)
         self.next_lsn = info.lsn + 1
+
+
+class AsyncWatcher:
+    """``async for change in adb.watch(...)``: a :class:`Watcher` whose
+    blocking steps run on a thread of its own (never a busy poll on the
+    loop, and a slow watcher does not hold the default executor).
+    ``async with`` it, or :meth:`aclose` it, to stop."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="walkv-watch")
+
+    def __aiter__(self) -> "AsyncWatcher":
+        return self
+
+    async def __anext__(self) -> Change:
+        loop = asyncio.get_running_loop()
+        change = await loop.run_in_executor(self._pool, next, self.watcher, None)
+        if change is None:
+            self._pool.shutdown(wait=False)
+            raise StopAsyncIteration
+        return change
+
+    async def aclose(self) -> None:
+        self.watcher.close()
+        self._pool.shutdown(wait=False)
+
+    async def __aenter__(self) -> "AsyncWatcher":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
