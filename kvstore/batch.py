@@ -212,7 +212,7 @@ def _parse(payload: bytes) -> list[list]:
             raise _NotABatch(f"op {i} is {type(op).__name__}, not an array")
         code = op[0]
         n = len(op)
-        if code in CONDITION_CODES and type(code) is int:
+        if type(code) is int and code in CONDITION_CODES:
             _check_condition(i, op, writes)
             continue
         writes = True
