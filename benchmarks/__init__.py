@@ -25,10 +25,10 @@ from benchmarks.harness import Config, Workload, now_iso, run_workload, select
 
 
 def all_workloads(cfg: Config) -> list[Workload]:
-    from benchmarks import kv_workloads, log_workloads, snapshot_workloads, spark_workloads
+    from benchmarks import coord_workloads, kv_workloads, log_workloads, snapshot_workloads, spark_workloads
 
     out: list[Workload] = []
-    for module in (log_workloads, kv_workloads, snapshot_workloads, spark_workloads):
+    for module in (log_workloads, kv_workloads, coord_workloads, snapshot_workloads, spark_workloads):
         out.extend(module.workloads(cfg))
     return out
 

@@ -43,6 +43,8 @@ from kvstore.batch import (
     check_value,
 )
 from kvstore.store import KVStore
+from kvstore.txn import cas_outcome, decided
+from kvstore.watch import AsyncWatcher
 from wal.errors import ClosedError, ReadOnlyError
 
 
@@ -139,6 +141,18 @@ class AsyncKVStore:
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
         return AsyncWriteBatch(self)
+
+    async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
+        """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
+        decided at apply in log order (:mod:`kvstore.txn`)."""
+        outcome = cas_outcome(self._max_value, key, expected, new)
+        lsn = await self._submit(_pack(outcome), outcome)
+        return decided(outcome, lsn) is None
+
+    def watch(self, prefix: bytes | None = None, **options: Any) -> AsyncWatcher:
+        """``async for change in adb.watch(...)``: :meth:`KVStore.watch`, its
+        blocking waits run in a thread of the watcher's own."""
+        return AsyncWatcher(self.store.watch(prefix, **options))
 
     # -- reads --------------------------------------------------------------
 

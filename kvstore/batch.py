@@ -6,6 +6,9 @@ Format (one log entry's payload; the log adds LSN and timestamp around it)::
     op      := [1, key, value]                put
              | [2, key]                       delete
              | [3, start, end]                delete_range: start <= key < end
+             | [4, key, expected]             condition: key's value equals expected
+             | [5, key]                       condition: key is absent
+             | [6, key]                       condition: key is present
     key, value, start, end := msgpack bin     (never str: text must be encoded
                                                by the caller, so no codec is
                                                ever guessed on replay)
@@ -21,6 +24,14 @@ Rules, and the reason for each:
   every possible key, which is how "to the end" is written.
 * ``value`` is bounded by the store's value limit, itself bounded by the log's
   maximum record size, and checked before anything is logged.
+* Conditions (codes 4..6, :mod:`kvstore.txn`) come before every write of
+  their batch, and are decided at apply, in log order, against the state
+  the entries before left: all hold, and the batch's writes apply; one
+  fails, and the batch applies nothing but still consumes its LSN (the
+  first failing condition's index is recorded in LMDB, see
+  :mod:`kvstore.conditions`). Replay and rebuild decide them the same way,
+  so every rebuild reaches the same outcomes. A condition after a write is
+  not a batch (the order would be ambiguous).
 * Decoding is strict: a payload that is valid msgpack but not a batch of this
   shape is corruption (:class:`~wal.errors.CorruptionError` naming the LSN),
   never silently skipped, because skipping it would lose an acknowledged write.
@@ -42,6 +53,16 @@ from wal.errors import REPAIR_HINT, ClosedError, CorruptionError, Damage, Record
 OP_PUT = 1
 OP_DELETE = 2
 OP_DELETE_RANGE = 3
+OP_REQUIRE_EQUALS = 4
+OP_REQUIRE_ABSENT = 5
+OP_REQUIRE_PRESENT = 6
+CONDITION_CODES = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT))
+
+# What a change is called, wherever changes are shown (the Spark ``changes``
+# table's ``_change_type``, :meth:`kvstore.KVStore.watch`): named once, here.
+UPSERT = "upsert"
+DELETE = "delete"
+DELETE_RANGE = "delete_range"
 
 MAX_KEY_BYTES = 511
 """LMDB's default maximum key size (``mdb_env_get_maxkeysize``)."""
@@ -147,8 +168,8 @@ def _bad(reason: str, lsn: int | None) -> CorruptionError:
 def decode(payload: bytes, lsn: int | None = None) -> list[list]:
     """Decode and strictly validate one batch payload.
 
-    Returns the list of ops, each a list ``[1, key, value]``, ``[2, key]`` or
-    ``[3, start, end]`` (keys and values ``bytes``). Raises
+    Returns the list of ops, each a list of one of the module docstring's
+    shapes (keys and values ``bytes``). Raises
     :class:`~wal.errors.CorruptionError` naming ``lsn`` when the payload is
     not exactly that.
     """
@@ -185,11 +206,16 @@ def _parse(payload: bytes) -> list[list]:
                 and type(op[1]) is bytes and type(op[2]) is bytes
                 and 0 < len(op[1]) <= MAX_KEY_BYTES):
             return ops
+    writes = False
     for i, op in enumerate(ops):
         if type(op) is not list or not op:
             raise _NotABatch(f"op {i} is {type(op).__name__}, not an array")
         code = op[0]
         n = len(op)
+        if type(code) is int and code in CONDITION_CODES:
+            _check_condition(i, op, writes)
+            continue
+        writes = True
         if code == OP_PUT and n == 3 and type(code) is int:
             key, value = op[1], op[2]
             if type(key) is not bytes or type(value) is not bytes:
@@ -212,6 +238,19 @@ def _parse(payload: bytes) -> list[list]:
         else:
             raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
     return ops
+
+
+def _check_condition(i: int, op: list, after_write: bool) -> None:
+    code, n = op[0], len(op)
+    if after_write:
+        raise _NotABatch(f"op {i} is a condition after a write (conditions come first)")
+    if n != (3 if code == OP_REQUIRE_EQUALS else 2):
+        raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
+    key = op[1]
+    if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+        raise _NotABatch(f"op {i} (condition) has a bad key")
+    if n == 3 and type(op[2]) is not bytes:
+        raise _NotABatch(f"op {i} (condition) has a non-bin expected value")
 
 
 class _Done(list):

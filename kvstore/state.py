@@ -55,7 +55,8 @@ from typing import Any, NamedTuple
 
 import lmdb
 
-from kvstore.batch import OP_DELETE, OP_PUT
+from kvstore import conditions
+from kvstore.batch import CONDITION_CODES, OP_DELETE, OP_PUT
 from kvstore.lmdb_env import open_env
 from kvstore.lmdb_ops import delete_range, preallocate, put_run
 from kvstore.state_reads import K_APPLIED, StateReads
@@ -147,6 +148,7 @@ class State(StateReads):
             txn.put(K_STORE_ID, store_id.encode("ascii"), db=main)
             txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
             txn.put(K_COMPLETE, b"1" if complete else b"0", db=main)
+            conditions.record_outcomes_from(txn, main, base_lsn)
         self._with_write(write)
         self.store_id = store_id
         self.applied_lsn = base_lsn
@@ -213,7 +215,8 @@ class State(StateReads):
             batches = batches[applied + 1 - first_lsn:]
         t0 = _perf_counter()
         flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
-        puts_only = set(map(_first, flat)) <= _PUT_CODES
+        codes = set(map(_first, flat))
+        puts_only = codes <= _PUT_CODES
         main = self.main_db
         while True:
             txn = self.env.begin(self.data_db, None, True)
@@ -222,6 +225,9 @@ class State(StateReads):
                     if flat:
                         put_run(txn, flat)
                     puts, deletes, ranges = len(flat), 0, 0
+                elif not codes.isdisjoint(CONDITION_CODES):
+                    puts, deletes, ranges = conditions.apply_batches(
+                        txn, last + 1 - len(batches), batches, _apply_ops, main)
                 else:
                     puts, deletes, ranges = _apply_ops(txn, flat)
                 txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)

@@ -34,7 +34,8 @@ from typing import Any, Callable, Generator, Iterator, cast
 
 import snapshot
 import wal
-from kvstore import recovery, snapshots
+from kvstore import recovery, snapshots, txn
+from kvstore import watch as watching
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
@@ -116,6 +117,7 @@ class KVStore:
         self.replayed = 0                 # log entries replayed (or rebuilt from) at open
         self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
         options = StateOptions(map_size, writemap, max_readers)
+        self._watch_hub = watching.WatchHub()  # wakes watchers, once per group commit
         t0 = time.monotonic()
         try:
             if self.readonly:
@@ -176,6 +178,7 @@ class KVStore:
         # fsync and before any of its appenders is released. This store is
         # its log's one appender, and passes every entry's operations along.
         self._state.apply(group.first_lsn, cast("list[Ops]", group.contexts))
+        self._watch_hub.committed()
         if self._auto is not None and self._log is not None:
             self._auto.poke(self._log.appended_bytes)
 
@@ -240,6 +243,50 @@ class KVStore:
         written either way)."""
         payload = as_bytes(payload, "payload")
         return self._append(payload, parse(payload))
+
+    # -- conditional writes (kvstore/txn.py), watching (kvstore/watch.py) -------
+
+    def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
+        """Set ``key`` to ``new`` only if its value is ``expected`` (None: only
+        if it is absent), decided at apply in log order (:mod:`kvstore.txn`).
+        True when it was set; either way the attempt is durable (one LSN)."""
+        return txn.compare_and_set(self._append, self.max_value_bytes, key, expected, new)
+
+    def delete_if(self, key: bytes, expected: bytes) -> bool:
+        """Delete ``key`` only if its value is ``expected``; True when deleted."""
+        return txn.delete_if(self._append, self.max_value_bytes, key, expected)
+
+    def transaction(self) -> txn.Transaction:
+        """Conditions plus writes, applied atomically only if every condition
+        holds at apply (:class:`kvstore.txn.Transaction`)."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        if self.readonly:
+            self._refuse_write(b"", [])
+        return txn.Transaction(self._append, self.max_value_bytes, self._max_payload)
+
+    def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
+              from_lsn: int | None = None, timeout: float | None = None,
+              progress_every: float | None = None, on_gap: str = "error") -> watching.Watcher:
+        """Follow the store's durable changes in log order, from ``from_lsn``
+        (default: only new ones), for keys under ``prefix`` and in
+        ``[start, stop)``: an iterator (and context manager) of
+        :class:`kvstore.watch.Change`. See :mod:`kvstore.watch`."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        state = self._state
+        if self._log is not None:
+            log_ = self._log
+            durable: Callable[[], int] = lambda: log_.durable_lsn  # noqa: E731
+            applied: Callable[[], int] = lambda: state.applied_lsn  # noqa: E731
+        else:
+            durable, applied = (lambda: self.durable_lsn), state.read_meta_applied
+        source = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), durable, applied,
+                              state._read, state.main_db, self._watch_hub, polls=self._log is None)
+        lo, hi = watching.key_bounds(prefix, start, stop)
+        first = durable() + 1 if from_lsn is None else from_lsn
+        return watching.Watcher(source, lo, hi, first, timeout=timeout, progress_every=progress_every,
+                             on_gap=on_gap)
 
     # -- reading ---------------------------------------------------------------
 
@@ -407,6 +454,7 @@ class KVStore:
             return
         self.wait_for_snapshots()
         self._closed = True
+        self._watch_hub.close()
         if self._log is None:
             self._state.close(sync=False)
             return

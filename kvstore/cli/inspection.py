@@ -95,7 +95,7 @@ def _short(data: bytes, n: int = 40) -> str:
 
 def _op_summary(ops: list[list[Any]]) -> tuple[str, list[str]]:
     """A one-line summary of a batch's operations, and one line per operation."""
-    from kvstore.batch import OP_DELETE, OP_DELETE_RANGE, OP_PUT
+    from kvstore.batch import OP_DELETE, OP_DELETE_RANGE, OP_PUT, OP_REQUIRE_ABSENT, OP_REQUIRE_EQUALS
 
     counts = {OP_PUT: 0, OP_DELETE: 0, OP_DELETE_RANGE: 0}
     lines = []
@@ -105,6 +105,12 @@ def _op_summary(ops: list[list[Any]]) -> tuple[str, list[str]]:
             lines.append(f"put {_short(op[1])} = {_short(op[2])} ({len(op[2])} B)")
         elif op[0] == OP_DELETE:
             lines.append(f"delete {_short(op[1])}")
+        elif op[0] == OP_REQUIRE_EQUALS:
+            lines.append(f"require {_short(op[1])} == {_short(op[2])}")
+        elif op[0] == OP_REQUIRE_ABSENT:
+            lines.append(f"require {_short(op[1])} absent")
+        elif op[0] != OP_DELETE_RANGE:
+            lines.append(f"require {_short(op[1])} present")
         else:
             lines.append(f"delete_range [{_short(op[1])}, {_short(op[2])})")
     if len(ops) == 1:

@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kvstore.batch import DELETE, DELETE_RANGE, UPSERT
 from wal.errors import CorruptionError, Damage
 
 BINARY = "binary"
@@ -49,9 +50,6 @@ CHANGES = "changes"
 STATE = "state"
 TABLES = (SNAPSHOT, CHANGES, STATE)
 
-UPSERT = "upsert"
-DELETE = "delete"
-DELETE_RANGE = "delete_range"
 CHANGE_TYPES = (UPSERT, DELETE, DELETE_RANGE)
 
 OP_PUT, OP_DELETE, OP_DELETE_RANGE = 1, 2, 3

@@ -1,0 +1,115 @@
+"""Issue 13 workloads: programs that coordinate through the store.
+
+* ``kv.watch.8w``: durable puts/s from 8 threads with 8 watchers attached
+  (each following every change in its own thread) vs none: >= 0.95x. The
+  watched run's ``extra`` holds the watch delivery latency, p50/p99 in
+  microseconds, from the entry's commit stamp (taken just before the group's
+  write and fsync) to the watcher's thread holding the change: the fsync is
+  inside it, so it bounds "durable -> delivered" from above.
+* ``kv.cas.8t``: compare-and-set increments/s from 8 threads (each on its own
+  counter, so every attempt succeeds and both runs log one entry per call)
+  vs plain durable puts from 8 threads (no target; the ratio is reported).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from benchmarks import data
+from benchmarks.harness import Config, Contender, Context, Measurement, Target, Workload
+from benchmarks.timing import threaded
+
+KV = ("kvstore:open",)
+
+
+def _puts_with_watchers(watchers: int, threads: int, seconds: float):
+    def run(ctx: Context) -> Measurement:
+        import kvstore
+
+        db = kvstore.open(ctx.fresh_dir("watch"))
+        lat: list[list[int]] = [[] for _ in range(watchers)]
+        ws = [db.watch() for _ in range(watchers)]
+
+        def follow(i: int) -> None:
+            out = lat[i]
+            now = time.time_ns
+            for c in ws[i]:
+                out.append(now() // 1000 - c.time)
+
+        followers = [threading.Thread(target=follow, args=(i,), daemon=True) for i in range(watchers)]
+        for t in followers:
+            t.start()
+        try:
+            v = data.value(0)
+
+            def make(i: int):
+                put, key = db.put, data.key
+                return lambda n: put(key(n, i), v)
+
+            m = threaded(threads, seconds, make)
+        finally:
+            for w in ws:
+                w.close()
+            for t in followers:
+                t.join(5)
+            db.close()
+        all_lat = sorted(x for one in lat for x in one)
+        if all_lat:
+            m.extra["watch_latency_p50_us"] = all_lat[len(all_lat) // 2]
+            m.extra["watch_latency_p99_us"] = all_lat[int(len(all_lat) * 0.99)]
+            m.extra["changes_delivered"] = len(all_lat)
+        return m
+
+    return run
+
+
+def _cas_or_put(threads: int, seconds: float, cas: bool):
+    def run(ctx: Context) -> Measurement:
+        import kvstore
+
+        db = kvstore.open(ctx.fresh_dir("cas"))
+        try:
+            def make(i: int):
+                key = b"counter-%d" % i
+                if not cas:
+                    put = db.put
+                    return lambda n: put(key, b"%d" % n)
+                c_a_s = db.compare_and_set
+
+                def op(n: int) -> Any:
+                    if not c_a_s(key, b"%d" % (n - 1) if n else None, b"%d" % n):
+                        raise AssertionError("a compare-and-set on a private counter failed")
+                return op
+
+            return threaded(threads, seconds, make)
+        finally:
+            db.close()
+
+    return run
+
+
+def workloads(cfg: Config) -> list[Workload]:
+    secs = cfg.seconds(full=5.0, quick=0.5)
+    return [
+        Workload(
+            name="kv.watch.8w", issue=13, unit="puts/s",
+            title="durable puts from 8 threads with 8 watchers attached vs none", requires=KV,
+            targets=[Target("no-watchers", 0.95)], params={"threads": 8, "watchers": 8, "seconds": secs},
+            contenders=[
+                Contender("walkv", _puts_with_watchers(8, 8, secs), label="walkv put x8, 8 watchers"),
+                Contender("no-watchers", _puts_with_watchers(0, 8, secs), label="walkv put x8, no watcher"),
+            ]),
+        Workload(
+            name="kv.cas.8t", issue=13, unit="ops/s",
+            title="compare-and-set from 8 threads vs plain durable puts", requires=KV,
+            params={"threads": 8, "seconds": secs},
+            contenders=[
+                Contender("walkv", _cas_or_put(8, secs, cas=True), label="walkv compare_and_set x8"),
+                Contender("put", _cas_or_put(8, secs, cas=False), label="walkv put x8"),
+            ]),
+    ]
+
+
+__all__ = ["workloads"]
