@@ -170,6 +170,10 @@ def _describe(error: BaseException) -> str:
     return repr(error)
 
 
+def _lsns(first: int, last: int) -> str:
+    return f"LSN {first} is" if first == last else f"LSNs {first}..{last} are"
+
+
 def log_failed(directory: str, error: BaseException, first_lsn: int, durable: int, written: int) -> LogFailedError:
     """The one error a log gives once handling LSN ``first_lsn`` and later
     failed (a write, an fsync, the ``on_commit`` hook that applies them, or
@@ -200,9 +204,9 @@ def log_failed(directory: str, error: BaseException, first_lsn: int, durable: in
     parts = [f"the log at {directory} failed at LSN {first_lsn}: {what}. It refuses every further append."]
     acked = first_lsn - 1
     if durable >= first_lsn:
-        parts.append(f"LSNs up to {acked} were acknowledged and are durable. LSNs {first_lsn}..{durable} "
-                     "are durable in the log but were not acknowledged (the failure came after their fsync); "
-                     "the next open applies them.")
+        parts.append(f"LSNs up to {acked} were acknowledged and are durable. {_lsns(first_lsn, durable)} "
+                     "durable in the log but not acknowledged (the failure came after the fsync); "
+                     f"the next open applies {'it' if first_lsn == durable else 'them'}.")
     else:
         parts.append(f"LSNs up to {durable} are durable." if durable > 0 else "No LSN is durable yet.")
         if acked > durable:
@@ -210,8 +214,8 @@ def log_failed(directory: str, error: BaseException, first_lsn: int, durable: in
                          "machine may lose them, a crash of the process does not.")
     unsure = max(first_lsn, durable + 1)
     if written >= unsure:
-        parts.append(f"LSNs {unsure}..{written} reached the OS but were not acknowledged; they may or may "
-                     "not be there after a reopen.")
+        parts.append(f"{_lsns(unsure, written)} written to the OS but not acknowledged; a reopen may or may "
+                     "not find them.")
     parts.append(f"Close it and reopen{' after freeing space' if full else ''}.")
     cls = DiskFullError if full else LogFailedError
     return cls(" ".join(parts))
