@@ -9,8 +9,16 @@ The options, and why:
   than ``pwrite``); the map's file is then given real blocks up front
   (:func:`~kvstore.lmdb_ops.preallocate`) so that a full disk is an error
   and not a SIGBUS.
-* the map size is a whole number of MiB, at least the file's current size
-  (another process may have grown it) and at least 1 MiB.
+* the map size is a whole number of MiB and at least 1 MiB. A reader's is at
+  least the file's current size (the writer may have grown it). A writer's
+  is the ``map_size`` asked for (small by default), or the blocks
+  ``data.mdb`` already has if more, never its apparent size (a map grown
+  into space the disk then lacked leaves a longer, sparse file); LMDB raises
+  it to what the data uses, and with ``writemap`` sets the file to it. So a
+  fresh store opens on a small file system, and a store reopened after its
+  disk filled asks only for what it has. :meth:`kvstore.state.State.grow`
+  grows it later in bounded steps that fit the free space
+  (:func:`grow_size`).
 * ``max_dbs=2``: the main database (walkv's bookkeeping) and ``data``.
 """
 
@@ -22,7 +30,9 @@ import os
 import lmdb
 
 from kvstore.lmdb_ops import preallocate
-from wal.errors import CorruptionError, WalkvError, file_error
+from wal.errors import CorruptionError, DiskFullError, WalkvError, file_error
+
+MIB = 1 << 20
 
 # What only a damaged environment raises: walkv then rebuilds it from the log.
 # Anything else (permissions, memory, reader slots) is the machine's, and a
@@ -43,10 +53,11 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
     if readonly and not existing:
         raise WalkvError(f"{path} holds no state yet: open the store "
                          f"read-write once to create it")
-    size = max(int(map_size), existing, 1 << 20)
-    size = (size + 0xFFFFF) & ~0xFFFFF  # a whole number of MiB
     if not readonly:
+        existing = _allocated(data_file)
         os.makedirs(path, mode=0o700, exist_ok=True)
+    size = max(int(map_size), existing, MIB)
+    size = (size + MIB - 1) & ~(MIB - 1)  # a whole number of MiB
     try:
         env = lmdb.open(
             path, map_size=size, subdir=True, readonly=readonly,
@@ -64,7 +75,7 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
         raise open_error(exc, path, size) from None
     try:
         if writemap:
-            preallocate(data_file, size)
+            preallocate(data_file, env.info()["map_size"])  # LMDB's: at least what the data uses
         main = env.open_db(None)
         data = env.open_db(b"data", create=not readonly)
     except BaseException as exc:
@@ -74,6 +85,39 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
                                   path=path) from None
         raise
     return env, main, data
+
+
+def _allocated(data_file: str) -> int:
+    try:
+        return os.stat(data_file).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
+def fit_map(path: str, want: int) -> int:
+    """The largest map size up to ``want`` (whole MiB) that the environment
+    at ``path`` can have blocks for: what ``data.mdb`` already holds plus
+    the free space of its file system."""
+    st = os.statvfs(path)
+    room = _allocated(os.path.join(path, "data.mdb")) + st.f_bavail * st.f_frsize
+    return min(want, room) & ~(MIB - 1)
+
+
+def grow_size(path: str, old: int, step: int, at_least: int = 0) -> int:
+    """The map size to grow to from ``old``: ``old + step``, but never by
+    more than half the free space (at least 1 MiB, and at least
+    ``at_least``), so that near a full disk the map grows in small steps and
+    takes only what the data needs; :class:`DiskFullError` when not even
+    that fits."""
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    want = max(old + min(step, max(MIB, free // 2)), at_least)
+    new = fit_map(path, want)
+    if new < max(old + MIB, at_least):
+        raise DiskFullError(
+            f"no space to grow the LMDB map of {path} beyond {old / MIB:.0f} MiB "
+            f"({free / MIB:.1f} MiB free on its file system)")
+    return new
 
 
 def open_error(exc: lmdb.Error, path: str, size: int) -> WalkvError:

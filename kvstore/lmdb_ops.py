@@ -17,7 +17,7 @@ from typing import Any
 import lmdb
 
 from kvstore.batch import MAX_KEY_BYTES
-from wal.errors import CorruptionError, LogFailedError, WalkvError
+from wal.errors import CorruptionError, DiskFullError, WalkvError
 
 _key_value = operator.itemgetter(1, 2)
 
@@ -113,10 +113,8 @@ def preallocate(path: str, size: int) -> None:
                 if os.fstat(fd).st_size < size:
                     os.ftruncate(fd, size)  # no fallocate here: a sparse file it is
             elif exc.errno == errno.ENOSPC:
-                raise LogFailedError(
-                    f"no space to grow the LMDB map of {path} to {size >> 20} MiB; "
-                    f"free space and reopen the store (every acknowledged "
-                    f"write is in the log)") from None
+                raise DiskFullError(
+                    f"no space to give the LMDB map of {path} {size >> 20} MiB of blocks") from None
             else:
                 raise
     finally:

@@ -5,8 +5,10 @@
 its durable entries are read), and builds the target in a private temporary
 directory that is renamed into place when it is whole:
 
-1. pick the newest snapshot at or below ``to_lsn`` that verifies and from
-   which the log still reaches ``to_lsn`` (falling back to older ones);
+1. pick the newest snapshot at or below ``to_lsn`` that verifies, belongs to
+   the source's log (its store id; a snapshot of another store left at the
+   same path is skipped with a warning naming both ids) and from which the
+   log still reaches ``to_lsn`` (falling back to older ones);
 2. bulk-load it into a new LMDB, then replay the source log's entries after
    it, up to ``to_lsn`` (point-in-time restore; default: the durable end);
 3. give the target its own log, empty and continuing at ``to_lsn + 1``, and
@@ -32,7 +34,7 @@ from kvstore import recovery
 from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.snapshots import choose_base
 from kvstore.store import KVStore
-from wal import Entry, list_segments, read_durable_lsn, read_log
+from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
 from wal.errors import CorruptionError, Damage, SnapshotError, WalkvError
 from wal.fs import OS_FS
 
@@ -113,7 +115,7 @@ def restore(source: str | os.PathLike[str] | KVStore, target: str | os.PathLike[
     if target_lsn > end:
         raise ValueError(f"cannot restore to LSN {target_lsn}: {source} is durable only up to LSN {end}")
     try:
-        base = choose_base(snap_dirs, wal_dir, log_first, target_lsn)
+        base = choose_base(snap_dirs, wal_dir, log_first, target_lsn, read_store_id(wal_dir) if wal_dir else None)
     except SnapshotError as e:
         raise SnapshotError(f"cannot restore to LSN {target_lsn}: {e}") from None
     base_lsn = base.lsn if base is not None else 0

@@ -17,6 +17,15 @@ is what ties them to a store's LMDB state and log.
 * A rebuild (after a machine crash, or any sign of damage in LMDB) loads the
   newest snapshot that verifies and that the log still reaches back to, then
   replays the log after it.
+* Only snapshots of this store count: a snapshot whose manifest names
+  another store id (left in ``snapshots/`` by a store deleted and made again
+  at the same path) is skipped with a logged warning naming both ids, by
+  rebuilds, restore (:func:`choose_base`), retention and the "nothing new"
+  check of :func:`take`; retention never deletes it, nor trims the log for it.
+* A snapshot is never written for a store whose directory vanished under its
+  writer: the log's directory is checked (:meth:`wal.Log.check_directory`)
+  before anything is created and again just before the commit, and the
+  ``snapshots/`` directory is created only inside an existing store.
 """
 
 from __future__ import annotations
@@ -31,10 +40,11 @@ import wal
 from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 from kvstore.state import State
 from wal import list_segments, read_durable_lsn
-from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError
+from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError, file_error
 from wal.fs import FileSystem
 
 log_ = logging.getLogger("walkv.snapshots")
+_warned_foreign: set[str] = set()
 
 DEFAULT_KEEP = 2
 Progress = Callable[[int, "int | None"], None]
@@ -44,23 +54,78 @@ def snapshots_dir(store_path: str) -> str:
     return os.path.join(store_path, SNAPSHOTS_DIR)
 
 
+def own_snapshots(parent: str, store_id: str | None) -> list[snapshot.SnapshotInfo]:
+    """The valid snapshots in ``parent`` (oldest first) that belong to the
+    store ``store_id`` (or name no store); the others are left out with a
+    warning naming both ids (once per snapshot)."""
+    out = []
+    for info in snapshot.list_snapshots(parent):
+        if store_id is None or info.store_id in (None, store_id):
+            out.append(info)
+        else:
+            _warn_foreign(info.path, info.store_id, store_id)
+    return out
+
+
+def _warn_foreign(path: str, theirs: str | None, ours: str) -> None:
+    if path not in _warned_foreign:
+        _warned_foreign.add(path)
+        log_.warning("ignoring snapshot %s: it belongs to store %s, not to this store %s (left by a store "
+                     "that was deleted or replaced at the same path?)", path, theirs, ours)
+
+
 def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSystem,
          chunk_bytes: int | None = None, progress: Progress | None = None) -> snapshot.SnapshotInfo:
     """Write a snapshot of ``state`` at its applied LSN into ``parent``.
     Durable on return (the manifest and its directory are fsynced). When no
-    write happened since the newest snapshot, that snapshot is returned.
+    write happened since the newest snapshot of this store, that snapshot is
+    returned. Raises :class:`~wal.errors.StoreVanishedError` (creating
+    nothing) when the store's directory was deleted or replaced under it.
     The caller holds the store's snapshot lock."""
-    newest = snapshot.list_snapshots(parent)
+    log.check_directory()
+    try:
+        fs.mkdir(parent)  # inside the store, which must still be there: never recreated
+        fs.fsync_dir(os.path.dirname(parent))
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise file_error(e, f"taking a snapshot of {os.path.dirname(parent)}") from None
+    newest = own_snapshots(parent, store_id)
+
+    def before_commit() -> None:
+        log.check_directory()
+        _make_durable(log, lsn)
+
     with state.read_view() as view:
         lsn = view.lsn
         if newest and newest[-1].lsn == lsn:
             return newest[-1]
+        _move_foreign_aside(parent, lsn, store_id, fs)
         info = snapshot.write(
             parent, lsn, view.pairs(), store_id=store_id, fs=fs, progress=progress, total=view.count,
-            before_commit=lambda: _make_durable(log, lsn), chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
+            before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
         )
     log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info
+
+
+def _move_foreign_aside(parent: str, lsn: int, store_id: str, fs: FileSystem) -> None:
+    """Another store's snapshot at the name this store's snapshot at ``lsn``
+    needs is renamed to ``foreign-<its store id>-snap-<lsn>`` (a name walkv
+    never reads or deletes), with a warning."""
+    name = snapshot.snapshot_dir_name(lsn)
+    path = os.path.join(parent, name)
+    try:
+        theirs = snapshot.open(path).store_id
+    except (CorruptionError, SnapshotError):
+        return  # none there, or a damaged one: snapshot.write reports it
+    if theirs in (None, store_id):
+        return
+    aside = os.path.join(parent, f"foreign-{theirs}-{name}")
+    fs.rename(path, aside)
+    fs.fsync_dir(parent)
+    log_.warning("moved snapshot %s of store %s aside to %s: this store %s writes its own snapshot at LSN %d",
+                 path, theirs, aside, store_id, lsn)
 
 
 def _make_durable(log: wal.Log, lsn: int) -> None:
@@ -72,10 +137,17 @@ def _make_durable(log: wal.Log, lsn: int) -> None:
 
 
 def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem) -> int:
-    """Keep the newest ``keep`` snapshots and the log back to the oldest of
-    them; return the log bytes freed."""
-    snapshot.prune(parent, keep=keep, fs=fs)
-    kept = snapshot.list_snapshots(parent)
+    """Keep the newest ``keep`` snapshots of this store and the log back to
+    the oldest of them; return the log bytes freed. Snapshots of another
+    store at or after that one are left alone and do not count."""
+    own = own_snapshots(parent, log.store_id)
+    if not own:
+        snapshot.cleanup_incomplete(parent, fs=fs)
+        return 0
+    oldest = own[-keep:][0].lsn
+    # prune keeps the newest N valid snapshots: N = those (of any store) from ``oldest`` on.
+    snapshot.prune(parent, keep=sum(1 for s in snapshot.list_snapshots(parent) if s.lsn >= oldest), fs=fs)
+    kept = own_snapshots(parent, log.store_id)
     if not kept:
         return 0
     freed = log.truncate_before(kept[0].lsn + 1)
@@ -101,7 +173,8 @@ def choose_base(snapshot_dirs: list[str], wal_dir: str | None, log_first: int, t
         if target is not None and snap.lsn > target:
             continue
         if store_id is not None and snap.store_id not in (None, store_id):
-            problems.append(f"{path}: belongs to another store ({snap.store_id})")
+            _warn_foreign(path, snap.store_id, store_id)
+            problems.append(f"{path}: belongs to store {snap.store_id}, not to {store_id}")
             continue
         if snap.lsn != target and (wal_dir is None or snap.lsn + 1 < log_first):
             problems.append(f"{path}: the log no longer reaches back to LSN {snap.lsn + 1}")

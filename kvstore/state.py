@@ -57,7 +57,7 @@ import lmdb
 
 from kvstore import conditions
 from kvstore.batch import CONDITION_CODES, OP_DELETE, OP_PUT
-from kvstore.lmdb_env import open_env
+from kvstore.lmdb_env import grow_size, open_env
 from kvstore.lmdb_ops import delete_range, preallocate, put_run
 from kvstore.state_reads import K_APPLIED, StateReads
 from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
@@ -69,8 +69,15 @@ K_FORMAT = b"walkv.format"
 K_STORE_ID = b"walkv.store_id"
 K_COMPLETE = b"walkv.complete"
 
-DEFAULT_MAP_SIZE = 64 << 20
-_GROW_DOUBLE_UNTIL = 1 << 30
+DEFAULT_MAP_SIZE = 8 << 20
+"""The initial LMDB map of a new environment: small (the log's preallocation
+step), since with ``writemap`` the whole map is given real blocks
+(:mod:`kvstore.lmdb_env`); it grows as the data does (:meth:`State.grow`).
+Not smaller: a grow waits for open read views (a snapshot being written), so
+a small store should rarely need one."""
+MAX_GROW_STEP = 256 << 20
+"""The map grows by its size (doubling) up to this step, then by this step:
+at most this much is allocated ahead of the data."""
 SWEEP_SECONDS = 1.0
 
 _perf_counter = time.perf_counter
@@ -239,8 +246,7 @@ class State(StateReads):
                 self._abort_write(txn)
                 raise LogFailedError(
                     f"applying LSNs {applied + 1}..{last} to LMDB ({self.path}) "
-                    f"failed: {exc}. Every acknowledged write is in the log; "
-                    f"close and reopen the store to go on.") from None
+                    f"failed: {exc}") from None
             except BaseException:
                 self._abort_write(txn)
                 raise
@@ -274,16 +280,24 @@ class State(StateReads):
             gate.release_exclusive()
 
     def grow(self, failed: lmdb.Transaction | None = None, at_least: int = 0) -> None:
-        """Grow the map: double up to 1 GiB, then by half. ``failed`` is the
-        write transaction that hit MDB_MAP_FULL, aborted here. Waits for
+        """Grow the map: double up to :data:`MAX_GROW_STEP`, then by that
+        step; by less (at least 1 MiB) when only less fits on the file system,
+        so a full disk fills up whatever the step and a replay after freeing
+        a little space needs only that little (a transaction that still does
+        not fit grows again); :class:`~wal.errors.DiskFullError` when not even
+        1 MiB fits. ``failed`` is the write transaction that hit MDB_MAP_FULL,
+        aborted here. Waits for
         readers to leave LMDB (py-lmdb's abort and remap wait for every call
         in flight, and would starve behind busy readers); their open
         transactions are invalidated (cached ones are renewed, scans
         re-seek)."""
         old = self.env.info()["map_size"]
-        new = old * 2 if old < _GROW_DOUBLE_UNTIL else old + old // 2
-        new = max(new, at_least)
-        new = (new + 0xFFFFF) & ~0xFFFFF
+        try:
+            new = grow_size(self.path, old, min(old, MAX_GROW_STEP), at_least)
+        except BaseException:
+            if failed is not None:
+                self._abort_write(failed)
+            raise
         gate = self.gate
         gate.acquire_exclusive()
         try:

@@ -129,6 +129,19 @@ class LogFailedError(WalkvError):
     are at risk. Close and reopen (after freeing space) to go on."""
 
 
+class DiskFullError(LogFailedError):
+    """A write, an fsync or a preallocation (a log segment, the LMDB map)
+    found no space left on the file system. Free space, then reopen."""
+
+
+class StoreVanishedError(LogFailedError):
+    """The directory of an open log (or its lock file) was deleted or
+    replaced under it (``rm -rf STORE``, a new store made at the same path).
+    Nothing written to the old files can be counted on: they are no longer
+    where any reader or a reopen looks. The log refuses every further append,
+    and nothing recreates the directory."""
+
+
 class SnapshotError(WalkvError):
     """A snapshot could not be written, found or used."""
 
@@ -138,7 +151,7 @@ def file_error(error: OSError, doing: str) -> WalkvError:
     the file and what to do (a full disk and a permission problem each say so)."""
     where = error.filename or "?"
     if error.errno == errno.ENOSPC:
-        return LogFailedError(f"{doing}: the disk is full ({where}); free space and try again")
+        return DiskFullError(f"{doing}: the disk is full ({where}); free space and try again")
     if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return WalkvError(
             f"{doing}: cannot access {where} ({error.strerror}); check its owner and mode (walkv's files "
@@ -147,16 +160,62 @@ def file_error(error: OSError, doing: str) -> WalkvError:
     return WalkvError(f"{doing}: {error.strerror or error} ({where})")
 
 
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError):
+        if error.errno == errno.ENOSPC:
+            return f"the disk is full ({error.filename or 'no space left on the device'})"
+        return f"{error.strerror or error}{f' ({error.filename})' if error.filename else ''}"
+    if isinstance(error, WalkvError):
+        return str(error)
+    return repr(error)
+
+
+def _lsns(first: int, last: int) -> str:
+    return f"LSN {first} is" if first == last else f"LSNs {first}..{last} are"
+
+
 def log_failed(directory: str, error: BaseException, first_lsn: int, durable: int, written: int) -> LogFailedError:
-    """The error a log gives once a write or fsync of LSN ``first_lsn`` and
-    later failed: what is durable, what was acknowledged but is at risk
-    (``sync="batch"``/``"none"``), and what was never acknowledged."""
-    full = isinstance(error, OSError) and error.errno == errno.ENOSPC
-    at_risk = (f" LSNs {durable + 1}..{written} were acknowledged but not fsynced, and may be lost."
-               if written > durable else "")
-    return LogFailedError(
-        f"the log at {directory} failed while writing LSN {first_lsn} and later: "
-        f"{'the disk is full' if full else repr(error)}. It refuses every further append. Entries up to "
-        f"LSN {durable} are durable.{at_risk} LSN {first_lsn} and later were not acknowledged; they may "
-        f"or may not be in the log after a reopen. Close it and reopen{' after freeing space' if full else ''}."
-    )
+    """The one error a log gives once handling LSN ``first_lsn`` and later
+    failed (a write, an fsync, the ``on_commit`` hook that applies them, or
+    the directory vanishing), stating only what the facts support:
+
+    * LSNs up to ``durable`` were fsynced; those below ``first_lsn`` were
+      acknowledged. LSNs ``first_lsn..durable`` (when the failure came after
+      their fsync, e.g. applying them) are in the log but were not
+      acknowledged: a reopen applies them.
+    * LSNs ``durable+1 .. first_lsn-1`` were acknowledged (``sync="batch"``/
+      ``"none"``) but not fsynced: a machine crash may lose them.
+    * LSNs from ``max(first_lsn, durable+1)`` to ``written`` reached the OS
+      unacknowledged: they may or may not be there after a reopen.
+
+    When the log's directory vanished (:class:`StoreVanishedError`) none of
+    that holds any more: nothing is claimed durable.
+    """
+    what = _describe(error)
+    if isinstance(error, StoreVanishedError):
+        return StoreVanishedError(
+            f"the log at {directory} can no longer be written: {what}. Nothing this log wrote can be "
+            f"counted on as durable there any more (entries up to LSN {written} went into files that are "
+            f"no longer at that path, including any acknowledged since the directory vanished), and LSN "
+            f"{first_lsn} and later were refused. It refuses every further append and recreates nothing. "
+            "Close the store; restore its files from a copy if they were deleted by mistake."
+        )
+    full = isinstance(error, DiskFullError) or (isinstance(error, OSError) and error.errno == errno.ENOSPC)
+    parts = [f"the log at {directory} failed at LSN {first_lsn}: {what}. It refuses every further append."]
+    acked = first_lsn - 1
+    if durable >= first_lsn:
+        parts.append(f"LSNs up to {acked} were acknowledged and are durable. {_lsns(first_lsn, durable)} "
+                     "durable in the log but not acknowledged (the failure came after the fsync); "
+                     f"the next open applies {'it' if first_lsn == durable else 'them'}.")
+    else:
+        parts.append(f"LSNs up to {durable} are durable." if durable > 0 else "No LSN is durable yet.")
+        if acked > durable:
+            parts.append(f"LSNs {durable + 1}..{acked} were acknowledged but not fsynced: a crash of the "
+                         "machine may lose them, a crash of the process does not.")
+    unsure = max(first_lsn, durable + 1)
+    if written >= unsure:
+        parts.append(f"{_lsns(unsure, written)} written to the OS but not acknowledged; a reopen may or may "
+                     "not find them.")
+    parts.append(f"Close it and reopen{' after freeing space' if full else ''}.")
+    cls = DiskFullError if full else LogFailedError
+    return cls(" ".join(parts))

@@ -5,6 +5,13 @@ lock held by another process, or by another open of the same directory in
 this process (flock locks belong to the open file), is :class:`LockedError`.
 The kernel releases it when the holder's process dies, so a crash never
 leaves a stale lock behind.
+
+The lock also tells its holder whether its directory is still the one it
+opened: the device and inode of the lock file and of the directory are
+recorded when the lock is taken, and :meth:`DirectoryLock.check` compares
+them with what the path names now. After ``rm -rf`` of the directory, or a
+new directory made at the same path, the holder would otherwise go on
+writing into deleted files (and a second writer could lock the new ones).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import fcntl
 import os
 from typing import Self
 
-from wal.errors import LockedError
+from wal.errors import LockedError, StoreVanishedError
 
 LOCK_NAME = "LOCK"
 
@@ -24,7 +31,8 @@ class DirectoryLock:
     :class:`LockedError` saying ``what`` is open elsewhere."""
 
     def __init__(self, directory: str, what: str | None = None) -> None:
-        path = os.path.join(directory, LOCK_NAME)
+        self.directory = directory
+        self.path = path = os.path.join(directory, LOCK_NAME)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -37,9 +45,30 @@ class DirectoryLock:
                     "or by another open in this one; close it there first"
                 ) from None
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            self._ids = (_identity(os.fstat(fd)), _identity(os.stat(directory)))
+        except BaseException:
+            os.close(fd)
+            raise
         self.fd = fd
+
+    def check(self) -> None:
+        """Raise :class:`StoreVanishedError` when the lock file or the
+        directory at this path is no longer the one locked (deleted, or
+        replaced by another). Two ``stat`` calls; for rolls, syncs and
+        snapshots, not for every write."""
+        for path, was, what in ((self.directory, self._ids[1], "directory"), (self.path, self._ids[0], "lock file")):
+            try:
+                now = _identity(os.stat(path))
+            except (FileNotFoundError, NotADirectoryError):
+                raise StoreVanishedError(f"its {what} {path} was deleted while it was open") from None
+            if now != was:
+                raise StoreVanishedError(
+                    f"its {what} {path} was replaced while it was open (device/inode {was[0]}/{was[1]} "
+                    f"when locked, {now[0]}/{now[1]} now)"
+                )
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -51,3 +80,7 @@ class DirectoryLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino

@@ -26,7 +26,19 @@ in other processes get it from the ``DURABLE`` file (:mod:`wal.segment`).
 A failed write or fsync (a full disk included) fails the log: every later
 append raises :class:`LogFailedError` (retrying an fsync and trusting the data
 is wrong after the kernel may have dropped the dirty pages). Nothing
-acknowledged before is lost; reopen to go on.
+acknowledged before is lost; reopen to go on. Its message states what is
+durable, what was acknowledged, and what may or may not be there
+(:func:`wal.errors.log_failed`).
+
+A log whose directory is deleted or replaced under it (``rm -rf``) fails with
+:class:`~wal.errors.StoreVanishedError` instead of writing into deleted
+files: the lock's device and inode are checked (:meth:`DirectoryLock.check`)
+at each segment roll, each :meth:`Log.sync` (so every flush of
+``sync="batch"``), at :meth:`Log.close`, when a snapshot is taken
+(:meth:`Log.check_directory`), and at most every
+:data:`DIRECTORY_CHECK_US` microseconds of appends; so appends are refused
+at the latest about a second after the directory vanished, or at the next
+roll or sync. Nothing recreates it.
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ from wal.errors import (
     LogFailedError,
     LogGapError,
     RecordTooLargeError,
+    StoreVanishedError,
     file_error,
     log_failed,
 )
@@ -66,6 +79,7 @@ logger = logging.getLogger("walkv.wal")
 SYNC_MODES = ("always", "batch", "none")
 DEFAULT_SEGMENT_BYTES = 64 << 20
 PREALLOC_STEP = 8 << 20
+DIRECTORY_CHECK_US = 1_000_000  # appends check that the directory is still there at least this often
 CommitHook = Callable[[Group], None]
 
 
@@ -136,6 +150,7 @@ class Log:
 
         self._closed = False
         self._failure: LogFailedError | None = None
+        self._checked_us = time.time_ns() // 1000  # when the directory was last found in place
         self._gc = GroupCommit(self._write_group, self._fail, self._refuse, self._last_at_open + 1)
         self._flusher: threading.Thread | None = None
         self._flush_due = threading.Condition(self._gc.mutex)  # wakes the batch flusher early
@@ -254,10 +269,14 @@ class Log:
         it to ``on_commit``. Called by the leader only, without the mutex."""
         first, payloads = group.first_lsn, group.payloads
         active = self._active
+        now_us = time.time_ns() // 1000
         if active.data_end >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
             self._roll(first)
             active = self._active
-        written, grew = active.write_group(first, payloads, time.time_ns() // 1000)
+        elif abs(now_us - self._checked_us) >= DIRECTORY_CHECK_US:
+            self._lock.check()
+            self._checked_us = now_us
+        written, grew = active.write_group(first, payloads, now_us)
         lsn = first + len(payloads)
         self._written = (lsn - 1, active.data_end)
         if self.sync_mode == "always":
@@ -279,7 +298,10 @@ class Log:
 
     def _roll(self, first: int) -> None:
         """Seal the active segment (cut its zeros, fsync, write its index) and
-        start a new one whose first LSN is ``first``."""
+        start a new one whose first LSN is ``first`` (never in a directory
+        that is not the one opened: :class:`StoreVanishedError`)."""
+        self._lock.check()
+        self._checked_us = time.time_ns() // 1000
         old = self._active
         index = old.seal(self._fs, self._timed_sync)
         new = ActiveSegment.create(self.directory, self.store_id, first, self._prealloc_step, self._fs)
@@ -311,9 +333,26 @@ class Log:
             except (LogFailedError, ClosedError):
                 return
 
+    def check_directory(self) -> None:
+        """Raise :class:`StoreVanishedError` (and fail the log) when its
+        directory or lock file was deleted or replaced since it was opened;
+        raise the log's failure if it already failed that way. For callers
+        about to write beside the log (snapshots)."""
+        if isinstance(self._failure, StoreVanishedError):
+            raise self._failure
+        try:
+            self._lock.check()
+        except StoreVanishedError as e:
+            raise self._gc.fail(e, self._written[0] + 1) from e
+
     def sync(self) -> int:
-        """Make everything appended so far durable; return the durable LSN."""
+        """Make everything appended so far durable; return the durable LSN.
+        Checks first that the directory is still the one opened."""
         with self._gc.exclusive():
+            try:
+                self._lock.check()
+            except StoreVanishedError as e:
+                raise self._gc.fail(e, self._durable[0] + 1) from e
             target = self._written
             if self._durable[0] < target[0]:
                 try:
@@ -414,14 +453,22 @@ class Log:
     def close(self) -> None:
         """Write what is queued, sync everything, write the active segment's
         index (so the next open scans little) and release the lock.
-        Idempotent. After a failure it only releases."""
+        Idempotent. After a failure it only releases, except that a log
+        whose directory vanished (found now or before) raises
+        :class:`StoreVanishedError`: nothing of it could be made durable."""
         if self._closed:
             return
         error: OSError | None = None
+        vanished: BaseException | None = self._failure if isinstance(self._failure, StoreVanishedError) else None
         try:
             if self._failure is None:
                 with self._gc.exclusive():
                     self._closed = True  # refuses appends from here on
+                    try:
+                        self._lock.check()
+                    except StoreVanishedError as e:
+                        vanished = self._gc.fail(e, self._written[0] + 1)
+                        raise vanished from e
                     if self._durable[0] < self._written[0]:
                         self._timed_sync()
                         self._durable = self._written
@@ -430,6 +477,8 @@ class Log:
                     self._fs.fsync_dir(self.directory)
         except OSError as e:
             error = e
+        except StoreVanishedError:
+            pass  # raised below, once everything is released
         finally:
             with self._gc.mutex:
                 self._closed = True
@@ -440,6 +489,8 @@ class Log:
             self._active.close()
             self._durable_marker.close()
             self._lock.release()
+        if vanished is not None:
+            raise vanished
         if error is not None:
             raise LogFailedError(
                 f"closing the log at {self.directory} failed: {error.strerror} ({error.filename or self._active.file.path}). "

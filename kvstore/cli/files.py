@@ -9,6 +9,8 @@ implementation), so they work on a store that will not open.
   indexes against their segments, every log entry's batch encoding, every
   snapshot's chunks and checksums, and that the log still covers everything
   after the newest snapshot. It reads only, so it may run beside a writer.
+  A snapshot of another store (its manifest's store id is not the log's) is
+  reported as a problem naming both ids and counts for nothing.
   Exit 0 only when all is well, 4 when something is corrupt, 1 for other
   problems (a damaged index, which the next open rebuilds).
 * ``repair STORE``: shows what ``wal.repair`` would cut (the first bad record
@@ -96,7 +98,11 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
     durable = wal.read_durable_lsn(layout.wal_dir)
     checked["first_lsn"] = segs[0].first_lsn if segs else None
     checked["durable_lsn"] = durable
-    snap_problems, snap_lsns = _verify_snapshots(layout, checked, rep)
+    try:
+        store_id = wal.read_store_id(layout.wal_dir) if segs else None
+    except CorruptionError:
+        store_id = None  # a damaged header: reported by the framing check
+    snap_problems, snap_lsns = _verify_snapshots(layout, store_id, checked, rep)
     problems += snap_problems
     checked["snapshot_lsns"] = snap_lsns
 
@@ -196,9 +202,10 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
     return problems
 
 
-def _verify_snapshots(layout: StoreLayout, checked: dict[str, Any], rep: Reporter) -> tuple[list[Problem], list[int]]:
+def _verify_snapshots(layout: StoreLayout, store_id: str | None, checked: dict[str, Any],
+                      rep: Reporter) -> tuple[list[Problem], list[int]]:
     """Every committed snapshot directory, valid or not; returns the problems
-    and the LSNs of the valid ones."""
+    and the LSNs of the valid ones of this store (``store_id``: the log's)."""
     import snapshot
 
     problems: list[Problem] = []
@@ -211,6 +218,12 @@ def _verify_snapshots(layout: StoreLayout, checked: dict[str, Any], rep: Reporte
         sp = os.path.join(layout.snapshots_dir, name)
         try:
             snap = snapshot.open(sp)
+            if store_id is not None and snap.store_id not in (None, store_id):
+                problems.append(_problem(
+                    f"snapshot belongs to store {snap.store_id}, not to this store {store_id} (the log's): "
+                    "left by another store at the same path; it is never used (delete it, or move it aside)",
+                    severity="problem", file=sp, lsn=lsn))
+                continue
             with rep.task(f"verifying snapshot {lsn}", snap.info.bytes, "bytes") as progress:
                 snap.verify(progress)
         except CorruptionError as e:

@@ -13,6 +13,11 @@ writes, so it is safe next to a live writer. What is Spark's own:
   soon as it has the last LSN it wants and never parses further bytes.
 * The log is cut into :class:`LogSlice`\\ s, one input partition each: one per
   segment, large sealed segments split at sparse-index points.
+* Every planned segment's header must name the store id of the newest
+  segment (the log's): a segment of another store is
+  :class:`~wal.errors.CorruptionError`, never read as this store's. (The
+  snapshot a read starts from is checked the same way:
+  :mod:`kvstore.spark.snapshots`.)
 * A segment holds LSNs from its name's first LSN up to the next segment's
   first LSN minus one (the newest: up to the durable LSN). A read that finds
   fewer entries (a segment deleted by retention or cut short) fails with
@@ -159,16 +164,32 @@ class StoreFiles:
             raise self.gap_error(from_lsn, min(to_lsn, first_held - 1), first_held)
         i = bisect.bisect_right([s.first_lsn for s in segs], from_lsn) - 1
         slices: list[LogSlice] = []
+        ours = self.store_id()
         for k in range(i, len(segs)):
             seg = segs[k]
             if seg.first_lsn > to_lsn:
                 break
+            self._check_segment_store(seg, ours)
             sealed = k + 1 < len(segs)
             seg_last = segs[k + 1].first_lsn - 1 if sealed else durable
             lo, hi = max(from_lsn, seg.first_lsn), min(to_lsn, seg_last)
             if hi >= lo:
                 slices.extend(self._split_segment(seg, sealed, lo, hi, max_bytes))
         return slices
+
+    def _check_segment_store(self, seg: wal.SegmentFile, ours: str | None) -> None:
+        """A segment of another store (its header's id is not the log's) is damage."""
+        fs = self.layout.fs
+        try:
+            with fs.open_input(seg.path) as f:
+                theirs = wal.read_header(f, self.display(seg.path))[0].store_id
+        except FileNotFoundError:
+            return  # trimmed meanwhile: reading its slice reports the gap
+        if ours is not None and theirs != ours:
+            raise CorruptionError(
+                f"segment belongs to another store ({theirs}; this log is {ours})", kind=Damage.HEADER,
+                path=self.display(seg.path), offset=0, hint="run `walkv verify STORE`",
+            )
 
     def _split_segment(self, seg: wal.SegmentFile, sealed: bool, lo: int, hi: int,
                        max_bytes: int) -> list[LogSlice]:

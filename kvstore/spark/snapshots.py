@@ -6,10 +6,16 @@ LSN, and every chunk it names is there with its size); this module picks the
 one a query starts from and reads one chunk per task, through the file
 system that holds the store, so a store on HDFS or S3 is read as a local one.
 Chunk contents are checked as executors read them.
+
+Only a snapshot of this store is used: one whose manifest names a store id
+other than the log's (the newest segment's header) was left by another
+store at the same path, and is skipped with a logged warning naming both
+ids (asked for by ``snapshotLsn``: refused), never merged with this log.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 
 import snapshot
@@ -17,25 +23,50 @@ from kvstore.spark.arrow import MAX_BATCH_BYTES
 from kvstore.spark.files import StoreFiles
 from wal.errors import CorruptionError, Damage, SnapshotError
 
+log = logging.getLogger("walkv.spark")
+
 
 def choose(files: StoreFiles, snapshot_lsn: int | None, ending_lsn: int | None) -> snapshot.Snapshot | None:
-    """The snapshot a read starts from: the one at exactly ``snapshot_lsn``
-    (``0``: none), else the newest at or before ``ending_lsn`` (when given),
-    else the newest; ``None`` when the store has none."""
+    """The snapshot of this store a read starts from: the one at exactly
+    ``snapshot_lsn`` (``0``: none), else the newest at or before
+    ``ending_lsn`` (when given), else the newest; ``None`` when the store has
+    none. Snapshots of another store are skipped (see the module docstring)."""
     if snapshot_lsn == 0:
         return None
     layout = files.layout
+    ours = files.store_id()
     if snapshot_lsn is None:
-        return snapshot.newest(layout.snapshots_dir, max_lsn=ending_lsn, fs=layout.fs)
+        max_lsn = ending_lsn
+        while True:
+            snap = snapshot.newest(layout.snapshots_dir, max_lsn=max_lsn, fs=layout.fs)
+            if snap is None or _belongs(snap, ours):
+                return snap
+            log.warning("skipping snapshot %s: it belongs to store %s, not to this store %s (left by a store "
+                        "deleted or replaced at the same path?)", files.display(snap.path), snap.store_id, ours)
+            if snap.lsn == 0:
+                return None
+            max_lsn = snap.lsn - 1
     path = layout.fs.join(layout.snapshots_dir, snapshot.snapshot_dir_name(snapshot_lsn))
     try:
-        return snapshot.open(path, fs=layout.fs)
+        snap = snapshot.open(path, fs=layout.fs)
     except (CorruptionError, SnapshotError) as exc:
         have = ", ".join(str(s.lsn) for s in snapshot.list_snapshots(layout.snapshots_dir, fs=layout.fs))
         raise ValueError(
             f"{files.display()} has no usable snapshot at LSN {snapshot_lsn} (snapshots at LSNs: {have or 'none'}); "
             "leave snapshotLsn out to use the newest"
         ) from exc
+    if not _belongs(snap, ours):
+        raise ValueError(
+            f"the snapshot at LSN {snapshot_lsn} in {files.display()} belongs to store {snap.store_id}, not to "
+            f"this store {ours} (its log's); it was left by another store at the same path and is not used"
+        )
+    return snap
+
+
+def _belongs(snap: snapshot.Snapshot, store_id: str | None) -> bool:
+    """Whether ``snap`` may be read with the log of store ``store_id`` (a
+    log with no segment, or a snapshot naming no store, cannot tell)."""
+    return store_id is None or snap.store_id is None or snap.store_id == store_id
 
 
 def where(files: StoreFiles, directory: str, chunk: snapshot.ChunkInfo) -> str:
