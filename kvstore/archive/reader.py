@@ -15,6 +15,7 @@ import bisect
 import datetime
 import io
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import BinaryIO, NamedTuple
 
@@ -24,7 +25,7 @@ from kvstore.archive.objects import Chain, chain, list_log_objects
 from kvstore.archive.retention import archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
 from wal.errors import ArchiveError, CorruptionError, Damage, LogGapError, SnapshotError
-from wal.fs import FileInfo
+from wal.fs import FileInfo, FileSystem
 from wal.reader import read_segments
 from wal.readfs import ReadFS
 from wal.segment import Entry, SegmentFile, SegmentScan
@@ -66,6 +67,9 @@ class _ObjectFS:
         return self.target.fs.list_dir(path)
 
     def open_input(self, path: str) -> BinaryIO:
+        if isinstance(self.target.fs, FileSystem) and os.path.islink(path):
+            raise CorruptionError("archive object is a symlink, not a regular file (not followed)",
+                                  kind=Damage.MISSING, path=self.display(path), offset=0, hint=ARCHIVE_HINT)
         data = self.target.fs.read_file(path)
         if data is None:
             raise FileNotFoundError(path)
