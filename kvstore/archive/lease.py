@@ -84,11 +84,12 @@ class LeaseHolder:
         self.held = True
 
     def release(self) -> None:
-        """Delete the lease if it is still this archiver's."""
+        """End the lease if it is still this archiver's (rewritten as expired:
+        a PUT, not a delete, see :meth:`ArchiveTarget.delete`)."""
         if not self.held:
             return
         self.held = False
         data = self.target.read(LEASE_NAME)
         lease = Lease.decode(data) if data is not None else None
         if lease is not None and lease.owner == self.mine.owner:
-            self.target.delete(LEASE_NAME)
+            self.target.put(self.mine._replace(expires=0.0).encode(), LEASE_NAME)

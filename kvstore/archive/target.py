@@ -115,14 +115,26 @@ class ArchiveTarget:
                             "local path or a pyarrow/fsspec file system to write to it")
 
     def delete(self, *names: str) -> None:
-        """Delete the object ``names``; a missing one is not an error."""
+        """Delete the object ``names``; a missing one is not an error.
+
+        pyarrow's S3 file system writes an empty "directory marker" for the
+        parent after every delete (apache/arrow#36275); where that PUT fails
+        the object is gone all the same, so an error is raised only when it
+        is still there. (``rclone serve s3`` mishandles those markers: the
+        tests' S3 archives never delete.)"""
         path = self.path(*names)
         try:
             if self._local is not None:
                 self._local.unlink(path)
                 self._local.fsync_dir(os.path.dirname(path))
             elif self._arrow is not None:
-                self._arrow.delete_file(path)
+                try:
+                    self._arrow.delete_file(path)
+                except OSError:
+                    import pyarrow.fs as pafs  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+                    if self._arrow.get_file_info(path).type != pafs.FileType.NotFound:
+                        raise
         except FileNotFoundError:
             pass
 

@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import Any
 
-from kvstore.archive import ArchiveReader, Archiver
+from kvstore.archive import Archiver, ArchiveReader
 from kvstore.cli.common import EXIT_CORRUPT, EXIT_OK, AddCommand, human_bytes, print_table, require_store
 from kvstore.cli.progress import Reporter
 
