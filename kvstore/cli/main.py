@@ -35,7 +35,7 @@ import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 
-from kvstore.cli import admin, demo, files, inspection, kv, stats
+from kvstore.cli import admin, archive, demo, files, inspection, kv, stats
 from kvstore.cli.common import (
     EXIT_CORRUPT,
     EXIT_LOCKED,
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspection.add_commands(add)
     files.add_commands(add)
     admin.add_commands(add)
+    archive.add_commands(add)
 
     return parser
 

@@ -1,0 +1,84 @@
+"""An archive's log objects: listing them, chaining them by LSN, building one.
+
+Rules (see :mod:`kvstore.archive.layout`): a listing gives each object's LSN
+range from its name alone; a chain starts at the lowest first LSN and at each
+step takes the longest object starting where it stands (a whole segment over
+the pieces it replaced); anything not on the chain is redundant.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from kvstore.archive.layout import WAL_DIR, LogObject, log_object_name, parse_log_object_name
+from kvstore.archive.target import ArchiveTarget
+from wal.record import RecordWriter
+from wal.segment import Entry, encode_header, pack_entry_header
+
+
+def list_log_objects(target: ArchiveTarget) -> list[LogObject]:
+    """Every log object of the archive (by name), by first LSN then longest
+    first. Other names are ignored; paths are built from the parsed numbers."""
+    found = []
+    for info in target.list(WAL_DIR):
+        rng = parse_log_object_name(info.name)
+        if rng is None or info.is_dir:
+            continue
+        first, last = rng
+        found.append(LogObject(first, last, target.path(WAL_DIR, log_object_name(first, last)), info.size))
+    found.sort(key=lambda o: (o.first, -o.last))
+    return found
+
+
+class Chain(NamedTuple):
+    """Objects covering ``first..last`` with no LSN missing, oldest first;
+    ``gap_after`` is the object after which LSNs are missing (and
+    ``next_first`` where objects resume), when objects lie beyond a gap."""
+
+    objects: list[LogObject]
+    gap_after: LogObject | None = None
+    next_first: int | None = None
+
+    @property
+    def first(self) -> int:
+        return self.objects[0].first if self.objects else 0
+
+    @property
+    def last(self) -> int:
+        return self.objects[-1].last if self.objects else 0
+
+
+def chain(objects: list[LogObject], start: int | None = None) -> Chain:
+    """The chain of ``objects`` (sorted as :func:`list_log_objects` returns
+    them) from ``start`` (default: the lowest first LSN)."""
+    if not objects:
+        return Chain([])
+    by_first: dict[int, LogObject] = {}
+    for o in objects:
+        if o.first not in by_first or o.last > by_first[o.first].last:
+            by_first[o.first] = o
+    n = objects[0].first if start is None else start
+    out: list[LogObject] = []
+    while n in by_first:
+        o = by_first[n]
+        out.append(o)
+        n = o.last + 1
+    later = [o.first for o in objects if o.first > n]
+    if later:
+        return Chain(out, out[-1] if out else None, min(later))
+    return Chain(out)
+
+
+def encode_segment(store_id: str, first_lsn: int, entries: Iterable[Entry]) -> tuple[bytes, int]:
+    """A segment file holding ``entries`` (consecutive from ``first_lsn``),
+    and its last LSN: the bytes of a tail piece."""
+    out = io.BytesIO()
+    w = RecordWriter(out, 0)
+    w.add_record(encode_header(store_id, first_lsn))
+    last = first_lsn - 1
+    for lsn, ts, payload in entries:
+        w.add_record(pack_entry_header(lsn, ts) + payload)
+        last = lsn
+    return out.getvalue(), last

@@ -1,0 +1,287 @@
+"""Reading an archive: its log as a chain of segments, its snapshots, a time
+to an LSN, and a full check.
+
+Everything is read through the read-only seam (:mod:`wal.readfs`) with the
+``wal`` and ``snapshot`` readers, strictly: every CRC, every LSN, the store
+id in every object's header. An archive object is read whole into memory
+before it is scanned (one request, not one per 32 KiB block, on an object
+store); objects are at most a segment, or a piece of at most
+:data:`kvstore.archive.shipper.PIECE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+import io
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import BinaryIO, NamedTuple
+
+import snapshot
+from kvstore.archive.layout import ARCHIVE_NAME, SNAPSHOTS_DIR, LogObject, decode_identity
+from kvstore.archive.objects import Chain, chain, list_log_objects
+from kvstore.archive.retention import archived_snapshot_lsns
+from kvstore.archive.target import ArchiveTarget, Location
+from wal.errors import ArchiveError, CorruptionError, Damage, LogGapError, SnapshotError
+from wal.fs import FileInfo, FileSystem
+from wal.reader import read_segments
+from wal.readfs import ReadFS
+from wal.segment import Entry, SegmentFile, SegmentScan
+
+log = logging.getLogger("walkv.archive")
+
+ARCHIVE_HINT = ("the archive object is damaged: restore to an LSN before it (to_lsn), and archive the store "
+                "again if its log still holds these LSNs")
+
+
+class Problem(NamedTuple):
+    """One thing :meth:`ArchiveReader.verify` found wrong."""
+
+    object: str
+    offset: int
+    lsn: int | None
+    kind: Damage
+    message: str
+
+    def __str__(self) -> str:
+        at = f" LSN {self.lsn}" if self.lsn is not None else ""
+        return f"{self.object} offset {self.offset}{at}: {self.message}"
+
+    @classmethod
+    def of(cls, e: CorruptionError, shown: str) -> Problem:
+        return cls(e.path or shown, e.offset or 0, e.lsn, e.kind, e.reason)
+
+
+class _ObjectFS:
+    """The archive's seam for log objects: each opened whole into memory and
+    its header checked (store id, first LSN as its name says)."""
+
+    def __init__(self, target: ArchiveTarget, store_id: str, objects: dict[str, LogObject]) -> None:
+        self.target = target
+        self.store_id = store_id
+        self.objects = objects
+
+    def list_dir(self, path: str) -> list[FileInfo]:
+        return self.target.fs.list_dir(path)
+
+    def open_input(self, path: str) -> BinaryIO:
+        if isinstance(self.target.fs, FileSystem) and os.path.islink(path):
+            raise CorruptionError("archive object is a symlink, not a regular file (not followed)",
+                                  kind=Damage.MISSING, path=self.display(path), offset=0, hint=ARCHIVE_HINT)
+        data = self.target.fs.read_file(path)
+        if data is None:
+            raise FileNotFoundError(path)
+        f = io.BytesIO(data)
+        obj = self.objects.get(path)
+        scan = SegmentScan(f, self.display(path))
+        for _ in scan.entries(1, 0):  # decodes the header only
+            pass
+        if scan.header is None:
+            raise CorruptionError("archive object has no segment header", kind=Damage.HEADER,
+                                  path=self.display(path), offset=0, hint=ARCHIVE_HINT)
+        if scan.header.store_id != self.store_id:
+            raise CorruptionError(f"archive object belongs to store {scan.header.store_id}, not {self.store_id}",
+                                  kind=Damage.HEADER, path=self.display(path), offset=0, hint=ARCHIVE_HINT)
+        if obj is not None and scan.header.first_lsn != obj.first:
+            raise CorruptionError(f"archive object's header says first LSN {scan.header.first_lsn}, its name "
+                                  f"{obj.first}", kind=Damage.HEADER, path=self.display(path), offset=0,
+                                  hint=ARCHIVE_HINT)
+        f.seek(0)
+        return f
+
+    def read_file(self, path: str) -> bytes | None:
+        return self.target.fs.read_file(path)
+
+    def file_size(self, path: str) -> int:
+        return self.target.fs.file_size(path)
+
+    def join(self, base: str, *names: str) -> str:
+        return self.target.fs.join(base, *names)
+
+    def display(self, path: str) -> str:
+        return self.target.display(path)
+
+
+class ArchiveReader:
+    """An archive opened for reading (any location :class:`ArchiveTarget` takes)."""
+
+    def __init__(self, location: Location | ArchiveTarget) -> None:
+        self.target = location if isinstance(location, ArchiveTarget) else ArchiveTarget.open(location)
+        data = self.target.read(ARCHIVE_NAME)
+        if data is None:
+            raise ArchiveError(f"no walkv archive at {self.target.uri} (it has no {ARCHIVE_NAME} object)")
+        self.store_id = decode_identity(data, self.target.display(self.target.path(ARCHIVE_NAME)))
+
+    @property
+    def uri(self) -> str:
+        return self.target.uri
+
+    def log_objects(self) -> list[LogObject]:
+        """Every log object (by name), including those a whole segment replaced."""
+        return list_log_objects(self.target)
+
+    def chain(self) -> Chain:
+        return chain(self.log_objects())
+
+    def _checked_chain(self) -> Chain:
+        c = self.chain()
+        if c.gap_after is not None:
+            raise CorruptionError(
+                f"the archive's log is missing LSNs {c.last + 1}..{(c.next_first or 0) - 1} (no object holds them)",
+                kind=Damage.MISSING, path=self.target.display(c.gap_after.path), offset=0, lsn=c.last + 1,
+                hint=ARCHIVE_HINT)
+        return c
+
+    def segments(self) -> list[SegmentFile]:
+        """The chain as segment files: no overlap, no gap (a gap is
+        :class:`CorruptionError`), from the first archived LSN to :attr:`last_lsn`."""
+        return [SegmentFile(o.first, o.path, o.size) for o in self._checked_chain().objects]
+
+    @property
+    def first_lsn(self) -> int:
+        """The first LSN the archive's log holds (0: none)."""
+        return self.chain().first
+
+    @property
+    def last_lsn(self) -> int:
+        """The last LSN of the archive's contiguous log (0: none)."""
+        return self._checked_chain().last
+
+    def _fs(self, objects: list[LogObject]) -> ReadFS:
+        return _ObjectFS(self.target, self.store_id, {o.path: o for o in objects})
+
+    def read_entries(self, from_lsn: int | None = None, to_lsn: int | None = None) -> Iterator[Entry]:
+        """Entries ``from_lsn..to_lsn`` (default: all), strictly checked;
+        :class:`LogGapError` when ``from_lsn`` is before the archive's log."""
+        c = self._checked_chain()
+        if not c.objects:
+            return iter(())
+        start = c.first if from_lsn is None else from_lsn
+        if start < c.first:
+            raise LogGapError(f"LSN {start} is not in the archive {self.uri}: its log starts at LSN {c.first}; "
+                              "restore from a snapshot", first_missing=start, last_missing=c.first - 1,
+                              first_available=c.first)
+        last = c.last if to_lsn is None else min(to_lsn, c.last)
+        if start > last:
+            return iter(())
+        segs = [SegmentFile(o.first, o.path, o.size) for o in c.objects]
+        return read_segments(segs, start, last, lambda *_: 0, fs=self._fs(c.objects))
+
+    def snapshots(self) -> list[snapshot.Snapshot]:
+        """The archive's committed snapshots that open (manifest valid, chunks
+        present), oldest first; a damaged one is left out with a warning."""
+        out = []
+        for lsn in sorted(archived_snapshot_lsns(self.target)):
+            path = self.target.path(SNAPSHOTS_DIR, snapshot.snapshot_dir_name(lsn))
+            try:
+                out.append(snapshot.open(path, fs=self.target.fs))
+            except (CorruptionError, SnapshotError) as e:
+                log.warning("ignoring unusable archive snapshot %s: %s", self.target.display(path),
+                            self.target.scrub(str(e)))
+        return out
+
+    def _first_entry(self, o: LogObject) -> Entry | None:
+        with self.target.fs.open_input(o.path) as f:  # ranged reads: the first block only
+            for _, e in SegmentScan(f, self.target.display(o.path)).entries():
+                return e
+        return None
+
+    def lsn_at_time(self, t: datetime.datetime | float | int) -> int:
+        """The last LSN committed at or before ``t`` (a datetime, naive ones
+        taken as UTC, or unix seconds), from the entries' commit timestamps."""
+        us = _to_us(t)
+        c = self._checked_chain()
+        if not c.objects:
+            return 0
+        objs = c.objects
+        firsts: dict[int, int] = {}
+
+        def first_ts(i: int) -> int:
+            if i not in firsts:
+                e = self._first_entry(objs[i])
+                firsts[i] = e.timestamp_us if e is not None else 1 << 63
+            return firsts[i]
+
+        i = bisect.bisect_right(range(len(objs)), us, key=first_ts) - 1
+        if i < 0:
+            if c.first == 1:
+                return 0
+            raise LogGapError(f"the archive {self.uri} holds no entry committed at or before that time: its log "
+                              f"starts at LSN {c.first}", first_missing=1, last_missing=c.first - 1,
+                              first_available=c.first)
+        found = objs[i].first
+        for e in self.read_entries(objs[i].first, objs[i].last):
+            if e.timestamp_us > us:
+                break
+            found = e.lsn
+        return found
+
+    def verify(self, progress: Callable[[int, int | None], None] | None = None) -> list[Problem]:
+        """Check everything: the identity, every log object (header, store id,
+        CRCs, exactly the LSNs its name says), the chain's continuity, every
+        snapshot (manifest, chunks, checksums, store id). Returns the problems
+        found (empty: all is well), each naming the object and offset."""
+        problems: list[Problem] = []
+        objects = self.log_objects()
+        snaps = sorted(archived_snapshot_lsns(self.target))
+        total = sum(o.size for o in objects)
+        done = 0
+        fs = self._fs(objects)
+        for o in objects:
+            shown = self.target.display(o.path)
+            try:
+                with fs.open_input(o.path) as f:
+                    scan = SegmentScan(f, shown)
+                    expected = o.first
+                    for offset, e in scan.entries(o.first):
+                        if e.lsn > o.last:
+                            raise CorruptionError(f"object holds LSN {e.lsn}, past the {o.last} its name says",
+                                                  kind=Damage.SEQUENCE, path=shown, offset=offset, lsn=e.lsn)
+                        expected = e.lsn + 1
+                    torn = scan.torn_tail()
+                    if torn is not None:
+                        raise torn
+                    if expected != o.last + 1:
+                        raise CorruptionError(f"object ends at LSN {expected - 1}, its name says {o.last} "
+                                              "(truncated)", kind=Damage.SEQUENCE, path=shown,
+                                              offset=scan.data_end, lsn=expected)
+            except CorruptionError as e:
+                problems.append(Problem.of(e, shown))
+            except OSError as e:
+                problems.append(Problem(shown, 0, None, Damage.MISSING, self.target.scrub(str(e))))
+            done += o.size
+            if progress is not None:
+                progress(done, total)
+        c = chain(objects)
+        if c.gap_after is not None:
+            problems.append(Problem(self.target.display(c.gap_after.path), 0, c.last + 1, Damage.MISSING,
+                                    f"LSNs {c.last + 1}..{(c.next_first or 0) - 1} are in no archive object"))
+        for lsn in snaps:
+            path = self.target.path(SNAPSHOTS_DIR, snapshot.snapshot_dir_name(lsn))
+            shown = self.target.display(path)
+            try:
+                snap = snapshot.open(path, fs=self.target.fs)
+                if snap.store_id not in (None, self.store_id):
+                    raise CorruptionError(f"snapshot belongs to store {snap.store_id}, not {self.store_id}",
+                                          kind=Damage.HEADER, path=shown, offset=0)
+                snap.verify()
+            except CorruptionError as e:
+                problems.append(Problem.of(e, shown))
+            except SnapshotError as e:
+                problems.append(Problem(shown, 0, lsn, Damage.CONTENT, self.target.scrub(str(e))))
+        return problems
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _to_us(t: datetime.datetime | float | int) -> int:
+    if isinstance(t, datetime.datetime):
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=datetime.timezone.utc)
+        return (t - _EPOCH) // datetime.timedelta(microseconds=1)
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise TypeError(f"a time is a datetime or unix seconds, not {type(t).__name__}")
+    return int(t * 1_000_000)

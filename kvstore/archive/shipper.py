@@ -1,0 +1,413 @@
+"""The archiver: ships a store's durable log and its snapshots to an archive.
+
+``Archiver(store_path, location)`` reads only the store's files (the log
+through :func:`wal.read_log`, bounded by the ``DURABLE`` marker, so only what
+the writer fsynced is ever shipped; snapshots through :mod:`snapshot`), so it
+runs in the writer's process or as a sidecar (``walkv archive STORE URI``)
+and produces the same archive either way. Layout and rules:
+:mod:`kvstore.archive.layout`.
+
+Each :meth:`Archiver.ship_once`, under the writer's lease:
+
+1. every sealed local segment the archive's chain reaches is uploaded whole
+   (after checking its header, store id, CRCs and LSNs), then the pieces it
+   covers are deleted (compaction);
+2. the durable tail after the archived LSN is uploaded as pieces, each within
+   one local segment (at most :data:`PIECE_BYTES` each);
+3. local snapshots newer than the archive's newest, at or below the archived
+   LSN, are uploaded chunk by chunk (each chunk's CRC checked first), the
+   MANIFEST last;
+4. retention (``keep_snapshots``, ``keep_seconds``): the archive's snapshots
+   older than the oldest kept one are deleted (MANIFEST first), then the log
+   objects that snapshot wholly covers, oldest first.
+
+Durability: when :meth:`ship_once` or :meth:`flush` returns LSN ``n``, every
+entry up to ``n`` is in objects that are whole and (on a local target)
+fsynced. Resuming: the archived LSN is recomputed from a listing (the end of
+the chain), so a restart after a kill at any point uploads again at most what
+was in flight, under the same names (an object is never half there).
+
+Errors (the object store down, 500s, refused connections) are retried by the
+thread with exponential backoff up to ``max_backoff`` seconds, logged once per
+change of state (failing, recovered) and kept in :meth:`Archiver.stats`.
+Another archiver's live lease, or an archive of another store, stops the
+thread (``failed``): retrying cannot help.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import snapshot
+from kvstore.archive.layout import (
+    ARCHIVE_NAME,
+    SNAPSHOTS_DIR,
+    WAL_DIR,
+    LogObject,
+    decode_identity,
+    encode_identity,
+    log_object_name,
+)
+from kvstore.archive.lease import DEFAULT_LEASE_SECONDS, LeaseHolder
+from kvstore.archive.objects import chain, encode_segment, list_log_objects
+from kvstore.archive.retention import apply_retention, archived_snapshot_lsns
+from kvstore.archive.target import ArchiveTarget, Location
+from kvstore.layout import StoreLayout
+from snapshot.layout import MANIFEST_NAME
+from wal.crc import crc32c
+from wal.durable import read_durable_lsn
+from wal.errors import ArchiveError, ArchiveLagError, CorruptionError, Damage, LockedError, LogGapError, WalkvError
+from wal.fs import OS_FS
+from wal.reader import read_log
+from wal.segment import SegmentFile, SegmentScan, list_segments, read_store_id
+
+log = logging.getLogger("walkv.archive")
+
+PIECE_BYTES = 16 << 20
+"""Largest tail piece (payload bytes) uploaded at once."""
+
+
+class Archiver:
+    """Ships the store at ``store_path`` to the archive at ``location`` (see
+    the module docstring). ``interval``: seconds between shipping rounds of
+    the thread. ``keep_snapshots``/``keep_seconds``: archive retention (None:
+    keep everything)."""
+
+    def __init__(self, store_path: str | os.PathLike[str], location: Location, *, interval: float = 1.0,
+                 keep_snapshots: int | None = None, keep_seconds: float | None = None,
+                 max_backoff: float = 10.0, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be > 0 seconds, not {interval!r}")
+        if keep_snapshots is not None and (type(keep_snapshots) is not int or keep_snapshots < 1):
+            raise ValueError(f"keep_snapshots must be an int >= 1 or None, not {keep_snapshots!r}")
+        self.layout = StoreLayout(OS_FS, os.path.abspath(os.fspath(store_path)))
+        self.target = ArchiveTarget.open(location)
+        if not self.target.writable:
+            raise TypeError(f"cannot write to the archive {self.target.uri}")
+        self.interval = interval
+        self.keep_snapshots = keep_snapshots
+        self.keep_seconds = keep_seconds
+        self.max_backoff = max(max_backoff, interval)
+        self._lease = LeaseHolder(self.target, lease_seconds)
+        self._store_id: str | None = None
+        self._ship_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.failed: BaseException | None = None
+        self._archived = 0
+        self._archive_first = 0
+        self._durable = 0
+        self._seen: collections.deque[tuple[int, float]] = collections.deque()
+        self._snap_lsns: set[int] | None = None
+        self._retention_due = True
+        self.uploads = 0
+        self.bytes = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self._failing = False
+
+    def __repr__(self) -> str:
+        return f"<Archiver {self.layout.root} -> {self.target.uri} archived={self._archived}>"
+
+    @property
+    def uri(self) -> str:
+        """The archive's location, credentials redacted."""
+        return self.target.uri
+
+    @property
+    def archived_lsn(self) -> int:
+        """Every durable entry up to this LSN is in the archive (what local
+        log retention is bounded by)."""
+        return self._archived
+
+    # -- one round ------------------------------------------------------------------
+
+    def ship_once(self) -> int:
+        """Ship what is durable now (see the module docstring); return the
+        archived LSN after it. Raises what failed (the thread retries)."""
+        with self._ship_lock:
+            self._prepare()
+            self._lease.renew()
+            durable = read_durable_lsn(self.layout.wal_dir)
+            if durable is not None:
+                self._note_durable(durable)
+                self._ship_log(durable)
+                self._ship_snapshots()
+            if self._retention_due and (self.keep_snapshots is not None or self.keep_seconds is not None):
+                apply_retention(self.target, self.keep_snapshots, self.keep_seconds)
+                self._retention_due = False
+                self._archive_first = 0  # recomputed from the next listing
+            return self._archived
+
+    def _prepare(self) -> None:
+        if self._store_id is not None:
+            return
+        store_id = read_store_id(self.layout.wal_dir)
+        if store_id is None:
+            raise WalkvError(f"{self.layout.root} has no log to archive (no segment in {self.layout.wal_dir})")
+        data = self.target.read(ARCHIVE_NAME)
+        if data is None:
+            self._lease.acquire()
+            self.target.put(encode_identity(store_id), ARCHIVE_NAME)
+            log.info("archive %s created for store %s", self.target.uri, store_id)
+        else:
+            other = decode_identity(data, self.target.display(self.target.path(ARCHIVE_NAME)))
+            if other != store_id:
+                raise ArchiveError(
+                    f"the archive {self.target.uri} belongs to another store ({other}), not to "
+                    f"{self.layout.root} ({store_id}); archive each store to its own prefix")
+            self._lease.acquire()
+        self.target.remove_temps(WAL_DIR)
+        self._store_id = store_id
+        objects = list_log_objects(self.target)
+        c = chain(objects)
+        self._archived = c.last
+        self._archive_first = c.first
+        self._notify()
+
+    def _note_durable(self, durable: int) -> None:
+        now = time.monotonic()
+        if durable > self._durable:
+            self._seen.append((durable, now))
+            self._durable = durable
+
+    def _put(self, data: bytes, *names: str) -> None:
+        self.target.put(data, *names)
+        self.uploads += 1
+        self.bytes += len(data)
+
+    def _ship_log(self, durable: int) -> None:
+        assert self._store_id is not None
+        objects = list_log_objects(self.target)
+        c = chain(objects)
+        segments = list_segments(self.layout.wal_dir)
+        if not segments:
+            return
+        if c.objects:
+            nxt = c.last + 1
+            if nxt < segments[0].first_lsn:
+                raise LogGapError(
+                    f"the archive {self.target.uri} holds LSNs up to {c.last}, but the log of "
+                    f"{self.layout.root} now starts at LSN {segments[0].first_lsn}: LSNs {nxt}.."
+                    f"{segments[0].first_lsn - 1} were deleted locally before they were archived",
+                    first_missing=nxt, last_missing=segments[0].first_lsn - 1,
+                    first_available=segments[0].first_lsn)
+        else:
+            nxt = segments[0].first_lsn
+        self._archive_first = c.first or nxt
+        for i, seg in enumerate(segments):
+            if self._stopping and threading.current_thread() is self._thread:
+                break
+            sealed = i + 1 < len(segments)
+            seg_last = segments[i + 1].first_lsn - 1 if sealed else durable
+            if seg_last < seg.first_lsn or seg_last < self._archive_first:
+                continue
+            if seg.first_lsn > nxt:
+                break  # segments are consecutive: never leave a gap behind
+            if sealed and seg_last <= durable and not any(o.first == seg.first_lsn and o.last == seg_last
+                                                          for o in objects):
+                self._upload_segment(seg, seg_last, objects)
+                nxt = max(nxt, seg_last + 1)
+            while nxt <= min(seg_last, durable):
+                limit = min(seg_last, durable)
+                later = [o.first for o in objects if o.first > nxt]
+                if later:
+                    limit = min(limit, min(later) - 1)
+                last = self._upload_piece(nxt, limit)
+                objects.append(LogObject(nxt, last, self.target.path(WAL_DIR, log_object_name(nxt, last))))
+                objects.sort(key=lambda o: (o.first, -o.last))
+                nxt = max(last + 1, chain(objects).last + 1)
+                self._set_archived(chain(objects).last)
+        self._set_archived(chain(objects).last)
+
+    def _upload_segment(self, seg: SegmentFile, last: int, objects: list[LogObject]) -> None:
+        assert self._store_id is not None
+        data = OS_FS.read_file(seg.path)
+        if data is None:
+            raise LogGapError(f"segment {seg.path} was deleted before it was archived",
+                              first_missing=seg.first_lsn, last_missing=last)
+        scan = SegmentScan(io.BytesIO(data), seg.path)
+        n = 0
+        for _ in scan.entries(seg.first_lsn, last):
+            n += 1
+        if scan.header is None or scan.header.store_id != self._store_id or n != last - seg.first_lsn + 1:
+            raise CorruptionError(f"sealed segment does not hold LSNs {seg.first_lsn}..{last} of store "
+                                  f"{self._store_id}; not archived", kind=Damage.SEQUENCE, path=seg.path,
+                                  offset=scan.data_end, lsn=seg.first_lsn + n)
+        self._put(data[: scan.data_end], WAL_DIR, log_object_name(seg.first_lsn, last))
+        log.debug("archived segment %s as LSNs %d..%d", seg.path, seg.first_lsn, last)
+        replaced = [o for o in objects if seg.first_lsn <= o.first and o.last <= last]
+        objects[:] = [o for o in objects if o not in replaced]
+        objects.append(LogObject(seg.first_lsn, last, self.target.path(WAL_DIR, log_object_name(seg.first_lsn, last))))
+        objects.sort(key=lambda o: (o.first, -o.last))
+        for o in replaced:  # the pieces it replaces: only once it is there
+            if (o.first, o.last) != (seg.first_lsn, last):
+                self.target.delete(WAL_DIR, log_object_name(o.first, o.last))
+        self._set_archived(chain(objects).last)
+
+    def _upload_piece(self, first: int, limit: int) -> int:
+        assert self._store_id is not None
+        entries = []
+        size = 0
+        for e in read_log(self.layout.wal_dir, first, limit):
+            entries.append(e)
+            size += len(e.payload)
+            if size >= PIECE_BYTES:
+                break
+        if not entries:
+            raise CorruptionError(f"the log of {self.layout.root} has no entry {first} although it is durable",
+                                  kind=Damage.SEQUENCE, path=self.layout.wal_dir, offset=0, lsn=first)
+        data, last = encode_segment(self._store_id, first, entries)
+        self._put(data, WAL_DIR, log_object_name(first, last))
+        log.debug("archived LSNs %d..%d to %s", first, last, self.target.uri)
+        return last
+
+    def _set_archived(self, lsn: int) -> None:
+        if lsn > self._archived:
+            self._archived = lsn
+            while self._seen and self._seen[0][0] <= lsn:
+                self._seen.popleft()
+            self._notify()
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _ship_snapshots(self) -> None:
+        assert self._store_id is not None
+        if self._snap_lsns is None:
+            self._snap_lsns = archived_snapshot_lsns(self.target)
+        newest = max(self._snap_lsns, default=-1)
+        for info in snapshot.list_snapshots(self.layout.snapshots_dir):
+            if info.lsn <= newest or info.lsn > self._archived or info.store_id not in (None, self._store_id):
+                continue
+            try:
+                self._upload_snapshot(info.path, info.lsn)
+            except FileNotFoundError:
+                log.debug("snapshot %s was pruned while being archived; skipped", info.path)
+                continue
+            self._snap_lsns.add(info.lsn)
+            self._retention_due = True
+
+    def _upload_snapshot(self, path: str, lsn: int) -> None:
+        snap = snapshot.open(path)
+        name = snapshot.snapshot_dir_name(lsn)
+        for c in snap.chunks:
+            data = OS_FS.read_file(os.path.join(path, c.name))
+            if data is None:
+                raise FileNotFoundError(os.path.join(path, c.name))
+            if len(data) != c.bytes or crc32c(data) != c.crc32c:
+                raise CorruptionError("snapshot chunk does not match its manifest; not archived",
+                                      kind=Damage.CHECKSUM, path=os.path.join(path, c.name), offset=0)
+            self._put(data, SNAPSHOTS_DIR, name, c.name)
+        manifest = OS_FS.read_file(os.path.join(path, MANIFEST_NAME))
+        if manifest is None:
+            raise FileNotFoundError(os.path.join(path, MANIFEST_NAME))
+        self._put(manifest, SNAPSHOTS_DIR, name, MANIFEST_NAME)
+        log.info("archived snapshot at LSN %d to %s", lsn, self.target.uri)
+
+    # -- the thread -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Ship every ``interval`` seconds in a daemon thread until :meth:`stop`."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="walkv-archiver", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        delay = self.interval
+        while not self._stopping:
+            try:
+                self.ship_once()
+            except (LockedError, ArchiveError) as e:
+                self.failed = e
+                self._record_error(e)
+                log.error("archiving %s stopped: %s", self.layout.root, self.last_error)
+                self._notify()
+                return
+            except Exception as e:  # noqa: BLE001 - an object store fails in many ways; retried
+                self._record_error(e)
+                delay = min(delay * 2, self.max_backoff)
+            else:
+                if self._failing:
+                    self._failing = False
+                    log.warning("archiving to %s works again; archived LSN %d", self.uri, self._archived)
+                delay = self.interval
+            self._wake.wait(delay if self._failing else self.interval)
+            self._wake.clear()
+
+    def _record_error(self, e: BaseException) -> None:
+        self.errors += 1
+        self.last_error = self.target.scrub(f"{type(e).__name__}: {e}")
+        if not self._failing:
+            self._failing = True
+            log.warning("archiving %s to %s failed (retrying with backoff): %s", self.layout.root, self.uri,
+                        self.last_error)
+        self._notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the thread (after one last round, when the archive is
+        reachable) and release the lease."""
+        self._stopping = True
+        self._wake.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+        if self.failed is None:
+            try:
+                self.ship_once()
+            except Exception as e:  # noqa: BLE001 - reported; the next start resumes
+                self._record_error(e)
+        try:
+            self._lease.release()
+        except Exception as e:  # noqa: BLE001 - the lease expires on its own
+            log.debug("could not release the lease on %s: %s", self.uri, self.target.scrub(str(e)))
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Return once every entry durable when called is archived (its LSN);
+        raise :class:`ArchiveLagError` naming the lag after ``timeout`` seconds."""
+        target = read_durable_lsn(self.layout.wal_dir) or 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        running = self._thread is not None and self._thread.is_alive()
+        while self._archived < target:
+            if self.failed is not None:
+                raise self.failed
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                err = f"; last error: {self.last_error}" if self.last_error else ""
+                raise ArchiveLagError(
+                    f"the archive {self.uri} holds LSN {self._archived}; LSN {target} was durable when "
+                    f"flush was called: {target - self._archived} entries behind after {timeout} s{err}",
+                    archived_lsn=self._archived, target_lsn=target)
+            if running:
+                self._wake.set()
+                with self._cond:
+                    self._cond.wait(0.2 if left is None else min(left, 0.2))
+            else:
+                try:
+                    self.ship_once()
+                except (LockedError, ArchiveError):
+                    raise
+                except Exception as e:  # noqa: BLE001 - retried until the deadline
+                    self._record_error(e)
+                    time.sleep(min(0.2, left) if left is not None else 0.2)
+        return self._archived
+
+    def stats(self) -> dict[str, Any]:
+        """What the archive holds and how far behind it is (no credentials)."""
+        durable = max(self._durable, read_durable_lsn(self.layout.wal_dir) or 0)
+        lag_seconds = time.monotonic() - self._seen[0][1] if self._seen and durable > self._archived else 0.0
+        return {"uri": self.uri, "archived_lsn": self._archived, "durable_lsn": durable,
+                "lag_lsns": max(0, durable - self._archived), "lag_seconds": lag_seconds,
+                "errors": self.errors, "last_error": self.last_error, "failing": self._failing,
+                "uploads": self.uploads, "bytes": self.bytes}
