@@ -25,12 +25,14 @@ from kvstore.store import KVStore, open
 from wal.errors import (
     ClosedError,
     CorruptionError,
+    ForkedError,
     LockedError,
     LogFailedError,
     LogGapError,
     ReadOnlyError,
     RecordTooLargeError,
     SnapshotError,
+    ViewExpiredError,
     WalkvError,
 )
 
@@ -44,7 +46,7 @@ def open_async(path, sync: str = "always", **options):
 
 
 __all__ = [
-    "MAX_KEY_BYTES", "ClosedError", "CorruptionError", "KVStore", "LockedError",
+    "MAX_KEY_BYTES", "ClosedError", "CorruptionError", "ForkedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "SnapshotError",
-    "RestoreInfo", "WalkvError", "WriteBatch", "open", "open_async", "restore",
+    "RestoreInfo", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "restore",
 ]

@@ -23,6 +23,7 @@ import lmdb
 
 from kvstore.lmdb_ops import preallocate
 from wal.errors import CorruptionError, WalkvError, file_error
+from wal.forkguard import forked_error, inherited_from
 
 # What only a damaged environment raises: walkv then rebuilds it from the log.
 # Anything else (permissions, memory, reader slots) is the machine's, and a
@@ -40,6 +41,9 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
         existing = os.path.getsize(data_file)
     except OSError:
         existing = 0
+    parent = inherited_from(path)
+    if parent is not None:
+        raise forked_error(f"the store's LMDB environment {path}", parent)
     if readonly and not existing:
         raise WalkvError(f"{path} holds no state yet: open the store "
                          f"read-write once to create it")

@@ -60,6 +60,7 @@ from kvstore.lmdb_env import open_env
 from kvstore.lmdb_ops import delete_range, preallocate, put_run
 from kvstore.state_reads import K_APPLIED, StateReads
 from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
+from wal.forkguard import track
 
 log = logging.getLogger("walkv.state")
 
@@ -113,6 +114,7 @@ class State(StateReads):
         self.env, self.main_db, self.data_db = open_env(
             path, readonly=readonly, map_size=map_size, writemap=self.writemap,
             max_readers=max_readers)
+        track(self)
         try:
             self._load_meta()
         except BaseException as exc:

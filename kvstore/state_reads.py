@@ -25,7 +25,8 @@ from kvstore.batch import as_bytes
 from kvstore.lmdb_ops import read_error
 from kvstore.readers import Reader, ReadGate, ReadView
 from kvstore.readers import scan as _scan
-from wal.errors import ClosedError
+from wal.errors import ClosedError, ForkedError
+from wal.forkguard import Refusing, forked_error, keep_forever
 
 K_APPLIED = b"walkv.applied"
 _U64 = struct.Struct("<Q")
@@ -53,6 +54,21 @@ class StateReads:
         self.gate = ReadGate(self._reader_list, self._on_block, self._on_release)
         self._held_gen = 0
         self._r0 = Reader(None)  # the last reading thread's reader (fast path)
+        self._pid = os.getpid()
+        self._forked = False  # State.__init__ tracks it (wal.forkguard) once env is open
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (:mod:`wal.forkguard`): LMDB must not be used
+        across fork, so every read and write raises ForkedError (the get
+        fast path misses on ``gen``, every other path passes the gate) and
+        close() does nothing. Nothing to do if it was closed before the fork."""
+        if self._closed:
+            return
+        self._forked = True
+        self._closed = True
+        self.gen = -7  # no cached transaction carries it
+        self.gate = Refusing(f"the LMDB environment {self.path}", self._pid)  # type: ignore[assignment]
+        keep_forever(self.env, self.path, self._pid)
 
     def adopt_mapsize(self) -> None:
         """Read-only: another process grew the map; adopt its size."""
@@ -262,7 +278,9 @@ class StateReads:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def _closed_error(self) -> ClosedError:
+    def _closed_error(self) -> ClosedError | ForkedError:
+        if self._forked:
+            return forked_error(f"the LMDB environment {self.path}", self._pid)
         return ClosedError(f"the store {os.path.dirname(self.path)} is closed")
 
     @property

@@ -54,6 +54,7 @@ from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
 from snapshot import SnapshotInfo
 from wal.errors import ClosedError, ReadOnlyError, SnapshotError, WalkvError
+from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
@@ -132,6 +133,23 @@ class KVStore:
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
         self.open_seconds = time.monotonic() - t0  # replay or rebuild included
         self._closed = False
+        self._pid = os.getpid()
+        track(self)
+
+    _forked = False
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (:mod:`wal.forkguard`): writes and reads raise
+        ForkedError (its log and LMDB refuse too), close() does nothing."""
+        if self._closed:
+            return
+        self._forked = True
+        self._append = self._refuse_forked
+        self._lock = None  # the lock closed its inherited descriptor itself
+        self.snapshot_lock = threading.Lock()  # a thread of the parent may have held it
+
+    def _refuse_forked(self, payload: bytes, ops: Ops) -> int:
+        raise forked_error(f"the store {self.path}", self._pid)
 
     # -- opening -------------------------------------------------------------
 
@@ -402,8 +420,9 @@ class KVStore:
 
     def close(self) -> None:
         """Finish every write in flight, flush LMDB, record a clean close and
-        release the store. Idempotent."""
-        if self._closed:
+        release the store. Idempotent. In a process forked from the one that
+        opened the store it does nothing (see :mod:`wal.forkguard`)."""
+        if self._closed or self._forked:
             return
         self.wait_for_snapshots()
         self._closed = True

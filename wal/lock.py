@@ -4,7 +4,9 @@ The file holds the pid of the holder, for the error a second writer gets. A
 lock held by another process, or by another open of the same directory in
 this process (flock locks belong to the open file), is :class:`LockedError`.
 The kernel releases it when the holder's process dies, so a crash never
-leaves a stale lock behind.
+leaves a stale lock behind. A child forked from the holder closes its
+inherited copy of the descriptor right after the fork (:mod:`wal.forkguard`):
+it never holds, and cannot release, its parent's lock.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 from typing import Self
 
 from wal.errors import LockedError
+from wal.forkguard import track
 
 LOCK_NAME = "LOCK"
 
@@ -40,6 +43,14 @@ class DirectoryLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
+        track(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The child's copy of the descriptor shares the parent's flock: close
+        # it (never unlock through it) and forget it, so release() is a no-op.
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
     def release(self) -> None:
         if self.fd >= 0:
