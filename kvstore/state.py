@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 import lmdb
 
 from kvstore.batch import OP_DELETE, OP_PUT
-from kvstore.lmdb_env import open_env
+from kvstore.lmdb_env import clear_stale_readers, open_env, reader_table
 from kvstore.lmdb_ops import delete_range, preallocate, put_run
 from kvstore.state_reads import K_APPLIED, StateReads
 from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
@@ -257,6 +257,7 @@ class State(StateReads):
         if t1 - self._last_sweep > SWEEP_SECONDS:
             self._last_sweep = t1
             self._sweep()
+            clear_stale_readers(self.env)
 
     def _abort_write(self, txn: lmdb.Transaction) -> None:
         """Abort a write transaction with readers held out of LMDB (py-lmdb's
@@ -275,7 +276,11 @@ class State(StateReads):
         readers to leave LMDB (py-lmdb's abort and remap wait for every call
         in flight, and would starve behind busy readers); their open
         transactions are invalidated (cached ones are renewed, scans
-        re-seek)."""
+        re-seek). Stale readers (their processes died) are cleared first:
+        when there were any, the failed transaction is only retried."""
+        if clear_stale_readers(self.env) and failed is not None and not at_least:
+            self._abort_write(failed)
+            return
         old = self.env.info()["map_size"]
         new = old * 2 if old < _GROW_DOUBLE_UNTIL else old + old // 2
         new = max(new, at_least)
@@ -295,14 +300,22 @@ class State(StateReads):
         log.info("LMDB map of %s grown from %d to %d MiB", self.path,
                  old >> 20, new >> 20)
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, int | float | None]:
         """What was applied and read (counters, approximate under concurrent
-        use) and how LMDB looks now."""
+        use) and how LMDB looks now. Readers, from LMDB's reader table (every
+        process's, this call's own read transaction included):
+        ``lmdb_reader_slots`` slots in use, ``lmdb_readers_reading`` of them
+        inside a read transaction, ``lmdb_oldest_reader_lag`` how many write
+        transactions were committed since the snapshot the oldest of those
+        sees (None: no reader). Pages those commits freed cannot be reused
+        while it reads, so a lag that keeps growing means a reader holds a
+        snapshot too long (an idle iterator, a long view) or died holding one
+        (cleared within a second by the writer)."""
         data = self.data_db
 
         def read(txn: lmdb.Transaction) -> tuple:
-            return txn.stat(data), self.env.info(), self.env.stat()["psize"]
-        dstat, info, psize = self._read(read)
+            return txn.stat(data), self.env.info(), self.env.stat()["psize"], reader_table(self.env)
+        dstat, info, psize, (slots, reading, oldest) = self._read(read)
         groups = self.applied_groups
         return {
             "puts": self.puts,
@@ -319,6 +332,9 @@ class State(StateReads):
             "lmdb_entries": dstat["entries"],
             "lmdb_depth": dstat["depth"],
             "lmdb_readers": info["num_readers"],
+            "lmdb_reader_slots": slots,
+            "lmdb_readers_reading": reading,
+            "lmdb_oldest_reader_lag": None if oldest is None else info["last_txnid"] - oldest,
         }
 
     # -- lifecycle ----------------------------------------------------------

@@ -309,11 +309,14 @@ class KVStore:
         ``reverse``), with range() semantics: ``start <= key < stop``, and
         ``key.startswith(prefix)`` when a prefix is given (all three combine).
 
-        The pairs come from one LMDB snapshot taken at the first ``next()``
-        (so writes made meanwhile are not seen), unless LMDB's map is grown
-        during the scan, in which case it goes on from a newer snapshot after
-        the last key yielded. Close the iterator (or exhaust it) promptly: an
-        open snapshot keeps LMDB from reusing pages.
+        Each key comes once, in order, with a value it had at some moment
+        during the scan. A scan that takes under half a second is one LMDB
+        snapshot taken at the first ``next()``; a longer one (or one that
+        meets a growth of LMDB's map) goes on from a newer snapshot after the
+        last key yielded, so that it never pins old pages for long (see
+        :func:`kvstore.readers.scan`). For several keys as of one LSN use
+        :meth:`view`. Close the iterator (or exhaust it) promptly: a paused
+        one still holds its snapshot.
         """
         lo = b"" if start is None else as_bytes(start, "start")
         hi = None if stop is None else as_bytes(stop, "stop")
