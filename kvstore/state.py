@@ -257,6 +257,7 @@ class State(StateReads):
         if t1 - self._last_sweep > SWEEP_SECONDS:
             self._last_sweep = t1
             self._sweep()
+            self.expire_views()
             clear_stale_readers(self.env)
 
     def _abort_write(self, txn: lmdb.Transaction) -> None:
@@ -286,10 +287,10 @@ class State(StateReads):
         new = max(new, at_least)
         new = (new + 0xFFFFF) & ~0xFFFFF
         gate = self.gate
-        gate.acquire_exclusive()
+        if failed is not None:
+            self._abort_write(failed)
+        self.exclusive_without_views()  # waits for open views (kvstore/view.py)
         try:
-            if failed is not None:
-                failed.abort()
             if self.writemap:
                 preallocate(os.path.join(self.path, "data.mdb"), new)
             self.env.set_mapsize(new)
@@ -346,6 +347,7 @@ class State(StateReads):
         gate = self.gate
         gate.acquire_exclusive()
         try:
+            self._close_views(every=True)
             self._closed = True
             try:
                 if sync and not self.readonly:

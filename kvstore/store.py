@@ -52,6 +52,7 @@ from kvstore.batch import (
 )
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
+from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from snapshot import SnapshotInfo
 from wal.errors import ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
@@ -62,15 +63,6 @@ from wal.record import DEFAULT_MAX_RECORD_BYTES
 log = logging.getLogger("walkv.store")
 
 Progress = Callable[[int, "int | None"], None]
-
-def _prefix_end(prefix: bytes) -> bytes | None:
-    """The least byte string greater than every string starting with
-    ``prefix`` (None: there is none, the prefix is all 0xff)."""
-    p = prefix.rstrip(b"\xff")
-    if not p:
-        return None
-    return p[:-1] + bytes((p[-1] + 1,))
-
 
 class KVStore:
     """An open store. Create with :func:`kvstore.open`.
@@ -318,18 +310,28 @@ class KVStore:
         :meth:`view`. Close the iterator (or exhaust it) promptly: a paused
         one still holds its snapshot.
         """
-        lo = b"" if start is None else as_bytes(start, "start")
-        hi = None if stop is None else as_bytes(stop, "stop")
-        if prefix is not None:
-            prefix = as_bytes(prefix, "prefix")
-            if prefix > lo:
-                lo = prefix
-            pend = _prefix_end(prefix)
-            if pend is not None and (hi is None or pend < hi):
-                hi = pend
+        lo, hi = scan_bounds(start, stop, prefix)
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
         return self._state.scan(lo, hi, reverse)
+
+    def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
+        """A consistent read of several keys: everything as of one LSN::
+
+            with db.view() as v:
+                v.get(b"a"), v[b"b"], b"c" in v, len(v), v.lsn
+                for key, value in v.scan(prefix=b"user/"): ...
+
+        One LMDB read transaction, safe beside writers and growth of the
+        map; on read-only stores too. Bounded lifetime: an open view pins
+        LMDB's pages and holds off growth of the map, so once older than
+        ``max_seconds`` it is closed and raises
+        :class:`~kvstore.ViewExpiredError`; a writer that must grow the map
+        waits for younger views. After the ``with`` block: ClosedError. See
+        :mod:`kvstore.view`."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        return self._state.view(max_seconds)
 
     # -- LSNs, sync, stats, close ---------------------------------------------
 
