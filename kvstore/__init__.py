@@ -6,6 +6,8 @@
         with db.batch() as b:                # atomic: one LSN for all of it
             b.put(b"a", b"1"); b.delete(b"b"); b.delete_range(b"c", b"d")
         for key, value in db.scan(start=b"a", stop=b"z"): ...
+        with db.view() as v:                 # several keys as of one LSN (v.lsn)
+            v.get(b"a"), v.get(b"b")
         info = db.snapshot()                 # .lsn, .path; trims the log it covers
     kvstore.restore(path, target, to_lsn=None)   # point-in-time restore
 
@@ -22,15 +24,18 @@ from __future__ import annotations
 from kvstore.batch import MAX_KEY_BYTES, WriteBatch
 from kvstore.restore import RestoreInfo, restore
 from kvstore.store import KVStore, open
+from kvstore.view import View
 from wal.errors import (
     ClosedError,
     CorruptionError,
+    ForkedError,
     LockedError,
     LogFailedError,
     LogGapError,
     ReadOnlyError,
     RecordTooLargeError,
     SnapshotError,
+    ViewExpiredError,
     WalkvError,
 )
 
@@ -44,7 +49,7 @@ def open_async(path, sync: str = "always", **options):
 
 
 __all__ = [
-    "MAX_KEY_BYTES", "ClosedError", "CorruptionError", "KVStore", "LockedError",
+    "MAX_KEY_BYTES", "ClosedError", "CorruptionError", "ForkedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "SnapshotError",
-    "RestoreInfo", "WalkvError", "WriteBatch", "open", "open_async", "restore",
+    "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "restore",
 ]

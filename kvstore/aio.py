@@ -45,6 +45,7 @@ from kvstore.batch import (
 from kvstore.store import KVStore
 from kvstore.txn import cas_outcome, decided
 from kvstore.watch import AsyncWatcher
+from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View
 from wal.errors import ClosedError, ReadOnlyError
 
 
@@ -164,6 +165,12 @@ class AsyncKVStore:
 
     async def count(self) -> int:
         return len(self.store)
+
+    def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
+        """A consistent read of several keys as of one LSN (``with
+        adb.view() as v:`` or ``async with``); its reads answer directly, like
+        :meth:`get`. See :meth:`kvstore.KVStore.view`."""
+        return self.store.view(max_seconds)
 
     def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
              prefix: bytes | None = None, reverse: bool = False

@@ -20,6 +20,14 @@ The options, and why:
   grows it later in bounded steps that fit the free space
   (:func:`grow_size`).
 * ``max_dbs=2``: the main database (walkv's bookkeeping) and ``data``.
+
+Stale readers: LMDB never reuses the pages an open read transaction may
+see, and a reader whose process died (SIGKILL in the middle of a scan)
+keeps its slot in the reader table until someone calls ``reader_check``.
+walkv clears such slots when it opens an environment, before every growth
+of the map and, in the writer, at most once a second
+(:func:`clear_stale_readers`); without it one killed reader made the
+writer's map grow without bound.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import lmdb
 
 from kvstore.lmdb_ops import preallocate
 from wal.errors import CorruptionError, DiskFullError, WalkvError, file_error
+from wal.forkguard import forked_error, inherited_from
 
 MIB = 1 << 20
 
@@ -50,6 +59,9 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
         existing = os.path.getsize(data_file)
     except OSError:
         existing = 0
+    parent = inherited_from(path)
+    if parent is not None:
+        raise forked_error(f"the store's LMDB environment {path}", parent)
     if readonly and not existing:
         raise WalkvError(f"{path} holds no state yet: open the store "
                          f"read-write once to create it")
@@ -74,6 +86,7 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
                 f"KVStore between threads instead") from None
         raise open_error(exc, path, size) from None
     try:
+        clear_stale_readers(env)  # before the map is sized: dead readers pin pages
         if writemap:
             preallocate(data_file, env.info()["map_size"])  # LMDB's: at least what the data uses
         main = env.open_db(None)
@@ -142,3 +155,35 @@ def open_error(exc: lmdb.Error, path: str, size: int) -> WalkvError:
     return WalkvError(f"{doing} failed: {exc}. Nothing was changed; if it persists, "
                       f"moving {path} aside makes the next read-write open rebuild it from the log")
 
+
+
+def reader_table(env: lmdb.Environment) -> tuple[int, int, int | None]:
+    """``(slots, reading, oldest)`` of LMDB's reader lock table, shared by
+    every process that has the environment open: the reader slots in use
+    (a slot is kept by a process, per thread or transaction, for as long as
+    it has the environment open), how many of them are inside a read
+    transaction now, and the oldest transaction id such a reader sees (None:
+    none is reading). A slot whose process died stays until
+    ``env.reader_check()`` clears it."""
+    slots = reading = 0
+    oldest: int | None = None
+    for line in env.readers().splitlines()[1:]:  # "pid thread txnid"; txnid "-" when idle
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        slots += 1
+        if parts[2] != "-":
+            reading += 1
+            txnid = int(parts[2])
+            oldest = txnid if oldest is None else min(oldest, txnid)
+    return slots, reading, oldest
+
+
+def clear_stale_readers(env: lmdb.Environment) -> int:
+    """Clear the reader slots of processes that died (a reader killed in the
+    middle of a scan keeps its snapshot's pages from being reused until its
+    slot is cleared); return how many were."""
+    try:
+        return env.reader_check()
+    except lmdb.Error:
+        return 0

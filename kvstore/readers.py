@@ -19,6 +19,11 @@ import lmdb
 
 from kvstore.lmdb_ops import position, read_error
 
+SCAN_HOLD_SECONDS = 0.5
+"""A scan renews its read transaction between chunks once it is older than
+this (see :func:`scan`)."""
+_monotonic = time.monotonic
+
 
 class ReadGate:
     """Readers run concurrently; the writer can wait for a moment when no
@@ -134,22 +139,31 @@ def scan(state: ReadSource, lo: bytes, hi: bytes | None, reverse: bool = False
     """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
     bounds of any length), ascending or descending.
 
-    The scan reads from one LMDB read transaction (one consistent
-    snapshot, taken at the first ``next()``) in chunks, leaving LMDB
-    between chunks so that it never blocks the writer; only if the map is
-    grown meanwhile does it go on in a newer snapshot, from the key after
-    the last one it yielded. Each key is yielded at most once, in order.
+    The scan reads in chunks (16 pairs, doubling up to 1024), leaving LMDB
+    between chunks so that it never blocks the writer. It starts in one read
+    transaction (one snapshot, taken at the first ``next()``) and goes on in
+    a newer one, from the key after the last one it yielded, when the map
+    was grown meanwhile or when its transaction is older than
+    ``SCAN_HOLD_SECONDS`` at the start of a chunk (an open read transaction
+    keeps LMDB from reusing every page freed since, so a slow consumer must
+    not pin one for long); its transaction is released as soon as the last
+    chunk is read. So: each key is yielded at most once, in order, with a
+    value it had at some moment during the scan, and a scan that takes less
+    than ``SCAN_HOLD_SECONDS`` (and meets no map growth) is one snapshot; a
+    longer one is not. For one consistent read of several keys use
+    :meth:`kvstore.KVStore.view`.
     """
     txn = None
     it = None
     last: bytes | None = None
     gen = -1
     n = 16
+    since = 0.0
     try:
         while True:
             state.enter_read()
             try:
-                if gen != state.map_gen or txn is None:
+                if gen != state.map_gen or txn is None or _monotonic() - since > SCAN_HOLD_SECONDS:
                     if txn is not None:
                         try:
                             txn.abort()
@@ -163,8 +177,13 @@ def scan(state: ReadSource, lo: bytes, hi: bytes | None, reverse: bool = False
                         state.gate.enter()
                         txn = state.env.begin(db=state.data_db)
                     gen = state.map_gen
+                    since = _monotonic()
                     it = position(txn.cursor(), lo, hi, last, reverse)
                 chunk = list(islice(it, n)) if it is not None else []
+                if len(chunk) < n:  # the last chunk: let go of the snapshot now
+                    it = None
+                    txn.abort()
+                    txn = None
             except lmdb.Error as exc:
                 raise read_error(exc, state.path) from None
             finally:

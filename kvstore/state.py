@@ -57,10 +57,11 @@ import lmdb
 
 from kvstore import conditions
 from kvstore.batch import CONDITION_CODES, OP_DELETE, OP_PUT
-from kvstore.lmdb_env import grow_size, open_env
+from kvstore.lmdb_env import clear_stale_readers, grow_size, open_env, reader_table
 from kvstore.lmdb_ops import delete_range, preallocate, put_run
 from kvstore.state_reads import K_APPLIED, StateReads
 from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
+from wal.forkguard import track
 
 log = logging.getLogger("walkv.state")
 
@@ -121,6 +122,7 @@ class State(StateReads):
         self.env, self.main_db, self.data_db = open_env(
             path, readonly=readonly, map_size=map_size, writemap=self.writemap,
             max_readers=max_readers)
+        track(self)
         try:
             self._load_meta()
         except BaseException as exc:
@@ -267,6 +269,8 @@ class State(StateReads):
         if t1 - self._last_sweep > SWEEP_SECONDS:
             self._last_sweep = t1
             self._sweep()
+            self.expire_views()
+            clear_stale_readers(self.env)
 
     def _abort_write(self, txn: lmdb.Transaction) -> None:
         """Abort a write transaction with readers held out of LMDB (py-lmdb's
@@ -290,7 +294,11 @@ class State(StateReads):
         readers to leave LMDB (py-lmdb's abort and remap wait for every call
         in flight, and would starve behind busy readers); their open
         transactions are invalidated (cached ones are renewed, scans
-        re-seek)."""
+        re-seek). Stale readers (their processes died) are cleared first:
+        when there were any, the failed transaction is only retried."""
+        if clear_stale_readers(self.env) and failed is not None and not at_least:
+            self._abort_write(failed)
+            return
         old = self.env.info()["map_size"]
         try:
             new = grow_size(self.path, old, min(old, MAX_GROW_STEP), at_least)
@@ -299,10 +307,10 @@ class State(StateReads):
                 self._abort_write(failed)
             raise
         gate = self.gate
-        gate.acquire_exclusive()
+        if failed is not None:
+            self._abort_write(failed)
+        self.exclusive_without_views()  # waits for open views (kvstore/view.py)
         try:
-            if failed is not None:
-                failed.abort()
             if self.writemap:
                 preallocate(os.path.join(self.path, "data.mdb"), new)
             self.env.set_mapsize(new)
@@ -313,14 +321,22 @@ class State(StateReads):
         log.info("LMDB map of %s grown from %d to %d MiB", self.path,
                  old >> 20, new >> 20)
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, int | float | None]:
         """What was applied and read (counters, approximate under concurrent
-        use) and how LMDB looks now."""
+        use) and how LMDB looks now. Readers, from LMDB's reader table (every
+        process's, this call's own read transaction included):
+        ``lmdb_reader_slots`` slots in use, ``lmdb_readers_reading`` of them
+        inside a read transaction, ``lmdb_oldest_reader_lag`` how many write
+        transactions were committed since the snapshot the oldest of those
+        sees (None: no reader). Pages those commits freed cannot be reused
+        while it reads, so a lag that keeps growing means a reader holds a
+        snapshot too long (an idle iterator, a long view) or died holding one
+        (cleared within a second by the writer)."""
         data = self.data_db
 
         def read(txn: lmdb.Transaction) -> tuple:
-            return txn.stat(data), self.env.info(), self.env.stat()["psize"]
-        dstat, info, psize = self._read(read)
+            return txn.stat(data), self.env.info(), self.env.stat()["psize"], reader_table(self.env)
+        dstat, info, psize, (slots, reading, oldest) = self._read(read)
         groups = self.applied_groups
         return {
             "puts": self.puts,
@@ -337,6 +353,9 @@ class State(StateReads):
             "lmdb_entries": dstat["entries"],
             "lmdb_depth": dstat["depth"],
             "lmdb_readers": info["num_readers"],
+            "lmdb_reader_slots": slots,
+            "lmdb_readers_reading": reading,
+            "lmdb_oldest_reader_lag": None if oldest is None else info["last_txnid"] - oldest,
         }
 
     # -- lifecycle ----------------------------------------------------------
@@ -348,6 +367,7 @@ class State(StateReads):
         gate = self.gate
         gate.acquire_exclusive()
         try:
+            self._close_views(every=True)
             self._closed = True
             try:
                 if sync and not self.readonly:

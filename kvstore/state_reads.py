@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
@@ -25,7 +26,9 @@ from kvstore.batch import as_bytes
 from kvstore.lmdb_ops import read_error
 from kvstore.readers import Reader, ReadGate, ReadView
 from kvstore.readers import scan as _scan
-from wal.errors import ClosedError
+from kvstore.view import View
+from wal.errors import ClosedError, ForkedError
+from wal.forkguard import Refusing, forked_error, keep_forever
 
 K_APPLIED = b"walkv.applied"
 _U64 = struct.Struct("<Q")
@@ -49,29 +52,112 @@ class StateReads:
         self._local = threading.local()
         self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
         self._readers_lock = threading.Lock()
+        self._views: weakref.WeakSet[View] = weakref.WeakSet()
+        self.views_allowed = threading.Event()  # cleared while a remap waits for views
+        self.views_allowed.set()
         self.dead_gets = 0
         self.gate = ReadGate(self._reader_list, self._on_block, self._on_release)
         self._held_gen = 0
         self._r0 = Reader(None)  # the last reading thread's reader (fast path)
+        self._pid = os.getpid()
+        self._forked = False  # State.__init__ tracks it (wal.forkguard) once env is open
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (:mod:`wal.forkguard`): LMDB must not be used
+        across fork, so every read and write raises ForkedError (the get
+        fast path misses on ``gen``, every other path passes the gate) and
+        close() does nothing. Nothing to do if it was closed before the fork."""
+        if self._closed:
+            return
+        self._forked = True
+        self._closed = True
+        self.gen = -7  # no cached transaction carries it
+        self.gate = Refusing(f"the LMDB environment {self.path}", self._pid)  # type: ignore[assignment]
+        keep_forever(self.env, self.path, self._pid)
 
     def adopt_mapsize(self) -> None:
         """Read-only: another process grew the map; adopt its size."""
         gate = self.gate
-        gate.acquire_exclusive()
+        self.exclusive_without_views()
         try:
             self.env.set_mapsize(0)
             self.map_gen += 1
         finally:
             gate.release_exclusive()
 
-    def _reader_list(self) -> list[Reader]:
+    def _reader_list(self) -> list[Reader | View]:
+        """Whatever may be inside LMDB: the gate waits for their ``busy``."""
         with self._readers_lock:
-            return list(self._readers)
+            return [*self._readers, *self._views]
+
+    # -- consistent views (kvstore/view.py) -----------------------------------
+
+    def view(self, max_seconds: float) -> View:
+        """A consistent view of the state (:class:`kvstore.view.View`)."""
+        return View(self, max_seconds)
+
+    def register_view(self, view: View) -> None:
+        with self._readers_lock:
+            self._views.add(view)
+
+    def _open_views(self) -> list[View]:
+        with self._readers_lock:
+            return [v for v in self._views if v.open]
+
+    def _close_views(self, *, every: bool) -> bool:
+        """With the gate held exclusively: close expired views (``every``:
+        all of them, the store is closing) and views of this thread (it is
+        the one that would wait for them); True if other views stay open."""
+        me = threading.get_ident()
+        left = False
+        for v in self._open_views():
+            if every:
+                v.kill(self._closed_error())
+            elif v.expired:
+                v.kill(v._expired())
+            elif v.owner == me:
+                v.kill(v._expired(": LMDB's map had to grow while it was open in the thread that wrote"))
+            else:
+                left = True
+        return left
+
+    def exclusive_without_views(self) -> None:
+        """Hold the gate exclusively with no view open (to remap): close
+        expired views and this thread's, wait for the others to close or
+        expire (see :mod:`kvstore.view`)."""
+        gate = self.gate
+        delay = 0.0005
+        self.views_allowed.clear()  # no new view until then: a stream of views would starve it
+        try:
+            while True:
+                gate.acquire_exclusive()
+                if not self._close_views(every=False):
+                    return
+                gate.release_exclusive()
+                time.sleep(delay)
+                delay = min(delay * 2, 0.01)
+        finally:
+            self.views_allowed.set()  # new ones wait at the gate until the remap ends
+
+    def expire_views(self) -> None:
+        """Close views over their time limit (the writer's periodic sweep),
+        so that a forgotten view pins pages for a bounded time."""
+        if not any(v.expired for v in self._open_views()):
+            return
+        gate = self.gate
+        gate.acquire_exclusive(cached_only=True)
+        try:
+            for v in self._open_views():
+                if v.expired:
+                    v.kill(v._expired())
+        finally:
+            gate.release_exclusive()
 
     def _sweep(self) -> None:
         """Drop cached read transactions older than the newest commit, so an
         idle reading thread does not pin old pages."""
-        readers = self._reader_list()
+        with self._readers_lock:
+            readers = list(self._readers)
         gen = self.gen
         if not any(r.txn is not None and r.gen != gen for r in readers):
             return
@@ -262,7 +348,9 @@ class StateReads:
 
     # -- lifecycle ----------------------------------------------------------
 
-    def _closed_error(self) -> ClosedError:
+    def _closed_error(self) -> ClosedError | ForkedError:
+        if self._forked:
+            return forked_error(f"the LMDB environment {self.path}", self._pid)
         return ClosedError(f"the store {os.path.dirname(self.path)} is closed")
 
     @property

@@ -53,8 +53,10 @@ from kvstore.batch import (
 )
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
+from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from snapshot import SnapshotInfo
 from wal.errors import ClosedError, ReadOnlyError, SnapshotError, WalkvError
+from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
@@ -62,15 +64,6 @@ from wal.record import DEFAULT_MAX_RECORD_BYTES
 log = logging.getLogger("walkv.store")
 
 Progress = Callable[[int, "int | None"], None]
-
-def _prefix_end(prefix: bytes) -> bytes | None:
-    """The least byte string greater than every string starting with
-    ``prefix`` (None: there is none, the prefix is all 0xff)."""
-    p = prefix.rstrip(b"\xff")
-    if not p:
-        return None
-    return p[:-1] + bytes((p[-1] + 1,))
-
 
 class KVStore:
     """An open store. Create with :func:`kvstore.open`.
@@ -134,6 +127,23 @@ class KVStore:
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
         self.open_seconds = time.monotonic() - t0  # replay or rebuild included
         self._closed = False
+        self._pid = os.getpid()
+        track(self)
+
+    _forked = False
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (:mod:`wal.forkguard`): writes and reads raise
+        ForkedError (its log and LMDB refuse too), close() does nothing."""
+        if self._closed:
+            return
+        self._forked = True
+        self._append = self._refuse_forked
+        self._lock = None  # the lock closed its inherited descriptor itself
+        self.snapshot_lock = threading.Lock()  # a thread of the parent may have held it
+
+    def _refuse_forked(self, payload: bytes, ops: Ops) -> int:
+        raise forked_error(f"the store {self.path}", self._pid)
 
     # -- opening -------------------------------------------------------------
 
@@ -338,24 +348,37 @@ class KVStore:
         ``reverse``), with range() semantics: ``start <= key < stop``, and
         ``key.startswith(prefix)`` when a prefix is given (all three combine).
 
-        The pairs come from one LMDB snapshot taken at the first ``next()``
-        (so writes made meanwhile are not seen), unless LMDB's map is grown
-        during the scan, in which case it goes on from a newer snapshot after
-        the last key yielded. Close the iterator (or exhaust it) promptly: an
-        open snapshot keeps LMDB from reusing pages.
+        Each key comes once, in order, with a value it had at some moment
+        during the scan. A scan that takes under half a second is one LMDB
+        snapshot taken at the first ``next()``; a longer one (or one that
+        meets a growth of LMDB's map) goes on from a newer snapshot after the
+        last key yielded, so that it never pins old pages for long (see
+        :func:`kvstore.readers.scan`). For several keys as of one LSN use
+        :meth:`view`. Close the iterator (or exhaust it) promptly: a paused
+        one still holds its snapshot.
         """
-        lo = b"" if start is None else as_bytes(start, "start")
-        hi = None if stop is None else as_bytes(stop, "stop")
-        if prefix is not None:
-            prefix = as_bytes(prefix, "prefix")
-            if prefix > lo:
-                lo = prefix
-            pend = _prefix_end(prefix)
-            if pend is not None and (hi is None or pend < hi):
-                hi = pend
+        lo, hi = scan_bounds(start, stop, prefix)
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
         return self._state.scan(lo, hi, reverse)
+
+    def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
+        """A consistent read of several keys: everything as of one LSN::
+
+            with db.view() as v:
+                v.get(b"a"), v[b"b"], b"c" in v, len(v), v.lsn
+                for key, value in v.scan(prefix=b"user/"): ...
+
+        One LMDB read transaction, safe beside writers and growth of the
+        map; on read-only stores too. Bounded lifetime: an open view pins
+        LMDB's pages and holds off growth of the map, so once older than
+        ``max_seconds`` it is closed and raises
+        :class:`~kvstore.ViewExpiredError`; a writer that must grow the map
+        waits for younger views. After the ``with`` block: ClosedError. See
+        :mod:`kvstore.view`."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        return self._state.view(max_seconds)
 
     # -- LSNs, sync, stats, close ---------------------------------------------
 
@@ -449,8 +472,9 @@ class KVStore:
 
     def close(self) -> None:
         """Finish every write in flight, flush LMDB, record a clean close and
-        release the store. Idempotent."""
-        if self._closed:
+        release the store. Idempotent. In a process forked from the one that
+        opened the store it does nothing (see :mod:`wal.forkguard`)."""
+        if self._closed or self._forked:
             return
         self.wait_for_snapshots()
         self._closed = True

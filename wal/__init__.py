@@ -11,12 +11,14 @@ from wal.durable import DURABLE_NAME, read_durable_lsn
 from wal.errors import (
     ClosedError,
     CorruptionError,
+    ForkedError,
     LockedError,
     LogFailedError,
     LogGapError,
     ReadOnlyError,
     RecordTooLargeError,
     SnapshotError,
+    ViewExpiredError,
     WalkvError,
 )
 from wal.index import SparseIndex, read_index
@@ -42,6 +44,7 @@ __all__ = [
     "ClosedError",
     "CorruptionError",
     "Entry",
+    "ForkedError",
     "LockedError",
     "Log",
     "LogFailedError",
@@ -53,6 +56,7 @@ __all__ = [
     "SegmentHeader",
     "SnapshotError",
     "SparseIndex",
+    "ViewExpiredError",
     "WalkvError",
     "decode_entry",
     "decode_header",

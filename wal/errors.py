@@ -159,6 +159,19 @@ class ArchiveLagError(ArchiveError):
         self.archived_lsn = archived_lsn
         self.target_lsn = target_lsn
         super().__init__(message)
+class ForkedError(WalkvError):
+    """A log, store or LMDB environment was used in a process forked from the
+    one that opened it (``os.fork()``, ``multiprocessing`` with the fork start
+    method). The child may neither write (its appends would race the parent's
+    and lose acknowledged writes) nor read through the parent's LMDB handles;
+    open the store again in the child (``readonly=True`` beside the parent's
+    writer). See :mod:`wal.forkguard`."""
+
+
+class ViewExpiredError(ClosedError):
+    """A consistent read view (``db.view()``) was used after its time limit:
+    an open view pins LMDB pages and holds off map growth, so it is closed
+    for good once older than its ``max_seconds``. Take a new view."""
 
 
 def file_error(error: OSError, doing: str) -> WalkvError:

@@ -4,7 +4,9 @@ The file holds the pid of the holder, for the error a second writer gets. A
 lock held by another process, or by another open of the same directory in
 this process (flock locks belong to the open file), is :class:`LockedError`.
 The kernel releases it when the holder's process dies, so a crash never
-leaves a stale lock behind.
+leaves a stale lock behind. A child forked from the holder closes its
+inherited copy of the descriptor right after the fork (:mod:`wal.forkguard`):
+it never holds, and cannot release, its parent's lock.
 
 The lock also tells its holder whether its directory is still the one it
 opened: the device and inode of the lock file and of the directory are
@@ -22,6 +24,7 @@ import os
 from typing import Self
 
 from wal.errors import LockedError, StoreVanishedError
+from wal.forkguard import track
 
 LOCK_NAME = "LOCK"
 
@@ -53,6 +56,14 @@ class DirectoryLock:
             os.close(fd)
             raise
         self.fd = fd
+        track(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The child's copy of the descriptor shares the parent's flock: close
+        # it (never unlock through it) and forget it, so release() is a no-op.
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
     def check(self) -> None:
         """Raise :class:`StoreVanishedError` when the lock file or the

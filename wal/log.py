@@ -63,6 +63,7 @@ from wal.errors import (
     file_error,
     log_failed,
 )
+from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
 from wal.index import SparseIndex
 from wal.lock import DirectoryLock
@@ -159,6 +160,16 @@ class Log:
         if sync == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, name="walkv-flusher", daemon=True)
             self._flusher.start()
+        self._pid = os.getpid()
+        track(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (:mod:`wal.forkguard`): every use raises
+        ForkedError, close() touches nothing of the parent's."""
+        if self._closed:
+            return
+        self._closed = True
+        self._gc = Refusing(f"the log at {self.directory}", self._pid)  # type: ignore[assignment]
 
     # -- opening -------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""``walkv stats``: LSNs, segments, snapshots and LMDB size of a store.
+"""``walkv stats``: LSNs, segments, snapshots, LMDB size and readers of a store.
 
 It reads the files only and never takes the store's lock (the writer's pid
 comes from ``/proc/locks``), so it is safe beside a running writer and never
@@ -101,7 +101,8 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
                 db_stats = db.stats()
         except (WalkvError, OSError) as e:  # the file-level stats still stand
             st["state_error"] = str(e)
-    for k in ("applied_lsn", "lmdb_entries", "lmdb_used_bytes", "lmdb_map_bytes", "lmdb_depth", "lmdb_readers"):
+    for k in ("applied_lsn", "lmdb_entries", "lmdb_used_bytes", "lmdb_map_bytes", "lmdb_depth", "lmdb_readers",
+              "lmdb_reader_slots", "lmdb_readers_reading", "lmdb_oldest_reader_lag"):
         if k in db_stats:
             st[k] = db_stats[k]
     st["fsync_note"] = ("fsync counts and latencies are per process: see `walkv demo`, "
@@ -111,6 +112,19 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
         return EXIT_OK
     print_table(_rows(st))
     return EXIT_OK
+
+
+def _readers(st: dict[str, Any]) -> str:
+    """Reader slots in use (every process's, this command's own included)
+    and how far the oldest reading one lags: the write transactions
+    committed since its snapshot, whose freed pages LMDB cannot reuse while
+    it reads. Slots of dead readers are cleared when this command opens the
+    store."""
+    if "lmdb_reader_slots" not in st:
+        return "-"
+    lag = st["lmdb_oldest_reader_lag"]
+    oldest = "none reading" if lag is None else f"oldest {lag} transactions behind"
+    return f"{st['lmdb_reader_slots']} slots in use, {st['lmdb_readers_reading']} reading, {oldest}"
 
 
 def _rows(st: dict[str, Any]) -> list[tuple[str, str]]:
@@ -133,6 +147,7 @@ def _rows(st: dict[str, Any]) -> list[tuple[str, str]]:
         ("keys", str(st.get("lmdb_entries", "-"))),
         ("log segments", segments),
         ("LMDB", lmdb),
+        ("LMDB readers", _readers(st)),
         ("fsyncs", "counted per process: db.stats()['log'] in the writer, or `walkv demo`"),
         ("snapshots", str(len(st["snapshots"]))),
     ]
