@@ -26,8 +26,12 @@ from kvstore.restore import RestoreInfo, restore
 from kvstore.store import KVStore, open
 from kvstore.view import View
 from wal.errors import (
+    ArchiveError,
+    ArchiveLagError,
     ClosedError,
     CorruptionError,
+    Damage,
+    DiskFullError,
     ForkedError,
     LockedError,
     LogFailedError,
@@ -35,6 +39,7 @@ from wal.errors import (
     ReadOnlyError,
     RecordTooLargeError,
     SnapshotError,
+    StoreVanishedError,
     ViewExpiredError,
     WalkvError,
 )
@@ -49,7 +54,8 @@ def open_async(path, sync: str = "always", **options):
 
 
 __all__ = [
-    "MAX_KEY_BYTES", "ClosedError", "CorruptionError", "ForkedError", "KVStore", "LockedError",
+    "MAX_KEY_BYTES", "ArchiveError", "ArchiveLagError", "ClosedError", "CorruptionError", "Damage",
+    "DiskFullError", "ForkedError", "StoreVanishedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "SnapshotError",
     "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "restore",
 ]

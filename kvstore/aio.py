@@ -44,8 +44,8 @@ from kvstore.batch import (
 )
 from kvstore.store import KVStore
 from kvstore.txn import cas_outcome, decided
-from kvstore.watch import AsyncWatcher
 from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View
+from kvstore.watch import AsyncWatcher
 from wal.errors import ClosedError, ReadOnlyError
 
 

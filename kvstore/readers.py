@@ -115,6 +115,14 @@ class ReadSource(Protocol):
         """The applied LSN ``txn`` sees."""
         ...
 
+    @property
+    def views_allowed(self) -> threading.Event:
+        """Cleared while a remap waits for open views (new views wait)."""
+        ...
+
+    def register_view(self, view: Any) -> None:
+        """Track an open :class:`kvstore.view.View` (closed with the state)."""
+
 
 class Reader:
     """One thread's cached read transaction."""

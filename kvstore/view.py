@@ -35,16 +35,13 @@ import threading
 import time
 from collections.abc import Generator
 from itertools import islice
-from typing import TYPE_CHECKING
 
 import lmdb
 
 from kvstore.batch import as_bytes
 from kvstore.lmdb_ops import position, read_error
+from kvstore.readers import ReadSource
 from wal.errors import ClosedError, ViewExpiredError, WalkvError
-
-if TYPE_CHECKING:
-    from kvstore.state_reads import StateReads
 
 DEFAULT_MAX_VIEW_SECONDS = 60.0
 _monotonic = time.monotonic
@@ -83,7 +80,7 @@ class View:
     __slots__ = ("_state", "_txn", "_error", "busy", "lsn", "_count", "opened", "max_seconds",
                  "owner", "__weakref__")
 
-    def __init__(self, state: StateReads, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> None:
+    def __init__(self, state: ReadSource, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> None:
         if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or max_seconds <= 0:
             raise ValueError(f"max_seconds must be a positive number, not {max_seconds!r}")
         self._state = state

@@ -9,8 +9,12 @@ checks and :mod:`wal.repair` for what :func:`repair` does.
 from wal.commit import Group
 from wal.durable import DURABLE_NAME, read_durable_lsn
 from wal.errors import (
+    ArchiveError,
+    ArchiveLagError,
     ClosedError,
     CorruptionError,
+    Damage,
+    DiskFullError,
     ForkedError,
     LockedError,
     LogFailedError,
@@ -18,6 +22,7 @@ from wal.errors import (
     ReadOnlyError,
     RecordTooLargeError,
     SnapshotError,
+    StoreVanishedError,
     ViewExpiredError,
     WalkvError,
 )
@@ -41,7 +46,12 @@ __all__ = [
     "Group",
     "DURABLE_NAME",
     "SYNC_MODES",
+    "ArchiveError",
+    "ArchiveLagError",
     "ClosedError",
+    "Damage",
+    "DiskFullError",
+    "StoreVanishedError",
     "CorruptionError",
     "Entry",
     "ForkedError",
