@@ -9,6 +9,7 @@ Format (one log entry's payload; the log adds LSN and timestamp around it)::
              | [4, key, expected]             condition: key's value equals expected
              | [5, key]                       condition: key is absent
              | [6, key]                       condition: key is present
+             | [7, index]                     failed: condition ``index`` did not hold
     key, value, start, end := msgpack bin     (never str: text must be encoded
                                                by the caller, so no codec is
                                                ever guessed on replay)
@@ -25,13 +26,16 @@ Rules, and the reason for each:
 * ``value`` is bounded by the store's value limit, itself bounded by the log's
   maximum record size, and checked before anything is logged.
 * Conditions (codes 4..6, :mod:`kvstore.txn`) come before every write of
-  their batch, and are decided at apply, in log order, against the state
-  the entries before left: all hold, and the batch's writes apply; one
-  fails, and the batch applies nothing but still consumes its LSN (the
-  first failing condition's index is recorded in LMDB, see
-  :mod:`kvstore.conditions`). Replay and rebuild decide them the same way,
-  so every rebuild reaches the same outcomes. A condition after a write is
-  not a batch (the order would be ambiguous).
+  their batch. They are decided in log order, when the batch's group is
+  written, against the state every earlier entry leaves (:mod:`kvstore.conditions`),
+  and the decision is written into the log with the batch: a batch whose
+  conditions hold is logged as made (its conditions are no-ops to every
+  reader, its writes apply); a batch whose condition ``i`` fails is logged
+  as ``[[7, i], conditions...]``: no writes, its LSN consumed. So the log
+  alone says what happened: replay, rebuilds, watchers, replicas, the
+  archive and Spark read outcomes from the bytes and never decide again.
+  ``[7, i]`` only ever stands first, followed by conditions only; a
+  condition after a write is not a batch (the order would be ambiguous).
 * Decoding is strict: a payload that is valid msgpack but not a batch of this
   shape is corruption (:class:`~wal.errors.CorruptionError` naming the LSN),
   never silently skipped, because skipping it would lose an acknowledged write.
@@ -56,7 +60,11 @@ OP_DELETE_RANGE = 3
 OP_REQUIRE_EQUALS = 4
 OP_REQUIRE_ABSENT = 5
 OP_REQUIRE_PRESENT = 6
+OP_FAILED = 7
 CONDITION_CODES = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT))
+NO_WRITE_CODES = CONDITION_CODES | {OP_FAILED}
+"""Op codes that change nothing (a reader skips them; a batch starting with
+``OP_FAILED`` applies nothing)."""
 
 # What a change is called, wherever changes are shown (the Spark ``changes``
 # table's ``_change_type``, :meth:`kvstore.KVStore.watch`): named once, here.
@@ -212,6 +220,9 @@ def _parse(payload: bytes) -> list[list]:
             raise _NotABatch(f"op {i} is {type(op).__name__}, not an array")
         code = op[0]
         n = len(op)
+        if type(code) is int and code == OP_FAILED:
+            _check_failed(i, op, ops)
+            continue
         if type(code) is int and code in CONDITION_CODES:
             _check_condition(i, op, writes)
             continue
@@ -237,7 +248,14 @@ def _parse(payload: bytes) -> list[list]:
                            f"{MAX_BOUND_BYTES} bytes")
         else:
             raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
+    if writes and ops[0][0] == OP_FAILED:
+        raise _NotABatch("a failed batch holds its conditions and no write")
     return ops
+
+
+def _check_failed(i: int, op: list, ops: list) -> None:
+    if i != 0 or len(op) != 2 or type(op[1]) is not int or not 0 <= op[1] < len(ops) - 1:
+        raise _NotABatch(f"op {i} (failed) must stand first as [7, index of one of the conditions after it]")
 
 
 def _check_condition(i: int, op: list, after_write: bool) -> None:

@@ -1,77 +1,109 @@
-"""Deciding a batch's conditions at apply, and recording the outcome.
+"""Deciding conditional batches, and writing the decision into the log.
 
 A batch may start with conditions (``kvstore.batch`` op codes 4..6:
-require-equals, require-absent, require-present). :func:`apply_batches`
-applies a run of log entries that holds at least one such batch, entry by
-entry in LSN order, inside the caller's ONE LMDB write transaction (the one
-:meth:`kvstore.state.State.apply` opened, which also records the applied
-LSN): each entry's conditions are read in that transaction, so they see the
-writes of every entry before it, including earlier entries of the same group.
-All conditions hold: the entry's writes apply. One fails: nothing of the
-entry applies, its LSN is consumed all the same, and the index of the first
-failing condition is recorded in LMDB's main database under
-``walkv.failed.`` + the LSN (8 bytes, big-endian), in the same transaction.
-Replay and rebuild run the same code on the same log, so they decide the same
-outcomes and write the same records.
+require-equals, require-absent, require-present). They are decided by the
+group commit's leader, just before the group is written (the log's
+``on_prepare`` hook, :func:`decide_group`), in LSN order, against the state
+every earlier entry leaves: LMDB holds everything of the groups before
+(applied before their writers were released, and groups are written one at a
+time), and an :class:`Overlay` holds the writes of the earlier entries of the
+same group. The decision then goes into the log with the batch
+(``kvstore.batch``: a failed batch is logged as ``[[7, i], conditions...]``),
+so that:
 
-Who learns the outcome:
+* replay and rebuilds apply the log as it is and never decide again: a store
+  rebuilt from any snapshot plus the log reaches the same outcomes by
+  construction;
+* everything that reads the log without the state (watchers, replicas, the
+  archive, the Spark ``changes`` and ``state`` tables) sees what happened;
+* two writers racing on one key are ordered by the log, and only the first
+  one's condition sees the value it expected.
 
-* the writer that logged the batch: its context (an :class:`Outcome`, a list
-  of the ops with a ``failed`` slot) travels with the payload through the log
-  to ``on_commit``, and apply writes the decision into it before the writer is
-  released. Plain puts pass bare lists and pay nothing;
-* anyone later (a watcher reading the log files, in any process): the
-  ``walkv.failed.<lsn>`` record, read from LMDB once the entry is applied
-  (:func:`failed_at`). Outcomes are known from ``walkv.outcomes_from`` on:
-  the LSN LMDB was (re)built from. Entries at or below it were decided
-  before the last rebuild, and their records are gone with the old LMDB
-  (:func:`outcomes_from`).
+The writer learns the outcome through its context (an :class:`Outcome`, the
+ops with a ``failed`` slot) that travels with the payload: it is decided
+before the group is written, so before the writer is released. Plain writes
+pass bare op lists, and a group without conditions costs one scan of its op
+codes.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import lmdb
+from kvstore.batch import (
+    CONDITION_CODES,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_FAILED,
+    OP_PUT,
+    OP_REQUIRE_ABSENT,
+    OP_REQUIRE_EQUALS,
+    _pack,
+)
 
-from kvstore.batch import CONDITION_CODES, OP_REQUIRE_ABSENT, OP_REQUIRE_EQUALS
-
-K_FAILED = b"walkv.failed."
-K_OUTCOMES_FROM = b"walkv.outcomes_from"
-_U64 = struct.Struct("<Q")
-_BE64 = struct.Struct(">Q")
-
-ApplyOps = Callable[[lmdb.Transaction, Sequence[Sequence[Any]]], "tuple[int, int, int]"]
+Ops = Sequence[Sequence[Any]]
+Read = Callable[[bytes], "bytes | None"]
 
 
-class Outcome(list):
+class Outcome(list):  # a list of ops, as every context is
     """A conditional batch's operations, as the context that travels with its
-    payload through the log; apply sets :attr:`failed` (the index of the
-    first failing condition, or None) and :attr:`decided`."""
+    payload through the log; :func:`decide_group` sets :attr:`failed` (the
+    index of the first failing condition, or None) and :attr:`decided`."""
 
     __slots__ = ("failed", "decided")
 
-    def __init__(self, ops: Sequence[Sequence[Any]]) -> None:
+    def __init__(self, ops: Ops) -> None:
         super().__init__(ops)
         self.failed: int | None = None
         self.decided = False
 
 
-def failed_key(lsn: int) -> bytes:
-    return K_FAILED + _BE64.pack(lsn)
+class Overlay:
+    """The state as the entries decided so far in a group leave it: their
+    writes over ``read`` (LMDB as the previous group left it)."""
+
+    def __init__(self, read: Read) -> None:
+        self._read = read
+        self._values: dict[bytes, bytes | None] = {}
+        self._ranges: list[tuple[bytes, bytes]] = []  # deleted since, unless in _values
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._values:
+            return self._values[key]
+        for start, end in self._ranges:
+            if start <= key < end:
+                return None
+        return self._read(key)
+
+    def write(self, ops: Ops) -> None:
+        for op in ops:
+            code = op[0]
+            if code == OP_PUT:
+                self._values[op[1]] = op[2]
+            elif code == OP_DELETE:
+                self._values[op[1]] = None
+            elif code == OP_DELETE_RANGE:
+                start, end = op[1], op[2]
+                if start < end:
+                    self._ranges.append((start, end))
+                    for key in [k for k in self._values if start <= k < end]:
+                        self._values[key] = None
 
 
-def check(txn: lmdb.Transaction, ops: Sequence[Sequence[Any]]) -> tuple[int | None, int]:
-    """Decide the leading conditions of ``ops`` in ``txn``: (index of the
-    first failing one or None, number of conditions)."""
+def count_conditions(ops: Ops) -> int:
+    """How many conditions lead ``ops``."""
     n = 0
-    for op in ops:
+    while n < len(ops) and ops[n][0] in CONDITION_CODES:
+        n += 1
+    return n
+
+
+def first_failing(conditions: Ops, get: Read) -> int | None:
+    """The index of the first condition that does not hold, or None."""
+    for i, op in enumerate(conditions):
         code = op[0]
-        if code not in CONDITION_CODES:
-            break
-        value = txn.get(op[1])
+        value = get(op[1])
         if code == OP_REQUIRE_EQUALS:
             ok = value is not None and value == op[2]
         elif code == OP_REQUIRE_ABSENT:
@@ -79,51 +111,49 @@ def check(txn: lmdb.Transaction, ops: Sequence[Sequence[Any]]) -> tuple[int | No
         else:
             ok = value is not None
         if not ok:
-            return n, n
-        n += 1
-    return None, n
+            return i
+    return None
 
 
-def apply_batches(txn: lmdb.Transaction, first_lsn: int, batches: Sequence[Sequence[Sequence[Any]]],
-                  apply_ops: ApplyOps, main_db: lmdb._Database) -> tuple[int, int, int]:
-    """Apply entries ``first_lsn, first_lsn + 1, ...`` in order inside
-    ``txn``, deciding each one's conditions first (module docstring).
-    Returns the numbers of puts, deletes and range deletes applied."""
-    puts = deletes = ranges = 0
-    for i, ops in enumerate(batches):
-        writes: Sequence[Sequence[Any]] = ops
-        if ops and ops[0][0] in CONDITION_CODES:
-            failed, n = check(txn, ops)
-            if type(ops) is Outcome:
-                ops.failed = failed
-                ops.decided = True
-            if failed is not None:
-                txn.put(failed_key(first_lsn + i), str(failed).encode("ascii"), db=main_db)
-                continue
-            writes = ops[n:]
-        p, d, r = apply_ops(txn, writes)
-        puts += p
-        deletes += d
-        ranges += r
-    return puts, deletes, ranges
+def decide_group(payloads: list[bytes], contexts: list[Any], read: Read) -> list[bytes] | None:
+    """Decide the conditional batches of one group (module docstring): the
+    payloads to write instead, or ``None`` when the group holds no condition.
+    ``contexts[i]`` is entry i's ops; a failed entry's is replaced by the ops
+    it is logged as (``[[7, i], conditions...]``), so that applying the
+    contexts applies exactly what the log says."""
+    if len(contexts) == 1:  # the common group: one entry, most often not conditional
+        ops = contexts[0]
+        if not ops or ops[0][0] not in CONDITION_CODES:
+            return None
+    first = next((i for i, ops in enumerate(contexts) if ops and ops[0][0] in CONDITION_CODES), None)
+    if first is None:
+        return None
+    overlay = Overlay(read)
+    for ops in contexts[:first]:
+        overlay.write(ops)
+    out = list(payloads)
+    for i in range(first, len(contexts)):
+        ops = contexts[i]
+        if not ops or ops[0][0] not in CONDITION_CODES:
+            overlay.write(ops)
+            continue
+        n = count_conditions(ops)
+        failed = first_failing(ops[:n], overlay.get)
+        if isinstance(ops, Outcome):
+            ops.failed, ops.decided = failed, True
+        if failed is None:
+            overlay.write(ops[n:])
+        else:
+            logged = [[OP_FAILED, failed], *ops[:n]]
+            out[i] = _pack(logged)
+            contexts[i] = logged
+    return out
 
 
-def record_outcomes_from(txn: lmdb.Transaction, main_db: lmdb._Database, base_lsn: int) -> None:
-    """Record that outcomes are known for entries after ``base_lsn`` (an
-    environment being initialized or rebuilt at that LSN)."""
-    txn.put(K_OUTCOMES_FROM, _U64.pack(base_lsn), db=main_db)
-
-
-def outcomes_from(txn: lmdb.Transaction, main_db: lmdb._Database) -> int:
-    """The LSN after which outcomes are recorded (0: all of them; an
-    environment from before conditions existed has none to record)."""
-    v = txn.get(K_OUTCOMES_FROM, db=main_db)
-    return _U64.unpack(v)[0] if v is not None and len(v) == 8 else 0
-
-
-def failed_at(txn: lmdb.Transaction, main_db: lmdb._Database, lsn: int) -> int | None:
-    """The failing condition's index of the conditional entry ``lsn`` (None:
-    it succeeded). Meaningful only for an applied entry after
-    :func:`outcomes_from`."""
-    v = txn.get(failed_key(lsn), db=main_db)
-    return None if v is None else int(v)
+def writes_of(ops: Ops) -> Ops:
+    """The writes a logged batch applies: none when it failed (its first op
+    is ``OP_FAILED``), else the ops after its conditions."""
+    if not ops or ops[0][0] == OP_FAILED:
+        return ()
+    n = count_conditions(ops)
+    return ops[n:] if n else ops

@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 import lmdb
 
 from kvstore import conditions
-from kvstore.batch import CONDITION_CODES, OP_DELETE, OP_PUT
+from kvstore.batch import NO_WRITE_CODES, OP_DELETE, OP_PUT
 from kvstore.lmdb_env import clear_stale_readers, grow_size, open_env, reader_table
 from kvstore.lmdb_ops import delete_range, preallocate, put_run
 from kvstore.state_reads import K_APPLIED, StateReads
@@ -157,7 +157,6 @@ class State(StateReads):
             txn.put(K_STORE_ID, store_id.encode("ascii"), db=main)
             txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
             txn.put(K_COMPLETE, b"1" if complete else b"0", db=main)
-            conditions.record_outcomes_from(txn, main, base_lsn)
         self._with_write(write)
         self.store_id = store_id
         self.applied_lsn = base_lsn
@@ -234,9 +233,9 @@ class State(StateReads):
                     if flat:
                         put_run(txn, flat)
                     puts, deletes, ranges = len(flat), 0, 0
-                elif not codes.isdisjoint(CONDITION_CODES):
-                    puts, deletes, ranges = conditions.apply_batches(
-                        txn, last + 1 - len(batches), batches, _apply_ops, main)
+                elif not codes.isdisjoint(NO_WRITE_CODES):  # conditional batches: decided in the log
+                    puts, deletes, ranges = _apply_ops(
+                        txn, [op for ops in batches for op in conditions.writes_of(ops)])
                 else:
                     puts, deletes, ranges = _apply_ops(txn, flat)
                 txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)

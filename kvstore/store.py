@@ -34,7 +34,7 @@ from typing import Any, Callable, Generator, Iterator, cast
 
 import snapshot
 import wal
-from kvstore import recovery, snapshots, txn
+from kvstore import conditions, recovery, snapshots, txn
 from kvstore import watch as watching
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
@@ -156,7 +156,8 @@ class KVStore:
         try:
             self._log = wal.open(self._wal_dir, sync=sync, segment_bytes=segment_bytes,
                                  max_record_bytes=max_record_bytes,
-                                 on_commit=self._on_commit, fs=self._fs, **log_options)
+                                 on_commit=self._on_commit, on_prepare=self._on_prepare, fs=self._fs,
+                                 **log_options)
             try:
                 opened = recovery.open_state(self.path, self._lmdb_dir, self._log, fs=self._fs,
                                              options=options, progress=progress)
@@ -182,6 +183,11 @@ class KVStore:
         if self._lock is not None:
             lock, self._lock = self._lock, None
             lock.release()
+
+    def _on_prepare(self, group: wal.Group) -> list[bytes] | None:
+        # Called by the group's leader before it is written: decide its
+        # conditional writes in log order and write the decisions into the log.
+        return conditions.decide_group(group.payloads, group.contexts, self._state.get)
 
     def _on_commit(self, group: wal.Group) -> None:
         # Called by the log's committing thread for every group, after its
@@ -284,17 +290,10 @@ class KVStore:
         :class:`kvstore.watch.Change`. See :mod:`kvstore.watch`."""
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
-        state = self._state
-        if self._log is not None:
-            log_ = self._log
-            durable: Callable[[], int] = lambda: log_.durable_lsn  # noqa: E731
-            applied: Callable[[], int] = lambda: state.applied_lsn  # noqa: E731
-        else:
-            durable, applied = (lambda: self.durable_lsn), state.read_meta_applied
-        source = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), durable, applied,
-                              state._read, state.main_db, self._watch_hub, polls=self._log is None)
+        source = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
+                                 self._watch_hub, polls=self._log is None)
         lo, hi = watching.key_bounds(prefix, start, stop)
-        first = durable() + 1 if from_lsn is None else from_lsn
+        first = self.durable_lsn + 1 if from_lsn is None else from_lsn
         return watching.Watcher(source, lo, hi, first, timeout=timeout, progress_every=progress_every,
                              on_gap=on_gap)
 

@@ -2,21 +2,21 @@
 
 A conditional write is ONE log entry (one LSN) whose batch starts with
 conditions (``kvstore.batch`` op codes 4..6) followed by writes. The
-conditions are decided at apply, in log order, inside the LMDB write
-transaction that applies the entry (:mod:`kvstore.conditions`), never by a
-read before logging: two threads racing on one key are ordered by the log,
-and exactly the first one's condition sees the state it expected. The same
-decision is taken at every replay and rebuild, so a store rebuilt from a
-snapshot plus the log reaches the same outcomes.
+conditions are decided in log order when the entry's group is written, and
+the decision is written into the log with it (:mod:`kvstore.conditions`),
+never by a read before logging: two threads racing on one key are ordered by
+the log, and exactly the first one's condition sees the state it expected.
+Replay, rebuilds and every reader of the log read the decision; none takes
+it again.
 
 Durability: as any write (``kvstore.store``): when the call returns, the entry
 is durable per the sync mode and its outcome decided and applied. A failed
 condition applies nothing but consumes the entry's LSN; the entry stays in
-the log (and a watcher skips it, :mod:`kvstore.watch`).
+the log, marked failed (and a watcher skips it, :mod:`kvstore.watch`).
 
 The outcome reaches the caller through the operations object that travels
-with the payload through the log to ``on_commit``: an
-:class:`~kvstore.conditions.Outcome`, which apply fills in.
+with the payload through the log: an :class:`~kvstore.conditions.Outcome`,
+which the group's leader fills in before the group is written.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ class Condition(NamedTuple):
 def decided(outcome: Outcome, lsn: int) -> int | None:
     """The index of the failed condition of the entry just logged (None:
     it succeeded)."""
-    if not outcome.decided:  # apply runs before the appender is released
-        raise WalkvError(f"the outcome of LSN {lsn} was not decided at apply; "
+    if not outcome.decided:  # decided before the group is written, so before the appender returns
+        raise WalkvError(f"the outcome of LSN {lsn} was not decided when it was logged; "
                          f"close and reopen the store")
     return outcome.failed
 
@@ -89,7 +89,7 @@ def cas_outcome(max_value: int, key: bytes, expected: bytes | None, new: bytes) 
 def compare_and_set(append: Append, max_value: int, key: bytes, expected: bytes | None,
                     new: bytes) -> bool:
     """Set ``key`` to ``new`` if its value is ``expected`` (None: if it is
-    absent), decided in log order at apply. True when it was set."""
+    absent), decided in log order. True when it was set."""
     outcome = cas_outcome(max_value, key, expected, new)
     lsn = append(_pack(outcome), outcome)
     return decided(outcome, lsn) is None

@@ -17,15 +17,13 @@ What it yields: :class:`Change` ``(lsn, time, op, key, value, end_key)``:
   epoch, UTC (the log's own resolution, and the Spark table's).
 * A conditional write (:mod:`kvstore.txn`) is shown only if its conditions
   held (its conditions are not changes); one that failed shows nothing. The
-  watcher learns the outcome from LMDB once the entry is applied
-  (:mod:`kvstore.conditions`), so it waits for the writer's apply of such an
-  entry (in another process: for a writer to apply it).
+  log itself says which (:mod:`kvstore.conditions`), so a watcher never
+  waits for, or reads, the state.
 
 Where it starts: ``from_lsn`` (default: the LSN after the durable one when
 ``watch()`` is called, so only new changes). When the log no longer holds
 ``from_lsn`` (retention deleted its segment after a snapshot covered it), or
-retention deletes the next segment before a slow watcher reaches it, or a
-conditional write's outcome predates the last rebuild of LMDB:
+retention deletes the next segment before a slow watcher reaches it:
 
 * ``on_gap="error"`` (default): :class:`~wal.errors.LogGapError`, whose
   ``first_available`` names the first LSN the log holds;
@@ -61,13 +59,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import snapshot
 from kvstore import conditions
-from kvstore.batch import CONDITION_CODES, DELETE, DELETE_RANGE, OP_DELETE, OP_PUT, UPSERT, as_bytes, decode
+from kvstore.batch import DELETE, DELETE_RANGE, OP_DELETE, OP_PUT, UPSERT, as_bytes, decode
 from kvstore.watch_log import LogTail
 from wal.errors import ClosedError, LogGapError
 from wal.fs import OS_FS
@@ -124,9 +122,6 @@ class Source(NamedTuple):
     wal_dir: str
     snapshots_dir: str
     durable_lsn: Callable[[], int]
-    applied_lsn: Callable[[], int]
-    read_lmdb: Callable[[Callable[[Any], Any]], Any]  # fn(txn) in a read transaction
-    main_db: Any
     hub: WatchHub
     polls: bool  # True: no local commits to wake it (read-only store)
     fs: ReadFS = OS_FS
@@ -259,17 +254,12 @@ class Watcher:
             self._tail = LogTail(self._src.wal_dir, self.next_lsn, fs=self._src.fs)
         for entry in self._tail.read(durable):
             lsn = entry.lsn
-            ops = decode(entry.payload, lsn)
-            if ops and ops[0][0] in CONDITION_CODES:
-                if self._failed(lsn):
-                    self.next_lsn = lsn + 1
-                    continue
-                ops = [op for op in ops if op[0] not in CONDITION_CODES]
+            ops = conditions.writes_of(decode(entry.payload, lsn))
             changes = self._matching(lsn, entry.timestamp_us, ops)
             self.next_lsn = lsn + 1
             yield from changes
 
-    def _matching(self, lsn: int, ts: int, ops: list[list]) -> list[Change]:
+    def _matching(self, lsn: int, ts: int, ops: Sequence[Sequence[Any]]) -> list[Change]:
         lo, hi = self._lo, self._hi
         out = []
         for op in ops:
@@ -283,29 +273,6 @@ class Watcher:
                 if start < end and end > lo and (hi is None or start < hi):
                     out.append(Change(lsn, ts, DELETE_RANGE, start, None, end))
         return out
-
-    def _failed(self, lsn: int) -> bool:
-        """Whether the conditional entry ``lsn`` failed: waits for its apply."""
-        src = self._src
-        poll = _POLL_MIN
-        while src.applied_lsn() < lsn:
-            if self._closed or src.hub.closed:
-                raise ClosedError("the watcher or its store was closed")
-            with src.hub.cond:
-                src.hub.cond.wait(poll)
-            poll = min(poll * 2, _POLL_MAX)
-        main = src.main_db
-
-        def read(txn: Any) -> tuple[int, int | None]:
-            return conditions.outcomes_from(txn, main), conditions.failed_at(txn, main, lsn)
-        known_from, failed = src.read_lmdb(read)
-        if lsn <= known_from:
-            raise LogGapError(
-                f"the outcome of the conditional write at LSN {lsn} was decided before LMDB was rebuilt "
-                f"at LSN {known_from}, and is not known any more; watch from LSN {known_from + 1} "
-                f"or from a snapshot (on_gap='snapshot')",
-                first_missing=lsn, last_missing=known_from, first_available=known_from + 1)
-        return failed is not None
 
     def _from_snapshot(self, gap: LogGapError) -> Iterator[Change]:
         """Restart from the newest snapshot (module docstring)."""

@@ -17,30 +17,23 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import kvstore
-from kvstore import conditions
+import wal
 from kvstore.aio import AsyncKVStore
-from kvstore.batch import encode, parse
+from kvstore.batch import OP_FAILED, decode, encode, parse
 from kvstore.txn import Condition
 from tests.test_kvstore import abandon, fake_machine_crash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def outcomes(db: kvstore.KVStore) -> dict[int, int]:
-    """Every failed conditional entry's LSN -> failed condition, from LMDB."""
-    st_ = db._state
-    main = st_.main_db
-
-    def read(txn) -> dict[int, int]:
-        out = {}
-        cur = txn.cursor(db=main)
-        if cur.set_range(conditions.K_FAILED):
-            for k, v in cur:
-                if not k.startswith(conditions.K_FAILED):
-                    break
-                out[int.from_bytes(k[len(conditions.K_FAILED):], "big")] = int(v)
-        return out
-    return st_._read(read)
+def outcomes(path: str) -> dict[int, int]:
+    """Every failed conditional entry's LSN -> failed condition, from the log."""
+    out = {}
+    for entry in wal.read_log(os.path.join(path, "wal")):
+        ops = decode(entry.payload, entry.lsn)
+        if ops[0][0] == OP_FAILED:
+            out[entry.lsn] = ops[0][1]
+    return out
 
 
 def test_compare_and_set_and_delete_if(tmp_path):
@@ -55,7 +48,7 @@ def test_compare_and_set_and_delete_if(tmp_path):
         assert db.get(b"k") is None
         assert not db.delete_if(b"k", b"2")
         assert db.last_lsn == 7  # every attempt consumed its LSN
-        assert sorted(outcomes(db)) == [2, 3, 5, 7]
+        assert sorted(outcomes(db.path)) == [2, 3, 5, 7]
 
 
 def test_transaction_all_or_nothing_and_which_condition_failed(tmp_path):
@@ -172,10 +165,11 @@ def test_replay_and_rebuild_reach_the_same_outcomes(tmp_path, how):
     if how == "machine_crash_after_snapshot":
         db.snapshot()
         _random_conditional_writes(db, rng, 150)
-    state, fails = dict(db.items()), outcomes(db)
+    db.sync()
+    state, fails = dict(db.items()), outcomes(path)
     assert fails  # the mix makes some fail
     if how == "process_crash":
-        # LMDB lost the last groups' applies: replay must decide them again
+        # LMDB lost the last groups' applies: replay applies what the log decided
         abandon(db)
     else:
         db.close()
@@ -184,7 +178,7 @@ def test_replay_and_rebuild_reach_the_same_outcomes(tmp_path, how):
         assert db2.rebuilt if how != "process_crash" else True
         assert dict(db2.items()) == state
         base = 0 if how != "machine_crash_after_snapshot" else db2.list_snapshots()[-1].lsn
-        assert {k: v for k, v in outcomes(db2).items() if k > base} == {
+        assert {k: v for k, v in outcomes(path).items() if k > base} == {
             k: v for k, v in fails.items() if k > base}
 
 
@@ -311,3 +305,28 @@ class TxnMachine(RuleBasedStateMachine):
 
 TestTxnMachine = TxnMachine.TestCase
 TestTxnMachine.settings = settings(max_examples=20, stateful_step_count=20, deadline=None)
+
+
+def test_readers_of_the_log_alone_see_the_outcomes(tmp_path):
+    """The Spark change feed and its state merge read only the log: a failed
+    conditional write shows nothing, a successful one its writes (not its
+    conditions)."""
+    pytest.importorskip("pyarrow")
+    from kvstore.spark.arrow import TailState, change_batches
+
+    path = str(tmp_path / "s")
+    with kvstore.open(path) as db:
+        assert db.compare_and_set(b"k", None, b"1")       # LSN 1: holds
+        assert not db.compare_and_set(b"k", None, b"2")   # LSN 2: fails
+        with db.transaction() as t:                        # LSN 3: holds
+            t.require(b"k", equals=b"1")
+            t.put(b"j", b"x")
+            t.delete(b"k")
+    entries = list(wal.read_log(os.path.join(path, "wal")))
+    rows = [b.to_pylist() for b in change_batches(entries, lambda p, lsn, where: decode(p, lsn))]
+    got = [(r["_commit_version"], r["_change_type"], r["key"], r["value"]) for rs in rows for r in rs]
+    assert got == [(1, "upsert", b"k", b"1"), (3, "upsert", b"j", b"x"), (3, "delete", b"k", None)]
+    tail = TailState()
+    for e in entries:
+        tail.add(e.lsn, decode(e.payload, e.lsn))
+    assert {k: v[2] for k, v in tail.latest.items()} == {b"k": None, b"j": b"x"}

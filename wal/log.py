@@ -82,6 +82,7 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 PREALLOC_STEP = 8 << 20
 DIRECTORY_CHECK_US = 1_000_000  # appends check that the directory is still there at least this often
 CommitHook = Callable[[Group], None]
+PrepareHook = Callable[[Group], "list[bytes] | None"]
 
 
 class Log:
@@ -93,7 +94,11 @@ class Log:
     a corrupt log, "prefix" keeps its longest valid prefix); ``on_commit``,
     called with each :class:`~wal.commit.Group` (LSNs, payloads and the
     contexts their appenders passed) after it is acknowledged and before its
-    appenders return; ``max_record_bytes``, the
+    appenders return; ``on_prepare``, called with each group by its leader
+    just before it is framed (the previous group is written and committed by
+    then), returning the payloads to write instead (same number, same LSNs)
+    or ``None`` to write them as they are: the layer above decides what
+    depends on the order of the log there; ``max_record_bytes``, the
     bound on one entry; ``start_lsn``, the first LSN of a log created empty
     (a restored store continues its LSNs); ``fs``, the file-system seam
     (tests inject faults through it).
@@ -109,6 +114,7 @@ class Log:
         sync_bytes: int = 1 << 20,
         recovery: str = "strict",
         on_commit: CommitHook | None = None,
+        on_prepare: PrepareHook | None = None,
         fs: FileSystem | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         start_lsn: int = 1,
@@ -129,6 +135,7 @@ class Log:
         self.max_record_bytes = max_record_bytes
         self._max_payload = max_record_bytes - ENTRY_HEADER_SIZE
         self._on_commit = on_commit
+        self._on_prepare = on_prepare
         self._fs = fs or OS_FS
         self._prealloc_step = min(PREALLOC_STEP, round_block(segment_bytes))
         if not isinstance(start_lsn, int) or start_lsn < 1:
@@ -278,6 +285,10 @@ class Log:
     def _write_group(self, group: Group) -> None:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
         it to ``on_commit``. Called by the leader only, without the mutex."""
+        if self._on_prepare is not None:
+            prepared = self._on_prepare(group)
+            if prepared is not None:
+                group = group._replace(payloads=[self._check(p) for p in prepared])
         first, payloads = group.first_lsn, group.payloads
         active = self._active
         now_us = time.time_ns() // 1000

@@ -21,6 +21,10 @@ Three tables, one schema each; ``K`` and ``V`` are ``binary`` by default, or
                * ``delete_range``: every key in [key, end_key) is deleted; value
                  is null. end_key is null for the other types.
 
+               A conditional write's conditions are not changes; one whose
+               conditions failed has no rows (the log records the decision,
+               :mod:`kvstore.conditions`).
+
 ``state``      key K not null, value V not null, lsn bigint not null (the LSN
                that last wrote the key; the snapshot's LSN for untouched keys)
 
@@ -38,7 +42,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvstore.batch import DELETE, DELETE_RANGE, UPSERT
+from kvstore.batch import (
+    CONDITION_CODES,
+    DELETE,
+    DELETE_RANGE,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_FAILED,
+    OP_PUT,
+    UPSERT,
+)
 from wal.errors import CorruptionError, Damage
 
 BINARY = "binary"
@@ -52,7 +65,6 @@ TABLES = (SNAPSHOT, CHANGES, STATE)
 
 CHANGE_TYPES = (UPSERT, DELETE, DELETE_RANGE)
 
-OP_PUT, OP_DELETE, OP_DELETE_RANGE = 1, 2, 3
 
 # (name, kind, nullable); kind "K"/"V" become binary or string.
 COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
@@ -234,6 +246,10 @@ def change_batches(
                     key, value, end = op[1], None, None
                 elif code == OP_DELETE_RANGE:
                     key, value, end = op[1], None, op[2]
+                elif code in CONDITION_CODES:
+                    continue  # a condition that held changes nothing
+                elif code == OP_FAILED and i == 0:
+                    break  # a conditional batch that failed: nothing of it applies
                 else:
                     raise bad_op(lsn, i, op, path)
             except (IndexError, TypeError):
@@ -278,6 +294,10 @@ class TailState:
                     start, end = op[1], op[2]
                     if start < end and (hi is None or start < hi) and (lo is None or end > lo):
                         self.ranges.append((start, end, lsn, i))
+                elif code in CONDITION_CODES:
+                    continue  # a condition that held changes nothing
+                elif code == OP_FAILED and i == 0:
+                    return  # a conditional batch that failed: nothing of it applies
                 else:
                     raise bad_op(lsn, i, op, path)
             except (IndexError, TypeError):
