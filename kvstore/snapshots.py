@@ -49,6 +49,8 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
     """Write a snapshot of ``state`` at its applied LSN into ``parent``.
     Durable on return (the manifest and its directory are fsynced). When no
     write happened since the newest snapshot, that snapshot is returned.
+    Its record limit follows the log's (a value the store took fits a
+    record; a larger one, from an open with a higher limit, raises it).
     The caller holds the store's snapshot lock."""
     newest = snapshot.list_snapshots(parent)
     with state.read_view() as view:
@@ -58,6 +60,7 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         info = snapshot.write(
             parent, lsn, view.pairs(), store_id=store_id, fs=fs, progress=progress, total=view.count,
             before_commit=lambda: _make_durable(log, lsn), chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
+            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES),
         )
     log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info

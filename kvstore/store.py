@@ -38,6 +38,7 @@ from kvstore import recovery, snapshots
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
+    LARGE_VALUE_BYTES,
     MAX_KEY_BYTES,
     OP_DELETE,
     OP_DELETE_RANGE,
@@ -49,6 +50,7 @@ from kvstore.batch import (
     check_range,
     check_value,
     parse,
+    put_payload,
 )
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
@@ -57,6 +59,7 @@ from wal.errors import ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
+from wal.segment import Payload
 
 log = logging.getLogger("walkv.store")
 
@@ -121,7 +124,7 @@ class KVStore:
             if self.readonly:
                 self._state: State = recovery.open_readonly_state(self.path, self._lmdb_dir, options)
                 self.max_record_bytes: int | None = None
-                self._append: Callable[[bytes, Ops], int] = self._refuse_write
+                self._append: Callable[[Payload, Ops], int] = self._refuse_write
             else:
                 self._open_writer(options, sync=sync, segment_bytes=segment_bytes,
                                   max_record_bytes=max_record_bytes, progress=progress, log_options=log_options)
@@ -179,7 +182,7 @@ class KVStore:
         if self._auto is not None and self._log is not None:
             self._auto.poke(self._log.appended_bytes)
 
-    def _refuse_write(self, payload: bytes, ops: Ops) -> int:
+    def _refuse_write(self, payload: Payload, ops: Ops) -> int:
         raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; "
                             f"writes are refused")
 
@@ -193,6 +196,8 @@ class KVStore:
         if type(value) is not bytes or len(value) > self.max_value_bytes:
             value = check_value(value, self.max_value_bytes)
         ops = [[OP_PUT, key, value]]
+        if len(value) >= LARGE_VALUE_BYTES:  # logged as pieces: the value is never copied
+            return self._append(put_payload(key, value), ops)
         return self._append(_pack(ops), ops)
 
     def delete(self, key: bytes) -> int:

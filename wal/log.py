@@ -38,7 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Self
+from typing import Self, cast
 
 from wal.commit import Callback, Group, GroupCommit
 from wal.durable import DurableMarker
@@ -54,10 +54,10 @@ from wal.fs import OS_FS, FileSystem
 from wal.index import SparseIndex
 from wal.lock import DirectoryLock
 from wal.reader import read_segments
-from wal.record import DEFAULT_MAX_RECORD_BYTES
+from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.recovery import recover
-from wal.segment import ENTRY_HEADER_SIZE, Entry, SegmentFile
-from wal.segment_writer import ActiveSegment, round_block
+from wal.segment import ENTRY_HEADER_SIZE, Entry, Payload, SegmentFile, payload_size
+from wal.segment_writer import GATHER_BYTES, ActiveSegment, round_block
 from wal.stats import LogStats
 from wal.truncation import TRUNCATE_MARKER, cut_after, delete_segments
 
@@ -67,6 +67,7 @@ SYNC_MODES = ("always", "batch", "none")
 DEFAULT_SEGMENT_BYTES = 64 << 20
 PREALLOC_STEP = 8 << 20
 CommitHook = Callable[[Group], None]
+_BYTES_ONLY = {bytes}
 
 
 class Log:
@@ -79,7 +80,9 @@ class Log:
     called with each :class:`~wal.commit.Group` (LSNs, payloads and the
     contexts their appenders passed) after it is acknowledged and before its
     appenders return; ``max_record_bytes``, the
-    bound on one entry; ``start_lsn``, the first LSN of a log created empty
+    bound on one entry (at most :data:`~wal.record.MAX_RECORD_LIMIT`, 1 GiB;
+    each segment's header states the limit it was written with, which is
+    what readers go by); ``start_lsn``, the first LSN of a log created empty
     (a restored store continues its LSNs); ``fs``, the file-system seam
     (tests inject faults through it).
     """
@@ -106,6 +109,8 @@ class Log:
                                  ("max_record_bytes", max_record_bytes, 64)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
                 raise ValueError(f"{name} must be a number of at least {low}, not {value!r}")
+        if max_record_bytes > MAX_RECORD_LIMIT:
+            raise ValueError(f"max_record_bytes must be at most {MAX_RECORD_LIMIT} (1 GiB), not {max_record_bytes!r}")
         self.directory = os.fspath(directory)
         self.sync_mode = sync
         self.segment_bytes = segment_bytes
@@ -197,14 +202,17 @@ class Log:
 
     # -- appending -------------------------------------------------------------
 
-    def _check(self, payload: object) -> bytes:
-        if type(payload) is not bytes:
+    def _check(self, payload: object) -> Payload:
+        if type(payload) is tuple and all(type(p) is bytes for p in payload):
+            payload = cast("tuple[bytes, ...]", payload)  # pieces, logged without being joined
+        elif type(payload) is not bytes:
             if not isinstance(payload, (bytearray, memoryview)):
-                raise TypeError(f"log payload must be bytes, not {type(payload).__name__}")
+                raise TypeError(f"log payload must be bytes (or a tuple of bytes), not {type(payload).__name__}")
             payload = bytes(payload)
-        if len(payload) > self._max_payload:
+        size = payload_size(payload)
+        if size > self._max_payload:
             raise RecordTooLargeError(
-                f"log entry of {len(payload)} bytes is over the limit of {self._max_payload} bytes "
+                f"log entry of {size} bytes is over the limit of {self._max_payload} bytes "
                 f"(max_record_bytes={self.max_record_bytes}); nothing was written"
             )
         return payload
@@ -215,10 +223,13 @@ class Log:
         if self._failure is not None:
             raise self._failure
 
-    def append(self, payload: bytes, context: object = None) -> int:
+    def append(self, payload: Payload, context: object = None) -> int:
         """Append one entry; return its LSN. Durable on return when
         ``sync="always"``, written to the OS otherwise. ``context`` is handed
-        to ``on_commit`` with the payload (the log never looks at it)."""
+        to ``on_commit`` with the payload (the log never looks at it).
+        ``payload`` is bytes, or a tuple of bytes whose concatenation is the
+        payload: a large value is then logged without being copied into one
+        buffer (``on_commit`` gets the tuple)."""
         if type(payload) is not bytes or len(payload) > self._max_payload:
             payload = self._check(payload)
         return self._gc.submit([payload], [context])
@@ -257,7 +268,8 @@ class Log:
         if active.data_end >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
             self._roll(first)
             active = self._active
-        written, grew = active.write_group(first, payloads, time.time_ns() // 1000)
+        written, grew = active.write_group(first, payloads, time.time_ns() // 1000,
+                                           _gathered(payloads))
         lsn = first + len(payloads)
         self._written = (lsn - 1, active.data_end)
         if self.sync_mode == "always":
@@ -282,7 +294,8 @@ class Log:
         start a new one whose first LSN is ``first``."""
         old = self._active
         index = old.seal(self._fs, self._timed_sync)
-        new = ActiveSegment.create(self.directory, self.store_id, first, self._prealloc_step, self._fs)
+        new = ActiveSegment.create(self.directory, self.store_id, first, self._prealloc_step, self._fs,
+                                   self.max_record_bytes)
         new.open(self._fs, self._prealloc_step)
         with self._gc.mutex:  # readers copy the segment list under it
             self._sealed.append(old.file)
@@ -362,8 +375,7 @@ class Log:
             j = bisect.bisect_right(active_points, (lsn, 1 << 64)) - 1
             return active_points[j][1] if j >= 0 else 0
 
-        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off,
-                                 max_record_bytes=self.max_record_bytes)
+        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off)
 
     def truncate_before(self, lsn: int) -> int:
         """Delete whole segments all of whose LSNs are below ``lsn`` (never the
@@ -466,6 +478,14 @@ class Log:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"LSN {self.first_lsn}..{self.last_lsn}, durable {self.durable_lsn}"
         return f"<wal.Log {self.directory!r} sync={self.sync_mode} {state}>"
+
+
+def _gathered(payloads: list[Payload]) -> bool:
+    """Is a group written from views into its payloads (large, or pieces)?"""
+    if len(payloads) == 1:
+        p = payloads[0]
+        return type(p) is not bytes or len(p) >= GATHER_BYTES
+    return set(map(type, payloads)) != _BYTES_ONLY or sum(map(len, payloads)) >= GATHER_BYTES
 
 
 def open(directory: str | os.PathLike[str], **options: object) -> Log:

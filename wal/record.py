@@ -37,6 +37,8 @@ Reader rules (the reason for each: a crash can only tear the end of a file):
   instead and appends each skipped byte range to :attr:`RecordReader.skipped`.
 * Lengths are bounded before memory is allocated: a fragment is at most one
   block, and a reassembled record over ``max_record_bytes`` is corruption.
+  A reader takes its limit from the file it reads (a log segment's header,
+  a snapshot's manifest), never more than :data:`MAX_RECORD_LIMIT`.
 * A reader may start at any record start or any block boundary. Starting on a
   block boundary, MIDDLE and LAST fragments before the first FULL or FIRST are
   skipped silently (they belong to a record that began earlier).
@@ -46,8 +48,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
-from typing import BinaryIO, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO, NamedTuple, cast
 
 from wal.crc import MASK_DELTA, crc32c, extend, extend_bytes, mask
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, RecordTooLargeError
@@ -63,6 +65,11 @@ LAST = 4
 _MAX_TYPE = LAST
 
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
+"""The record limit of a log or snapshot that states none (and the default)."""
+MAX_RECORD_LIMIT = 1 << 30
+"""The largest record limit any file may state (1 GiB): readers bound memory
+by the limit a file's header states, so a header claiming more is refused as
+corruption rather than trusted with an allocation."""
 
 FRAGMENT_HEADER = struct.Struct("<IHB")  # masked CRC, payload length, type
 _pack_header = FRAGMENT_HEADER.pack
@@ -128,6 +135,53 @@ def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
         piece = bytes(view[pos : pos + size])
         out.append(_pack_header(mask(extend(_TYPE_CRC[ftype], piece)), size, ftype))
         out.append(piece)
+        offset += HEADER_SIZE + size
+        left -= HEADER_SIZE + size
+        pos += size
+        begin = False
+        if end:
+            return offset
+
+
+def frame_pieces(out: list[bytes | memoryview], pieces: Sequence[bytes | memoryview], offset: int) -> int:
+    """Append the bytes of one record, whose payload is the concatenation of
+    ``pieces``, written at file ``offset`` to ``out``, without copying the
+    payload: ``out`` gets fragment headers and memoryviews into ``pieces``
+    (for a gathered write, ``os.pwritev``). The bytes are those
+    :func:`frame_into` produces for the joined payload. Returns the file
+    offset just after the record."""
+    views = [memoryview(p).cast("B") for p in pieces]
+    n = sum(map(len, views))
+    left = BLOCK_SIZE - offset % BLOCK_SIZE
+    piece = 0  # the piece, and the position in it, the next fragment starts at
+    at = 0
+    pos = 0
+    begin = True
+    while True:
+        if left < HEADER_SIZE:
+            if left:
+                out.append(_ZEROS[:left])
+            offset += left
+            left = BLOCK_SIZE
+        size = min(left - HEADER_SIZE, n - pos)
+        end = pos + size == n
+        ftype = (FULL if end else FIRST) if begin else (LAST if end else MIDDLE)
+        header_at = len(out)
+        out.append(b"")  # the header, once the CRC is known
+        crc = _TYPE_CRC[ftype]
+        want = size
+        while want:
+            view = views[piece]
+            take = min(want, len(view) - at)
+            part = view[at : at + take]
+            crc = extend(crc, cast(bytes, part))  # extend takes any bytes-like object
+            out.append(part)
+            want -= take
+            at += take
+            if at == len(view):
+                piece += 1
+                at = 0
+        out[header_at] = _pack_header(mask(crc), size, ftype)
         offset += HEADER_SIZE + size
         left -= HEADER_SIZE + size
         pos += size
