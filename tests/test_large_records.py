@@ -127,6 +127,10 @@ def test_repair_never_cuts_a_whole_record_over_the_limit(tmp_path, capsys):
     problems = wal.verify(directory)
     assert len(problems) == 1 and "over the limit this walkv reads" in problems[0]
 
+    with pytest.raises(RecordOverLimitError):  # open refuses it too, and cuts nothing
+        wal.open(directory, recovery="prefix")
+    assert open(seg, "rb").read() == before
+
     capsys.readouterr()
     assert walkv(["repair", "--dry-run", directory]) == 1  # refused, not a cut
     out = capsys.readouterr()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS, FileSystem
 from wal.index import INDEX_INTERVAL, SparseIndex, read_index, scan_segment, write_index
-from wal.repair import repair
+from wal.repair import over_limit, repair
 from wal.segment import (
     SegmentFile,
     SegmentHeader,
@@ -180,6 +180,9 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
     if problem is not None:
         bad_offset = problem.offset if problem.offset is not None else active.data_end
         if problem.kind is Damage.TOO_LARGE:
+            over = over_limit(newest.path, bad_offset, header.max_record_bytes)
+            if over is not None:  # whole: not damage, and not to be cut
+                raise over
             raise CorruptionError(
                 f"{problem.reason}: an entry larger than its segment header allows "
                 f"({header.max_record_bytes} bytes); it is not a crash's torn tail", kind=Damage.TOO_LARGE,

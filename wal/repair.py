@@ -84,7 +84,7 @@ def _whole_record_size(path: str, offset: int) -> int | None:
     return None
 
 
-def _over_limit(path: str, offset: int, limit: int) -> RecordOverLimitError | None:
+def over_limit(path: str, offset: int, limit: int) -> RecordOverLimitError | None:
     """The error for a whole record over its segment's limit at ``offset``
     (``None``: the record is damaged, which is for repair to cut)."""
     size = _whole_record_size(path, offset)
@@ -123,7 +123,7 @@ def _first_problem(segments: list[SegmentFile], progress: Progress | None) -> Pr
             except CorruptionError as e:
                 last_good = (scan.next_lsn or header.first_lsn) - 1
                 if e.kind is Damage.TOO_LARGE and e.offset is not None:
-                    over = _over_limit(seg.path, e.offset, header.max_record_bytes)
+                    over = over_limit(seg.path, e.offset, header.max_record_bytes)
                     if over is not None:
                         raise over from None
                 if not newest or e.kind is Damage.SEQUENCE or e.offset is None:
