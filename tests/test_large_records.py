@@ -22,6 +22,7 @@ from kvstore.batch import put_payload
 from kvstore.cli.main import main as walkv
 from kvstore.spark.files import StoreFiles
 from wal.errors import CorruptionError, Damage, RecordOverLimitError
+from wal.gather import frame_pieces
 from wal.record import (
     BLOCK_SIZE,
     DEFAULT_MAX_RECORD_BYTES,
@@ -30,7 +31,6 @@ from wal.record import (
     RecordWriter,
     frame,
     frame_into,
-    frame_pieces,
 )
 from wal.segment import SEGMENT_MAGIC, encode_header, list_segments, read_header, segment_name
 

@@ -57,7 +57,7 @@ from wal.reader import read_segments
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.recovery import recover
 from wal.segment import ENTRY_HEADER_SIZE, Entry, Payload, SegmentFile, payload_size
-from wal.segment_writer import GATHER_BYTES, ActiveSegment, round_block
+from wal.segment_writer import ActiveSegment, gathered, round_block
 from wal.stats import LogStats
 from wal.truncation import TRUNCATE_MARKER, cut_after, delete_segments
 
@@ -67,7 +67,6 @@ SYNC_MODES = ("always", "batch", "none")
 DEFAULT_SEGMENT_BYTES = 64 << 20
 PREALLOC_STEP = 8 << 20
 CommitHook = Callable[[Group], None]
-_BYTES_ONLY = {bytes}
 
 
 class Log:
@@ -269,7 +268,7 @@ class Log:
             self._roll(first)
             active = self._active
         written, grew = active.write_group(first, payloads, time.time_ns() // 1000,
-                                           _gathered(payloads))
+                                           gathered(payloads))
         lsn = first + len(payloads)
         self._written = (lsn - 1, active.data_end)
         if self.sync_mode == "always":
@@ -478,14 +477,6 @@ class Log:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"LSN {self.first_lsn}..{self.last_lsn}, durable {self.durable_lsn}"
         return f"<wal.Log {self.directory!r} sync={self.sync_mode} {state}>"
-
-
-def _gathered(payloads: list[Payload]) -> bool:
-    """Is a group written from views into its payloads (large, or pieces)?"""
-    if len(payloads) == 1:
-        p = payloads[0]
-        return type(p) is not bytes or len(p) >= GATHER_BYTES
-    return set(map(type, payloads)) != _BYTES_ONLY or sum(map(len, payloads)) >= GATHER_BYTES
 
 
 def open(directory: str | os.PathLike[str], **options: object) -> Log:

@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Sequence
-from typing import BinaryIO, NamedTuple, cast
+from collections.abc import Iterator
+from typing import BinaryIO, NamedTuple
 
 from wal.crc import MASK_DELTA, crc32c, extend, extend_bytes, mask
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, RecordTooLargeError
@@ -135,53 +135,6 @@ def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
         piece = bytes(view[pos : pos + size])
         out.append(_pack_header(mask(extend(_TYPE_CRC[ftype], piece)), size, ftype))
         out.append(piece)
-        offset += HEADER_SIZE + size
-        left -= HEADER_SIZE + size
-        pos += size
-        begin = False
-        if end:
-            return offset
-
-
-def frame_pieces(out: list[bytes | memoryview], pieces: Sequence[bytes | memoryview], offset: int) -> int:
-    """Append the bytes of one record, whose payload is the concatenation of
-    ``pieces``, written at file ``offset`` to ``out``, without copying the
-    payload: ``out`` gets fragment headers and memoryviews into ``pieces``
-    (for a gathered write, ``os.pwritev``). The bytes are those
-    :func:`frame_into` produces for the joined payload. Returns the file
-    offset just after the record."""
-    views = [memoryview(p).cast("B") for p in pieces]
-    n = sum(map(len, views))
-    left = BLOCK_SIZE - offset % BLOCK_SIZE
-    piece = 0  # the piece, and the position in it, the next fragment starts at
-    at = 0
-    pos = 0
-    begin = True
-    while True:
-        if left < HEADER_SIZE:
-            if left:
-                out.append(_ZEROS[:left])
-            offset += left
-            left = BLOCK_SIZE
-        size = min(left - HEADER_SIZE, n - pos)
-        end = pos + size == n
-        ftype = (FULL if end else FIRST) if begin else (LAST if end else MIDDLE)
-        header_at = len(out)
-        out.append(b"")  # the header, once the CRC is known
-        crc = _TYPE_CRC[ftype]
-        want = size
-        while want:
-            view = views[piece]
-            take = min(want, len(view) - at)
-            part = view[at : at + take]
-            crc = extend(crc, cast(bytes, part))  # extend takes any bytes-like object
-            out.append(part)
-            want -= take
-            at += take
-            if at == len(view):
-                piece += 1
-                at = 0
-        out[header_at] = _pack_header(mask(crc), size, ftype)
         offset += HEADER_SIZE + size
         left -= HEADER_SIZE + size
         pos += size

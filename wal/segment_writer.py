@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import cast
 
 from wal.fs import OS_FS, File, FileSystem
+from wal.gather import frame_pieces
 from wal.index import INDEX_INTERVAL, IndexPoints, SparseIndex, write_index
 from wal.record import (
     BLOCK_SIZE,
@@ -33,7 +34,6 @@ from wal.record import (
     RecordWriter,
     frame,
     frame_into,
-    frame_pieces,
 )
 from wal.segment import (
     FORMAT_VERSION,
@@ -48,6 +48,15 @@ from wal.segment import (
 GATHER_BYTES = 1 << 20
 """A group this large (or holding a payload given as pieces) is written
 without being copied into one buffer."""
+_BYTES_ONLY = {bytes}
+
+def gathered(payloads: list[Payload]) -> bool:
+    """Is a group written from views into its payloads (large, or pieces)?"""
+    if len(payloads) == 1:
+        p = payloads[0]
+        return type(p) is not bytes or len(p) >= GATHER_BYTES
+    return set(map(type, payloads)) != _BYTES_ONLY or sum(map(len, payloads)) >= GATHER_BYTES
+
 
 def round_block(n: int) -> int:
     """``n`` rounded up to a whole record block."""
