@@ -162,6 +162,26 @@ def check_range(start: object, end: object) -> tuple[bytes, bytes]:
     return start, end
 
 
+LARGE_VALUE_BYTES = 1 << 20
+"""A put of a value this large is logged as pieces (:func:`put_payload`)."""
+
+
+def put_payload(key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """The payload of ``[[PUT, key, value]]`` as two pieces, ``(head,
+    value)``, whose concatenation is exactly what :func:`encode` returns: the
+    log writes them without copying the value into one buffer (a 64 MiB put
+    then costs about its own size in memory, not several times it)."""
+    head = _pack([[OP_PUT, key, b""]])[:-2]  # all but the empty value's bin8 header
+    n = len(value)
+    if n < 0x100:
+        size = b"\xc4" + n.to_bytes(1, "big")
+    elif n < 0x10000:
+        size = b"\xc5" + n.to_bytes(2, "big")
+    else:
+        size = b"\xc6" + n.to_bytes(4, "big")
+    return head + size, value
+
+
 def encode(ops: Iterable[list | tuple]) -> bytes:
     """The payload of a batch of already validated ops (lists or tuples of
     the shapes in the module docstring)."""

@@ -81,6 +81,8 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
     write happened since the newest snapshot of this store, that snapshot is
     returned. Raises :class:`~wal.errors.StoreVanishedError` (creating
     nothing) when the store's directory was deleted or replaced under it.
+    Its record limit follows the log's (a value the store took fits a
+    record; a larger one, from an open with a higher limit, raises it).
     The caller holds the store's snapshot lock."""
     log.check_directory()
     try:
@@ -104,6 +106,7 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         info = snapshot.write(
             parent, lsn, view.pairs(), store_id=store_id, fs=fs, progress=progress, total=view.count,
             before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
+            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES),
         )
     log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info

@@ -39,6 +39,7 @@ from kvstore import watch as watching
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
+    LARGE_VALUE_BYTES,
     MAX_KEY_BYTES,
     OP_DELETE,
     OP_DELETE_RANGE,
@@ -50,6 +51,7 @@ from kvstore.batch import (
     check_range,
     check_value,
     parse,
+    put_payload,
 )
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
@@ -60,6 +62,7 @@ from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
+from wal.segment import Payload
 
 log = logging.getLogger("walkv.store")
 
@@ -116,7 +119,7 @@ class KVStore:
             if self.readonly:
                 self._state: State = recovery.open_readonly_state(self.path, self._lmdb_dir, options)
                 self.max_record_bytes: int | None = None
-                self._append: Callable[[bytes, Ops], int] = self._refuse_write
+                self._append: Callable[[Payload, Ops], int] = self._refuse_write
             else:
                 self._open_writer(options, sync=sync, segment_bytes=segment_bytes,
                                   max_record_bytes=max_record_bytes, progress=progress, log_options=log_options)
@@ -198,7 +201,7 @@ class KVStore:
         if self._auto is not None and self._log is not None:
             self._auto.poke(self._log.appended_bytes)
 
-    def _refuse_write(self, payload: bytes, ops: Ops) -> int:
+    def _refuse_write(self, payload: Payload, ops: Ops) -> int:
         raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; "
                             f"writes are refused")
 
@@ -212,6 +215,8 @@ class KVStore:
         if type(value) is not bytes or len(value) > self.max_value_bytes:
             value = check_value(value, self.max_value_bytes)
         ops = [[OP_PUT, key, value]]
+        if len(value) >= LARGE_VALUE_BYTES:  # logged as pieces: the value is never copied
+            return self._append(put_payload(key, value), ops)
         return self._append(_pack(ops), ops)
 
     def delete(self, key: bytes) -> int:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 
 from snapshot.catalog import cleanup_incomplete, list_snapshots, newest, prune
-from snapshot.chunk import ChunkInfo, read_chunk, read_chunk_columns
+from snapshot.chunk import MAX_RECORD_BYTES, ChunkInfo, read_chunk, read_chunk_columns
 from snapshot.layout import chunk_file_name, parse_snapshot_dir_name, snapshot_dir_name
 from snapshot.manifest import SnapshotInfo
 from snapshot.reader import Snapshot, open_snapshot, read_chunk_file, verify
@@ -39,6 +39,7 @@ from wal.readfs import ReadFS
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "MAX_RECORD_BYTES",
     "DEFAULT_RECORD_BYTES",
     "ChunkInfo",
     "Snapshot",

@@ -50,14 +50,17 @@ import msgpack
 from wal.crc import extend
 from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
 from wal.fs import File, FileSystem
-from wal.record import DEFAULT_MAX_RECORD_BYTES, RecordReader, RecordWriter
+from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT, RecordReader, RecordWriter
 
 CHUNK_MAGIC = b"WALKVSNC"
 CHUNK_VERSION = 1
 _HEADER = struct.Struct("<8sHIQ")
 HEADER_SIZE = _HEADER.size  # 22
 MAX_RECORD_BYTES = DEFAULT_MAX_RECORD_BYTES
-"""Largest data record written or read (one pair larger than this cannot be stored)."""
+"""The default record limit of a snapshot's chunks (a snapshot holding a
+larger pair states its own limit in its manifest, up to
+:data:`~wal.record.MAX_RECORD_LIMIT`, 1 GiB), and the limit of a manifest
+of version 1, which states none."""
 _FLUSH_BYTES = 1 << 20  # small records are gathered into writes of this size
 _DIRECT_BYTES = 32 << 10  # a record this large is written as it comes
 
@@ -76,6 +79,7 @@ class ChunkInfo:
     pairs: int
     bytes: int
     crc32c: int
+    max_record_bytes: int = MAX_RECORD_BYTES  # the limit the chunk was written with (from the manifest)
 
 
 def encode_header(index: int, lsn: int) -> bytes:
@@ -155,8 +159,8 @@ def read_chunk_columns(
     ``f`` is any binary file object with ``read`` and ``seek`` (a built-in
     file, ``io.BytesIO``, a pyarrow ``NativeFile``); ``chunk`` is its entry
     from the manifest; ``path`` names it in errors (default: the chunk's name). Memory is bounded by one
-    record (at most :data:`MAX_RECORD_BYTES`, and never more than the chunk's
-    size as the manifest gives it) plus one 32 KiB block.
+    record (at most the record limit the manifest states, and never more
+    than the chunk's size as the manifest gives it) plus one 32 KiB block.
 
     ``start``/``stop`` restrict the keys to ``start <= key < stop`` (columns
     are sliced). A read that reaches the end of the file checks everything
@@ -168,7 +172,7 @@ def read_chunk_columns(
     """
     name = path if path is not None else chunk.name
     tee = _ChecksumReader(f, name)
-    limit = max(HEADER_SIZE, min(MAX_RECORD_BYTES, chunk.bytes))
+    limit = max(HEADER_SIZE, min(chunk.max_record_bytes, MAX_RECORD_LIMIT, chunk.bytes))
     # RecordReader only reads and seeks, which _ChecksumReader does.
     reader = RecordReader(cast(BinaryIO, tee), path=name, start_offset=0, max_record_bytes=limit)
     records = reader.records()
@@ -321,14 +325,15 @@ class ChunkWriter:
     0o600 by ``fs``); its name becomes durable only with an fsync of its
     directory, which is the caller's job."""
 
-    def __init__(self, fs: FileSystem, path: str, name: str, *, index: int, lsn: int) -> None:
+    def __init__(self, fs: FileSystem, path: str, name: str, *, index: int, lsn: int,
+                 max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self.path = path
         self.name = name
         self.index = index
         self.lsn = lsn
         self._sink = _Sink(fs.open(path, create=True, exclusive=True))
         # RecordWriter only calls write(), which _Sink provides.
-        self._writer = RecordWriter(cast(BinaryIO, self._sink), offset=0, max_record_bytes=MAX_RECORD_BYTES)
+        self._writer = RecordWriter(cast(BinaryIO, self._sink), offset=0, max_record_bytes=max_record_bytes)
         self._writer.add_record(encode_header(index, lsn))
         self.records = 0
         self.pairs = 0

@@ -1,16 +1,19 @@
 """The MANIFEST file: what a snapshot holds, and the proof that it is whole.
 
-Format (version 1)::
+Format (version 2; version 1 is read too)::
 
     MANIFEST := one wal.record record, nothing after it
     payload  := msgpack map, str keys:
       "format"     str  = "walkv-snapshot"
-      "version"    int  = 1
+      "version"    int  = 2
       "lsn"        int  the LSN the snapshot is consistent at (0 <= lsn < 2**64)
       "store_id"   str | nil   the store it was taken from (the log's store id)
       "created_us" int  creation time, unix microseconds
       "count"      int  number of (key, value) pairs = sum of the chunks' pairs
       "bytes"      int  total chunk file bytes = sum of the chunks' bytes
+      "max_record_bytes" int  the largest data record the chunks may hold
+                       (version 2; version 1 manifests state none, and their
+                       chunks hold records of at most 64 MiB)
       "chunks"     array, in key order, of maps:
           "name"      str  chunk file name, a plain name inside the directory
           "first_key" bin  "last_key" bin   the chunk's key range (inclusive)
@@ -31,8 +34,14 @@ Rules, and the reason for each:
   and disjoint, totals must add up, and the LSN must match the directory
   name (checked by the reader). Any disagreement is
   :class:`~wal.errors.CorruptionError` naming the file.
+* The record limit travels with the snapshot: a store with a raised
+  ``max_record_bytes`` writes chunks with larger records, and every reader
+  (restore, verify, Spark) bounds records by the limit the manifest states,
+  never more than :data:`~wal.record.MAX_RECORD_LIMIT` (1 GiB: a manifest
+  claiming more is corruption). Version 2 added it, so a walkv that reads
+  only version 1 says "upgrade" rather than calling large records damage.
 * Unknown keys are ignored, so optional fields can be added without a
-  version change; a version above 1 is refused with
+  version change; a version above 2 is refused with
   :class:`~wal.errors.SnapshotError` (written by a newer walkv, not damaged).
 """
 
@@ -44,15 +53,15 @@ from typing import Any
 
 import msgpack
 
-from snapshot.chunk import HEADER_SIZE, ChunkInfo
+from snapshot.chunk import HEADER_SIZE, MAX_RECORD_BYTES, ChunkInfo
 from snapshot.layout import MAX_LSN, check_chunk_name
 from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
 from wal.fs import OS_FS
 from wal.readfs import ReadFS
-from wal.record import BLOCK_SIZE, RecordReader, RecordWriter
+from wal.record import BLOCK_SIZE, MAX_RECORD_LIMIT, RecordReader, RecordWriter
 
 MANIFEST_FORMAT = "walkv-snapshot"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 MAX_MANIFEST_BYTES = 64 << 20
 """Largest manifest payload (about 100,000 chunks with 511-byte keys)."""
 MAX_MANIFEST_FILE_BYTES = MAX_MANIFEST_BYTES + MAX_MANIFEST_BYTES // 4096 + BLOCK_SIZE
@@ -82,6 +91,7 @@ class Manifest:
     bytes: int
     chunks: tuple[ChunkInfo, ...]
     version: int = MANIFEST_VERSION
+    max_record_bytes: int = MAX_RECORD_BYTES
 
     def info(self, path: str) -> SnapshotInfo:
         return SnapshotInfo(
@@ -105,6 +115,7 @@ def encode_manifest(manifest: Manifest) -> bytes:
         "created_us": manifest.created_us,
         "count": manifest.count,
         "bytes": manifest.bytes,
+        "max_record_bytes": manifest.max_record_bytes,
         "chunks": [
             {
                 "name": c.name,
@@ -157,7 +168,7 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
     """Parse and check the bytes of a MANIFEST file.
 
     Raises CorruptionError (naming ``path``) for anything but a well-formed
-    version-1 manifest, SnapshotError for a newer version.
+    version-1 or version-2 manifest, SnapshotError for a newer version.
     """
     ck = _Checker(path)
     if len(data) > MAX_MANIFEST_FILE_BYTES:
@@ -199,6 +210,7 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
     created_us = ck.int_(m, "created_us")
     count = ck.int_(m, "count")
     total_bytes = ck.int_(m, "bytes")
+    limit = ck.int_(m, "max_record_bytes", lo=1, hi=MAX_RECORD_LIMIT) if version >= 2 else MAX_RECORD_BYTES
     raw_chunks = ck.field(m, "chunks")
     if type(raw_chunks) is not list:
         raise ck.fail("manifest 'chunks' is not an array")
@@ -232,12 +244,12 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
         prev_last = last_key
         sum_pairs += pairs
         sum_bytes += size
-        chunks.append(ChunkInfo(i, name, lsn, first_key, last_key, nrecords, pairs, size, crc))
+        chunks.append(ChunkInfo(i, name, lsn, first_key, last_key, nrecords, pairs, size, crc, limit))
     if sum_pairs != count:
         raise ck.fail(f"manifest 'count' is {count} but its chunks hold {sum_pairs} pairs")
     if sum_bytes != total_bytes:
         raise ck.fail(f"manifest 'bytes' is {total_bytes} but its chunks add up to {sum_bytes}")
-    return Manifest(lsn, store_id, created_us, count, total_bytes, tuple(chunks), version)
+    return Manifest(lsn, store_id, created_us, count, total_bytes, tuple(chunks), version, limit)
 
 
 def read_manifest(path: str, *, fs: ReadFS = OS_FS, size: int | None = None) -> Manifest:

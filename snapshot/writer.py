@@ -18,13 +18,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from itertools import islice
 from operator import lt
 from typing import Any
 
 import msgpack
 
-from snapshot.chunk import ChunkInfo, ChunkWriter
+from snapshot.chunk import HEADER_SIZE, MAX_RECORD_BYTES, ChunkInfo, ChunkWriter
 from snapshot.layout import (
     MANIFEST_NAME,
     MAX_LSN,
@@ -39,6 +40,7 @@ from snapshot.manifest import Manifest, SnapshotInfo, encode_manifest
 from snapshot.reader import open_snapshot
 from wal.errors import CorruptionError, SnapshotError
 from wal.fs import OS_FS, FileSystem
+from wal.record import MAX_RECORD_LIMIT
 
 log = logging.getLogger("walkv.snapshot")
 
@@ -61,6 +63,7 @@ def write(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     record_bytes: int = DEFAULT_RECORD_BYTES,
+    max_record_bytes: int = MAX_RECORD_BYTES,
     store_id: str | None = None,
     fs: FileSystem | None = None,
     progress: Progress | None = None,
@@ -76,8 +79,12 @@ def write(
     key or value that is not bytes (a memoryview, say) a TypeError, and
     nothing is left behind.
     Chunks are closed once they reach ``chunk_bytes``; data records hold
-    about ``record_bytes`` of keys and values each (a single pair over
-    :data:`~snapshot.chunk.MAX_RECORD_BYTES` is a RecordTooLargeError).
+    about ``record_bytes`` of keys and values each. ``max_record_bytes``
+    is the record limit the manifest states (readers bound memory by it; a
+    store passes its log's limit); a single pair whose record is larger
+    raises it for this snapshot, up to :data:`~wal.record.MAX_RECORD_LIMIT`
+    (1 GiB; a larger pair is a RecordTooLargeError), so every pair the store
+    holds can be written.
     ``progress(pairs_written, total)`` is called every few records.
     ``before_commit()`` runs once every item was read and written, just
     before the commit (the rename); if it raises, nothing is committed.
@@ -102,9 +109,12 @@ def write(
     parent = os.fspath(parent)
     if type(lsn) is not int or not 0 <= lsn <= MAX_LSN:
         raise ValueError(f"lsn must be an integer in [0, 2**64), not {lsn!r}")
-    for name, v in (("chunk_bytes", chunk_bytes), ("record_bytes", record_bytes)):
+    for name, v in (("chunk_bytes", chunk_bytes), ("record_bytes", record_bytes),
+                    ("max_record_bytes", max_record_bytes)):
         if type(v) is not int or v < 1:
             raise ValueError(f"{name} must be a positive integer, not {v!r}")
+    if max_record_bytes > MAX_RECORD_LIMIT:
+        raise ValueError(f"max_record_bytes must be at most {MAX_RECORD_LIMIT} (1 GiB), not {max_record_bytes}")
     if store_id is not None and (not isinstance(store_id, str) or len(store_id) > 256):
         raise ValueError("store_id must be None or a string of at most 256 characters")
     fs = fs or OS_FS
@@ -130,11 +140,15 @@ def write(
         fs.fsync_dir(parent)
         chunks: list[ChunkInfo] = []
         count = 0
+        limit = max(max_record_bytes, HEADER_SIZE)
         for records, (payload, first, last, pairs) in enumerate(_records(items, record_bytes), 1):
             if cw is None:
                 name = chunk_file_name(len(chunks))
-                cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn)
+                cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn,
+                                 max_record_bytes=MAX_RECORD_LIMIT)
             cw.add(payload, first, last, pairs)
+            if len(payload) > limit:
+                limit = len(payload)  # a pair larger than the limit: raised for this snapshot
             count += pairs
             if cw.size >= chunk_bytes:
                 chunks.append(cw.finish())
@@ -153,7 +167,8 @@ def write(
             created_us=time.time_ns() // 1000,
             count=count,
             bytes=sum(c.bytes for c in chunks),
-            chunks=tuple(chunks),
+            chunks=tuple(replace(c, max_record_bytes=limit) for c in chunks),
+            max_record_bytes=limit,
         )
         fs.write_file(os.path.join(tmp, MANIFEST_NAME), encode_manifest(manifest))
         fs.fsync_dir(tmp)

@@ -156,6 +156,9 @@ class FaultFile(File):
         if err is not None:
             raise err
 
+    def pwritev(self, buffers, offset: int) -> None:
+        self.pwrite(b"".join(buffers), offset)  # one recorded write, faults as for pwrite
+
     def _record(self, offset: int, length: int, new: bytes | None) -> None:
         if self._node is None:
             return

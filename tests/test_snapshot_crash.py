@@ -89,6 +89,9 @@ class FaultFile(File):
         self.fs.step("pwrite", self.path)
         super().pwrite(data, offset)
 
+    def pwritev(self, buffers, offset):
+        self.pwrite(b"".join(buffers), offset)
+
     def sync(self, *, full=False):
         self.fs.step("sync", self.path)
         super().sync(full=full)

@@ -465,8 +465,8 @@ def test_directory_named_for_another_lsn(snap):
 def test_unknown_manifest_fields_are_ignored_and_newer_versions_refused(snap):
     _mutate(snap.path, _set(["future"], {"x": [1, 2]}))
     assert list(snapshot.open(snap.path)) == PAIRS
-    _mutate(snap.path, _set(["version"], 2))
-    with pytest.raises(SnapshotError, match="version 2"):
+    _mutate(snap.path, _set(["version"], 3))
+    with pytest.raises(SnapshotError, match="version 3"):
         snapshot.open(snap.path)
 
 

@@ -84,6 +84,9 @@ class _FaultFile(File):
                 fs.syncs_left -= 1
         super().sync(full=full)
 
+    def pwritev(self, buffers, offset: int) -> None:
+        self.pwrite(b"".join(buffers), offset)
+
     def pwrite(self, data: bytes, offset: int) -> None:
         fs = self._fs
         with fs.lock:

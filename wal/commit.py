@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
+from wal.segment import Payload
+
 logger = logging.getLogger("walkv.wal")
 
 Callback = Callable[[int, "BaseException | None"], None]
@@ -42,14 +44,14 @@ class Group(NamedTuple):
     each payload with the context its appender passed (``None``: none)."""
 
     first_lsn: int
-    payloads: list[bytes]
+    payloads: list[Payload]  # bytes, or a tuple of pieces (see Log.append)
     contexts: list[object]
 
     @property
     def last_lsn(self) -> int:
         return self.first_lsn + len(self.payloads) - 1
 
-    def entries(self) -> list[tuple[int, bytes]]:
+    def entries(self) -> list[tuple[int, Payload]]:
         """``[(lsn, payload), ...]``."""
         return list(zip(range(self.first_lsn, self.first_lsn + len(self.payloads)), self.payloads))
 
@@ -86,7 +88,7 @@ class GroupCommit:
         self._write_group = write_group
         self._on_failure = on_failure
         self._check = check
-        self._queue: list[bytes] = []
+        self._queue: list[Payload] = []
         self._contexts: list[object] = []
         self._callbacks: list[Callback | None] = []
         self._has_callbacks = False
@@ -116,7 +118,7 @@ class GroupCommit:
 
     # -- appending -------------------------------------------------------------
 
-    def submit(self, payloads: list[bytes], contexts: list[object]) -> int:
+    def submit(self, payloads: list[Payload], contexts: list[object]) -> int:
         """Queue ``payloads`` (each with its context) and return once they are
         acknowledged; return the first LSN. Raises the log's failure if their
         group failed."""
@@ -173,7 +175,7 @@ class GroupCommit:
             raise self._group_failure()
         return first
 
-    def submit_nowait(self, payload: bytes, context: object, callback: Callback) -> int:
+    def submit_nowait(self, payload: Payload, context: object, callback: Callback) -> int:
         """Queue one payload (with its context); ``callback(lsn, error)`` runs
         when it is acknowledged or failed. Returns its LSN at once."""
         with self.mutex:

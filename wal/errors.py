@@ -109,6 +109,22 @@ class RecordTooLargeError(WalkvError, ValueError):
     """A payload, key or value is over its configured limit. Nothing was written."""
 
 
+class RecordOverLimitError(WalkvError):
+    """A log record is whole (every fragment's checksum is good) but larger
+    than the limit its segment's header states, which is the most this walkv
+    reads from that segment. It is not damage, so :func:`wal.repair` refuses
+    to cut it (cutting would drop an acknowledged write). ``path`` and
+    ``offset`` say where it is, ``size`` how large it is, ``limit`` the
+    limit."""
+
+    def __init__(self, message: str, *, path: str, offset: int, size: int, limit: int) -> None:
+        self.path = path
+        self.offset = offset
+        self.size = size
+        self.limit = limit
+        super().__init__(message)
+
+
 class LockedError(WalkvError):
     """Another writer holds the directory's lock file."""
 

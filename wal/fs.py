@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from typing import BinaryIO, NamedTuple
 
 _HAS_FDATASYNC = hasattr(os, "fdatasync")
 # Files walkv creates are private to their owner unless configured otherwise.
 DEFAULT_FILE_MODE = 0o600
 DEFAULT_DIR_MODE = 0o700
+_IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX"))) if hasattr(os, "sysconf") else 16
 
 
 class FileInfo(NamedTuple):
@@ -59,6 +61,27 @@ class File:
                 raise OSError(errno.EIO, "pwrite wrote nothing", self.path)
             view = view[n:]
             offset += n
+
+    def pwritev(self, buffers: Sequence[bytes | memoryview], offset: int) -> None:
+        """Write the concatenation of ``buffers`` at ``offset`` without
+        joining them (``os.pwritev``, at most ``IOV_MAX`` buffers a call;
+        short writes are retried)."""
+        i = 0
+        count = len(buffers)
+        while i < count:
+            batch = buffers[i : i + _IOV_MAX]
+            n = os.pwritev(self.fd, batch, offset)
+            offset += n
+            for j, buf in enumerate(batch):
+                size = len(buf)
+                if n < size:  # a short write: the rest of this buffer, then on
+                    self.pwrite(bytes(memoryview(buf)[n:]), offset)
+                    offset += size - n
+                    i += j + 1
+                    break
+                n -= size
+            else:
+                i += len(batch)
 
     def pread(self, size: int, offset: int) -> bytes:
         return os.pread(self.fd, size, offset)

@@ -25,9 +25,8 @@ from typing import BinaryIO, NamedTuple, overload
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS, FileSystem
 from wal.readfs import ReadFS
-from wal.record import DEFAULT_MAX_RECORD_BYTES, RecordReader, RecordWriter
+from wal.record import RecordReader, RecordWriter
 from wal.segment import (
-    FORMAT_VERSION,
     SegmentHeader,
     SegmentScan,
     index_path,
@@ -35,6 +34,8 @@ from wal.segment import (
 )
 
 INDEX_MAGIC = b"WALKVIDX"
+INDEX_VERSION = 1
+"""The index's own format version (segment format 2 left the index as it was)."""
 INDEX_INTERVAL = 4096
 
 _INDEX_HEADER = struct.Struct("<8sHHQQQI")
@@ -99,7 +100,7 @@ class SparseIndex(NamedTuple):
 
 def encode_index(index: SparseIndex) -> bytes:
     head = _INDEX_HEADER.pack(
-        INDEX_MAGIC, FORMAT_VERSION, 0, index.first_lsn, index.last_lsn, index.data_end, len(index.points)
+        INDEX_MAGIC, INDEX_VERSION, 0, index.first_lsn, index.last_lsn, index.data_end, len(index.points)
     )
     return head + b"".join(_INDEX_POINT.pack(lsn, off) for lsn, off in index.points)
 
@@ -108,7 +109,7 @@ def decode_index(payload: bytes, path: str) -> SparseIndex:
     if len(payload) < _INDEX_HEADER.size:
         raise CorruptionError("index too short", kind=Damage.HEADER, path=path, offset=0)
     magic, version, _flags, first, last, data_end, count = _INDEX_HEADER.unpack_from(payload)
-    if magic != INDEX_MAGIC or version != FORMAT_VERSION:
+    if magic != INDEX_MAGIC or version != INDEX_VERSION:
         raise CorruptionError("not a walkv segment index", kind=Damage.HEADER, path=path, offset=0)
     if len(payload) != _INDEX_HEADER.size + count * _INDEX_POINT.size:
         raise CorruptionError("index point count does not match its size", path=path, offset=0)
@@ -154,14 +155,13 @@ def write_index(segment_path: str, index: SparseIndex, fs: FileSystem = OS_FS) -
     fs.rename(path + ".tmp", path)
 
 
-def scan_segment(f: BinaryIO, path: str, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-                 ) -> tuple[SegmentHeader, SparseIndex]:
+def scan_segment(f: BinaryIO, path: str) -> tuple[SegmentHeader, SparseIndex]:
     """Read a whole sealed segment strictly and build its sparse index (a
     torn tail is corruption here: a sealed segment was fsynced whole)."""
     header, header_end = read_header(f, path)
     points: list[tuple[int, int]] = []
     last_point = -INDEX_INTERVAL
-    scan = SegmentScan(f, path, header_end, header.first_lsn, max_record_bytes=max_record_bytes)
+    scan = SegmentScan(f, path, header_end, header.first_lsn)
     for offset, entry in scan.entries():
         if offset - last_point >= INDEX_INTERVAL:
             points.append((entry.lsn, offset))

@@ -50,7 +50,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Self
+from typing import Self, cast
 
 from wal.commit import Callback, Group, GroupCommit
 from wal.durable import DurableMarker
@@ -68,10 +68,10 @@ from wal.fs import OS_FS, FileSystem
 from wal.index import SparseIndex
 from wal.lock import DirectoryLock
 from wal.reader import read_segments
-from wal.record import DEFAULT_MAX_RECORD_BYTES
+from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.recovery import recover
-from wal.segment import ENTRY_HEADER_SIZE, Entry, SegmentFile
-from wal.segment_writer import ActiveSegment, round_block
+from wal.segment import ENTRY_HEADER_SIZE, Entry, Payload, SegmentFile, payload_size
+from wal.segment_writer import ActiveSegment, gathered, round_block
 from wal.stats import LogStats
 from wal.truncation import TRUNCATE_MARKER, cut_after, delete_segments
 
@@ -99,7 +99,9 @@ class Log:
     then), returning the payloads to write instead (same number, same LSNs)
     or ``None`` to write them as they are: the layer above decides what
     depends on the order of the log there; ``max_record_bytes``, the
-    bound on one entry; ``start_lsn``, the first LSN of a log created empty
+    bound on one entry (at most :data:`~wal.record.MAX_RECORD_LIMIT`, 1 GiB;
+    each segment's header states the limit it was written with, which is
+    what readers go by); ``start_lsn``, the first LSN of a log created empty
     (a restored store continues its LSNs); ``fs``, the file-system seam
     (tests inject faults through it).
     """
@@ -127,6 +129,8 @@ class Log:
                                  ("max_record_bytes", max_record_bytes, 64)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
                 raise ValueError(f"{name} must be a number of at least {low}, not {value!r}")
+        if max_record_bytes > MAX_RECORD_LIMIT:
+            raise ValueError(f"max_record_bytes must be at most {MAX_RECORD_LIMIT} (1 GiB), not {max_record_bytes!r}")
         self.directory = os.fspath(directory)
         self.sync_mode = sync
         self.segment_bytes = segment_bytes
@@ -230,14 +234,17 @@ class Log:
 
     # -- appending -------------------------------------------------------------
 
-    def _check(self, payload: object) -> bytes:
-        if type(payload) is not bytes:
+    def _check(self, payload: object) -> Payload:
+        if type(payload) is tuple and all(type(p) is bytes for p in payload):
+            payload = cast("tuple[bytes, ...]", payload)  # pieces, logged without being joined
+        elif type(payload) is not bytes:
             if not isinstance(payload, (bytearray, memoryview)):
-                raise TypeError(f"log payload must be bytes, not {type(payload).__name__}")
+                raise TypeError(f"log payload must be bytes (or a tuple of bytes), not {type(payload).__name__}")
             payload = bytes(payload)
-        if len(payload) > self._max_payload:
+        size = payload_size(payload)
+        if size > self._max_payload:
             raise RecordTooLargeError(
-                f"log entry of {len(payload)} bytes is over the limit of {self._max_payload} bytes "
+                f"log entry of {size} bytes is over the limit of {self._max_payload} bytes "
                 f"(max_record_bytes={self.max_record_bytes}); nothing was written"
             )
         return payload
@@ -248,10 +255,13 @@ class Log:
         if self._failure is not None:
             raise self._failure
 
-    def append(self, payload: bytes, context: object = None) -> int:
+    def append(self, payload: Payload, context: object = None) -> int:
         """Append one entry; return its LSN. Durable on return when
         ``sync="always"``, written to the OS otherwise. ``context`` is handed
-        to ``on_commit`` with the payload (the log never looks at it)."""
+        to ``on_commit`` with the payload (the log never looks at it).
+        ``payload`` is bytes, or a tuple of bytes whose concatenation is the
+        payload: a large value is then logged without being copied into one
+        buffer (``on_commit`` gets the tuple)."""
         if type(payload) is not bytes or len(payload) > self._max_payload:
             payload = self._check(payload)
         return self._gc.submit([payload], [context])
@@ -298,7 +308,7 @@ class Log:
         elif abs(now_us - self._checked_us) >= DIRECTORY_CHECK_US:
             self._lock.check()
             self._checked_us = now_us
-        written, grew = active.write_group(first, payloads, now_us)
+        written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
         lsn = first + len(payloads)
         self._written = (lsn - 1, active.data_end)
         if self.sync_mode == "always":
@@ -326,7 +336,8 @@ class Log:
         self._checked_us = time.time_ns() // 1000
         old = self._active
         index = old.seal(self._fs, self._timed_sync)
-        new = ActiveSegment.create(self.directory, self.store_id, first, self._prealloc_step, self._fs)
+        new = ActiveSegment.create(self.directory, self.store_id, first, self._prealloc_step, self._fs,
+                                   self.max_record_bytes)
         new.open(self._fs, self._prealloc_step)
         with self._gc.mutex:  # readers copy the segment list under it
             self._sealed.append(old.file)
@@ -423,8 +434,7 @@ class Log:
             j = bisect.bisect_right(active_points, (lsn, 1 << 64)) - 1
             return active_points[j][1] if j >= 0 else 0
 
-        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off,
-                                 max_record_bytes=self.max_record_bytes)
+        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off)
 
     def truncate_before(self, lsn: int) -> int:
         """Delete whole segments all of whose LSNs are below ``lsn`` (never the

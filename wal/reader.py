@@ -11,7 +11,6 @@ from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError
 from wal.fs import OS_FS
 from wal.index import read_index
 from wal.readfs import ReadFS
-from wal.record import DEFAULT_MAX_RECORD_BYTES
 from wal.segment import Entry, SegmentFile, SegmentScan, find_segment, list_segments
 
 
@@ -22,7 +21,6 @@ def read_segments(
     start_offset: Callable[[int, SegmentFile, int], int],
     *,
     active_end: int | None = None,
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     fs: ReadFS = OS_FS,
 ) -> Iterator[Entry]:
     """Entries ``from_lsn..last`` (None: to the end) of consecutive segments,
@@ -30,7 +28,8 @@ def read_segments(
     at the offset where it should have been). ``start_offset(i, segment,
     lsn)`` gives the record offset to start reading segment ``i`` at (from a
     sparse index); ``active_end`` bounds the bytes read of the last segment
-    (the durable part of a segment still being written)."""
+    (the durable part of a segment still being written). Each segment's
+    records are bounded by the limit its own header states."""
     expected = from_lsn
     for i in range(max(0, find_segment(segments, from_lsn)), len(segments)):
         seg = segments[i]
@@ -48,8 +47,7 @@ def read_segments(
                 first_missing=expected, last_missing=(segments[i + 1].first_lsn - 1) if not is_last else expected,
             ) from None
         with fh:
-            scan = SegmentScan(fh, shown, start, end_offset=active_end if is_last else None,
-                               max_record_bytes=max_record_bytes)
+            scan = SegmentScan(fh, shown, start, end_offset=active_end if is_last else None)
             for offset, entry in scan.entries(expected, last):
                 if entry.lsn != expected:
                     raise CorruptionError(f"LSNs {expected}..{entry.lsn - 1} are missing from the log",

@@ -37,6 +37,8 @@ Reader rules (the reason for each: a crash can only tear the end of a file):
   instead and appends each skipped byte range to :attr:`RecordReader.skipped`.
 * Lengths are bounded before memory is allocated: a fragment is at most one
   block, and a reassembled record over ``max_record_bytes`` is corruption.
+  A reader takes its limit from the file it reads (a log segment's header,
+  a snapshot's manifest), never more than :data:`MAX_RECORD_LIMIT`.
 * A reader may start at any record start or any block boundary. Starting on a
   block boundary, MIDDLE and LAST fragments before the first FULL or FIRST are
   skipped silently (they belong to a record that began earlier).
@@ -63,6 +65,11 @@ LAST = 4
 _MAX_TYPE = LAST
 
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
+"""The record limit of a log or snapshot that states none (and the default)."""
+MAX_RECORD_LIMIT = 1 << 30
+"""The largest record limit any file may state (1 GiB): readers bound memory
+by the limit a file's header states, so a header claiming more is refused as
+corruption rather than trusted with an allocation."""
 
 FRAGMENT_HEADER = struct.Struct("<IHB")  # masked CRC, payload length, type
 _pack_header = FRAGMENT_HEADER.pack

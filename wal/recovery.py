@@ -15,6 +15,11 @@ What open checks, and why it stops there:
   naming the file, offset and :func:`wal.repair`. With ``recovery="prefix"``
   open repairs instead: it keeps the longest valid prefix and logs what it
   dropped.
+* Every segment is read with the record limit its own header states, not
+  the opener's ``max_record_bytes``. When the opener's limit is higher than
+  the active segment's, that segment is sealed (or, empty, replaced) and a
+  new one begun whose header states it, so no record is ever written past
+  the limit of the segment holding it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS, FileSystem
 from wal.index import INDEX_INTERVAL, SparseIndex, read_index, scan_segment, write_index
-from wal.repair import repair
+from wal.repair import over_limit, repair
 from wal.segment import (
     SegmentFile,
     SegmentHeader,
@@ -63,13 +68,13 @@ def _clean_temp_files(directory: str, fs: FileSystem) -> None:
             fs.unlink(os.path.join(directory, name))
 
 
-def _scan_active(path: str, header: SegmentHeader, start: int, expected: int,
-                 max_record_bytes: int) -> tuple[ActiveSegment, CorruptionError | None]:
+def _scan_active(path: str, header: SegmentHeader, start: int, expected: int
+                 ) -> tuple[ActiveSegment, CorruptionError | None]:
     """Scan the active segment from ``start`` (a record offset holding LSN
     ``expected``). Returns the segment's state up to its last valid entry and
     the first problem (a torn tail or damage), if any."""
     with open(path, "rb") as fh:
-        scan = SegmentScan(fh, path, start, expected, max_record_bytes=max_record_bytes)
+        scan = SegmentScan(fh, path, start, expected)
         points: list[tuple[int, int]] = []
         last_point = -INDEX_INTERVAL
         problem: CorruptionError | None = None
@@ -99,20 +104,42 @@ def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", pre
     segments = list_segments(directory, fs)
     if not segments:
         store_id = uuid.uuid4().hex
-        return Recovered(store_id, [], ActiveSegment.create(directory, store_id, start_lsn, prealloc, fs))
+        return Recovered(store_id, [], ActiveSegment.create(directory, store_id, start_lsn, prealloc, fs,
+                                                            max_record_bytes))
     try:
-        return _recover_segments(directory, segments, fs, max_record_bytes)
+        rec = _recover_segments(directory, segments, fs)
     except CorruptionError as e:
         if mode != "prefix":
             raise
         report = repair(directory, fs=fs, lock=False)
         log.warning("recovery='prefix': %s; dropped %d bytes after LSN %s (kept in %s)",
                     e, report.dropped_bytes, report.last_good_lsn, ", ".join(report.broken_files) or "-")
-        return _recover_segments(directory, list_segments(directory, fs), fs, max_record_bytes)
+        rec = _recover_segments(directory, list_segments(directory, fs), fs)
+    return _fit_limit(directory, rec, fs, prealloc, max_record_bytes)
 
 
-def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSystem,
-                      max_record_bytes: int) -> Recovered:
+def _fit_limit(directory: str, rec: Recovered, fs: FileSystem, prealloc: int, max_record_bytes: int) -> Recovered:
+    """Make the active segment's header allow ``max_record_bytes``: an empty
+    active segment is replaced (atomically, by rename), a non-empty one
+    sealed and followed by a new one."""
+    active = rec.active
+    if active.header.max_record_bytes >= max_record_bytes:
+        return rec
+    first = active.last_lsn + 1
+    if active.last_lsn >= active.file.first_lsn:
+        active.open(fs, prealloc)
+        try:
+            index = active.seal(fs, lambda full: active.sync_full())
+        finally:
+            active.close()
+        rec.sealed.append(SealedSegment(SegmentFile(active.file.first_lsn, active.file.path, active.data_end), index))
+    log.info("%s: new segment from LSN %d for records of up to %d bytes (the last one allowed %d)",
+             directory, first, max_record_bytes, active.header.max_record_bytes)
+    rec.active = ActiveSegment.create(directory, rec.store_id, first, prealloc, fs, max_record_bytes)
+    return rec
+
+
+def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSystem) -> Recovered:
     newest = segments[-1]
     with open(newest.path, "rb") as fh:
         header, header_end = read_header(fh, newest.path)
@@ -128,7 +155,7 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
             index = read_index(seg.path)
             if index is None or index.first_lsn != seg.first_lsn or index.data_end > os.fstat(fh.fileno()).st_size:
                 log.info("%s: rebuilding its sparse index", seg.path)
-                _, index = scan_segment(fh, seg.path, max_record_bytes=max_record_bytes)
+                _, index = scan_segment(fh, seg.path)
                 write_index(seg.path, index, fs)
                 rebuilt = True
         _check_follows(prev_last, seg.first_lsn, seg.path)
@@ -143,24 +170,27 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
     stale = read_index(newest.path)
     if stale is not None and stale.first_lsn == header.first_lsn and stale.points:
         expected, start = stale.points[-1]
-    active, problem = _scan_active(newest.path, header, start, expected, max_record_bytes)
+    active, problem = _scan_active(newest.path, header, start, expected)
     if stale is not None:
         active.points = [p for p in stale.points if p[1] < start] + active.points
     if start != header_end and (problem is not None or active.last_lsn < expected):
         # The indexed point did not hold what it promised: rescan from the start.
-        active, problem = _scan_active(newest.path, header, header_end, header.first_lsn, max_record_bytes)
+        active, problem = _scan_active(newest.path, header, header_end, header.first_lsn)
     dropped = 0
     if problem is not None:
         bad_offset = problem.offset if problem.offset is not None else active.data_end
         if problem.kind is Damage.TOO_LARGE:
+            over = over_limit(newest.path, bad_offset, header.max_record_bytes)
+            if over is not None:  # whole: not damage, and not to be cut
+                raise over
             raise CorruptionError(
-                f"{problem.reason}: an entry larger than this open's max_record_bytes", kind=Damage.TOO_LARGE,
-                path=newest.path, offset=bad_offset, lsn=active.last_lsn + 1,
-                hint="reopen with a larger max_record_bytes",
+                f"{problem.reason}: an entry larger than its segment header allows "
+                f"({header.max_record_bytes} bytes); it is not a crash's torn tail", kind=Damage.TOO_LARGE,
+                path=newest.path, offset=bad_offset, lsn=active.last_lsn + 1, hint=REPAIR_HINT,
             )
         f = fs.open(newest.path, readonly=True)
         try:
-            torn, nxt = is_torn(f, newest.path, bad_offset, active.last_lsn + 1)
+            torn, nxt = is_torn(f, newest.path, bad_offset, active.last_lsn + 1, header.max_record_bytes)
         finally:
             f.close()
         if not torn:

@@ -4,6 +4,13 @@ record (:func:`repair`).
 :func:`repair` keeps what it cuts: the cut-off bytes of the bad segment go to
 ``<segment>.broken``, and later segments are renamed ``<segment>.broken``, so
 nothing is destroyed that a person might still want to look at.
+
+Both read each segment with the record limit its header states. A record
+over that limit whose fragments all have good checksums is not damage: it
+was written whole, by something that allowed a larger record. :func:`repair`
+refuses to cut it (:class:`~wal.errors.RecordOverLimitError`, "over the
+limit this walkv reads") and :func:`verify` reports it without proposing a
+cut: cutting would drop an acknowledged write.
 """
 
 from __future__ import annotations
@@ -15,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from wal.errors import CorruptionError, Damage, WalkvError
+from wal.errors import CorruptionError, Damage, RecordOverLimitError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.index import read_index
 from wal.lock import DirectoryLock
+from wal.record import DEFAULT_MAX_RECORD_BYTES, FIRST, FULL, LAST, MIDDLE, RecordReader
 from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header
 from wal.segment_writer import write_new_segment
 from wal.torn import is_torn
@@ -53,6 +61,42 @@ class Problem(NamedTuple):
     store_id: str | None
 
 
+def _whole_record_size(path: str, offset: int) -> int | None:
+    """The payload size of the record at ``offset`` when every fragment of
+    it is there with a good checksum (a FULL, or FIRST, MIDDLE..., LAST);
+    ``None`` when it is damaged or cut short. Reads one block at a time,
+    whatever the record's size."""
+    size = 0
+    with open(path, "rb") as fh:
+        for i, frag in enumerate(RecordReader(fh, path=path, start_offset=offset, zeros_end=True).fragments()):
+            if frag.problem is not None:
+                return None
+            if i == 0:
+                if frag.offset != offset or frag.type not in (FULL, FIRST):
+                    return None
+                if frag.type == FULL:
+                    return frag.length
+            elif frag.type not in (MIDDLE, LAST):
+                return None
+            size += frag.length
+            if frag.type == LAST:
+                return size
+    return None
+
+
+def over_limit(path: str, offset: int, limit: int) -> RecordOverLimitError | None:
+    """The error for a whole record over its segment's limit at ``offset``
+    (``None``: the record is damaged, which is for repair to cut)."""
+    size = _whole_record_size(path, offset)
+    if size is None or size <= limit:
+        return None
+    return RecordOverLimitError(
+        f"the record at offset {offset} of {path} is whole (its checksums are good) but {size} bytes, over the "
+        f"limit this walkv reads from that segment ({limit} bytes, as its header states): it is not damage, "
+        "so it is not cut. Read it with the walkv that wrote it",
+        path=path, offset=offset, size=size, limit=limit)
+
+
 def _first_problem(segments: list[SegmentFile], progress: Progress | None) -> Problem | None:
     """Scan every segment strictly; the first bad record, or ``None``. A torn
     tail of the newest segment is not a problem (open cuts it)."""
@@ -78,11 +122,15 @@ def _first_problem(segments: list[SegmentFile], progress: Progress | None) -> Pr
                     pass
             except CorruptionError as e:
                 last_good = (scan.next_lsn or header.first_lsn) - 1
+                if e.kind is Damage.TOO_LARGE and e.offset is not None:
+                    over = over_limit(seg.path, e.offset, header.max_record_bytes)
+                    if over is not None:
+                        raise over from None
                 if not newest or e.kind is Damage.SEQUENCE or e.offset is None:
                     return Problem(i, scan.data_end, last_good, e.reason, store_id)
                 f = OS_FS.open(seg.path, readonly=True)
                 try:
-                    torn, _ = is_torn(f, seg.path, e.offset, last_good + 1)
+                    torn, _ = is_torn(f, seg.path, e.offset, last_good + 1, header.max_record_bytes)
                 finally:
                     f.close()
                 if not torn:
@@ -100,12 +148,17 @@ def _first_problem(segments: list[SegmentFile], progress: Progress | None) -> Pr
 
 def verify(directory: str, progress: Progress | None = None) -> list[str]:
     """Every CRC, header and LSN of every segment; returns the problems found
-    (the first bad record and what lies after it), empty when all is well."""
+    (the first bad record and what lies after it, or a whole record over the
+    limit this walkv reads), empty when all is well."""
     if not os.path.isdir(directory):
         raise WalkvError(f"{directory} is not a walkv log directory (it does not exist)")
     segments = list_segments(directory)
     problems = []
-    found = _first_problem(segments, progress)
+    try:
+        found = _first_problem(segments, progress)
+    except RecordOverLimitError as e:
+        problems.append(str(e))
+        found = None
     if found is not None:
         problems.append(f"{segments[found.segment].path}: offset {found.good_end}: {found.reason} "
                         f"(last good LSN {found.last_good_lsn})")
@@ -114,6 +167,18 @@ def verify(directory: str, progress: Progress | None = None) -> list[str]:
         if os.path.exists(index_path(seg.path)) and index is None:
             problems.append(f"{index_path(seg.path)}: damaged sparse index (rebuilt at next open)")
     return problems
+
+
+def _limit_before(segments: list[SegmentFile], i: int) -> int:
+    """The record limit for a segment replacing ``segments[i]``: the one the
+    nearest readable segment before it states (the default when none)."""
+    for seg in reversed(segments[:i]):
+        try:
+            with open(seg.path, "rb") as fh:
+                return read_header(fh, seg.path)[0].max_record_bytes
+        except (OSError, CorruptionError):
+            continue
+    return DEFAULT_MAX_RECORD_BYTES
 
 
 def _broken_name(path: str) -> str:
@@ -130,7 +195,8 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
     """Cut the log at its first bad record, keeping what was cut in ``.broken``
     files. Takes the log's lock (a writer holding it is :class:`LockedError`)
     unless the caller holds it (``lock=False``). Returns what it found (and,
-    unless ``dry_run``, did)."""
+    unless ``dry_run``, did). A whole record over the limit its segment
+    states is never cut: :class:`RecordOverLimitError`, and nothing changes."""
     if not os.path.isdir(directory):
         raise WalkvError(f"{directory} is not a walkv log directory (it does not exist)")
     if lock:
@@ -168,7 +234,7 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
             report.broken_files.append(kept)
             report.dropped_bytes += end
             first = last_good + 1 if i > 0 else bad.first_lsn
-            write_new_segment(directory, store_id or uuid.uuid4().hex, first, 0, fs)
+            write_new_segment(directory, store_id or uuid.uuid4().hex, first, 0, fs, _limit_before(segments, i))
         elif end > good_end:
             kept = _broken_name(bad.path)
             fs.write_file(kept, f.pread(end - good_end, good_end))

@@ -11,9 +11,10 @@ Directory (one log)::
 
 Segment (a file of :mod:`wal.record` records)::
 
-    record 0   header: "<8sHH16sQQ" magic b"WALKVLOG", format version,
+    record 0   header: "<8sHH16sQQQ" magic b"WALKVLOG", format version (2),
                flags (0), store id (16 bytes, a UUID), first LSN, creation
-               time (unix microseconds)
+               time (unix microseconds), max record bytes
+               (version 1: "<8sHH16sQQ", without the last field)
     record n   entry:  "<QQ" LSN, commit timestamp (unix microseconds),
                then the entry's payload (opaque to the log)
     then       zeros up to the preallocated size (read as the end of data)
@@ -27,6 +28,14 @@ Rules, and why:
   across segments, so segment ``i+1`` starts at the last LSN of ``i`` plus one.
 * A sealed segment is never written again; the active (newest) one is
   preallocated with zeros ahead of its tail (:mod:`wal.segment_writer`).
+* The header states the largest record its segment may hold (version 2;
+  version 1 segments hold records of at most the default 64 MiB), and every
+  reader bounds records by it: the limit a log was written with travels with
+  the log, so a store opened with a raised ``max_record_bytes`` is read
+  whole by every reader (restore, verify, Spark, repair), none of which
+  knows the option. Records over it are refused before memory is allocated
+  for them. A header may state at most :data:`~wal.record.MAX_RECORD_LIMIT`
+  (1 GiB); one claiming more is corruption, never an allocation.
 """
 
 from __future__ import annotations
@@ -44,18 +53,30 @@ from typing import BinaryIO, NamedTuple
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS
 from wal.readfs import ReadFS
-from wal.record import DEFAULT_MAX_RECORD_BYTES, RecordReader
+from wal.record import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAX_RECORD_LIMIT, RecordReader
 
 SEGMENT_MAGIC = b"WALKVLOG"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Written by this walkv; versions 1 (no record limit field) and 2 are read."""
 
-_SEGMENT_HEADER = struct.Struct("<8sHH16sQQ")
+_SEGMENT_HEADER = struct.Struct("<8sHH16sQQQ")
+_SEGMENT_HEADER_V1 = struct.Struct("<8sHH16sQQ")
+_HEADER_READ = HEADER_SIZE + _SEGMENT_HEADER.size  # the header record's bytes, at most
 _ENTRY_HEADER = struct.Struct("<QQ")
 ENTRY_HEADER_SIZE = _ENTRY_HEADER.size
 pack_entry_header = _ENTRY_HEADER.pack
 _unpack_entry_header = _ENTRY_HEADER.unpack_from
 
 _NAME = re.compile(r"^(\d{20})\.wal$")
+
+
+Payload = bytes | tuple[bytes, ...]
+"""A log entry's payload as appended: bytes, or a tuple of pieces whose
+concatenation is the payload (logged without being joined into one buffer)."""
+
+
+def payload_size(payload: Payload) -> int:
+    return len(payload) if isinstance(payload, bytes) else sum(map(len, payload))
 
 
 class Entry(NamedTuple):
@@ -75,6 +96,7 @@ class SegmentHeader(NamedTuple):
     store_id: str
     first_lsn: int
     created_us: int
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
 
 # -- names ---------------------------------------------------------------------
@@ -116,40 +138,62 @@ def find_segment(segments: list[SegmentFile], lsn: int) -> int:
 # -- header ---------------------------------------------------------------------
 
 
-def encode_header(store_id: str, first_lsn: int) -> bytes:
+def encode_header(store_id: str, first_lsn: int, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
+    if not 0 < max_record_bytes <= MAX_RECORD_LIMIT:
+        raise ValueError(f"max_record_bytes must be in 1..{MAX_RECORD_LIMIT}, not {max_record_bytes}")
     return _SEGMENT_HEADER.pack(
-        SEGMENT_MAGIC, FORMAT_VERSION, 0, uuid.UUID(hex=store_id).bytes, first_lsn, time.time_ns() // 1000
+        SEGMENT_MAGIC, FORMAT_VERSION, 0, uuid.UUID(hex=store_id).bytes, first_lsn, time.time_ns() // 1000,
+        max_record_bytes,
     )
 
 
 def decode_header(payload: bytes, path: str) -> SegmentHeader:
-    if len(payload) != _SEGMENT_HEADER.size:
-        raise CorruptionError("segment header has the wrong size", kind=Damage.HEADER, path=path, offset=0,
-                              hint=REPAIR_HINT)
-    magic, version, _flags, sid, first_lsn, created = _SEGMENT_HEADER.unpack(payload)
-    if magic != SEGMENT_MAGIC:
+    if len(payload) < 10 or payload[:8] != SEGMENT_MAGIC:
         raise CorruptionError("not a walkv log segment (bad magic)", kind=Damage.HEADER, path=path, offset=0,
                               hint=REPAIR_HINT)
-    if version != FORMAT_VERSION:
+    version = int.from_bytes(payload[8:10], "little")
+    if version not in (1, FORMAT_VERSION):
         raise CorruptionError(
-            f"segment format version {version} is not supported (this walkv reads {FORMAT_VERSION})",
+            f"segment format version {version} is not supported (this walkv reads 1..{FORMAT_VERSION})",
             kind=Damage.HEADER, path=path, offset=0, hint="upgrade walkv",
         )
-    return SegmentHeader(version, uuid.UUID(bytes=sid).hex, first_lsn, created)
+    layout = _SEGMENT_HEADER if version == FORMAT_VERSION else _SEGMENT_HEADER_V1
+    if len(payload) != layout.size:
+        raise CorruptionError("segment header has the wrong size", kind=Damage.HEADER, path=path, offset=0,
+                              hint=REPAIR_HINT)
+    if version == 1:
+        _, _, _flags, sid, first_lsn, created = layout.unpack(payload)
+        limit = DEFAULT_MAX_RECORD_BYTES
+    else:
+        _, _, _flags, sid, first_lsn, created, limit = layout.unpack(payload)
+        if not ENTRY_HEADER_SIZE <= limit <= MAX_RECORD_LIMIT:
+            raise CorruptionError(
+                f"segment header states a record limit of {limit} bytes; a walkv log's limit is "
+                f"{ENTRY_HEADER_SIZE}..{MAX_RECORD_LIMIT} bytes", kind=Damage.HEADER, path=path, offset=0,
+                hint=REPAIR_HINT)
+    return SegmentHeader(version, uuid.UUID(bytes=sid).hex, first_lsn, created, limit)
 
 
 def read_header(f: BinaryIO, path: str) -> tuple[SegmentHeader, int]:
-    """Read a segment's header record; return it and the offset after it."""
-    reader = RecordReader(f, path=path, start_offset=0, zeros_end=True)
-    for _, payload in reader.records():
-        header = decode_header(payload, path)
-        named = segment_first_lsn(os.path.basename(path))
-        if named is not None and named != header.first_lsn:
-            raise CorruptionError(
-                f"segment header says first LSN {header.first_lsn} but the file name says {named}",
-                kind=Damage.HEADER, path=path, offset=0, hint=REPAIR_HINT,
-            )
-        return header, reader.end_offset
+    """Read a segment's header record (a few dozen bytes, whatever the
+    segment's size); return it and the offset after it."""
+    reader = RecordReader(f, path=path, start_offset=0, end_offset=_HEADER_READ, zeros_end=True,
+                          max_record_bytes=_SEGMENT_HEADER.size)
+    try:
+        for _, payload in reader.records():
+            header = decode_header(payload, path)
+            named = segment_first_lsn(os.path.basename(path))
+            if named is not None and named != header.first_lsn:
+                raise CorruptionError(
+                    f"segment header says first LSN {header.first_lsn} but the file name says {named}",
+                    kind=Damage.HEADER, path=path, offset=0, hint=REPAIR_HINT,
+                )
+            return header, reader.end_offset
+    except CorruptionError as e:
+        if e.kind is Damage.HEADER:
+            raise
+        raise CorruptionError(f"bad segment header record ({e.reason})", kind=Damage.HEADER, path=path, offset=0,
+                              hint=REPAIR_HINT) from None
     raise CorruptionError("segment has no header record", kind=Damage.HEADER, path=path, offset=0, hint=REPAIR_HINT)
 
 
@@ -167,21 +211,24 @@ class SegmentScan:
     """One strict pass over a segment's entries, from ``start_offset`` (0, or
     a record offset from a sparse index): every reader of segments uses it.
 
-    :meth:`entries` yields ``(record offset, Entry)``. The record at offset 0
-    is the header: it is decoded into :attr:`header`, and its first LSN is the
-    LSN the first entry must have. Each entry's LSN must follow the one before
-    (and ``next_lsn``, when the caller knows it): a break is
-    :class:`CorruptionError` of kind SEQUENCE at the entry's offset, because a
-    segment holds consecutive LSNs. An entry too short for its header, and any
-    damage the record reader finds, is corruption too. A torn tail ends the
-    entries quietly (a crash tears only the end); :meth:`torn_tail` reports it.
+    :meth:`entries` yields ``(record offset, Entry)``. The header record is
+    always read first and decoded into :attr:`header`: its record limit
+    bounds every record read (the limit the log was written with, whatever
+    the reader's own options), and when the scan starts at offset 0 its
+    first LSN is the LSN the first entry must have. Each entry's LSN must
+    follow the one before (and ``next_lsn``, when the caller knows it): a
+    break is :class:`CorruptionError` of kind SEQUENCE at the entry's offset,
+    because a segment holds consecutive LSNs. An entry too short for its
+    header, and any damage the record reader finds, is corruption too. A
+    torn tail ends the entries quietly (a crash tears only the end);
+    :meth:`torn_tail` reports it.
 
     Whether the entries ended or raised, :attr:`data_end` is the offset just
     after the last valid record and :attr:`next_lsn` the LSN the next entry
     would carry (``None`` when unknown): recovery cuts and repairs there.
     """
 
-    __slots__ = ("_reader", "data_end", "header", "next_lsn", "path")
+    __slots__ = ("_end_offset", "_f", "_reader", "_start", "data_end", "header", "next_lsn", "path")
 
     def __init__(
         self,
@@ -191,27 +238,30 @@ class SegmentScan:
         next_lsn: int | None = None,
         *,
         end_offset: int | None = None,
-        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         self.path = path
         self.header: SegmentHeader | None = None
         self.next_lsn = next_lsn
         self.data_end = start_offset
-        self._reader = RecordReader(f, path=path, start_offset=start_offset, end_offset=end_offset,
-                                    zeros_end=True, max_record_bytes=max_record_bytes)
+        self._f = f
+        self._start = start_offset
+        self._end_offset = end_offset
+        self._reader: RecordReader | None = None
 
     def entries(self, from_lsn: int = 1, to_lsn: int | None = None) -> Iterator[tuple[int, Entry]]:
         """The entries ``from_lsn..to_lsn`` (earlier ones are checked and
         skipped); never parses past ``to_lsn``, which may be mid-write."""
-        reader = self._reader
         path = self.path
+        header, header_end = read_header(self._f, path)
+        self.header = header
+        start = self._start
+        if start < header_end:
+            start = self.data_end = header_end
+            self.next_lsn = header.first_lsn
+        reader = self._reader = RecordReader(self._f, path=path, start_offset=start, end_offset=self._end_offset,
+                                             zeros_end=True, max_record_bytes=header.max_record_bytes)
         expected = self.next_lsn
         for offset, payload in reader.records():
-            if offset == 0:
-                header = self.header = decode_header(payload, path)
-                expected = self.next_lsn = header.first_lsn
-                self.data_end = reader.end_offset
-                continue
             if len(payload) < ENTRY_HEADER_SIZE:
                 raise CorruptionError("log entry shorter than its header", path=path, offset=offset,
                                       hint=REPAIR_HINT)
@@ -232,7 +282,7 @@ class SegmentScan:
     def torn_tail(self) -> CorruptionError | None:
         """The torn record the entries stopped at, if any (its ``reason``
         says how it is torn)."""
-        torn = self._reader.torn_tail
+        torn = self._reader.torn_tail if self._reader is not None else None
         if torn is None:
             return None
         return CorruptionError(torn[1], kind=Damage.FRAMING, path=self.path, offset=torn[0], hint=REPAIR_HINT)
@@ -246,13 +296,12 @@ def iter_entries(
     to_lsn: int | None = None,
     *,
     end_offset: int | None = None,
-    max_record_bytes: int | None = None,
 ) -> Iterator[Entry]:
-    """Entries of one segment file, strictly checked (see :class:`SegmentScan`),
-    from ``start_offset`` (0, or an offset from the sparse index). Pure file
+    """Entries of one segment file, strictly checked (see :class:`SegmentScan`:
+    records are bounded by the limit in the segment's header), from
+    ``start_offset`` (0, or an offset from the sparse index). Pure file
     reading: no lock, safe on any process or executor."""
-    scan = SegmentScan(f, path, start_offset, end_offset=end_offset,
-                       max_record_bytes=max_record_bytes or DEFAULT_MAX_RECORD_BYTES)
+    scan = SegmentScan(f, path, start_offset, end_offset=end_offset)
     return map(itemgetter(1), scan.entries(from_lsn, to_lsn))  # no generator of its own: a hot path
 
 

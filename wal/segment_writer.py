@@ -7,8 +7,10 @@ Rules, and why:
 * The active segment is preallocated with zeros ahead of its tail (in steps),
   so that an ``fdatasync`` after an append journals no size change; zeros read
   as the end of the data.
-* A group of entries is framed in memory and written with one ``pwrite``; an
-  index point is taken about every :data:`~wal.index.INDEX_INTERVAL` bytes as
+* A group of entries is framed in memory and written with one ``pwrite``
+  (a large one, :data:`GATHER_BYTES` or more, or one holding a payload given
+  as pieces, is framed as views into its payloads and written with
+  ``pwritev``, so a 64 MiB value is never copied to be logged); an index point is taken about every :data:`~wal.index.INDEX_INTERVAL` bytes as
   entries pass, so the index of a segment costs no second pass.
 * Sealing cuts the file to its data end, fsyncs it and writes its index
   sidecar; a sealed segment is never written again.
@@ -20,18 +22,40 @@ import io
 import os
 import time
 from collections.abc import Callable
+from typing import cast
 
 from wal.fs import OS_FS, File, FileSystem
+from wal.gather import frame_pieces
 from wal.index import INDEX_INTERVAL, IndexPoints, SparseIndex, write_index
-from wal.record import BLOCK_SIZE, HEADER_SIZE, RecordWriter, frame, frame_into
+from wal.record import (
+    BLOCK_SIZE,
+    DEFAULT_MAX_RECORD_BYTES,
+    HEADER_SIZE,
+    RecordWriter,
+    frame,
+    frame_into,
+)
 from wal.segment import (
     FORMAT_VERSION,
+    Payload,
     SegmentFile,
     SegmentHeader,
     encode_header,
     pack_entry_header,
     segment_name,
 )
+
+GATHER_BYTES = 1 << 20
+"""A group this large (or holding a payload given as pieces) is written
+without being copied into one buffer."""
+_BYTES_ONLY = {bytes}
+
+def gathered(payloads: list[Payload]) -> bool:
+    """Is a group written from views into its payloads (large, or pieces)?"""
+    if len(payloads) == 1:
+        p = payloads[0]
+        return type(p) is not bytes or len(p) >= GATHER_BYTES
+    return set(map(type, payloads)) != _BYTES_ONLY or sum(map(len, payloads)) >= GATHER_BYTES
 
 
 def round_block(n: int) -> int:
@@ -46,14 +70,16 @@ def record_start(offset: int) -> int:
 
 
 def write_new_segment(
-    directory: str, store_id: str, first_lsn: int, prealloc: int, fs: FileSystem = OS_FS
+    directory: str, store_id: str, first_lsn: int, prealloc: int, fs: FileSystem = OS_FS,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
 ) -> tuple[str, int]:
     """Create a segment durably (temp name, header, zeros, fsync, rename, fsync
-    directory). Returns its path and the offset after the header."""
+    directory), its header stating ``max_record_bytes``. Returns its path
+    and the offset after the header."""
     path = os.path.join(directory, segment_name(first_lsn))
     tmp = path + ".tmp"
     buf = io.BytesIO()
-    RecordWriter(buf, 0).add_record(encode_header(store_id, first_lsn))
+    RecordWriter(buf, 0).add_record(encode_header(store_id, first_lsn, max_record_bytes))
     data = buf.getvalue()
     end = len(data)
     f = fs.open(tmp, create=True)
@@ -92,10 +118,11 @@ class ActiveSegment:
 
     @classmethod
     def create(cls, directory: str, store_id: str, first_lsn: int, prealloc: int,
-               fs: FileSystem = OS_FS) -> ActiveSegment:
-        """A new, empty segment whose first LSN is ``first_lsn``."""
-        path, end = write_new_segment(directory, store_id, first_lsn, prealloc, fs)
-        header = SegmentHeader(FORMAT_VERSION, store_id, first_lsn, time.time_ns() // 1000)
+               fs: FileSystem = OS_FS, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> ActiveSegment:
+        """A new, empty segment whose first LSN is ``first_lsn``, for records
+        of at most ``max_record_bytes``."""
+        path, end = write_new_segment(directory, store_id, first_lsn, prealloc, fs, max_record_bytes)
+        header = SegmentHeader(FORMAT_VERSION, store_id, first_lsn, time.time_ns() // 1000, max_record_bytes)
         return cls(SegmentFile(first_lsn, path), header, end, first_lsn - 1)
 
     @property
@@ -122,21 +149,27 @@ class ActiveSegment:
         """``fsync``: the file's size (or the file) is new."""
         self.file_handle.sync(full=True)
 
-    def write_group(self, first: int, payloads: list[bytes], timestamp_us: int) -> tuple[int, bool]:
+    def write_group(self, first: int, payloads: list[Payload], timestamp_us: int, gather: bool = False
+                    ) -> tuple[int, bool]:
         """Frame entries ``first, first+1, ...`` after the last one and write
-        them with one ``pwrite``. Returns the bytes written and whether the
-        file grew (its size changed: the next sync must be a full fsync)."""
+        them with one ``pwrite`` (``pwritev`` of views into the payloads when
+        ``gather``: the caller's choice for large groups and pieces). Returns
+        the bytes written and whether the file grew (its size changed: the
+        next sync must be a full fsync)."""
+        if gather:
+            return self._write_gathered(first, payloads, timestamp_us)
         f = self.file_handle
         off = start = self.data_end
         last_point = self.last_point
-        if len(payloads) == 1 and off - last_point < INDEX_INTERVAL:  # one append, no index point
-            data, off = frame(pack_entry_header(first, timestamp_us) + payloads[0], off)
+        plain = cast("list[bytes]", payloads)  # pieces are always gathered
+        if len(plain) == 1 and off - last_point < INDEX_INTERVAL:  # one append, no index point
+            data, off = frame(pack_entry_header(first, timestamp_us) + plain[0], off)
             lsn = first + 1
         else:
             points = self.points
             lsn = first
             parts: list[bytes] = []
-            for payload in payloads:
+            for payload in plain:
                 if off - last_point >= INDEX_INTERVAL:
                     rec = record_start(off)
                     points.append((lsn, rec))
@@ -147,13 +180,42 @@ class ActiveSegment:
             data = b"".join(parts)
         grew = off > self._prealloc_end
         if grew:
-            new_end = round_block(max(off, self._prealloc_end + self._prealloc_step))
-            f.preallocate(self._prealloc_end, new_end - self._prealloc_end)
-            self._prealloc_end = new_end
+            self._grow(off)
         f.pwrite(data, start)
         self.data_end = off
         self.last_lsn = lsn - 1
         return off - start, grew
+
+    def _write_gathered(self, first: int, payloads: list[Payload], timestamp_us: int) -> tuple[int, bool]:
+        f = self.file_handle
+        off = start = self.data_end
+        last_point = self.last_point
+        points = self.points
+        parts: list[bytes | memoryview] = []
+        lsn = first
+        for payload in payloads:
+            if off - last_point >= INDEX_INTERVAL:
+                rec = record_start(off)
+                points.append((lsn, rec))
+                last_point = rec
+            head = pack_entry_header(lsn, timestamp_us)
+            off = frame_pieces(parts, (head, payload) if type(payload) is bytes else (head, *payload), off)
+            lsn += 1
+        self.last_point = last_point
+        grew = self._grow(off)
+        f.pwritev(parts, start)
+        self.data_end = off
+        self.last_lsn = lsn - 1
+        return off - start, grew
+
+    def _grow(self, off: int) -> bool:
+        """Preallocate past ``off`` when the file must grow; whether it did."""
+        if off <= self._prealloc_end:
+            return False
+        new_end = round_block(max(off, self._prealloc_end + self._prealloc_step))
+        self.file_handle.preallocate(self._prealloc_end, new_end - self._prealloc_end)
+        self._prealloc_end = new_end
+        return True
 
     def index(self) -> SparseIndex:
         """The sparse index of what is written so far."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from wal.fs import File
 from wal.record import (
     BLOCK_SIZE,
+    DEFAULT_MAX_RECORD_BYTES,
     FIRST,
     FRAGMENT_HEADER,
     FULL,
@@ -42,7 +43,7 @@ def _later_entry(payload: bytes, min_lsn: int) -> bool:
     return min_lsn <= lsn < min_lsn + _MAX_ENTRIES_PER_BLOCK
 
 
-def _valid_record_after(path: str, start: int, min_lsn: int) -> int | None:
+def _valid_record_after(path: str, start: int, min_lsn: int, max_record_bytes: int) -> int | None:
     """Offset of the first valid entry (a FULL or FIRST fragment holding an
     LSN from ``min_lsn`` on) after the bad record at ``start``, or ``None``.
     The bad header's length may be the damaged field, so every offset of the
@@ -58,15 +59,19 @@ def _valid_record_after(path: str, start: int, min_lsn: int) -> int | None:
                 payload = buf[j + HEADER_SIZE : j + HEADER_SIZE + length]
                 if fragment_crc(ftype, payload) == crc and _later_entry(payload, min_lsn):
                     return block + j
-        reader = RecordReader(fh, path=path, start_offset=block + BLOCK_SIZE, skip_corrupt=True)
+        reader = RecordReader(fh, path=path, start_offset=block + BLOCK_SIZE, skip_corrupt=True,
+                              max_record_bytes=max_record_bytes)
         for offset, payload in reader.records():
             if _later_entry(payload, min_lsn):
                 return offset
     return None
 
 
-def is_torn(f: File, path: str, bad_offset: int, min_lsn: int) -> tuple[bool, int | None]:
+def is_torn(f: File, path: str, bad_offset: int, min_lsn: int,
+            max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> tuple[bool, int | None]:
     """Is the invalid record at ``bad_offset`` a torn tail? Also returns the
-    offset of the next valid entry (LSN ``min_lsn`` or later), if any."""
-    nxt = _valid_record_after(path, bad_offset, min_lsn)
+    offset of the next valid entry (LSN ``min_lsn`` or later), if any;
+    ``max_record_bytes`` is the limit the segment's header states (a later
+    entry up to it is found, whatever its size)."""
+    nxt = _valid_record_after(path, bad_offset, min_lsn, max_record_bytes)
     return nxt is None or _has_zero_sector(f, bad_offset, nxt), nxt

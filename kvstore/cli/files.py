@@ -40,7 +40,7 @@ from kvstore.cli.common import (
 from kvstore.cli.progress import Reporter
 from kvstore.layout import StoreLayout
 from wal import SegmentFile
-from wal.errors import CorruptionError, WalkvError
+from wal.errors import CorruptionError, RecordOverLimitError, WalkvError
 from wal.lock import DirectoryLock
 
 
@@ -132,7 +132,10 @@ def _verify_framing(wal_dir: str, segs: list[SegmentFile], rep: Reporter) -> lis
     if not segs:
         problems.append(_problem("the log has no segment files", file=wal_dir))
     with rep.task("verifying log records", unit="segments"):
-        found = wal.repair(wal_dir, dry_run=True, lock=False)
+        try:
+            found = wal.repair(wal_dir, dry_run=True, lock=False)
+        except RecordOverLimitError as e:  # whole, so not damage: reported, never cut
+            return problems + [_problem(str(e), severity="problem", file=e.path, offset=e.offset)]
     if found.cut:
         problems.append(_problem(f"{found.reason} (last good LSN {found.last_good_lsn})", file=found.path,
                                  offset=found.offset))
@@ -151,7 +154,7 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
     import wal
     from kvstore.batch import decode
     from wal.record import RecordReader
-    from wal.segment import decode_entry, index_path
+    from wal.segment import decode_entry, index_path, read_header
 
     problems: list[Problem] = []
     total = checked["log_bytes"]
@@ -165,8 +168,9 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
             points = dict(index.points) if index is not None else {}
             last = None
             with open(seg.path, "rb") as fh:
-                reader = RecordReader(fh, path=seg.path, start_offset=0, zeros_end=True)
                 try:
+                    limit = read_header(fh, seg.path)[0].max_record_bytes  # the limit the log was written with
+                    reader = RecordReader(fh, path=seg.path, start_offset=0, zeros_end=True, max_record_bytes=limit)
                     for offset, payload in reader.records():
                         if offset == 0:
                             continue  # the segment header

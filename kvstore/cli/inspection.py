@@ -60,13 +60,42 @@ def _fragments(path: str) -> Iterator[tuple[int, int, int, str | None]]:
         yield from RecordReader(fh, path=path, start_offset=0, zeros_end=True).fragments()
 
 
+def _record_limit(path: str) -> int:
+    """The record limit the file was written with: a segment's header (for a
+    ``.broken`` piece, the header of the segment it was cut from), a chunk's
+    manifest; the default when neither can be read."""
+    import re
+
+    from snapshot.layout import MANIFEST_NAME
+    from snapshot.manifest import read_manifest
+    from wal.errors import WalkvError
+    from wal.record import DEFAULT_MAX_RECORD_BYTES
+    from wal.segment import read_header
+
+    try:
+        if _kind(path) == "chunk":
+            return read_manifest(os.path.join(os.path.dirname(os.path.abspath(path)), MANIFEST_NAME)).max_record_bytes
+        for candidate in (path, re.sub(r"\.broken(-\d+)?$", "", path)):
+            try:
+                with open(candidate, "rb") as fh:
+                    return read_header(fh, candidate)[0].max_record_bytes
+            except (OSError, WalkvError):
+                continue
+    except (OSError, WalkvError):
+        pass
+    return DEFAULT_MAX_RECORD_BYTES
+
+
 def _records(path: str) -> Iterator[tuple[str, int, int, Any]]:
     """``("rec", offset, end, payload)`` for each valid record and ``("bad",
-    start, end, reason)`` for each damaged range, in file order."""
+    start, end, reason)`` for each damaged range, in file order; records are
+    bounded by the limit the file was written with (:func:`_record_limit`)."""
     from wal.record import RecordReader
 
+    limit = _record_limit(path)
     with open(path, "rb") as fh:
-        reader = RecordReader(fh, path=path, start_offset=0, zeros_end=True, skip_corrupt=True)
+        reader = RecordReader(fh, path=path, start_offset=0, zeros_end=True, skip_corrupt=True,
+                              max_record_bytes=limit)
         seen_skips = 0
         for offset, payload in reader.records():
             while seen_skips < len(reader.skipped):
