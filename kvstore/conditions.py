@@ -43,6 +43,7 @@ from kvstore.batch import (
 )
 
 Ops = Sequence[Sequence[Any]]
+Payload = bytes | tuple[bytes, ...]  # wal.segment.Payload: a large put arrives in pieces
 Read = Callable[[bytes], "bytes | None"]
 
 
@@ -115,7 +116,7 @@ def first_failing(conditions: Ops, get: Read) -> int | None:
     return None
 
 
-def decide_group(payloads: list[bytes], contexts: list[Any], read: Read) -> list[bytes] | None:
+def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read) -> list[Payload] | None:
     """Decide the conditional batches of one group (module docstring): the
     payloads to write instead, or ``None`` when the group holds no condition.
     ``contexts[i]`` is entry i's ops; a failed entry's is replaced by the ops

@@ -145,7 +145,7 @@ class KVStore:
         self._lock = None  # the lock closed its inherited descriptor itself
         self.snapshot_lock = threading.Lock()  # a thread of the parent may have held it
 
-    def _refuse_forked(self, payload: bytes, ops: Ops) -> int:
+    def _refuse_forked(self, payload: Payload, ops: Ops) -> int:
         raise forked_error(f"the store {self.path}", self._pid)
 
     # -- opening -------------------------------------------------------------
@@ -187,7 +187,7 @@ class KVStore:
             lock, self._lock = self._lock, None
             lock.release()
 
-    def _on_prepare(self, group: wal.Group) -> list[bytes] | None:
+    def _on_prepare(self, group: wal.Group) -> list[Payload] | None:
         # Called by the group's leader before it is written: decide its
         # conditional writes in log order and write the decisions into the log.
         return conditions.decide_group(group.payloads, group.contexts, self._state.get)

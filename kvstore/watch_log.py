@@ -25,7 +25,6 @@ from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError
 from wal.fs import OS_FS
 from wal.index import read_index
 from wal.readfs import ReadFS
-from wal.record import DEFAULT_MAX_RECORD_BYTES
 from wal.segment import Entry, SegmentFile, SegmentScan, find_segment, list_segments
 
 
@@ -43,12 +42,10 @@ class LogTail:
     """Entries of the log at ``directory`` from ``from_lsn`` on, read in
     steps (:meth:`read`). Not thread-safe: one consumer."""
 
-    def __init__(self, directory: str, from_lsn: int, *, fs: ReadFS = OS_FS,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+    def __init__(self, directory: str, from_lsn: int, *, fs: ReadFS = OS_FS) -> None:
         self.directory = directory
         self.next_lsn = from_lsn
         self._fs = fs
-        self._max_record = max_record_bytes
         self._fh: BinaryIO | None = None
         self._shown = ""
         self._offset = 0
@@ -80,7 +77,7 @@ class LogTail:
             fh = self._fh
             if fh is None:
                 raise ValueError("this log tail is closed")
-            scan = SegmentScan(fh, self._shown, self._offset, self._expected, max_record_bytes=self._max_record)
+            scan = SegmentScan(fh, self._shown, self._offset, self._expected)  # bounded by its header's limit
             for _, entry in scan.entries(self.next_lsn, last):
                 self._offset = scan.data_end
                 self._expected = self.next_lsn = entry.lsn + 1

@@ -82,7 +82,7 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 PREALLOC_STEP = 8 << 20
 DIRECTORY_CHECK_US = 1_000_000  # appends check that the directory is still there at least this often
 CommitHook = Callable[[Group], None]
-PrepareHook = Callable[[Group], "list[bytes] | None"]
+PrepareHook = Callable[[Group], "list[Payload] | None"]
 
 
 class Log:
