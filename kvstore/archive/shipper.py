@@ -275,7 +275,13 @@ class Archiver:
             self._archived = lsn
             while self._seen and self._seen[0][0] <= lsn:
                 self._seen.popleft()
+            self._recovered()  # before anyone waiting on the archived LSN wakes
             self._notify()
+
+    def _recovered(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.warning("archiving to %s works again; archived LSN %d", self.uri, self._archived)
 
     def _notify(self) -> None:
         with self._cond:
@@ -339,9 +345,7 @@ class Archiver:
                 self._record_error(e)
                 delay = min(delay * 2, self.max_backoff)
             else:
-                if self._failing:
-                    self._failing = False
-                    log.warning("archiving to %s works again; archived LSN %d", self.uri, self._archived)
+                self._recovered()
                 delay = self.interval
             self._wake.wait(delay if self._failing else self.interval)
             self._wake.clear()
