@@ -25,8 +25,8 @@ the log entry format, :mod:`kvstore.state` for the LMDB state machine and
 
 from __future__ import annotations
 
-from kvstore.batch import MAX_KEY_BYTES, WriteBatch
 from kvstore.archiving import restore
+from kvstore.batch import MAX_KEY_BYTES, WriteBatch
 from kvstore.restore import RestoreInfo
 from kvstore.store import KVStore, open
 from kvstore.view import View

@@ -36,6 +36,8 @@ import snapshot
 import wal
 from kvstore import archiving, conditions, recovery, snapshots, txn
 from kvstore import watch as watching
+from kvstore.archive import Archiver
+from kvstore.archive.target import Location
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
@@ -54,8 +56,6 @@ from kvstore.batch import (
     put_payload,
 )
 from kvstore.layout import LMDB_DIR, WAL_DIR
-from kvstore.archive import Archiver
-from kvstore.archive.target import Location
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
 from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from snapshot import SnapshotInfo

@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from kvstore.archived import read_archived
 from kvstore.cli.common import (
     EXIT_OK,
     AddCommand,
@@ -24,7 +25,6 @@ from kvstore.cli.common import (
     require_store,
 )
 from kvstore.cli.progress import Reporter
-from kvstore.archived import read_archived
 from kvstore.layout import SESSION_NAME
 from kvstore.metrics import prometheus_text
 from wal.errors import CorruptionError, WalkvError
