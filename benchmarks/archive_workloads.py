@@ -89,7 +89,7 @@ def _restore(ctx: Context, which: str, n: int) -> Measurement:
 
 
 def workloads(cfg: Config) -> list[Workload]:
-    secs = cfg.duration
+    secs = cfg.seconds(full=5.0, quick=0.5)
     n = cfg.size(full=1_000_000, quick=20_000)
     prepare = _prepare_archived(n)
     return [
