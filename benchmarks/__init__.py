@@ -11,7 +11,8 @@ Modules: :mod:`benchmarks.harness` (model, alternation, medians),
 :mod:`benchmarks.peers` (LevelDB, RocksDB, LMDB, SQLite, plain fdatasync loop),
 :mod:`benchmarks.report` (table, JSON, plot), :mod:`benchmarks.machine`, and one
 module of workloads per issue: ``log_workloads`` (2), ``kv_workloads`` (3),
-``snapshot_workloads`` (4), ``spark_workloads`` (5, only with ``--only spark``).
+``snapshot_workloads`` (4), ``archive_workloads`` (12), ``spark_workloads`` (5,
+only with ``--only spark``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,18 @@ from benchmarks.harness import Config, Workload, now_iso, run_workload, select
 
 
 def all_workloads(cfg: Config) -> list[Workload]:
-    from benchmarks import coord_workloads, kv_workloads, log_workloads, snapshot_workloads, spark_workloads
+    from benchmarks import (
+        archive_workloads,
+        coord_workloads,
+        kv_workloads,
+        log_workloads,
+        snapshot_workloads,
+        spark_workloads,
+    )
 
     out: list[Workload] = []
-    for module in (log_workloads, kv_workloads, coord_workloads, snapshot_workloads, spark_workloads):
+    for module in (log_workloads, kv_workloads, coord_workloads, snapshot_workloads, archive_workloads,
+                   spark_workloads):
         out.extend(module.workloads(cfg))
     return out
 

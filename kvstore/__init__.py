@@ -9,7 +9,11 @@
         with db.view() as v:                 # several keys as of one LSN (v.lsn)
             v.get(b"a"), v.get(b"b")
         info = db.snapshot()                 # .lsn, .path; trims the log it covers
-    kvstore.restore(path, target, to_lsn=None)   # point-in-time restore
+    kvstore.restore(path, target, to_lsn=None)   # point-in-time restore (to_time= too)
+
+    db = kvstore.open(path, archive="s3://bucket/prefix?endpoint_override=...")  # or file://, a dir
+    db.flush_archive(timeout=30); db.stats()["archive"]
+    kvstore.restore("s3://bucket/prefix", target, to_time=datetime)           # from the archive
 
     async with kvstore.open_async(path) as adb:
         await adb.put(b"k", b"v")            # thousands of coroutines share each fsync
@@ -21,8 +25,9 @@ the log entry format, :mod:`kvstore.state` for the LMDB state machine and
 
 from __future__ import annotations
 
+from kvstore.archiving import restore
 from kvstore.batch import MAX_KEY_BYTES, WriteBatch
-from kvstore.restore import RestoreInfo, restore
+from kvstore.restore import RestoreInfo
 from kvstore.store import KVStore, open
 from kvstore.view import View
 from wal.errors import (

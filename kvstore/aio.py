@@ -201,6 +201,10 @@ class AsyncKVStore:
     async def sync(self) -> int:
         return await self._loop.run_in_executor(None, self.store.sync)
 
+    async def flush_archive(self, timeout: float | None = 30.0) -> int:
+        """:meth:`kvstore.KVStore.flush_archive`, in the default executor."""
+        return await self._loop.run_in_executor(None, self.store.flush_archive, timeout)
+
     async def close(self) -> None:
         """Wait for every write in flight (each future resolves), then close
         the store."""

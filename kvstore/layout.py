@@ -5,6 +5,7 @@
       wal/        the log: wal (segments, sparse indexes, DURABLE)
       lmdb/       the state machine (kvstore.state) and its SESSION record (kvstore.recovery)
       snapshots/  snap-<lsn 20 digits>/ directories: the snapshot package
+      ARCHIVED    the archived LSN a sidecar archiver publishes (kvstore.archived)
 
 :class:`StoreLayout` gives these paths for a store reached through any
 read-only file seam (:mod:`wal.readfs`), so the store, restore, the command
@@ -23,6 +24,7 @@ WAL_DIR = "wal"
 LMDB_DIR = "lmdb"
 SNAPSHOTS_DIR = "snapshots"
 SESSION_NAME = "SESSION"
+ARCHIVED_NAME = "ARCHIVED"
 
 
 class StoreLayout(NamedTuple):
@@ -51,6 +53,10 @@ class StoreLayout(NamedTuple):
         return self.fs.join(self.root, SNAPSHOTS_DIR)
 
     @property
+    def archived_path(self) -> str:
+        return self.fs.join(self.root, ARCHIVED_NAME)
+
+    @property
     def lock_path(self) -> str:
         return self.fs.join(self.root, LOCK_NAME)
 
@@ -59,4 +65,4 @@ class StoreLayout(NamedTuple):
         return self.fs.display(self.root if path is None else path)
 
 
-__all__ = ["LMDB_DIR", "SESSION_NAME", "SNAPSHOTS_DIR", "StoreLayout", "WAL_DIR"]
+__all__ = ["ARCHIVED_NAME", "LMDB_DIR", "SESSION_NAME", "SNAPSHOTS_DIR", "StoreLayout", "WAL_DIR"]

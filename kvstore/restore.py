@@ -26,17 +26,19 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import snapshot
 import wal
 from kvstore import recovery
 from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.snapshots import choose_base
-from kvstore.store import KVStore
 from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
 from wal.errors import CorruptionError, Damage, SnapshotError, WalkvError
 from wal.fs import OS_FS
+
+if TYPE_CHECKING:  # kvstore.store is not imported here: the store imports the archive, which builds on this
+    from kvstore.store import KVStore
 
 log = logging.getLogger("walkv.restore")
 
@@ -95,7 +97,7 @@ def restore(source: str | os.PathLike[str] | KVStore, target: str | os.PathLike[
     :class:`KVStore`) or one snapshot directory. ``target`` must not exist or
     be empty. Durable on return."""
     t0 = time.monotonic()
-    source = os.path.abspath(source.path if isinstance(source, KVStore) else os.fspath(source))
+    source = os.path.abspath(os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.path)
     target = os.path.abspath(os.fspath(target))
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise WalkvError(f"{target} exists and is not empty; restore builds a new store there")

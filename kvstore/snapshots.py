@@ -139,10 +139,13 @@ def _make_durable(log: wal.Log, lsn: int) -> None:
         log.sync()
 
 
-def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem) -> int:
+def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem, archived: int | None = None) -> int:
     """Keep the newest ``keep`` snapshots of this store and the log back to
     the oldest of them; return the log bytes freed. Snapshots of another
-    store at or after that one are left alone and do not count."""
+    store at or after that one are left alone and do not count. With an
+    archive (``archived``: the LSN it holds up to), a segment with any LSN
+    above ``archived`` is kept too: the local log never loses what the
+    archive does not hold yet."""
     own = own_snapshots(parent, log.store_id)
     if not own:
         snapshot.cleanup_incomplete(parent, fs=fs)
@@ -153,9 +156,14 @@ def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem) -> int:
     kept = own_snapshots(parent, log.store_id)
     if not kept:
         return 0
-    freed = log.truncate_before(kept[0].lsn + 1)
+    below = kept[0].lsn + 1
+    if archived is not None and archived + 1 < below:
+        log_.debug("log of %s kept from LSN %d: the archive holds LSNs up to %d only", os.path.dirname(parent),
+                   archived + 1, archived)
+        below = archived + 1
+    freed = log.truncate_before(below)
     if freed:
-        log_.info("log of %s trimmed below LSN %d: %d bytes freed", os.path.dirname(parent), kept[0].lsn + 1, freed)
+        log_.info("log of %s trimmed below LSN %d: %d bytes freed", os.path.dirname(parent), below, freed)
     return freed
 
 

@@ -34,8 +34,10 @@ from typing import Any, Callable, Generator, Iterator, cast
 
 import snapshot
 import wal
-from kvstore import conditions, recovery, snapshots, txn
+from kvstore import archiving, conditions, recovery, snapshots, txn
 from kvstore import watch as watching
+from kvstore.archive import Archiver
+from kvstore.archive.target import Location
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
@@ -57,7 +59,7 @@ from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
 from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from snapshot import SnapshotInfo
-from wal.errors import ClosedError, ReadOnlyError, SnapshotError, WalkvError
+from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
@@ -86,6 +88,8 @@ class KVStore:
                  snapshot_every_bytes: int | None = None,
                  snapshot_chunk_bytes: int | None = None,
                  progress: Progress | None = None, fs: FileSystem | None = None,
+                 archive: Location | None = None, archive_interval: float = 1.0,
+                 archive_keep_snapshots: int | None = None, archive_keep_seconds: float | None = None,
                  **log_options: Any) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.readonly = bool(readonly)
@@ -98,6 +102,10 @@ class KVStore:
         self.max_value_bytes = min(int(max_value_bytes), max_record_bytes - ENTRY_OVERHEAD - MAX_KEY_BYTES)
         if self.max_value_bytes < 1:
             raise ValueError(f"max_value_bytes must be positive, not {max_value_bytes!r}")
+        if self.readonly and archive is not None:
+            raise TypeError("a store opened with readonly=True does not archive; its writer does "
+                            "(or run `walkv archive STORE URI` beside it)")
+        self._archiver: Archiver | None = None
         if self.readonly and log_options:
             raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
         self.keep_snapshots = keep_snapshots
@@ -132,6 +140,14 @@ class KVStore:
         self._closed = False
         self._pid = os.getpid()
         track(self)
+        if archive is not None:
+            try:
+                self._archiver = archiving.start_archiver(self.path, archive, interval=archive_interval,
+                                                          keep_snapshots=archive_keep_snapshots,
+                                                          keep_seconds=archive_keep_seconds)
+            except BaseException:
+                self.close()
+                raise
 
     _forked = False
 
@@ -429,7 +445,8 @@ class KVStore:
         with self.snapshot_lock:
             info = snapshots.take(self._state, self._log, parent, store_id=self._log.store_id, fs=self._fs,
                                   chunk_bytes=chunk_bytes or self.snapshot_chunk_bytes, progress=progress)
-            self.log_bytes_trimmed += snapshots.retain(parent, self._log, keep or self.keep_snapshots, self._fs)
+            self.log_bytes_trimmed += snapshots.retain(parent, self._log, keep or self.keep_snapshots, self._fs,
+                                                       archiving.retention_limit(self.path, self._archiver))
         return info
 
     def list_snapshots(self) -> list[SnapshotInfo]:
@@ -450,10 +467,21 @@ class KVStore:
             return self.durable_lsn
         return self._log.sync()
 
+    def flush_archive(self, timeout: float | None = 30.0) -> int:
+        """Return the archived LSN once every write durable when called is in
+        the archive (``archive=`` at open); :class:`ArchiveLagError` naming the
+        lag and the last error after ``timeout`` seconds."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        if self._archiver is None:
+            raise ArchiveError(f"the store {self.path} was opened without archive=; there is no archive to flush")
+        return self._archiver.flush(timeout)
+
     def stats(self) -> dict[str, Any]:
         """Counters and latencies of the open store: its LSNs, what open did,
         the state machine's counters (:meth:`kvstore.state.State.stats`) and
-        the log's under ``"log"`` (:meth:`wal.Log.stats`). Counters are
+        the log's under ``"log"`` (:meth:`wal.Log.stats`), the archive's
+        under ``"archive"`` (with ``archive=``; its URI redacted). Counters are
         approximate under concurrent use."""
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
@@ -472,6 +500,8 @@ class KVStore:
         out.update(self._state.stats())
         if self._log is not None:
             out["log"] = self._log.stats()
+        if self._archiver is not None:
+            out["archive"] = archiving.archive_stats(self._archiver)
         return out
 
     def close(self) -> None:
@@ -503,6 +533,8 @@ class KVStore:
                         f"closing {self.path}: could not record the clean close ({exc}); "
                         f"nothing is lost, the next open replays the log") from exc
         finally:
+            if self._archiver is not None:  # after the log: it ships everything durable
+                archiving.stop_archiver(self._archiver, self._log.durable_lsn)
             self._release_lock()
 
     def __enter__(self) -> "KVStore":
@@ -526,6 +558,12 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
     (default True), ``max_value_bytes``, ``max_record_bytes``, ``max_readers``,
     ``progress`` (callback(done, total) during replay), ``fs``, and the log's
     ``sync_interval``, ``sync_bytes``, ``recovery``.
+
+    ``archive``: ship the log and snapshots to an archive (a URI pyarrow
+    understands, ``s3://...``, ``file://...``, a local directory, or a
+    ``(filesystem, path)`` pair) every ``archive_interval`` seconds, in a
+    thread of this process; ``archive_keep_snapshots``/``archive_keep_seconds``:
+    the archive's retention. See :mod:`kvstore.archiving`.
     """
     return KVStore(path, sync=sync, segment_bytes=segment_bytes, readonly=readonly,
                    **options)  # type: ignore[arg-type]

@@ -28,15 +28,21 @@ def test_demo_small_end_to_end(tmp_path):
     assert "the snapshot verifies and equals the store at its LSN" in out
     assert "whole segments covered by the snapshot were deleted" in out
     assert "the restored store equals the store at LSN" in out
+    # The point-in-time restore came from the archive, by time, after the store was deleted.
+    assert "ok: the archive verifies" in out
+    assert "deleted the local store" in out
+    assert "ok: the whole archive restores the store as it was at close: every acknowledged write" in out
+    assert "from the archive to a time" in out
     assert "skipped: --no-spark" in out
     for row in ("entries", "durable puts/s", "fsyncs", "average group size", "recovery time",
-                "bytes trimmed", "rows exported"):
+                "bytes trimmed", "archive", "point-in-time restore", "rows exported"):
         assert f"\n  {row} " in out, row
     data = json.loads(summary.read_text())
     assert data["entries"] > 0 and data["fsyncs"] > 0 and data["bytes_trimmed"] > 0
-    assert data["avg_group"] >= 1 and data["rows_exported"] is None
+    assert data["avg_group"] >= 1 and data["rows_exported"] is None and data["archive_bytes"] > 0
     # What it left is a sound store and a restored copy.
     assert walkv("verify", str(d / "store")).returncode == 0
+    assert walkv("verify", str(d / "archive")).returncode == 0
     with kvstore.open(str(d / "restored"), readonly=True) as db:
         assert len(db) > 0 and db.get(b"deploy:last") is None
     # A second run wipes the directory it made and starts over.

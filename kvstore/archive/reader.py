@@ -191,7 +191,7 @@ class ArchiveReader:
     def lsn_at_time(self, t: datetime.datetime | float | int) -> int:
         """The last LSN committed at or before ``t`` (a datetime, naive ones
         taken as UTC, or unix seconds), from the entries' commit timestamps."""
-        us = _to_us(t)
+        us = time_to_us(t)
         c = self._checked_chain()
         if not c.objects:
             return 0
@@ -277,7 +277,7 @@ class ArchiveReader:
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
-def _to_us(t: datetime.datetime | float | int) -> int:
+def time_to_us(t: datetime.datetime | float | int) -> int:
     if isinstance(t, datetime.datetime):
         if t.tzinfo is None:
             t = t.replace(tzinfo=datetime.timezone.utc)

@@ -42,7 +42,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import snapshot
 from kvstore.archive.layout import (
@@ -77,11 +77,14 @@ class Archiver:
     """Ships the store at ``store_path`` to the archive at ``location`` (see
     the module docstring). ``interval``: seconds between shipping rounds of
     the thread. ``keep_snapshots``/``keep_seconds``: archive retention (None:
-    keep everything)."""
+    keep everything). ``on_archived(lsn)`` is called (in the shipping
+    thread) whenever the archived LSN is known or grows (the sidecar
+    publishes it in ``STORE/ARCHIVED``: :mod:`kvstore.archived`)."""
 
     def __init__(self, store_path: str | os.PathLike[str], location: Location, *, interval: float = 1.0,
                  keep_snapshots: int | None = None, keep_seconds: float | None = None,
-                 max_backoff: float = 10.0, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+                 max_backoff: float = 10.0, lease_seconds: float = DEFAULT_LEASE_SECONDS,
+                 on_archived: Callable[[int], None] | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0 seconds, not {interval!r}")
         if keep_snapshots is not None and (type(keep_snapshots) is not int or keep_snapshots < 1):
@@ -113,6 +116,7 @@ class Archiver:
         self.errors = 0
         self.last_error: str | None = None
         self._failing = False
+        self._on_archived = on_archived
 
     def __repr__(self) -> str:
         return f"<Archiver {self.layout.root} -> {self.target.uri} archived={self._archived}>"
@@ -171,6 +175,8 @@ class Archiver:
         c = chain(objects)
         self._archived = c.last
         self._archive_first = c.first
+        if self._on_archived is not None:
+            self._on_archived(self._archived)
         self._notify()
 
     def _note_durable(self, durable: int) -> None:
@@ -276,6 +282,8 @@ class Archiver:
             while self._seen and self._seen[0][0] <= lsn:
                 self._seen.popleft()
             self._recovered()  # before anyone waiting on the archived LSN wakes
+            if self._on_archived is not None:
+                self._on_archived(lsn)
             self._notify()
 
     def _recovered(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import datetime
 import importlib.util
 import os
 import shutil
@@ -41,11 +42,16 @@ def add_commands(add: AddCommand) -> None:
     p = add("snapshot", "take a snapshot now and trim the log it covers", cmd_snapshot)
     p.add_argument("store", metavar="STORE")
 
-    p = add("restore", "build a new store from a store or snapshot, optionally to an earlier LSN",
+    p = add("restore", "build a new store from a store, a snapshot or an archive, to an LSN or a time",
             cmd_restore)
-    p.add_argument("src", metavar="SRC", help="a store, or a snapshot directory")
+    p.add_argument("src", metavar="SRC", help="a store, a snapshot directory, or an archive (a URI such as "
+                                              "s3://bucket/prefix?..., file:///..., or an archive directory)")
     p.add_argument("dst", metavar="DST", help="the new store (must not exist or be empty)")
-    p.add_argument("--to-lsn", type=int, metavar="N", help="point-in-time: stop after LSN N")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--to-lsn", type=int, metavar="N", help="point-in-time: stop after LSN N")
+    when.add_argument("--to-time", type=_utc_time, metavar="TIME",
+                      help="point-in-time: the last entry committed at or before TIME (ISO 8601, e.g. "
+                           "2026-11-23T10:00:00Z; no zone means UTC; or unix seconds)")
 
     p = add("export", "write snapshot, changes and state as Parquet with Spark", cmd_export)
     p.add_argument("store", metavar="STORE")
@@ -81,16 +87,35 @@ def cmd_snapshot(args: argparse.Namespace, rep: Reporter) -> int:
     return EXIT_OK
 
 
+def _utc_time(text: str) -> datetime.datetime:
+    """``--to-time``: ISO 8601 (``Z`` or an offset; none: UTC) or unix seconds."""
+    try:
+        return datetime.datetime.fromtimestamp(float(text), datetime.timezone.utc)
+    except ValueError:
+        pass
+    try:
+        t = datetime.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO 8601, e.g. 2026-11-23T10:00:00Z, "
+                                         "or unix seconds)") from None
+    return t if t.tzinfo is not None else t.replace(tzinfo=datetime.timezone.utc)
+
+
 def cmd_restore(args: argparse.Namespace, rep: Reporter) -> int:
     import kvstore
+    from kvstore.archiving import is_archive
+    from wal.readfs import redact
 
-    if not os.path.exists(args.src):
-        raise CliError(f"no store or snapshot at {args.src}")
+    archive = is_archive(args.src)
+    if not archive and not os.path.exists(args.src):
+        raise CliError(f"no store, snapshot or archive at {args.src}")
     if os.path.exists(args.dst) and os.listdir(args.dst):
         raise CliError(f"{args.dst} exists and is not empty; restore into a new directory")
-    with rep.task("restoring", unit="") as progress:
-        info = kvstore.restore(args.src, args.dst, to_lsn=args.to_lsn, progress=progress)
-    print(f"restored {args.src} to {args.dst} at LSN {info.lsn} ({info.seconds:.2f} s)")
+    shown = redact(args.src) if archive else args.src
+    with rep.task(f"restoring from {shown}", unit="entries") as progress:
+        info = kvstore.restore(args.src, args.dst, to_lsn=args.to_lsn, to_time=args.to_time, progress=progress)
+    print(f"restored {shown} to {args.dst} at LSN {info.lsn}: snapshot at LSN {info.snapshot_lsn} + "
+          f"{info.replayed} log entries, {info.count} keys ({info.seconds:.2f} s)")
     return EXIT_OK
 
 

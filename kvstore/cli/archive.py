@@ -6,7 +6,9 @@ log and snapshots off the machine (:mod:`kvstore.archive`).
   every ``--interval`` seconds, until SIGINT or SIGTERM (then one last round
   and the lease released); ``--once`` ships once and exits. Lag and errors
   go to stderr when they change. Exit 3 when another archiver holds the
-  archive's lease.
+  archive's lease. It publishes the archived LSN in ``STORE/ARCHIVED``
+  (:mod:`kvstore.archived`), which bounds the writer's local log retention
+  (delete that file when you stop archiving the store for good).
 * ``archive-ls URI``: the archive's store id, the LSN and time range its log
   covers, its objects and snapshots.
 * ``archive-verify URI``: every object's CRCs, LSNs and store id, the log's
@@ -20,12 +22,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import signal
 import sys
 import threading
 from typing import Any
 
 from kvstore.archive import Archiver, ArchiveReader
+from kvstore.archived import publish_archived
 from kvstore.cli.common import EXIT_CORRUPT, EXIT_OK, AddCommand, human_bytes, print_table, require_store
 from kvstore.cli.progress import Reporter
 
@@ -67,8 +71,9 @@ def _lag_line(st: dict[str, Any]) -> str:
 
 def cmd_archive(args: argparse.Namespace, rep: Reporter) -> int:
     require_store(args.store)
-    archiver = Archiver(args.store, args.uri, interval=args.interval, keep_snapshots=args.keep_snapshots,
-                        keep_seconds=args.keep_seconds)
+    store = os.path.abspath(args.store)
+    archiver = Archiver(store, args.uri, interval=args.interval, keep_snapshots=args.keep_snapshots,
+                        keep_seconds=args.keep_seconds, on_archived=lambda lsn: publish_archived(store, lsn))
     if args.once:
         lsn = archiver.ship_once()
         archiver.stop()

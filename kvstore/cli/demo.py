@@ -5,6 +5,8 @@ Steps (each prints what it did; a check that fails stops the demo, exit 1):
 1. Workload: several threads write a small shop (users, orders, atomic
    batches, deletes) with ``sync="always"``; they share fsyncs (group commit).
    The store must then equal the model each thread kept of its own keys.
+   Every open of the store in the demo archives it (``archive=DIR/archive``,
+   a local directory: the embedded default), in a thread of the store.
 2. Crash: a writer subprocess writes from several threads, printing each
    write once ``put`` returned (acknowledged, so fsynced); it is killed with
    SIGKILL mid-stream. Reopening recovers (a torn tail is cut, unapplied
@@ -14,10 +16,14 @@ Steps (each prints what it did; a check that fails stops the demo, exit 1):
    reopening rebuilds it from the log alone (a full replay), and it must
    equal the store before.
 4. Snapshot: ``db.snapshot()`` at one LSN, and the log segments it covers
-   are trimmed.
-5. Point-in-time restore: more writes, then an accidental ``delete_range``
-   of every order; ``kvstore.restore(store, new, to_lsn=N)`` to the LSN just
-   before it must give back the store exactly as it was then.
+   (and the archive holds) are trimmed; the snapshot is archived too.
+5. Point-in-time restore from the archive: more writes, then an accidental
+   ``delete_range`` of every order; the store is closed (which ships the
+   rest to the archive) and its directory deleted, as if the disk were lost.
+   ``kvstore.restore(archive, new, to_time=T)`` to a time just before the
+   accident must give back the store exactly as it was then; a restore of
+   the whole archive must give back the store as it was at close: every
+   acknowledged write.
 6. Spark (when pyspark and Java are there, and not ``--no-spark``): export
    snapshot, changes and state as Parquet in local mode; the state table
    must hold exactly the store's keys.
@@ -26,8 +32,9 @@ Directory (``./demo-store`` by default; wiped first, but only if it is empty
 or a previous demo made it, which the marker file says)::
 
     DIR/.walkv-demo   marker
-    DIR/store/        the store
-    DIR/restored/     the point-in-time restore
+    DIR/store/        the store (in the end: restored from the archive)
+    DIR/archive/      its archive (log objects and snapshots)
+    DIR/restored/     the point-in-time restore (from the archive, by time)
     DIR/export/       Parquet (snapshot/, changes/, state/)
 
 ``--small`` (or ``WALKV_DEMO_SMALL=1``) sizes it for CI: well under a minute
@@ -37,6 +44,7 @@ without Spark, under two with it.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -45,7 +53,7 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvstore.cli.admin import export_rows, spark_env, spark_missing
 from kvstore.cli.common import (
@@ -77,7 +85,8 @@ if TYPE_CHECKING:
 DESCRIPTION = (
     "The main job, end to end: a multi-threaded durable workload with group commit, a writer "
     "process killed with SIGKILL and recovered, LMDB rebuilt from the log, a snapshot that trims "
-    "the log, a point-in-time restore, and (with pyspark and Java) a Spark export to Parquet. "
+    "the log, an archive the store ships itself to, the store deleted and restored from the archive to a "
+    "time before an accidental delete, and (with pyspark and Java) a Spark export to Parquet. "
     "Ends with a table of what it measured. DIR (default ./demo-store) is wiped first if a "
     "previous demo made it."
 )
@@ -151,15 +160,17 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
     t_demo = time.monotonic()
     print(f"walkv demo in {root} ({'small' if args.small else 'full'} size)")
 
-    model = _workload(store, size, threads, summary, rep)
-    before, last = _crash(store, size, model, summary, rep)
-    db = _rebuild(store, size, before, last, summary, rep)
+    archive = os.path.join(root, "archive")
+    model = _workload(store, archive, size, threads, summary, rep)
+    before, last = _crash(store, archive, size, model, summary, rep)
+    db = _rebuild(store, archive, size, before, last, summary, rep)
     try:
         info = _snapshot(db, store, summary, rep)
-        good_lsn, good, orders = _accident(db, size, threads)
+        accident = _accident(db, size, threads)
+        final = digest(db)
     finally:
-        db.close()
-    _restore(store, os.path.join(root, "restored"), info, good_lsn, good, orders, summary, rep)
+        db.close()  # ships the rest to the archive
+    _restore(store, archive, os.path.join(root, "restored"), info, accident, final, summary, rep)
 
     _step(6, "Spark: export snapshot, changes and state to Parquet (local mode)")
     if spark_why:
@@ -172,14 +183,16 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
     summary.add("demo_time_s", round(total_s, 1), f"{total_s:.1f} s", "total time")
     print("\nsummary")
     print_table(summary.rows)
-    print(f"\nfiles are in {root} (try: walkv stats {store}; walkv verify {store})")
+    print(f"\nfiles are in {root} (try: walkv stats {store}; walkv verify {store}; "
+          f"walkv archive-ls {archive})")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary.data, fh, indent=2)
     return EXIT_OK
 
 
-def _workload(store: str, size: Size, threads: int, summary: Summary, rep: Reporter) -> dict[bytes, bytes]:
+def _workload(store: str, archive: str, size: Size, threads: int, summary: Summary,
+              rep: Reporter) -> dict[bytes, bytes]:
     """Step 1: the shop from several threads; returns the model of the store."""
     import kvstore
 
@@ -188,7 +201,7 @@ def _workload(store: str, size: Size, threads: int, summary: Summary, rep: Repor
     models: list[dict[bytes, bytes]] = [{} for _ in range(threads)]
     counters = {"puts": 0, "batches": 0, "deletes": 0, "reads": 0}
     errors: list[BaseException] = []
-    with kvstore.open(store, sync="always", segment_bytes=size.segment_bytes) as db:
+    with kvstore.open(store, sync="always", segment_bytes=size.segment_bytes, archive=archive) as db:
         with rep.task("workload", threads * ops, "ops") as progress:
             done = [0]
             lock = threading.Lock()
@@ -228,7 +241,7 @@ def _workload(store: str, size: Size, threads: int, summary: Summary, rep: Repor
     return model
 
 
-def _crash(store: str, size: Size, model: dict[bytes, bytes], summary: Summary,
+def _crash(store: str, archive: str, size: Size, model: dict[bytes, bytes], summary: Summary,
            rep: Reporter) -> tuple[tuple[int, str], int]:
     """Step 2: SIGKILL a writer process, recover, check every acknowledged
     write; adds them to ``model``; returns the store's digest and last LSN."""
@@ -239,7 +252,8 @@ def _crash(store: str, size: Size, model: dict[bytes, bytes], summary: Summary,
     _say(f"killed the writer after {sum(acked.values())} acknowledged writes")
     t0 = time.perf_counter()
     with rep.task("recovering", unit="entries") as progress:
-        db = kvstore.open(store, sync="always", segment_bytes=size.segment_bytes, progress=progress)
+        db = kvstore.open(store, sync="always", segment_bytes=size.segment_bytes, progress=progress,
+                          archive=archive)
     recovery_s = time.perf_counter() - t0
     with db:
         st = db.stats()
@@ -266,7 +280,7 @@ def _crash(store: str, size: Size, model: dict[bytes, bytes], summary: Summary,
         return digest(db), db.last_lsn
 
 
-def _rebuild(store: str, size: Size, before: tuple[int, str], last: int, summary: Summary,
+def _rebuild(store: str, archive: str, size: Size, before: tuple[int, str], last: int, summary: Summary,
              rep: Reporter) -> KVStore:
     """Step 3: throw LMDB away and rebuild it from the log; returns the
     store, open (the caller closes it)."""
@@ -280,7 +294,8 @@ def _rebuild(store: str, size: Size, before: tuple[int, str], last: int, summary
     try:
         t0 = time.perf_counter()
         with rep.task("replaying the whole log", last, "entries") as progress:
-            db = kvstore.open(store, sync="always", segment_bytes=size.segment_bytes, progress=progress)
+            db = kvstore.open(store, sync="always", segment_bytes=size.segment_bytes, progress=progress,
+                              archive=archive)
         rebuild_s = time.perf_counter() - t0
     finally:
         store_log.setLevel(level)
@@ -302,6 +317,8 @@ def _snapshot(db: KVStore, store: str, summary: Summary, rep: Reporter) -> Snaps
 
     _step(4, "snapshot: one consistent copy at an LSN; the log it covers is trimmed")
     wal_dir = StoreLayout.of(store).wal_dir
+    archived = db.flush_archive(timeout=60)  # local retention never trims what the archive lacks
+    _say(f"the archive holds LSNs up to {archived}: local retention may trim what it covers")
     wal_before, segs_before = dir_bytes(wal_dir), len(wal.list_segments(wal_dir))
     t0 = time.perf_counter()
     with rep.task("writing snapshot", unit="pairs") as progress:
@@ -323,10 +340,19 @@ def _snapshot(db: KVStore, store: str, summary: Summary, rep: Reporter) -> Snaps
     return info
 
 
-def _accident(db: KVStore, size: Size, threads: int) -> tuple[int, tuple[int, str], int]:
-    """Step 5, first half: more writes, then a ``delete_range`` of every
-    order. Returns the LSN before it, the store's digest then, and its orders."""
-    _step(5, "point-in-time restore: undo an accidental delete of every order")
+class Accident(NamedTuple):
+    """Step 5's accident: the last good LSN and a time between it and the
+    accident, the store's digest then, and how many orders it had."""
+
+    good_lsn: int
+    good_time: float
+    good: tuple[int, str]
+    orders: int
+
+
+def _accident(db: KVStore, size: Size, threads: int) -> Accident:
+    """Step 5, first half: more writes, then a ``delete_range`` of every order."""
+    _step(5, "the disk is lost after an accidental delete of every order: restore from the archive, by time")
     rng = random.Random(SEED + 99)
     for _ in range(size.after_snapshot):
         uid = rng.randrange(threads * 200)
@@ -334,31 +360,56 @@ def _accident(db: KVStore, size: Size, threads: int) -> tuple[int, tuple[int, st
     good_lsn = db.last_lsn
     good = digest(db)
     orders = sum(1 for _ in db.scan(prefix=b"order:"))
+    time.sleep(0.002)  # commit timestamps are in microseconds: the time falls strictly between the two
+    good_time = time.time()
+    time.sleep(0.002)
     bad_lsn = db.delete_range(b"order:", b"order;")
     db.put(b"deploy:last", b"v2.0.1 (the one with the bug)")
-    _say(f"{size.after_snapshot} more writes up to LSN {good_lsn}; LSN {bad_lsn} deleted all {orders} orders "
-         f"({sum(1 for _ in db.scan(prefix=b'order:'))} left)")
-    return good_lsn, good, orders
+    when = datetime.datetime.fromtimestamp(good_time, datetime.timezone.utc).isoformat(timespec="microseconds")
+    _say(f"{size.after_snapshot} more writes up to LSN {good_lsn} (committed by {when}); LSN {bad_lsn} deleted "
+         f"all {orders} orders ({sum(1 for _ in db.scan(prefix=b'order:'))} left)")
+    return Accident(good_lsn, good_time, good, orders)
 
 
-def _restore(store: str, target: str, info: SnapshotInfo, good_lsn: int, good: tuple[int, str], orders: int,
-             summary: Summary, rep: Reporter) -> None:
-    """Step 5, second half: ``kvstore.restore`` to the LSN before the accident."""
+def _restore(store: str, archive: str, target: str, info: SnapshotInfo, accident: Accident,
+             final: tuple[int, str], summary: Summary, rep: Reporter) -> None:
+    """Step 5, second half: the store closed (the archive then holds every
+    acknowledged write) and deleted; restored from the archive to the time
+    before the accident, and whole."""
     import kvstore
+    from kvstore.archive import ArchiveReader
 
-    with rep.task("restoring", unit="") as progress:
-        restored_info = kvstore.restore(store, target, to_lsn=good_lsn, progress=progress)
+    reader = ArchiveReader(archive)
+    objects, snaps = reader.log_objects(), reader.snapshots()
+    arch_bytes = dir_bytes(archive)
+    _say(f"store closed: the archive holds LSNs {reader.first_lsn}..{reader.last_lsn} in {len(objects)} log "
+         f"objects and {len(snaps)} snapshot(s), {human_bytes(arch_bytes)}")
+    _check(not reader.verify(), "the archive verifies (every CRC, LSN, store id and snapshot checksum)")
+    shutil.rmtree(store)
+    _say(f"deleted the local store {store} (the disk is lost)")
+    good_lsn, good = accident.good_lsn, accident.good
+    when = datetime.datetime.fromtimestamp(accident.good_time, datetime.timezone.utc)
+    with rep.task("restoring from the archive, by time", unit="entries") as progress:
+        restored_info = kvstore.restore(archive, target, to_time=when, progress=progress)
     restore_s = restored_info.seconds
     with kvstore.open(target, readonly=True) as rdb:
         restored = digest(rdb)
         r_orders = sum(1 for _ in rdb.scan(prefix=b"order:"))
         r_applied = rdb.applied_lsn
-    _say(f"restored to LSN {good_lsn} in {restore_s:.2f} s: snapshot at LSN {info.lsn} + "
-         f"{good_lsn - info.lsn} log entries")
-    _check(restored == good and r_orders == orders and r_applied == good_lsn,
-           f"the restored store equals the store at LSN {good_lsn} ({good[0]} keys, all {orders} orders back)")
-    summary.add("restore_time_s", round(restore_s, 3), f"{restore_s:.2f} s to LSN {good_lsn} "
-                f"(snapshot + {good_lsn - info.lsn} entries)", "point-in-time restore")
+    _say(f"restored to {when.isoformat(timespec='microseconds')} = LSN {restored_info.lsn} in {restore_s:.2f} s: "
+         f"archived snapshot at LSN {restored_info.snapshot_lsn} + {restored_info.replayed} log entries")
+    _check(restored == good and r_orders == accident.orders and r_applied == good_lsn,
+           f"the restored store equals the store at LSN {good_lsn} ({good[0]} keys, all {accident.orders} "
+           "orders back)")
+    with rep.task("restoring the whole archive", unit="entries") as progress:
+        whole = kvstore.restore(archive, store, progress=progress)
+    with kvstore.open(store, readonly=True) as rdb:
+        _check(digest(rdb) == final, f"the whole archive restores the store as it was at close: every acknowledged "
+                                     f"write, LSN {whole.lsn} ({final[0]} keys)")
+    summary.add("archive_bytes", arch_bytes, f"{human_bytes(arch_bytes)}: {len(objects)} log objects, "
+                f"{len(snaps)} snapshot(s), LSNs up to {whole.lsn}", "archive")
+    summary.add("restore_time_s", round(restore_s, 3), f"{restore_s:.2f} s from the archive to a time "
+                f"(LSN {good_lsn}: snapshot + {restored_info.replayed} entries)", "point-in-time restore")
 
 
 def _spark_export(store: str, out: str, master: str, summary: Summary, rep: Reporter) -> None:

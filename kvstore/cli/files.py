@@ -45,13 +45,15 @@ from wal.lock import DirectoryLock
 
 
 def add_commands(add: AddCommand) -> None:
-    p = add("verify", "check every CRC, LSN, header, index and snapshot of a store", cmd_verify,
+    p = add("verify", "check every CRC, LSN, header, index and snapshot of a store or an archive", cmd_verify,
             description="Read every file of a store and check it: log records (CRC), segment headers, "
                         "the LSN sequence across segments, sparse indexes, the batch encoding of "
                         "every entry, snapshot chunks, counts and checksums, and that the log covers "
                         "everything after the newest snapshot. Safe beside a running writer. "
-                        "Exit 0 when all is well, 4 when something is corrupt, 1 for other problems.")
-    p.add_argument("store", metavar="STORE")
+                        "Exit 0 when all is well, 4 when something is corrupt, 1 for other problems. "
+                        "Given an archive (a URI, or a directory holding an ARCHIVE object) it checks it "
+                        "as `walkv archive-verify` does.")
+    p.add_argument("store", metavar="STORE", help="a store, or an archive URI or directory")
     p.add_argument("--json", action="store_true", help="the report as JSON")
 
     p = add("repair", "cut a damaged log at its first bad record (after asking)", cmd_repair,
@@ -243,6 +245,12 @@ def _verify_snapshots(layout: StoreLayout, store_id: str | None, checked: dict[s
 
 
 def cmd_verify(args: argparse.Namespace, rep: Reporter) -> int:
+    from kvstore.archiving import is_archive
+
+    if is_archive(args.store):  # a URI or an archive directory: `walkv archive-verify`
+        from kvstore.cli.archive import cmd_archive_verify
+
+        return cmd_archive_verify(argparse.Namespace(uri=args.store, json=args.json), rep)
     t0 = time.monotonic()
     result = verify_store(args.store, rep)
     problems = result["problems"]

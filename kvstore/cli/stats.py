@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from kvstore.archived import read_archived
 from kvstore.cli.common import (
     EXIT_OK,
     AddCommand,
@@ -25,6 +26,7 @@ from kvstore.cli.common import (
 )
 from kvstore.cli.progress import Reporter
 from kvstore.layout import SESSION_NAME
+from kvstore.metrics import prometheus_text
 from wal.errors import CorruptionError, WalkvError
 
 
@@ -32,6 +34,8 @@ def add_commands(add: AddCommand) -> None:
     p = add("stats", "LSNs, segments, snapshots and LMDB size of a store", cmd_stats)
     p.add_argument("store", metavar="STORE")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--prometheus", action="store_true",
+                   help="LSNs (and the archived LSN a sidecar publishes) in Prometheus' text format")
 
 
 def gather_stats(path: str) -> dict[str, Any]:
@@ -49,6 +53,10 @@ def gather_stats(path: str) -> dict[str, Any]:
                             for s in segs]
     out["first_lsn"] = segs[0].first_lsn if segs else None
     out["durable_lsn"] = wal.read_durable_lsn(layout.wal_dir)
+    archived = read_archived(layout.root)
+    if archived is not None:  # published by a sidecar archiver (`walkv archive STORE URI`)
+        out["archive"] = {"archived_lsn": archived,
+                          "lag_lsns": max(0, (out["durable_lsn"] or 0) - archived)}
     try:
         out["store_id"] = wal.read_store_id(layout.wal_dir)
     except CorruptionError:  # stats reports what it can read; verify judges
@@ -107,6 +115,9 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
             st[k] = db_stats[k]
     st["fsync_note"] = ("fsync counts and latencies are per process: see `walkv demo`, "
                         "`walkv bench`, or db.stats()['log'] in the writing process")
+    if args.prometheus:
+        print(prometheus_text(st), end="")
+        return EXIT_OK
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
         return EXIT_OK
@@ -151,6 +162,9 @@ def _rows(st: dict[str, Any]) -> list[tuple[str, str]]:
         ("fsyncs", "counted per process: db.stats()['log'] in the writer, or `walkv demo`"),
         ("snapshots", str(len(st["snapshots"]))),
     ]
+    if "archive" in st:
+        rows.insert(-1, ("archived LSN", f"{st['archive']['archived_lsn']} (sidecar archiver; "
+                                         f"{st['archive']['lag_lsns']} durable entries behind)"))
     for s in st["snapshots"]:
         text = f"{s['pairs']} pairs, {human_bytes(s['bytes'])}, {s['chunks']} chunks, {s['created']}"
         rows.append((f"  LSN {s['lsn']}", text))
