@@ -5,6 +5,8 @@
       wal/        the log: wal (segments, sparse indexes, DURABLE)
       lmdb/       the state machine (kvstore.state) and its SESSION record (kvstore.recovery)
       snapshots/  snap-<lsn 20 digits>/ directories: the snapshot package
+      REPLICA     only in a read replica's directory (kvstore.replica): which store it follows;
+                  a writer refuses to open it until promote() removed it
 
 :class:`StoreLayout` gives these paths for a store reached through any
 read-only file seam (:mod:`wal.readfs`), so the store, restore, the command
@@ -23,6 +25,7 @@ WAL_DIR = "wal"
 LMDB_DIR = "lmdb"
 SNAPSHOTS_DIR = "snapshots"
 SESSION_NAME = "SESSION"
+REPLICA_NAME = "REPLICA"
 
 
 class StoreLayout(NamedTuple):
@@ -59,4 +62,4 @@ class StoreLayout(NamedTuple):
         return self.fs.display(self.root if path is None else path)
 
 
-__all__ = ["LMDB_DIR", "SESSION_NAME", "SNAPSHOTS_DIR", "StoreLayout", "WAL_DIR"]
+__all__ = ["LMDB_DIR", "REPLICA_NAME", "SESSION_NAME", "SNAPSHOTS_DIR", "StoreLayout", "WAL_DIR"]
