@@ -14,6 +14,7 @@
     db = kvstore.open(path, archive="s3://bucket/prefix?endpoint_override=...")  # or file://, a dir
     db.flush_archive(timeout=30); db.stats()["archive"]
     kvstore.restore("s3://bucket/prefix", target, to_time=datetime)           # from the archive
+    rep = kvstore.open_replica(path, replica_dir) # follows the store; rep.get, rep.wait_for(lsn)
 
     async with kvstore.open_async(path) as adb:
         await adb.put(b"k", b"v")            # thousands of coroutines share each fsync
@@ -43,11 +44,21 @@ from wal.errors import (
     LogGapError,
     ReadOnlyError,
     RecordTooLargeError,
+    ReplicaError,
+    ReplicaLagError,
     SnapshotError,
     StoreVanishedError,
     ViewExpiredError,
     WalkvError,
 )
+
+
+def open_replica(source, path, **options):
+    """Open (or create) a read replica of ``source`` (a store directory or an
+    archive location) at ``path``. See :mod:`kvstore.replica`."""
+    from kvstore.replica import open_replica as _open_replica
+
+    return _open_replica(source, path, **options)
 
 
 def open_async(path, sync: str = "always", **options):
@@ -61,6 +72,8 @@ def open_async(path, sync: str = "always", **options):
 __all__ = [
     "MAX_KEY_BYTES", "ArchiveError", "ArchiveLagError", "ClosedError", "CorruptionError", "Damage",
     "DiskFullError", "ForkedError", "StoreVanishedError", "KVStore", "LockedError",
-    "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "SnapshotError",
-    "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "restore",
+    "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
+    "ReplicaLagError", "SnapshotError",
+    "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "open_replica",
+    "restore",
 ]

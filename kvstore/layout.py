@@ -6,6 +6,8 @@
       lmdb/       the state machine (kvstore.state) and its SESSION record (kvstore.recovery)
       snapshots/  snap-<lsn 20 digits>/ directories: the snapshot package
       ARCHIVED    the archived LSN a sidecar archiver publishes (kvstore.archived)
+      REPLICA     only in a read replica's directory (kvstore.replica): which store it follows;
+                  a writer refuses to open it until promote() removed it
 
 :class:`StoreLayout` gives these paths for a store reached through any
 read-only file seam (:mod:`wal.readfs`), so the store, restore, the command
@@ -25,6 +27,7 @@ LMDB_DIR = "lmdb"
 SNAPSHOTS_DIR = "snapshots"
 SESSION_NAME = "SESSION"
 ARCHIVED_NAME = "ARCHIVED"
+REPLICA_NAME = "REPLICA"
 
 
 class StoreLayout(NamedTuple):
@@ -65,4 +68,4 @@ class StoreLayout(NamedTuple):
         return self.fs.display(self.root if path is None else path)
 
 
-__all__ = ["ARCHIVED_NAME", "LMDB_DIR", "SESSION_NAME", "SNAPSHOTS_DIR", "StoreLayout", "WAL_DIR"]
+__all__ = ["ARCHIVED_NAME", "LMDB_DIR", "REPLICA_NAME", "SESSION_NAME", "SNAPSHOTS_DIR", "StoreLayout", "WAL_DIR"]

@@ -55,7 +55,7 @@ class RestoreInfo:
     seconds: float
 
 
-class _LogFiles:
+class LogFiles:
     """The source log as :func:`kvstore.recovery.replay` reads it
     (:class:`kvstore.recovery.LogSource`): straight from the files, bounded at
     ``last_lsn``; no log at all when ``directory`` is ``None``."""
@@ -120,7 +120,7 @@ def restore(source: str | os.PathLike[str] | KVStore, target: str | os.PathLike[
         base = choose_base(snap_dirs, wal_dir, log_first, target_lsn, read_store_id(wal_dir) if wal_dir else None)
     except SnapshotError as e:
         raise SnapshotError(f"cannot restore to LSN {target_lsn}: {e}") from None
-    return build(target, _LogFiles(wal_dir, log_first, target_lsn), base, target_lsn, source=source,
+    return build(target, LogFiles(wal_dir, log_first, target_lsn), base, target_lsn, source=source,
                  progress=progress, t0=t0)
 
 

@@ -55,11 +55,11 @@ from kvstore.batch import (
     parse,
     put_payload,
 )
-from kvstore.layout import LMDB_DIR, WAL_DIR
+from kvstore.layout import LMDB_DIR, REPLICA_NAME, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
 from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from snapshot import SnapshotInfo
-from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
+from wal.errors import ArchiveError, ClosedError, ReadOnlyError, ReplicaError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
@@ -172,6 +172,10 @@ class KVStore:
         state; on any failure let go of everything taken."""
         self._fs.makedirs(self.path)
         self._lock = DirectoryLock(self.path, f"the store {self.path}")
+        if os.path.exists(os.path.join(self.path, REPLICA_NAME)):
+            self._release_lock()
+            raise ReplicaError(f"{self.path} is a read replica (kvstore.replica): open it with "
+                               f"kvstore.open_replica, or promote() it to write to it")
         try:
             self._log = wal.open(self._wal_dir, sync=sync, segment_bytes=segment_bytes,
                                  max_record_bytes=max_record_bytes,

@@ -175,6 +175,22 @@ class ArchiveLagError(ArchiveError):
         self.archived_lsn = archived_lsn
         self.target_lsn = target_lsn
         super().__init__(message)
+class ReplicaError(WalkvError):
+    """A read replica (:mod:`kvstore.replica`) cannot follow its source as
+    asked: the source is another store than the one the replica holds, or its
+    directory is not a replica's."""
+
+
+class ReplicaLagError(ReplicaError):
+    """A replica did not reach ``target_lsn`` in time (``rep.wait_for``):
+    ``applied_lsn`` is what it had applied when the wait ended."""
+
+    def __init__(self, message: str, *, applied_lsn: int, target_lsn: int) -> None:
+        self.applied_lsn = applied_lsn
+        self.target_lsn = target_lsn
+        super().__init__(message)
+
+
 class ForkedError(WalkvError):
     """A log, store or LMDB environment was used in a process forked from the
     one that opened it (``os.fork()``, ``multiprocessing`` with the fork start

@@ -5,7 +5,8 @@ This module parses arguments and maps errors to exit codes; the commands live
 in :mod:`kvstore.cli.kv` (put, get, delete, scan, load),
 :mod:`kvstore.cli.stats` (stats), :mod:`kvstore.cli.inspection` (inspect),
 :mod:`kvstore.cli.files` (verify, repair), :mod:`kvstore.cli.admin`
-(snapshot, restore, export, bench) and :mod:`kvstore.cli.demo` (the main job).
+(snapshot, restore, export, bench), :mod:`kvstore.cli.replica` (replica) and
+:mod:`kvstore.cli.demo` (the main job).
 
 Exit codes, for scripts::
 
@@ -35,7 +36,7 @@ import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 
-from kvstore.cli import admin, archive, demo, files, inspection, kv, stats
+from kvstore.cli import admin, archive, demo, files, inspection, kv, replica, stats
 from kvstore.cli.common import (
     EXIT_CORRUPT,
     EXIT_LOCKED,
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     files.add_commands(add)
     admin.add_commands(add)
     archive.add_commands(add)
+    replica.add_commands(add)
 
     return parser
 
