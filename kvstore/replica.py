@@ -67,6 +67,7 @@ from kvstore import recovery
 from kvstore import watch as watching
 from kvstore.batch import decode
 from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
+from kvstore.replica_promote import promote
 from kvstore.replica_reads import ReplicaReads
 from kvstore.replica_source import ReplicaSource, open_source
 from kvstore.state import DEFAULT_MAP_SIZE, State, StateOptions
@@ -357,8 +358,6 @@ class Replica(ReplicaReads):
         """Make this replica a writable store (its source is gone); return
         the :class:`kvstore.KVStore` opened on it. See
         :func:`kvstore.replica_promote.promote`."""
-        from kvstore.replica_promote import promote
-
         self._check_open()
         return promote(self, options)
 

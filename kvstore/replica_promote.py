@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import snapshot
 import wal
@@ -40,13 +40,21 @@ from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.store import KVStore
 from wal.fs import OS_FS
 
-if TYPE_CHECKING:
-    from kvstore.replica import Replica
+
+class Promotable(Protocol):
+    """What promote needs of a :class:`kvstore.replica.Replica`."""
+
+    path: str
+    source: Any
+
+    def catch_up(self) -> int: ...
+
+    def detach(self) -> Any: ...
 
 log = logging.getLogger("walkv.replica")
 
 
-def promote(rep: Replica, options: dict[str, Any]) -> KVStore:
+def promote(rep: Promotable, options: dict[str, Any]) -> KVStore:
     """Promote ``rep`` (module docstring); ``options`` go to :func:`kvstore.open`."""
     fence = rep.source.fence()
     try:

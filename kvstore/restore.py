@@ -26,7 +26,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import snapshot
 import wal
@@ -37,8 +37,12 @@ from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
 from wal.errors import CorruptionError, Damage, SnapshotError, WalkvError
 from wal.fs import OS_FS
 
-if TYPE_CHECKING:  # kvstore.store is not imported here: the store imports the archive, which builds on this
-    from kvstore.store import KVStore
+
+class OpenStore(Protocol):
+    """An open store given as a restore's source (:class:`kvstore.KVStore`)."""
+
+    @property
+    def path(self) -> str: ...
 
 log = logging.getLogger("walkv.restore")
 
@@ -90,7 +94,7 @@ def _locate(source: str) -> tuple[str | None, list[str]]:
     return (wal_dir if os.path.isdir(wal_dir) else None), found
 
 
-def restore(source: str | os.PathLike[str] | KVStore, target: str | os.PathLike[str],
+def restore(source: str | os.PathLike[str] | OpenStore, target: str | os.PathLike[str],
             to_lsn: int | None = None, *, progress: Progress | None = None) -> RestoreInfo:
     """Build a new store at ``target`` equal to ``source`` at ``to_lsn``
     (default: its last durable LSN). ``source`` is a store (path or open
