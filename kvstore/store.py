@@ -30,36 +30,25 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Generator, Iterator, cast
+from typing import Any, Callable, cast
 
 import snapshot
 import wal
-from kvstore import archiving, conditions, recovery, snapshots, txn
+from kvstore import archiving, conditions, recovery, snapshots
 from kvstore import watch as watching
 from kvstore.archive import Archiver
 from kvstore.archive.target import Location
 from kvstore.batch import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
-    LARGE_VALUE_BYTES,
     MAX_KEY_BYTES,
-    OP_DELETE,
-    OP_DELETE_RANGE,
-    OP_PUT,
-    WriteBatch,
-    _pack,
-    as_bytes,
-    check_key,
-    check_range,
-    check_value,
-    parse,
-    put_payload,
 )
 from kvstore.layout import LMDB_DIR, REPLICA_NAME, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions
-from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
+from kvstore.store_reads import StoreReads
+from kvstore.store_writes import StoreWrites
 from snapshot import SnapshotInfo
-from wal.errors import ArchiveError, ClosedError, ReadOnlyError, ReplicaError, SnapshotError, WalkvError
+from wal.errors import ArchiveError, ClosedError, ReplicaError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
@@ -70,7 +59,7 @@ log = logging.getLogger("walkv.store")
 
 Progress = Callable[[int, "int | None"], None]
 
-class KVStore:
+class KVStore(StoreWrites, StoreReads):
     """An open store. Create with :func:`kvstore.open`.
 
     Thread-safe: any number of threads may read and write; concurrent writers
@@ -221,90 +210,15 @@ class KVStore:
         if self._auto is not None and self._log is not None:
             self._auto.poke(self._log.appended_bytes)
 
-    def _refuse_write(self, payload: Payload, ops: Ops) -> int:
-        raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; "
-                            f"writes are refused")
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.put(key, value)
 
-    # -- writing ---------------------------------------------------------------
-
-    def put(self, key: bytes, value: bytes) -> int:
-        """Set ``key`` to ``value``; return the write's LSN. Durable per the
-        sync mode when it returns, and visible to every later read."""
-        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-            key = check_key(key)
-        if type(value) is not bytes or len(value) > self.max_value_bytes:
-            value = check_value(value, self.max_value_bytes)
-        ops = [[OP_PUT, key, value]]
-        if len(value) >= LARGE_VALUE_BYTES:  # logged as pieces: the value is never copied
-            return self._append(put_payload(key, value), ops)
-        return self._append(_pack(ops), ops)
-
-    def delete(self, key: bytes) -> int:
-        """Remove ``key`` (absent keys too: the delete is logged anyway);
-        return the LSN."""
-        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-            key = check_key(key)
-        ops = [[OP_DELETE, key]]
-        return self._append(_pack(ops), ops)
-
-    def delete_range(self, start: bytes | None, end: bytes | None) -> int:
-        """Remove every key with ``start <= key < end`` (None: unbounded), as
-        one atomic write; return its LSN."""
-        start, end = check_range(start, end)
-        ops = [[OP_DELETE_RANGE, start, end]]
-        return self._append(_pack(ops), ops)
-
-    def batch(self) -> WriteBatch:
-        """A batch of writes applied atomically as one log entry (one LSN)::
-
-            with db.batch() as b:
-                b.put(b"a", b"1"); b.delete(b"b"); b.delete_range(b"c", b"d")
-
-        Committed when the ``with`` block ends normally (durable per the sync
-        mode, then visible), discarded when it raises. ``b.lsn`` is the LSN.
-        """
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
-        if self.readonly:
-            self._refuse_write(b"", [])
-        return WriteBatch(self._append, self.max_value_bytes, self._max_payload)
-
-    def update(self, pairs) -> int | None:
-        """Put every (key, value) of ``pairs`` (a mapping or an iterable of
-        pairs) as ONE atomic batch; return its LSN (None if empty). The
-        fastest way to load many pairs."""
-        with self.batch() as b:
-            b.update(pairs)
-        return b.lsn
-
-    def write(self, payload: bytes) -> int:
-        """Append a pre-encoded batch payload (kvstore.batch format) after
-        validating it; return its LSN. For tools that copy batches. Not
-        bytes-like: TypeError; not a valid batch: ValueError (nothing is
-        written either way)."""
-        payload = as_bytes(payload, "payload")
-        return self._append(payload, parse(payload))
-
-    # -- conditional writes (kvstore/txn.py), watching (kvstore/watch.py) -------
-
-    def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
-        """Set ``key`` to ``new`` only if its value is ``expected`` (None: only
-        if it is absent), decided at apply in log order (:mod:`kvstore.txn`).
-        True when it was set; either way the attempt is durable (one LSN)."""
-        return txn.compare_and_set(self._append, self.max_value_bytes, key, expected, new)
-
-    def delete_if(self, key: bytes, expected: bytes) -> bool:
-        """Delete ``key`` only if its value is ``expected``; True when deleted."""
-        return txn.delete_if(self._append, self.max_value_bytes, key, expected)
-
-    def transaction(self) -> txn.Transaction:
-        """Conditions plus writes, applied atomically only if every condition
-        holds at apply (:class:`kvstore.txn.Transaction`)."""
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
-        if self.readonly:
-            self._refuse_write(b"", [])
-        return txn.Transaction(self._append, self.max_value_bytes, self._max_payload)
+    def __delitem__(self, key: bytes) -> None:
+        """``del db[k]``: KeyError when ``k`` is absent (checked just before
+        the delete is logged; a concurrent writer may race it)."""
+        if self.get(key) is None:
+            raise KeyError(key)
+        self.delete(key)
 
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,
@@ -321,88 +235,6 @@ class KVStore:
         first = self.durable_lsn + 1 if from_lsn is None else from_lsn
         return watching.Watcher(source, lo, hi, first, timeout=timeout, progress_every=progress_every,
                              on_gap=on_gap)
-
-    # -- reading ---------------------------------------------------------------
-
-    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        """The value of ``key``, or ``default``. Sees every write that returned
-        before it was called (in any thread). After :meth:`close`:
-        :class:`ClosedError`."""
-        return self._state.get(key, default)
-
-    def __getitem__(self, key: bytes) -> bytes:
-        v = self.get(key)
-        if v is None:
-            raise KeyError(key)
-        return v
-
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key: bytes) -> None:
-        """``del db[k]``: KeyError when ``k`` is absent (checked just before
-        the delete is logged; a concurrent writer may race it)."""
-        if self.get(key) is None:
-            raise KeyError(key)
-        self.delete(key)
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None  # type: ignore[arg-type]
-
-    def __len__(self) -> int:
-        """The number of keys (LMDB keeps the count; O(1))."""
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
-        return self._state.count()
-
-    def __iter__(self) -> Iterator[bytes]:
-        for k, _v in self.scan():
-            yield k
-
-    def keys(self) -> Iterator[bytes]:
-        return iter(self)
-
-    def items(self) -> Iterator[tuple[bytes, bytes]]:
-        return self.scan()
-
-    def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
-             prefix: bytes | None = None, reverse: bool = False
-             ) -> Generator[tuple[bytes, bytes], None, None]:
-        """Yield ``(key, value)`` pairs in key order (descending when
-        ``reverse``), with range() semantics: ``start <= key < stop``, and
-        ``key.startswith(prefix)`` when a prefix is given (all three combine).
-
-        Each key comes once, in order, with a value it had at some moment
-        during the scan. A scan that takes under half a second is one LMDB
-        snapshot taken at the first ``next()``; a longer one (or one that
-        meets a growth of LMDB's map) goes on from a newer snapshot after the
-        last key yielded, so that it never pins old pages for long (see
-        :func:`kvstore.readers.scan`). For several keys as of one LSN use
-        :meth:`view`. Close the iterator (or exhaust it) promptly: a paused
-        one still holds its snapshot.
-        """
-        lo, hi = scan_bounds(start, stop, prefix)
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
-        return self._state.scan(lo, hi, reverse)
-
-    def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
-        """A consistent read of several keys: everything as of one LSN::
-
-            with db.view() as v:
-                v.get(b"a"), v[b"b"], b"c" in v, len(v), v.lsn
-                for key, value in v.scan(prefix=b"user/"): ...
-
-        One LMDB read transaction, safe beside writers and growth of the
-        map; on read-only stores too. Bounded lifetime: an open view pins
-        LMDB's pages and holds off growth of the map, so once older than
-        ``max_seconds`` it is closed and raises
-        :class:`~kvstore.ViewExpiredError`; a writer that must grow the map
-        waits for younger views. After the ``with`` block: ClosedError. See
-        :mod:`kvstore.view`."""
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
-        return self._state.view(max_seconds)
 
     # -- LSNs, sync, stats, close ---------------------------------------------
 

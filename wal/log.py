@@ -43,13 +43,11 @@ roll or sync. Nothing recreates it.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Self, cast
 
 from wal.commit import Callback, Group, GroupCommit
@@ -57,7 +55,6 @@ from wal.durable import DurableMarker
 from wal.errors import (
     ClosedError,
     LogFailedError,
-    LogGapError,
     RecordTooLargeError,
     StoreVanishedError,
     file_error,
@@ -67,13 +64,13 @@ from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
 from wal.index import SparseIndex
 from wal.lock import DirectoryLock
-from wal.reader import read_segments
+from wal.reader import LogReading
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.recovery import recover
-from wal.segment import ENTRY_HEADER_SIZE, Entry, Payload, SegmentFile, payload_size
+from wal.segment import ENTRY_HEADER_SIZE, Payload, SegmentFile, payload_size
 from wal.segment_writer import ActiveSegment, gathered, round_block
 from wal.stats import LogStats
-from wal.truncation import TRUNCATE_MARKER, cut_after, delete_segments
+from wal.truncation import LogTruncation
 
 logger = logging.getLogger("walkv.wal")
 
@@ -85,7 +82,7 @@ CommitHook = Callable[[Group], None]
 PrepareHook = Callable[[Group], "list[Payload] | None"]
 
 
-class Log:
+class Log(LogReading, LogTruncation):
     """One log directory, opened by its one writer. Use :func:`wal.open`.
 
     Options: ``sync`` (see the module docstring); ``segment_bytes``, the size
@@ -395,90 +392,6 @@ class Log:
                 self._durable = target
                 self._publish_durable()
         return self._durable[0]
-
-    # -- reading and truncation ----------------------------------------------------
-
-    def read(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
-             ) -> Iterator[tuple[int, bytes]]:
-        """Yield ``(lsn, payload)`` from ``from_lsn`` to ``to_lsn`` (inclusive),
-        up to the durable LSN (or everything written, ``durable_only=False``)."""
-        for entry in self.read_entries(from_lsn, to_lsn, durable_only=durable_only):
-            yield entry.lsn, entry.payload
-
-    def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
-                     ) -> Iterator[Entry]:
-        """As :meth:`read`, yielding :class:`wal.Entry` (lsn, timestamp_us, payload)."""
-        with self._gc.mutex:
-            if self._closed:
-                raise ClosedError(f"the log at {self.directory} is closed")
-            limit_lsn, limit_off = self._durable if durable_only else self._written
-            segments = self._sealed + [self._active.file]
-            indexes = dict(self._indexes)
-            active_points = list(self._active.points)
-            first_held = self._first_lsn
-        if from_lsn < 1:
-            raise ValueError(f"LSNs start at 1; cannot read from LSN {from_lsn}")
-        if from_lsn < first_held:
-            raise LogGapError(
-                f"LSN {from_lsn} is no longer in the log at {self.directory} (it starts at LSN {first_held}; "
-                "older entries were truncated after a snapshot covered them)",
-                first_missing=from_lsn, last_missing=first_held - 1, first_available=first_held,
-            )
-        last = limit_lsn if to_lsn is None else min(to_lsn, limit_lsn)
-        if from_lsn > last:
-            return
-
-        def start_offset(i: int, seg: SegmentFile, lsn: int) -> int:
-            if i < len(segments) - 1:
-                return indexes[seg.first_lsn].offset_for(lsn)
-            j = bisect.bisect_right(active_points, (lsn, 1 << 64)) - 1
-            return active_points[j][1] if j >= 0 else 0
-
-        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off)
-
-    def truncate_before(self, lsn: int) -> int:
-        """Delete whole segments all of whose LSNs are below ``lsn`` (never the
-        active one); return the bytes freed. Oldest first, index before
-        segment, then a directory fsync: a crash leaves a gap-free suffix."""
-        with self._gc.mutex:
-            self._refuse()
-            segments = self._sealed + [self._active.file]
-            doomed = [seg for seg, nxt in itertools.pairwise(segments) if nxt.first_lsn <= lsn]
-            if not doomed:
-                return 0
-            self._sealed = self._sealed[len(doomed):]
-            for seg in doomed:
-                del self._indexes[seg.first_lsn]
-            self._first_lsn = segments[len(doomed)].first_lsn
-        return delete_segments(self.directory, doomed, self._fs)
-
-    def truncate_after(self, lsn: int) -> None:
-        """Drop every entry after ``lsn``; the next append gets ``lsn + 1``.
-        Crash-safe: a ``TRUNCATE`` marker is made durable first, and an
-        interrupted truncation is finished by the next open."""
-        if lsn < self._first_lsn - 1 or lsn < 0:
-            raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {self._first_lsn}")
-        with self._gc.exclusive(freeze=True):
-            if lsn >= self._gc.next_lsn - 1:
-                return
-            try:
-                if self._durable[0] > lsn:
-                    # (The offset bounds reads of the active segment; those stop at ``lsn`` anyway.)
-                    self._durable = (lsn, self._durable[1])
-                    self._publish_durable()
-                marker = os.path.join(self.directory, TRUNCATE_MARKER)
-                self._fs.write_file(marker + ".tmp", str(lsn).encode())
-                self._fs.rename(marker + ".tmp", marker)
-                self._fs.fsync_dir(self.directory)
-                self._active.close()
-                self._durable_marker.close()
-                cut_after(self.directory, lsn, self._fs)
-                self._fs.unlink(marker)
-                self._fs.fsync_dir(self.directory)
-                self._open_state("strict")
-            except OSError as e:
-                raise self._gc.fail(e, lsn + 1) from e
-            self._gc.renumber(lsn + 1)
 
     # -- closing and stats -----------------------------------------------------------
 

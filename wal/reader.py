@@ -1,17 +1,21 @@
-"""Reading entries across segments, from a live log or straight from a
-directory's files (:func:`read_log`: no lock, safe beside a writer in another
-process and after it is gone)."""
+"""Reading entries across segments, from a live log (:class:`LogReading`, the
+reads of :class:`wal.Log`) or straight from a directory's files
+(:func:`read_log`: no lock, safe beside a writer in another process and after
+it is gone)."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator
 
+from wal.commit import GroupCommit
 from wal.durable import read_durable_lsn
-from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError
+from wal.errors import REPAIR_HINT, ClosedError, CorruptionError, Damage, LogGapError
 from wal.fs import OS_FS
-from wal.index import read_index
+from wal.index import SparseIndex, read_index
 from wal.readfs import ReadFS
 from wal.segment import Entry, SegmentFile, SegmentScan, find_segment, list_segments
+from wal.segment_writer import ActiveSegment
 
 
 def read_segments(
@@ -90,3 +94,57 @@ def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
         return index.offset_for(lsn) if index is not None and index.first_lsn == seg.first_lsn else 0
 
     yield from read_segments(segments, from_lsn, last, start_offset, fs=fs)
+
+
+class LogReading:
+    """The reads of :class:`wal.Log` (a base class of it): a consistent copy
+    of the segment list is taken under the group commit's mutex, then read
+    without it."""
+
+    directory: str
+    _closed: bool
+    _durable: tuple[int, int]
+    _written: tuple[int, int]
+    _sealed: list[SegmentFile]
+    _indexes: dict[int, SparseIndex]
+    _first_lsn: int
+    _active: ActiveSegment
+    _gc: GroupCommit
+
+    def read(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
+             ) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(lsn, payload)`` from ``from_lsn`` to ``to_lsn`` (inclusive),
+        up to the durable LSN (or everything written, ``durable_only=False``)."""
+        for entry in self.read_entries(from_lsn, to_lsn, durable_only=durable_only):
+            yield entry.lsn, entry.payload
+
+    def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
+                     ) -> Iterator[Entry]:
+        """As :meth:`read`, yielding :class:`wal.Entry` (lsn, timestamp_us, payload)."""
+        with self._gc.mutex:
+            if self._closed:
+                raise ClosedError(f"the log at {self.directory} is closed")
+            limit_lsn, limit_off = self._durable if durable_only else self._written
+            segments = self._sealed + [self._active.file]
+            indexes = dict(self._indexes)
+            active_points = list(self._active.points)
+            first_held = self._first_lsn
+        if from_lsn < 1:
+            raise ValueError(f"LSNs start at 1; cannot read from LSN {from_lsn}")
+        if from_lsn < first_held:
+            raise LogGapError(
+                f"LSN {from_lsn} is no longer in the log at {self.directory} (it starts at LSN {first_held}; "
+                "older entries were truncated after a snapshot covered them)",
+                first_missing=from_lsn, last_missing=first_held - 1, first_available=first_held,
+            )
+        last = limit_lsn if to_lsn is None else min(to_lsn, limit_lsn)
+        if from_lsn > last:
+            return
+
+        def start_offset(i: int, seg: SegmentFile, lsn: int) -> int:
+            if i < len(segments) - 1:
+                return indexes[seg.first_lsn].offset_for(lsn)
+            j = bisect.bisect_right(active_points, (lsn, 1 << 64)) - 1
+            return active_points[j][1] if j >= 0 else 0
+
+        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off)
