@@ -32,7 +32,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from kvstore.spark import arrow as sa
-from kvstore.spark.files import StoreFiles, normalize_location
+from kvstore.spark.archive import open_files
+from kvstore.spark.files import normalize_location
 from kvstore.spark.options import Options, parse
 from kvstore.spark.partitions import partitions_for, plan, read_partition
 from kvstore.spark.stream import WalkvStreamReader
@@ -97,7 +98,7 @@ class WalkvReader(DataSourceReader):
 
     def __init__(self, opts: Options) -> None:
         self.opts = replace(opts, path=normalize_location(opts.path))
-        self.files = StoreFiles(self.opts.path)
+        self.files = open_files(self.opts.path)
         self.plan = plan(self.files, self.opts)
         self._partitions = partitions_for(self.files, self.opts, self.plan)
 
@@ -127,7 +128,7 @@ def read_state(spark: Any, path: str, *, snapshot_lsn: int | None = None, ending
     register(spark)
     opts = parse({"path": path, "table": sa.STATE, **({"endingLsn": str(ending_lsn)} if ending_lsn is not None else {}),
                   **({"snapshotLsn": str(snapshot_lsn)} if snapshot_lsn is not None else {})})
-    files = StoreFiles(opts.path)
+    files = open_files(opts.path)
     p = plan(files, opts)
     snap_lsn = p.snapshot.lsn if p.snapshot is not None else 0
     formats = {"keyFormat": key_format, "valueFormat": value_format}

@@ -21,7 +21,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from kvstore.spark.files import StoreFiles, normalize_location
+from kvstore.spark.archive import open_files
+from kvstore.spark.files import normalize_location
 from kvstore.spark.options import EARLIEST, LATEST, Options
 from kvstore.spark.partitions import LogPartition, read_partition
 
@@ -39,7 +40,7 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, opts: Options) -> None:
         self.opts = replace(opts, path=normalize_location(opts.path))
-        self.files = StoreFiles(self.opts.path)
+        self.files = open_files(self.opts.path)
         self.files.check_store()
         self.store_id = self.files.store_id()
         self._available_now: int | None = None
