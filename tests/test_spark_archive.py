@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from kvstore.archive import ArchiveReader, Archiver
+from kvstore.archive import Archiver, ArchiveReader
 from tests.test_spark_helpers import build_store
 
 pytestmark = pytest.mark.spark

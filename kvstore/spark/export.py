@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvstore.spark.arrow import BINARY, CHANGES, SNAPSHOT, STATE, TABLES
 from kvstore.spark.archive import open_files
+from kvstore.spark.arrow import BINARY, CHANGES, SNAPSHOT, STATE, TABLES
 from kvstore.spark.files import normalize_location
 from kvstore.spark.options import parse
 from kvstore.spark.partitions import plan
