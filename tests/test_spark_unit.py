@@ -81,7 +81,7 @@ def test_options_defaults_and_errors():
             parse(options)
     with pytest.raises(ValueError, match="table=changes only"):
         parse({"path": "/x", "table": "state"}, streaming=True)
-    with pytest.raises(ValueError, match="maxRecordsPerBatch"):
+    with pytest.raises(ValueError, match="maxRecordsPerTrigger"):
         parse({"path": "/x", "maxRecordsPerBatch": "0"}, streaming=True)
     # Spark asks for the schema without saying whether the read is a stream.
     assert parse({"path": "/x", "maxRecordsPerBatch": "5"}, streaming=None).max_records_per_batch == 5

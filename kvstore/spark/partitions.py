@@ -13,6 +13,7 @@ are exactly the schema's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from kvstore.spark.files import LogSlice, StoreFiles
 from kvstore.spark.options import EARLIEST, LATEST, Options
 from wal.errors import CorruptionError
 
+log = logging.getLogger("walkv.spark")
+
 
 @dataclass(frozen=True)
 class ChunkPartition(InputPartition):
@@ -34,6 +37,16 @@ class ChunkPartition(InputPartition):
 
     directory: str
     chunk: snapshot.ChunkInfo
+
+
+@dataclass(frozen=True)
+class SnapshotChangesPartition(InputPartition):
+    """One chunk of the snapshot in ``directory`` as ``changes`` rows (a
+    stream's ``startingFrom=snapshot``), stamped with the snapshot's time."""
+
+    directory: str
+    chunk: snapshot.ChunkInfo
+    created_us: int
 
 
 @dataclass(frozen=True)
@@ -76,20 +89,44 @@ def plan(files: StoreFiles, opts: Options) -> Plan:
             f"endingLsn {opts.ending_lsn} is past the durable LSN {durable} of {files.display()}; "
             "entries past it may still be lost to a crash, so they are not read"
         )
-    end = durable if opts.ending_lsn is None else opts.ending_lsn
+    ending = opts.ending_lsn
+    if opts.ending_timestamp_us is not None:
+        ending = files.last_lsn_at(opts.ending_timestamp_us, durable)
+    end = durable if ending is None else ending
     snap: snapshot.Snapshot | None = None
-    if opts.table != sa.CHANGES or opts.starting_lsn is None:
-        snap = ss.choose(files, opts.snapshot_lsn, opts.ending_lsn if opts.table != sa.SNAPSHOT else None)
-    if opts.table == sa.CHANGES and opts.starting_lsn is not None:
-        if opts.starting_lsn == EARLIEST:
-            start = files.first_held(durable)
-        elif opts.starting_lsn == LATEST:
-            start = durable + 1
-        else:
-            start = int(opts.starting_lsn)
+    from_log = opts.table == sa.CHANGES and (opts.starting_lsn is not None or opts.starting_timestamp_us is not None)
+    if not from_log:
+        snap = ss.choose(files, opts.snapshot_lsn, ending if opts.table != sa.SNAPSHOT else None)
+    if opts.starting_timestamp_us is not None:
+        start = files.last_lsn_at(opts.starting_timestamp_us - 1, durable) + 1
+    elif from_log:
+        start = starting_lsn(files, opts.starting_lsn, durable)
     else:
         start = (snap.lsn if snap is not None else 0) + 1
+    if from_log:
+        start = skip_lost(files, opts, start, end, durable)
     return Plan(snap, start, end, durable)
+
+
+def starting_lsn(files: StoreFiles, option: int | str | None, durable: int) -> int:
+    """The first LSN ``startingLsn`` names (a number, earliest or latest)."""
+    if option == EARLIEST or option is None:
+        return files.first_held(durable)
+    if option == LATEST:
+        return durable + 1
+    return int(option)
+
+
+def skip_lost(files: StoreFiles, opts: Options, start: int, end: int, durable: int) -> int:
+    """``start``, or with ``failOnDataLoss=false`` the first LSN the log holds
+    when retention deleted ``start`` (a warning names the skipped LSNs);
+    with the default the read fails later with the ``LogGapError``."""
+    first_held = files.first_held(durable)
+    if start >= first_held or opts.fail_on_data_loss or end < start:
+        return start
+    log.warning("failOnDataLoss=false: LSNs %d..%d are no longer in the log of %s (retention deleted them); "
+                "reading from LSN %d", start, first_held - 1, files.display(), first_held)
+    return first_held
 
 
 def partitions_for(files: StoreFiles, opts: Options, p: Plan) -> list[Any]:
@@ -138,6 +175,11 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
         for keys, values in ss.read_chunk(files, directory, chunk, rows):
             yield sa.snapshot_batch(sa.binary_array(keys), sa.binary_array(values), chunk.lsn, kf, vf,
                                     lambda: ss.where(files, directory, chunk))
+    elif isinstance(partition, SnapshotChangesPartition):
+        d, c, t = partition.directory, partition.chunk, partition.created_us
+        for keys, values in ss.read_chunk(files, d, c, rows):
+            yield sa.snapshot_change_batch(sa.binary_array(keys), sa.binary_array(values), c.lsn, t, kf, vf,
+                                           lambda: ss.where(files, d, c))
     elif isinstance(partition, StatePartition):
         yield from _read_state_partition(files, opts, partition)
     elif partition is None or type(partition) is InputPartition:
