@@ -404,3 +404,22 @@ def test_empty_snapshot(tmp_path):
     assert list(r.read(ship(InputPartition(None)))) == []  # Spark's placeholder for "no partitions"
     assert rows(read_all(reader(path, table="state")), ["key", "value", "lsn"]) == [(b"c", b"3", info.lsn + 3)]
     assert [x[3] for x in rows(read_all(reader(path)), CHANGE_COLS)] == ["upsert", "delete", "upsert"]
+
+
+def test_stream_control_options_parse():
+    o = parse({"path": "/x", "maxBytesPerTrigger": "64m", "failOnDataLoss": "FALSE", "startingFrom": "snapshot",
+               "maxRecordsPerTrigger": "9"}, streaming=True)
+    assert (o.max_bytes_per_trigger, o.fail_on_data_loss, o.starting_from_snapshot, o.max_records_per_batch) == \
+        (64 << 20, False, True, 9)
+    assert parse({"path": "/x", "startingTimestamp": "1000"}).starting_timestamp_us == 1_000_000
+    assert parse({"path": "/x", "startingTimestamp": "1970-01-01T00:00:01Z"}).starting_timestamp_us == 1_000_000
+    for bad, word in (({"maxBytesPerTrigger": "lots"}, "maxBytesPerTrigger"),
+                      ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
+                      ({"startingFrom": "middle"}, "startingFrom"),
+                      ({"startingTimestamp": "yesterday"}, "startingTimestamp"),
+                      ({"startingLsn": "3", "startingTimestamp": "1"}, "not both"),
+                      ({"startingFrom": "snapshot", "startingLsn": "3"}, "startingFrom")):
+        with pytest.raises(ValueError, match=word):
+            parse({"path": "/x", **bad}, streaming=True)
+    with pytest.raises(ValueError, match="for streams"):
+        parse({"path": "/x", "maxBytesPerTrigger": "1k"})
