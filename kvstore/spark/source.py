@@ -25,7 +25,7 @@ it. Install the extra: ``pip install 'walkv[spark]'``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -33,19 +33,25 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from kvstore.spark import arrow as sa
 from kvstore.spark.archive import open_files
+from kvstore.spark.compat import pushdown_enabled
 from kvstore.spark.files import normalize_location
 from kvstore.spark.options import Options, parse
 from kvstore.spark.partitions import partitions_for, plan, read_partition
+from kvstore.spark.pushdown import COMMIT_VERSION, Bounds, bounds_of
 from kvstore.spark.stream import WalkvStreamReader
 
-__all__ = ["WalkvDataSource", "WalkvReader", "read_state", "register", "spark_schema"]
+__all__ = ["WalkvDataSource", "WalkvPushdownDataSource", "WalkvPushdownReader", "WalkvReader", "read_state", "register", "spark_schema"]
 
 NAME = "walkv"
 
 
 def register(spark: Any) -> None:
-    """Register the ``walkv`` data source with a SparkSession."""
-    spark.dataSource.register(WalkvDataSource)
+    """Register the ``walkv`` data source with a SparkSession: the one that
+    takes pushed-down filters when the session allows it
+    (:data:`~kvstore.spark.compat.PUSHDOWN_CONF`, PySpark 4.1+), else the
+    one that does not (a reader with ``pushFilters`` fails every query while
+    the setting is off). Register again after changing the setting."""
+    spark.dataSource.register(WalkvPushdownDataSource if pushdown_enabled(spark) else WalkvDataSource)
 
 
 def spark_schema(table: str, key_format: str = sa.BINARY, value_format: str = sa.BINARY) -> Any:
@@ -93,6 +99,13 @@ class WalkvDataSource(DataSource):
         return WalkvStreamReader(self._options(streaming=True))
 
 
+class WalkvPushdownDataSource(WalkvDataSource):
+    """``walkv`` whose batch reader takes pushed-down filters (:mod:`kvstore.spark.pushdown`)."""
+
+    def reader(self, schema: Any) -> WalkvReader:
+        return WalkvPushdownReader(self._options())
+
+
 class WalkvReader(DataSourceReader):
     """A batch read, planned when created (on the driver)."""
 
@@ -100,13 +113,23 @@ class WalkvReader(DataSourceReader):
         self.opts = replace(opts, path=normalize_location(opts.path))
         self.files = open_files(self.opts.path)
         self.plan = plan(self.files, self.opts)
-        self._partitions = partitions_for(self.files, self.opts, self.plan)
+        self.bounds = Bounds()
 
     def partitions(self) -> list[Any]:
-        return list(self._partitions)
+        return partitions_for(self.files, self.opts, self.plan, self.bounds)
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_partition(self.files, self.opts, partition)
+
+
+class WalkvPushdownReader(WalkvReader):
+    """A batch read that prunes by the filters Spark pushes (all are handed
+    back: Spark still evaluates them, see :mod:`kvstore.spark.pushdown`)."""
+
+    def pushFilters(self, filters: list[Any]) -> Iterable[Any]:
+        lsn_column = COMMIT_VERSION if self.opts.table == sa.CHANGES else None
+        self.bounds = bounds_of(filters, lsn_column)
+        return filters
 
 
 # -- state, computed by Spark ----------------------------------------------------
