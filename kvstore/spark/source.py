@@ -39,6 +39,7 @@ from kvstore.spark.options import Options, parse
 from kvstore.spark.partitions import partitions_for, plan, read_partition
 from kvstore.spark.pushdown import COMMIT_VERSION, Bounds, bounds_of
 from kvstore.spark.stream import WalkvStreamReader
+from kvstore.spark.writer import WalkvWriter
 
 __all__ = ["WalkvDataSource", "WalkvPushdownDataSource", "WalkvPushdownReader", "WalkvReader", "read_state", "register", "spark_schema"]
 
@@ -94,6 +95,12 @@ class WalkvDataSource(DataSource):
 
     def reader(self, schema: Any) -> WalkvReader:
         return WalkvReader(self._options())
+
+    def writer(self, schema: Any, overwrite: bool) -> WalkvWriter:
+        path = self.options.get("path")
+        if not path:
+            raise ValueError("give the store's path: df.write.format('walkv').save('/path/to/store')")
+        return WalkvWriter(str(path), list(schema.fieldNames()), overwrite)
 
     def streamReader(self, schema: Any) -> WalkvStreamReader:
         return WalkvStreamReader(self._options(streaming=True))
