@@ -13,6 +13,11 @@ source against Spark's own Parquet reader, in ``local[2]``.
   (``spark.sql.python.filterPushdown.enabled``) vs the same query without
   it: >= 5x queries/s; ``bytes_read`` is the snapshot bytes the planned
   tasks open (issue 14: at most 5% of the store's).
+* ``spark.write``: rows/s of ``df.write.format("walkv").mode("append")``
+  of N rows (400,000: one atomic batch holds at most the store's 64 MiB
+  ``max_record_bytes``, about 500,000 such rows; 20,000 in --quick) into a
+  new store vs Spark writing the same DataFrame as Parquet; reported
+  without a target. The DataFrame is built and cached untimed.
 * ``spark.export``: rows/s of ``walkv export STORE OUT --table snapshot`` as a
   command (JVM start-up included), reported without a target.
 """
@@ -184,8 +189,45 @@ def _pushdown_query(n: int, pushdown: bool):
     return run, prepare
 
 
+_frames: dict[int, Any] = {}
+
+
+def _frame(n: int) -> Any:
+    if n not in _frames:
+        from pyspark.sql import functions as F
+
+        spark = session()
+        df = spark.range(n, numPartitions=2).select(
+            F.unhex(F.lpad(F.hex("id"), 32, "0")).alias("key"),
+            F.sha2(F.col("id").cast("string"), 512).cast("binary").substr(1, 100).alias("value"))
+        df = df.cache()
+        df.count()
+        _frames[n] = df
+    return _frames[n]
+
+
+def _write(n: int, fmt: str):
+    def run(ctx: Context) -> Measurement:
+        df = _frame(n)
+        out = os.path.join(ctx.fresh_dir("write"), "out")
+        t0 = time.perf_counter()
+        if fmt == "walkv":
+            df.write.format("walkv").mode("append").save(out)
+        else:
+            df.write.mode("overwrite").parquet(out)
+        seconds = time.perf_counter() - t0
+        shutil.rmtree(out, ignore_errors=True)
+        return Measurement(ops=n, seconds=seconds)
+
+    def prepare(ctx: Context) -> None:
+        run(ctx)  # warm-up: JVM, Python workers, the cached DataFrame
+
+    return run, prepare
+
+
 def workloads(cfg: Config) -> list[Workload]:
     n = cfg.size(full=1_000_000, quick=20_000)
+    w = cfg.size(full=400_000, quick=20_000)
     return [
         Workload(
             name="spark.snapshot", issue=5, unit="rows/s", slow=True,
@@ -208,6 +250,16 @@ def workloads(cfg: Config) -> list[Workload]:
                           label="walkv, pushdown"),
                 Contender("no-pushdown", _pushdown_query(n, False)[0], prepare=_pushdown_query(n, False)[1],
                           cleanup=stop_session, label="walkv, no pushdown"),
+            ]),
+        Workload(
+            name="spark.write", issue=14, unit="rows/s", slow=True,
+            title=f"Spark local[2]: write {w:,} rows (16-byte keys, 100-byte values), walkv vs Parquet",
+            requires=SPARK + ("kvstore.spark.writer:WalkvWriter",), params={"rows": w},
+            contenders=[
+                Contender("walkv", _write(w, "walkv")[0], prepare=_write(w, "walkv")[1],
+                          label="walkv writer (one atomic batch)"),
+                Contender("parquet", _write(w, "parquet")[0], prepare=_write(w, "parquet")[1],
+                          cleanup=stop_session, label="Spark Parquet writer"),
             ]),
         Workload(
             name="spark.export", issue=5, unit="rows/s", slow=True, repeats=1,
