@@ -11,7 +11,11 @@ a local disk, HDFS or S3 is read as the cluster sees it::
     spark.read.format("walkv").option("table", "changes").load(path)    # the log after it
     spark.read.format("walkv").option("table", "state").load(path)      # current contents
     spark.readStream.format("walkv").load(path)                         # the log, as a stream
+    df.write.format("walkv").mode("append").save(path)                  # one atomic batch
 
+``path`` may also be an archive (:mod:`kvstore.spark.archive`). Filters are
+pushed down where the session allows it (:mod:`kvstore.spark.pushdown`,
+:mod:`kvstore.spark.compat`); the writer is :mod:`kvstore.spark.writer`.
 Columns are described in :mod:`kvstore.spark.arrow`, options in
 :mod:`kvstore.spark.options`, planning and partitions in
 :mod:`kvstore.spark.partitions`, the stream in :mod:`kvstore.spark.stream`.
