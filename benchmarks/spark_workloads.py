@@ -7,6 +7,17 @@ source against Spark's own Parquet reader, in ``local[2]``.
   written as Parquet (pyarrow, untimed) read with ``spark.read.parquet``:
   >= 0.3x rows/s. Both share one SparkSession, started before timing, and
   each reader runs its query once untimed first (JIT, Python workers).
+* ``spark.pushdown``: a query for 1% of the keys (``key >= a AND key < b``)
+  of a ``state`` table of N entries (1,000,000; 20,000 in --quick) whose
+  snapshot is in 1 MiB chunks, with filter pushdown
+  (``spark.sql.python.filterPushdown.enabled``) vs the same query without
+  it: >= 5x queries/s; ``bytes_read`` is the snapshot bytes the planned
+  tasks open (issue 14: at most 5% of the store's).
+* ``spark.write``: rows/s of ``df.write.format("walkv").mode("append")``
+  of N rows (400,000: one atomic batch holds at most the store's 64 MiB
+  ``max_record_bytes``, about 500,000 such rows; 20,000 in --quick) into a
+  new store vs Spark writing the same DataFrame as Parquet; reported
+  without a target. The DataFrame is built and cached untimed.
 * ``spark.export``: rows/s of ``walkv export STORE OUT --table snapshot`` as a
   command (JVM start-up included), reported without a target.
 """
@@ -123,8 +134,100 @@ def _export(n: int):
     return run
 
 
+def _pushdown_prepare(n: int):
+    def prepare(ctx: Context) -> str:
+        from benchmarks.kv_workloads import WalkvKV, load
+
+        path = os.path.join(ctx.directory, "store")
+        db = WalkvKV(path, sync=False)
+        try:
+            load(db, n)
+            db.db.snapshot(chunk_bytes=1 << 20)
+        finally:
+            db.close()
+        return path
+
+    return prepare
+
+
+def _pushdown_query(n: int, pushdown: bool):
+    lo, hi = data.key(n // 2), data.key(n // 2 + max(1, n // 100))
+    where = f"key >= X'{lo.hex()}' AND key < X'{hi.hex()}'"
+
+    def bytes_read(path: str) -> tuple[int, int]:
+        from pyspark.sql.datasource import GreaterThanOrEqual, LessThan
+
+        from kvstore.spark.options import parse
+        from kvstore.spark.source import WalkvPushdownReader
+
+        reader = WalkvPushdownReader(parse({"path": path, "table": "state"}))
+        total = sum(c.bytes for c in reader.plan.snapshot.chunks) if reader.plan.snapshot else 0
+        if pushdown:
+            reader.pushFilters([GreaterThanOrEqual(("key",), lo), LessThan(("key",), hi)])
+        planned = sum(p.chunk.bytes for p in reader.partitions() if p.chunk is not None)
+        return planned, total
+
+    def run(ctx: Context) -> Measurement:
+        from kvstore.spark.compat import PUSHDOWN_CONF
+        from kvstore.spark.source import register
+
+        spark = session()
+        spark.conf.set(PUSHDOWN_CONF, "true" if pushdown else "false")
+        register(spark)
+        t0 = time.perf_counter()
+        rows = spark.read.format("walkv").option("table", "state").load(ctx.state).where(where).count()
+        seconds = time.perf_counter() - t0
+        planned, total = bytes_read(ctx.state)
+        return Measurement(ops=1, seconds=seconds, extra={"rows": rows, "bytes_read": planned,
+                                                          "bytes_fraction": round(planned / max(1, total), 4)})
+
+    def prepare(ctx: Context) -> str:
+        path = _pushdown_prepare(n)(ctx)
+        run(Context(ctx.config, ctx.directory, path))  # warm-up: JVM, Python workers
+        return path
+
+    return run, prepare
+
+
+_frames: dict[int, Any] = {}
+
+
+def _frame(n: int) -> Any:
+    if n not in _frames:
+        from pyspark.sql import functions as F
+
+        spark = session()
+        df = spark.range(n, numPartitions=2).select(
+            F.unhex(F.lpad(F.hex("id"), 32, "0")).alias("key"),
+            F.sha2(F.col("id").cast("string"), 512).cast("binary").substr(1, 100).alias("value"))
+        df = df.cache()
+        df.count()
+        _frames[n] = df
+    return _frames[n]
+
+
+def _write(n: int, fmt: str):
+    def run(ctx: Context) -> Measurement:
+        df = _frame(n)
+        out = os.path.join(ctx.fresh_dir("write"), "out")
+        t0 = time.perf_counter()
+        if fmt == "walkv":
+            df.write.format("walkv").mode("append").save(out)
+        else:
+            df.write.mode("overwrite").parquet(out)
+        seconds = time.perf_counter() - t0
+        shutil.rmtree(out, ignore_errors=True)
+        return Measurement(ops=n, seconds=seconds)
+
+    def prepare(ctx: Context) -> None:
+        run(ctx)  # warm-up: JVM, Python workers, the cached DataFrame
+
+    return run, prepare
+
+
 def workloads(cfg: Config) -> list[Workload]:
     n = cfg.size(full=1_000_000, quick=20_000)
+    w = cfg.size(full=400_000, quick=20_000)
     return [
         Workload(
             name="spark.snapshot", issue=5, unit="rows/s", slow=True,
@@ -136,6 +239,27 @@ def workloads(cfg: Config) -> list[Workload]:
                 Contender("parquet", _parquet_read, prepare=_parquet_prepare(n),
                           cleanup=stop_session, requires=("pyarrow", "pyspark"),
                           label="Spark Parquet reader"),
+            ]),
+        Workload(
+            name="spark.pushdown", issue=14, unit="queries/s", slow=True,
+            title=f"Spark local[2]: 1% of the keys of a {n:,}-row state table, filter pushdown on vs off",
+            requires=SPARK + ("kvstore.spark.pushdown:bounds_of",), targets=[Target("no-pushdown", 5.0)],
+            params={"rows": n},
+            contenders=[
+                Contender("walkv", _pushdown_query(n, True)[0], prepare=_pushdown_query(n, True)[1],
+                          label="walkv, pushdown"),
+                Contender("no-pushdown", _pushdown_query(n, False)[0], prepare=_pushdown_query(n, False)[1],
+                          cleanup=stop_session, label="walkv, no pushdown"),
+            ]),
+        Workload(
+            name="spark.write", issue=14, unit="rows/s", slow=True,
+            title=f"Spark local[2]: write {w:,} rows (16-byte keys, 100-byte values), walkv vs Parquet",
+            requires=SPARK + ("kvstore.spark.writer:WalkvWriter",), params={"rows": w},
+            contenders=[
+                Contender("walkv", _write(w, "walkv")[0], prepare=_write(w, "walkv")[1],
+                          label="walkv writer (one atomic batch)"),
+                Contender("parquet", _write(w, "parquet")[0], prepare=_write(w, "parquet")[1],
+                          cleanup=stop_session, label="Spark Parquet writer"),
             ]),
         Workload(
             name="spark.export", issue=5, unit="rows/s", slow=True, repeats=1,

@@ -81,7 +81,7 @@ def test_options_defaults_and_errors():
             parse(options)
     with pytest.raises(ValueError, match="table=changes only"):
         parse({"path": "/x", "table": "state"}, streaming=True)
-    with pytest.raises(ValueError, match="maxRecordsPerBatch"):
+    with pytest.raises(ValueError, match="maxRecordsPerTrigger"):
         parse({"path": "/x", "maxRecordsPerBatch": "0"}, streaming=True)
     # Spark asks for the schema without saying whether the read is a stream.
     assert parse({"path": "/x", "maxRecordsPerBatch": "5"}, streaming=None).max_records_per_batch == 5
@@ -134,7 +134,7 @@ def test_changes_between_lsns_and_earliest(store):
 def test_changes_gone_to_retention_name_the_lsns(store):
     assert store.first_lsn > 1  # the builder trimmed the log
     with pytest.raises(LogGapError, match=f"LSNs 1\\.\\.{store.first_lsn - 1} are no longer in the log") as e:
-        reader(store.path, startingLsn=1)
+        reader(store.path, startingLsn=1).partitions()  # planned by partitions()
     assert (e.value.first_missing, e.value.last_missing) == (1, store.first_lsn - 1)
     with pytest.raises(ValueError, match="past the durable LSN"):
         reader(store.path, endingLsn=store.last_lsn + 1)
@@ -233,7 +233,7 @@ def test_state_at_an_older_lsn(store):
     # Between the snapshots the log was trimmed: that state is gone, and said so.
     assert store.first_lsn > older + 1
     with pytest.raises(LogGapError, match=rf"LSNs {older + 1}\.\."):
-        reader(store.path, table="state", endingLsn=older + 1)
+        reader(store.path, table="state", endingLsn=older + 1).partitions()  # planned by partitions()
 
 
 def test_store_without_snapshot(tmp_path):
@@ -404,3 +404,48 @@ def test_empty_snapshot(tmp_path):
     assert list(r.read(ship(InputPartition(None)))) == []  # Spark's placeholder for "no partitions"
     assert rows(read_all(reader(path, table="state")), ["key", "value", "lsn"]) == [(b"c", b"3", info.lsn + 3)]
     assert [x[3] for x in rows(read_all(reader(path)), CHANGE_COLS)] == ["upsert", "delete", "upsert"]
+
+
+def test_stream_control_options_parse():
+    o = parse({"path": "/x", "maxBytesPerTrigger": "64m", "failOnDataLoss": "FALSE", "startingFrom": "snapshot",
+               "maxRecordsPerTrigger": "9"}, streaming=True)
+    assert (o.max_bytes_per_trigger, o.fail_on_data_loss, o.starting_from_snapshot, o.max_records_per_batch) == \
+        (64 << 20, False, True, 9)
+    assert parse({"path": "/x", "startingTimestamp": "1000"}).starting_timestamp_us == 1_000_000
+    assert parse({"path": "/x", "startingTimestamp": "1970-01-01T00:00:01Z"}).starting_timestamp_us == 1_000_000
+    for bad, word in (({"maxBytesPerTrigger": "lots"}, "maxBytesPerTrigger"),
+                      ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
+                      ({"startingFrom": "middle"}, "startingFrom"),
+                      ({"startingTimestamp": "yesterday"}, "startingTimestamp"),
+                      ({"startingLsn": "3", "startingTimestamp": "1"}, "not both"),
+                      ({"startingFrom": "snapshot", "startingLsn": "3"}, "startingFrom")):
+        with pytest.raises(ValueError, match=word):
+            parse({"path": "/x", **bad}, streaming=True)
+    with pytest.raises(ValueError, match="for streams"):
+        parse({"path": "/x", "maxBytesPerTrigger": "1k"})
+
+
+def test_pushdown_bounds_from_filters():
+    from pyspark.sql.datasource import (
+        EqualTo,
+        GreaterThan,
+        In,
+        LessThanOrEqual,
+        StringEndsWith,
+        StringStartsWith,
+    )
+
+    from kvstore.spark.pushdown import bounds_of, prefix_end
+
+    assert prefix_end(b"ab") == b"ac" and prefix_end(b"a\xff") == b"b" and prefix_end(b"\xff") is None
+    b = bounds_of([GreaterThan(("key",), b"b"), LessThanOrEqual(("key",), "d"), StringEndsWith(("key",), "x"),
+                   GreaterThan(("_commit_version",), 10), LessThanOrEqual(("_commit_version",), 20)],
+                  ("_commit_version",))
+    assert (b.lo, b.hi, b.keys, b.min_lsn, b.max_lsn) == (b"b\x00", b"d\x00", None, 11, 20)
+    assert b.lsn_range(1, 100) == (11, 20) and not b.empty
+    assert bounds_of([StringStartsWith(("key",), "k01")], None).hi == b"k02"
+    b = bounds_of([In(("key",), ("a", "q")), EqualTo(("key",), "q")], None)
+    assert b.keys == {b"q"}
+    assert bounds_of([EqualTo(("key",), "a"), GreaterThan(("key",), "b")], None).empty
+    # _commit_version is ignored where it is not the LSN column (state, snapshot).
+    assert bounds_of([EqualTo(("_commit_version",), 5)], None).min_lsn is None

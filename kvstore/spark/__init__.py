@@ -8,14 +8,20 @@
 :mod:`kvstore.spark.stream` is the stream reader, :mod:`kvstore.spark.files`
 and :mod:`kvstore.spark.snapshots` plan and read the store's log and
 snapshots through the ``wal`` and ``snapshot`` readers,
+:mod:`kvstore.spark.archive` reads an archive as a store,
+:mod:`kvstore.spark.pushdown` turns pushed-down filters into key and LSN
+bounds, :mod:`kvstore.spark.writer` is ``df.write.format("walkv")``,
+:mod:`kvstore.spark.compat` is the one place that knows the PySpark version,
 :mod:`kvstore.spark.arrow` turns entries into Arrow batches,
 :mod:`kvstore.spark.options` parses the reader options and
 :mod:`kvstore.spark.export` writes the tables as Parquet (it imports pyspark
 too). Importing this package does not import pyspark; :func:`register` and
 :func:`read_state` do. Imports point one way: ``arrow`` and ``files``
-import no other module here; ``options`` imports ``arrow``; ``snapshots``
-imports ``arrow`` and ``files``; ``partitions`` those and ``options``;
-``stream`` imports ``partitions``; ``source`` imports ``stream``; ``export``
+import no other module here; ``options`` imports ``arrow``; ``archive``
+imports ``files``; ``pushdown`` none; ``snapshots`` imports ``arrow`` and
+``files``; ``partitions`` those, ``options`` and ``pushdown``; ``stream``
+imports ``partitions``, ``archive`` and ``compat``; ``writer`` imports
+``archive``; ``source`` imports ``stream`` and ``writer``; ``export``
 imports ``source``.
 """
 

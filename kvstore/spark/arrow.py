@@ -170,6 +170,21 @@ def snapshot_batch(
     return pa.RecordBatch.from_arrays([k, v, lsns], schema=arrow_schema(table, key_format, value_format))
 
 
+def snapshot_change_batch(keys: pa.Array, values: pa.Array, lsn: int, timestamp_us: int, key_format: str,
+                          value_format: str, where: Callable[[], str]) -> pa.RecordBatch:
+    """Snapshot rows as ``changes`` rows (a stream's ``startingFrom=snapshot``):
+    ``upsert`` at the snapshot's LSN and time, ``_op_index`` -1."""
+    k = _as_format(keys, key_format, "key", where)
+    v = _as_format(values, value_format, "value", where)
+    n = len(k)
+    nulls = pa.nulls(n, k.type)
+    return pa.RecordBatch.from_arrays(
+        [k, v, nulls, pa.repeat(pa.scalar(UPSERT, pa.string()), n), pa.repeat(pa.scalar(lsn, pa.int64()), n),
+         pa.repeat(pa.scalar(timestamp_us, pa.timestamp("us", tz="UTC")), n), pa.repeat(pa.scalar(-1, pa.int32()), n)],
+        schema=arrow_schema(CHANGES, key_format, value_format),
+    )
+
+
 def state_batch(keys: Sequence[bytes], values: Sequence[bytes], lsns: Sequence[int], key_format: str,
                 value_format: str, where: Callable[[], str]) -> pa.RecordBatch:
     k = _as_format(binary_array([keys]), key_format, "key", where)

@@ -38,8 +38,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvstore.spark.archive import open_files
 from kvstore.spark.arrow import BINARY, CHANGES, SNAPSHOT, STATE, TABLES
-from kvstore.spark.files import StoreFiles, normalize_location
+from kvstore.spark.files import normalize_location
 from kvstore.spark.options import parse
 from kvstore.spark.partitions import plan
 from kvstore.spark.source import register, spark_schema
@@ -161,7 +162,7 @@ def export(
     tables = _tables(table)
     location = normalize_location(store)
     out = normalize_location(out)
-    files = StoreFiles(location)
+    files = open_files(location)
     # One plan for every table: the snapshot, and the end LSN (durable now).
     p = plan(files, parse({"path": location, "table": STATE}))
     snap_lsn = p.snapshot.lsn if p.snapshot is not None else 0

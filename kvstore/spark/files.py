@@ -211,6 +211,29 @@ class StoreFiles:
             out.append(LogSlice(seg.path, off, first, last, max(0, nxt - off)))
         return out
 
+    def last_lsn_at(self, us: int, durable: int) -> int:
+        """The last LSN committed at or before ``us`` (microseconds since the
+        epoch), from the entries' commit times (which never decrease with the
+        LSN): ``first_held - 1`` when the log's first entry is later. Reads the
+        first entry of each segment, then one segment."""
+        segs = self.segments(durable)
+        first_held = segs[0].first_lsn if segs else durable + 1
+
+        def first_ts(i: int) -> int:
+            seg = segs[i]
+            return next(iter(self.iter_slice(LogSlice(seg.path, 0, seg.first_lsn, seg.first_lsn)))).timestamp_us
+
+        i = bisect.bisect_right(range(len(segs)), us, key=first_ts) - 1
+        if i < 0:
+            return first_held - 1
+        last = segs[i + 1].first_lsn - 1 if i + 1 < len(segs) else durable
+        found = segs[i].first_lsn
+        for entry in self.iter_slice(LogSlice(segs[i].path, 0, segs[i].first_lsn, last)):
+            if entry.timestamp_us > us:
+                break
+            found = entry.lsn
+        return found
+
     def gap_error(self, first: int, last: int, first_held: int | None) -> LogGapError:
         """LSNs ``first .. last`` are gone from the log (retention deleted them)."""
         held = f"; the log now starts at LSN {first_held}" if first_held is not None else ""

@@ -21,9 +21,26 @@ option                 meaning (names are case-insensitive, as Spark's are)
                        the durable LSN when the query is planned). Past the
                        durable LSN is an error. ``state`` at an ``endingLsn`` is
                        the store as it was at that LSN (point in time)
-``maxRecordsPerBatch`` stream: at most this many log entries (committed batches,
-                       i.e. LSNs) per micro-batch; a micro-batch may hold more
-                       rows, one per operation
+``startingTimestamp``  instead of ``startingLsn``: the first LSN committed at or
+                       after this time (ISO 8601, naive = UTC, or epoch
+                       milliseconds as Kafka's option takes them)
+``endingTimestamp``    batch, instead of ``endingLsn``: the last LSN committed at
+                       or before this time
+``maxRecordsPerTrigger`` stream: at most this many log records (committed
+                       batches, i.e. LSNs) per micro-batch, as Kafka's
+                       ``maxOffsetsPerTrigger``; a micro-batch has one row per
+                       operation. ``maxRecordsPerBatch`` is the older name
+``maxBytesPerTrigger`` stream: at most about this many bytes of log entries per
+                       micro-batch (``64m``, ``1g`` or a number), as Delta's;
+                       an entry larger than the cap is a micro-batch alone
+``failOnDataLoss``     ``true`` (default): LSNs a read needs that retention
+                       deleted are a ``LogGapError`` naming them; ``false``:
+                       skip to the oldest LSN the log holds, with a warning
+                       naming the skipped range
+``startingFrom``       stream: ``log`` (default) or ``snapshot``: the first
+                       micro-batch holds the newest snapshot's rows (as
+                       ``upsert`` rows at the snapshot's LSN, ``_op_index``
+                       -1, the snapshot's time), then the log after it
 ``maxPartitionBytes``  split sealed log segments larger than this at sparse-index
                        points (default 32 MiB)
 ``rowsPerBatch``       rows per Arrow record batch a task yields (default 65536)
@@ -32,6 +49,8 @@ option                 meaning (names are case-insensitive, as Spark's are)
 
 from __future__ import annotations
 
+import datetime
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -51,7 +70,13 @@ KNOWN = {
     "snapshotlsn": "snapshotLsn",
     "startinglsn": "startingLsn",
     "endinglsn": "endingLsn",
-    "maxrecordsperbatch": "maxRecordsPerBatch",
+    "maxrecordsperbatch": "maxRecordsPerTrigger",
+    "maxrecordspertrigger": "maxRecordsPerTrigger",
+    "maxbytespertrigger": "maxBytesPerTrigger",
+    "startingtimestamp": "startingTimestamp",
+    "endingtimestamp": "endingTimestamp",
+    "failondataloss": "failOnDataLoss",
+    "startingfrom": "startingFrom",
     "maxpartitionbytes": "maxPartitionBytes",
     "rowsperbatch": "rowsPerBatch",
 }
@@ -67,6 +92,11 @@ class Options:
     starting_lsn: int | str | None = None
     ending_lsn: int | None = None
     max_records_per_batch: int | None = None
+    max_bytes_per_trigger: int | None = None
+    starting_timestamp_us: int | None = None
+    ending_timestamp_us: int | None = None
+    fail_on_data_loss: bool = True
+    starting_from_snapshot: bool = False
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
     rows_per_batch: int = DEFAULT_ROWS_PER_BATCH
 
@@ -79,6 +109,42 @@ def _int(name: str, text: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"option {name} must be at least {minimum}, not {value}")
     return value
+
+
+_SIZES = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
+
+
+def _bytes(name: str, text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", str(text).lower())
+    if m is None or m.group(2) not in _SIZES or int(m.group(1)) < 1:
+        raise ValueError(f"option {name} must be a positive number of bytes (like 67108864, 64m or 1g), not {text!r}")
+    return int(m.group(1)) * _SIZES[m.group(2)]
+
+
+def _bool(name: str, text: str) -> bool:
+    value = str(text).strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"option {name} must be true or false, not {text!r}")
+    return value == "true"
+
+
+def timestamp_us(name: str, text: str) -> int:
+    """A time option as microseconds since the epoch: epoch milliseconds
+    (digits, as Kafka's ``startingTimestamp``) or ISO 8601 (naive: UTC)."""
+    value = str(text).strip()
+    if value.isdigit():
+        return int(value) * 1000
+    try:
+        t = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"option {name} must be a time (ISO 8601 like 2026-01-31T12:00:00Z, or epoch "
+                         f"milliseconds), not {text!r}") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.timezone.utc)
+    return (t - _EPOCH) // datetime.timedelta(microseconds=1)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def _format(name: str, text: str) -> str:
@@ -127,11 +193,26 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         raise ValueError(f"endingLsn {ending} is before startingLsn {starting}")
     if snapshot_lsn is not None and ending is not None and snapshot_lsn > ending:
         raise ValueError(f"snapshotLsn {snapshot_lsn} is after endingLsn {ending}")
-    max_records = None
-    if "maxRecordsPerBatch" in raw:
-        if streaming is False:
-            raise ValueError("option maxRecordsPerBatch is for streams (spark.readStream)")
-        max_records = _int("maxRecordsPerBatch", raw["maxRecordsPerBatch"], 1)
+    starting_ts = timestamp_us("startingTimestamp", raw["startingTimestamp"]) if "startingTimestamp" in raw else None
+    ending_ts = timestamp_us("endingTimestamp", raw["endingTimestamp"]) if "endingTimestamp" in raw else None
+    if starting_ts is not None and starting is not None:
+        raise ValueError("give startingLsn or startingTimestamp, not both")
+    if ending_ts is not None and ending is not None:
+        raise ValueError("give endingLsn or endingTimestamp, not both")
+    if starting_ts is not None and table != CHANGES:
+        raise ValueError(f"option startingTimestamp applies to table=changes, not {table}")
+    if ending_ts is not None and (streaming is True or table == "snapshot"):
+        raise ValueError("option endingTimestamp is for batch reads of table=changes or state")
+    for name in ("maxRecordsPerTrigger", "maxBytesPerTrigger", "startingFrom"):
+        if name in raw and streaming is False:
+            raise ValueError(f"option {name} is for streams (spark.readStream)")
+    max_records = _int("maxRecordsPerTrigger", raw["maxRecordsPerTrigger"], 1) if "maxRecordsPerTrigger" in raw else None
+    max_bytes = _bytes("maxBytesPerTrigger", raw["maxBytesPerTrigger"]) if "maxBytesPerTrigger" in raw else None
+    starting_from = str(raw.get("startingFrom", "log")).strip().lower()
+    if starting_from not in ("log", "snapshot"):
+        raise ValueError(f"option startingFrom must be 'log' or 'snapshot', not {raw['startingFrom']!r}")
+    if starting_from == "snapshot" and (starting is not None or starting_ts is not None):
+        raise ValueError("startingFrom=snapshot starts at the newest snapshot; leave startingLsn/startingTimestamp out")
     return Options(
         path=str(path),
         table=table,
@@ -141,6 +222,11 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         starting_lsn=starting,
         ending_lsn=ending,
         max_records_per_batch=max_records,
+        max_bytes_per_trigger=max_bytes,
+        starting_timestamp_us=starting_ts,
+        ending_timestamp_us=ending_ts,
+        fail_on_data_loss=_bool("failOnDataLoss", raw.get("failOnDataLoss", "true")),
+        starting_from_snapshot=starting_from == "snapshot",
         max_partition_bytes=_int("maxPartitionBytes", raw.get("maxPartitionBytes", str(DEFAULT_MAX_PARTITION_BYTES)), 1),
         rows_per_batch=_int("rowsPerBatch", raw.get("rowsPerBatch", str(DEFAULT_ROWS_PER_BATCH)), 1),
     )

@@ -13,10 +13,12 @@ are exactly the schema's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 import snapshot
@@ -25,7 +27,10 @@ from kvstore.spark import arrow as sa
 from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles
 from kvstore.spark.options import EARLIEST, LATEST, Options
+from kvstore.spark.pushdown import Bounds
 from wal.errors import CorruptionError
+
+log = logging.getLogger("walkv.spark")
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,17 @@ class ChunkPartition(InputPartition):
 
     directory: str
     chunk: snapshot.ChunkInfo
+    bounds: Bounds | None = None  # pushed-down key bounds: only these rows
+
+
+@dataclass(frozen=True)
+class SnapshotChangesPartition(InputPartition):
+    """One chunk of the snapshot in ``directory`` as ``changes`` rows (a
+    stream's ``startingFrom=snapshot``), stamped with the snapshot's time."""
+
+    directory: str
+    chunk: snapshot.ChunkInfo
+    created_us: int
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,7 @@ class StatePartition(InputPartition):
     lo: bytes | None
     hi: bytes | None
     pieces: tuple[LogSlice, ...]
+    bounds: Bounds | None = None  # pushed-down key bounds: only these rows
 
 
 @dataclass(frozen=True)
@@ -76,41 +93,92 @@ def plan(files: StoreFiles, opts: Options) -> Plan:
             f"endingLsn {opts.ending_lsn} is past the durable LSN {durable} of {files.display()}; "
             "entries past it may still be lost to a crash, so they are not read"
         )
-    end = durable if opts.ending_lsn is None else opts.ending_lsn
+    ending = opts.ending_lsn
+    if opts.ending_timestamp_us is not None:
+        ending = files.last_lsn_at(opts.ending_timestamp_us, durable)
+    end = durable if ending is None else ending
     snap: snapshot.Snapshot | None = None
-    if opts.table != sa.CHANGES or opts.starting_lsn is None:
-        snap = ss.choose(files, opts.snapshot_lsn, opts.ending_lsn if opts.table != sa.SNAPSHOT else None)
-    if opts.table == sa.CHANGES and opts.starting_lsn is not None:
-        if opts.starting_lsn == EARLIEST:
-            start = files.first_held(durable)
-        elif opts.starting_lsn == LATEST:
-            start = durable + 1
-        else:
-            start = int(opts.starting_lsn)
+    from_log = opts.table == sa.CHANGES and (opts.starting_lsn is not None or opts.starting_timestamp_us is not None)
+    if not from_log:
+        snap = ss.choose(files, opts.snapshot_lsn, ending if opts.table != sa.SNAPSHOT else None)
+    if opts.starting_timestamp_us is not None:
+        start = files.last_lsn_at(opts.starting_timestamp_us - 1, durable) + 1
+    elif from_log:
+        start = starting_lsn(files, opts.starting_lsn, durable)
     else:
         start = (snap.lsn if snap is not None else 0) + 1
+    if from_log:
+        start = skip_lost(files, opts, start, end, durable)
     return Plan(snap, start, end, durable)
 
 
-def partitions_for(files: StoreFiles, opts: Options, p: Plan) -> list[Any]:
-    """The input partitions of a planned batch read."""
+def starting_lsn(files: StoreFiles, option: int | str | None, durable: int) -> int:
+    """The first LSN ``startingLsn`` names (a number, earliest or latest)."""
+    if option == EARLIEST or option is None:
+        return files.first_held(durable)
+    if option == LATEST:
+        return durable + 1
+    return int(option)
+
+
+def skip_lost(files: StoreFiles, opts: Options, start: int, end: int, durable: int) -> int:
+    """``start``, or with ``failOnDataLoss=false`` the first LSN the log holds
+    when retention deleted ``start`` (a warning names the skipped LSNs);
+    with the default the read fails later with the ``LogGapError``."""
+    first_held = files.first_held(durable)
+    if start >= first_held or opts.fail_on_data_loss or end < start:
+        return start
+    log.warning("failOnDataLoss=false: LSNs %d..%d are no longer in the log of %s (retention deleted them); "
+                "reading from LSN %d", start, first_held - 1, files.display(), first_held)
+    return first_held
+
+
+def _max(a: bytes | None, b: bytes | None) -> bytes | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _min(a: bytes | None, b: bytes | None) -> bytes | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def partitions_for(files: StoreFiles, opts: Options, p: Plan, bounds: Bounds | None = None) -> list[Any]:
+    """The input partitions of a planned batch read; with pushed-down
+    ``bounds`` (:mod:`kvstore.spark.pushdown`), only the snapshot chunks and
+    log slices that can hold matching rows."""
+    b = bounds if bounds is not None else Bounds()
+    if b.empty:
+        return []
+    keyed = b if b.on_keys else None
     if opts.table == sa.SNAPSHOT:
         if p.snapshot is None:
             return []
-        return [ChunkPartition(p.snapshot.path, c) for c in p.snapshot.chunks]
-    pieces = tuple(files.plan_log(p.from_lsn, p.to_lsn, p.durable_lsn, opts.max_partition_bytes))
+        return [ChunkPartition(p.snapshot.path, c, keyed) for c in p.snapshot.chunks if b.chunk_may_match(c)]
     if opts.table == sa.CHANGES:
-        return [LogPartition(piece) for piece in pieces]
+        first, last = b.lsn_range(p.from_lsn, p.to_lsn)
+        return [LogPartition(piece) for piece in files.plan_log(first, last, p.durable_lsn, opts.max_partition_bytes)]
     # state: one task per snapshot chunk's key range, covering every key.
+    pieces = tuple(files.plan_log(p.from_lsn, p.to_lsn, p.durable_lsn, opts.max_partition_bytes))
     if p.snapshot is None or not p.snapshot.chunks:
-        return [StatePartition(p.snapshot.path if p.snapshot else None, None, None, None, pieces)]
+        return [StatePartition(p.snapshot.path if p.snapshot else None, None, b.lo, b.hi, pieces, keyed)]
     chunks = p.snapshot.chunks
     out = []
     for i, chunk in enumerate(chunks):
         lo = None if i == 0 else chunk.first_key
         hi = chunks[i + 1].first_key if i + 1 < len(chunks) else None
-        out.append(StatePartition(p.snapshot.path, chunk, lo, hi, pieces))
+        lo, hi = _max(lo, b.lo), _min(hi, b.hi)
+        if lo is not None and hi is not None and lo >= hi:
+            continue
+        if b.keys is not None and not any((lo is None or k >= lo) and (hi is None or k < hi) for k in b.keys):
+            continue
+        out.append(StatePartition(p.snapshot.path, chunk, lo, hi, pieces, keyed))
     return out
+
+
+def _only(bounds: Bounds | None, keys: pa.Array, values: pa.Array) -> tuple[pa.Array, pa.Array]:
+    mask = bounds.key_mask(keys) if bounds is not None else None
+    if mask is None:
+        return keys, values
+    return keys.filter(mask), values.filter(mask)
 
 
 def _decode_batch(payload: bytes, lsn: int, path: str | None = None) -> list[list[Any]]:
@@ -136,8 +204,13 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
     elif isinstance(partition, ChunkPartition):
         directory, chunk = partition.directory, partition.chunk
         for keys, values in ss.read_chunk(files, directory, chunk, rows):
-            yield sa.snapshot_batch(sa.binary_array(keys), sa.binary_array(values), chunk.lsn, kf, vf,
-                                    lambda: ss.where(files, directory, chunk))
+            k, v = _only(partition.bounds, sa.binary_array(keys), sa.binary_array(values))
+            yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, lambda: ss.where(files, directory, chunk))
+    elif isinstance(partition, SnapshotChangesPartition):
+        d, c, t = partition.directory, partition.chunk, partition.created_us
+        for keys, values in ss.read_chunk(files, d, c, rows):
+            yield sa.snapshot_change_batch(sa.binary_array(keys), sa.binary_array(values), c.lsn, t, kf, vf,
+                                           lambda: ss.where(files, d, c))
     elif isinstance(partition, StatePartition):
         yield from _read_state_partition(files, opts, partition)
     elif partition is None or type(partition) is InputPartition:
@@ -160,10 +233,13 @@ def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -
             return ss.where(files, directory, chunk)
 
         for keys, values in ss.read_chunk(files, directory, chunk, opts.rows_per_batch):
-            k, v = tail.filter_snapshot(sa.binary_array(keys), sa.binary_array(values))
+            k, v = tail.filter_snapshot(*_only(p.bounds, sa.binary_array(keys), sa.binary_array(values)))
             if len(k):
                 yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, where, sa.STATE)
     keys_, values_, lsns = tail.survivors()
+    if p.bounds is not None and p.bounds.keys is not None:
+        kept = [i for i, k in enumerate(keys_) if k in p.bounds.keys]
+        keys_, values_, lsns = [keys_[i] for i in kept], [values_[i] for i in kept], [lsns[i] for i in kept]
     for i in range(0, len(keys_), opts.rows_per_batch):
         j = i + opts.rows_per_batch
         yield sa.state_batch(keys_[i:j], values_[i:j], lsns[i:j], kf, vf, lambda: f"{files.display()}, log tail")

@@ -11,7 +11,11 @@ a local disk, HDFS or S3 is read as the cluster sees it::
     spark.read.format("walkv").option("table", "changes").load(path)    # the log after it
     spark.read.format("walkv").option("table", "state").load(path)      # current contents
     spark.readStream.format("walkv").load(path)                         # the log, as a stream
+    df.write.format("walkv").mode("append").save(path)                  # one atomic batch
 
+``path`` may also be an archive (:mod:`kvstore.spark.archive`). Filters are
+pushed down where the session allows it (:mod:`kvstore.spark.pushdown`,
+:mod:`kvstore.spark.compat`); the writer is :mod:`kvstore.spark.writer`.
 Columns are described in :mod:`kvstore.spark.arrow`, options in
 :mod:`kvstore.spark.options`, planning and partitions in
 :mod:`kvstore.spark.partitions`, the stream in :mod:`kvstore.spark.stream`.
@@ -25,26 +29,34 @@ it. Install the extra: ``pip install 'walkv[spark]'``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from kvstore.spark import arrow as sa
-from kvstore.spark.files import StoreFiles, normalize_location
+from kvstore.spark.archive import open_files
+from kvstore.spark.compat import pushdown_enabled
+from kvstore.spark.files import normalize_location
 from kvstore.spark.options import Options, parse
 from kvstore.spark.partitions import partitions_for, plan, read_partition
+from kvstore.spark.pushdown import COMMIT_VERSION, Bounds, bounds_of
 from kvstore.spark.stream import WalkvStreamReader
+from kvstore.spark.writer import WalkvWriter
 
-__all__ = ["WalkvDataSource", "WalkvReader", "read_state", "register", "spark_schema"]
+__all__ = ["WalkvDataSource", "WalkvPushdownDataSource", "WalkvPushdownReader", "WalkvReader", "read_state", "register", "spark_schema"]
 
 NAME = "walkv"
 
 
 def register(spark: Any) -> None:
-    """Register the ``walkv`` data source with a SparkSession."""
-    spark.dataSource.register(WalkvDataSource)
+    """Register the ``walkv`` data source with a SparkSession: the one that
+    takes pushed-down filters when the session allows it
+    (:data:`~kvstore.spark.compat.PUSHDOWN_CONF`, PySpark 4.1+), else the
+    one that does not (a reader with ``pushFilters`` fails every query while
+    the setting is off). Register again after changing the setting."""
+    spark.dataSource.register(WalkvPushdownDataSource if pushdown_enabled(spark) else WalkvDataSource)
 
 
 def spark_schema(table: str, key_format: str = sa.BINARY, value_format: str = sa.BINARY) -> Any:
@@ -88,8 +100,21 @@ class WalkvDataSource(DataSource):
     def reader(self, schema: Any) -> WalkvReader:
         return WalkvReader(self._options())
 
+    def writer(self, schema: Any, overwrite: bool) -> WalkvWriter:
+        path = self.options.get("path")
+        if not path:
+            raise ValueError("give the store's path: df.write.format('walkv').save('/path/to/store')")
+        return WalkvWriter(str(path), list(schema.fieldNames()), overwrite)
+
     def streamReader(self, schema: Any) -> WalkvStreamReader:
         return WalkvStreamReader(self._options(streaming=True))
+
+
+class WalkvPushdownDataSource(WalkvDataSource):
+    """``walkv`` whose batch reader takes pushed-down filters (:mod:`kvstore.spark.pushdown`)."""
+
+    def reader(self, schema: Any) -> WalkvReader:
+        return WalkvPushdownReader(self._options())
 
 
 class WalkvReader(DataSourceReader):
@@ -97,15 +122,25 @@ class WalkvReader(DataSourceReader):
 
     def __init__(self, opts: Options) -> None:
         self.opts = replace(opts, path=normalize_location(opts.path))
-        self.files = StoreFiles(self.opts.path)
+        self.files = open_files(self.opts.path)
         self.plan = plan(self.files, self.opts)
-        self._partitions = partitions_for(self.files, self.opts, self.plan)
+        self.bounds = Bounds()
 
     def partitions(self) -> list[Any]:
-        return list(self._partitions)
+        return partitions_for(self.files, self.opts, self.plan, self.bounds)
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_partition(self.files, self.opts, partition)
+
+
+class WalkvPushdownReader(WalkvReader):
+    """A batch read that prunes by the filters Spark pushes (all are handed
+    back: Spark still evaluates them, see :mod:`kvstore.spark.pushdown`)."""
+
+    def pushFilters(self, filters: list[Any]) -> Iterable[Any]:
+        lsn_column = COMMIT_VERSION if self.opts.table == sa.CHANGES else None
+        self.bounds = bounds_of(filters, lsn_column)
+        return filters
 
 
 # -- state, computed by Spark ----------------------------------------------------
@@ -127,7 +162,7 @@ def read_state(spark: Any, path: str, *, snapshot_lsn: int | None = None, ending
     register(spark)
     opts = parse({"path": path, "table": sa.STATE, **({"endingLsn": str(ending_lsn)} if ending_lsn is not None else {}),
                   **({"snapshotLsn": str(snapshot_lsn)} if snapshot_lsn is not None else {})})
-    files = StoreFiles(opts.path)
+    files = open_files(opts.path)
     p = plan(files, opts)
     snap_lsn = p.snapshot.lsn if p.snapshot is not None else 0
     formats = {"keyFormat": key_format, "valueFormat": value_format}

@@ -1,48 +1,72 @@
-"""The ``changes`` of a store as a Spark stream (``spark.readStream.format("walkv")``).
+"""The ``changes`` of a store (or an archive) as a Spark stream (``spark.readStream.format("walkv")``).
 
 Offsets are ``{"lsn": n, "store": id}``, ``n`` the last LSN the micro-batch
-includes; a checkpoint taken against another store is refused. A stream never
-reads past the durable LSN, and if retention deleted the segments holding
-LSNs it still needs it fails with :class:`~wal.errors.LogGapError` naming
-them.
+includes; a checkpoint taken against another store is refused. A micro-batch
+from ``{"lsn": a}`` to ``{"lsn": b}`` holds the rows of LSNs ``a+1 .. b``, so
+a query restarted from its checkpoint resumes at the LSN after the last
+committed micro-batch: none is read twice or skipped. With
+``startingFrom=snapshot`` the initial offset is ``{"lsn": s, "snapshot": s}``
+(the snapshot at LSN ``s`` not yet read): the first micro-batch holds its rows
+and the log after it.
+
+Controls (the options in :mod:`kvstore.spark.options`):
+
+* ``maxRecordsPerTrigger`` and ``maxBytesPerTrigger`` cap each micro-batch.
+  Where PySpark has admission control (4.2+) they are the source's default
+  read limit (``ReadMaxRows``; ``ReadMaxBytes`` when only bytes are given)
+  and Spark's limit is obeyed (``ReadAllAvailable``, Trigger.Once: no cap);
+  the options are applied here too (both caps when both are given, and on
+  PySpark before 4.2, which passes no limit). Bytes are the entries' payload bytes,
+  counted by reading the entries past the start on the driver (at most the
+  cap plus one entry); an entry larger than the cap is a micro-batch alone.
+* ``Trigger.AvailableNow`` ends at the LSN durable when the query started
+  (in as many capped micro-batches as it takes).
+* ``failOnDataLoss``: when retention deleted LSNs the stream still needs,
+  the default fails with :class:`~wal.errors.LogGapError` naming them;
+  ``false`` logs a warning naming them and goes on from the oldest LSN the
+  log holds.
+
+A stream never reads past the durable LSN (an archive's: its last LSN).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 
-from kvstore.spark.files import StoreFiles, normalize_location
-from kvstore.spark.options import EARLIEST, LATEST, Options
-from kvstore.spark.partitions import LogPartition, read_partition
+from kvstore.spark import snapshots as ss
+from kvstore.spark.archive import open_files
+from kvstore.spark.compat import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows, SupportsTriggerAvailableNow
+from kvstore.spark.files import LogSlice, normalize_location
+from kvstore.spark.options import Options
+from kvstore.spark.partitions import LogPartition, SnapshotChangesPartition, read_partition, starting_lsn
+
+log = logging.getLogger("walkv.spark")
+
+SNAPSHOT_KEY = "snapshot"
 
 
-def _offset(lsn: int, store_id: str | None) -> dict[str, Any]:
-    return {"lsn": int(lsn), "store": store_id or ""}
+def _offset(lsn: int, store_id: str | None, snapshot_lsn: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"lsn": int(lsn), "store": store_id or ""}
+    if snapshot_lsn is not None:
+        out[SNAPSHOT_KEY] = int(snapshot_lsn)
+    return out
 
 
 class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The ``changes`` of a store as a stream; offsets are LSNs.
-
-    A micro-batch from offset ``{"lsn": a}`` to ``{"lsn": b}`` holds the rows
-    of LSNs ``a+1 .. b``, in LSN order within each partition.
-    """
+    """The ``changes`` of a store as a stream; offsets are LSNs (see the module docstring)."""
 
     def __init__(self, opts: Options) -> None:
         self.opts = replace(opts, path=normalize_location(opts.path))
-        self.files = StoreFiles(self.opts.path)
+        self.files = open_files(self.opts.path)
         self.files.check_store()
         self.store_id = self.files.store_id()
         self._available_now: int | None = None
+        self._last: dict[str, Any] | None = None  # the last offset handed to Spark (PySpark < 4.2)
 
     # -- offsets -------------------------------------------------------------
 
@@ -61,48 +85,82 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, Any]:
         durable = self.files.durable_lsn()
-        start = self.opts.starting_lsn if self.opts.starting_lsn is not None else EARLIEST
-        if start == EARLIEST:
-            lsn = self.files.first_held(durable) - 1
-        elif start == LATEST:
-            lsn = durable
+        if self.store_id is None:
+            self.store_id = self.files.store_id()
+        if self.opts.starting_from_snapshot:
+            snap = ss.choose(self.files, None, None)
+            if snap is not None:
+                self._last = _offset(snap.lsn, self.store_id, snap.lsn)
+                return self._last
+            start = 1  # no snapshot: the whole log
+        elif self.opts.starting_timestamp_us is not None:
+            start = self.files.last_lsn_at(self.opts.starting_timestamp_us - 1, durable) + 1
         else:
-            lsn = int(start) - 1
-            if lsn > durable:
+            start = starting_lsn(self.files, self.opts.starting_lsn, durable)
+            if start > durable + 1:
                 raise ValueError(
                     f"startingLsn {start} is past the end of the log of {self.files.display()} (durable LSN "
                     f"{durable}); give at most {durable + 1}, or 'latest'"
                 )
-        if self.store_id is None:
-            self.store_id = self.files.store_id()
-        return _offset(lsn, self.store_id)
+        self._last = _offset(start - 1, self.store_id)
+        return self._last
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_records_per_batch:
             return ReadMaxRows(self.opts.max_records_per_batch)
+        if self.opts.max_bytes_per_trigger:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = self.files.durable_lsn()
 
-    def _target(self) -> int:
-        durable = self.files.durable_lsn()
+    def _target(self, durable: int) -> int:
         if self._available_now is not None:
             return min(durable, self._available_now)
         return durable
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
+        start = start if start is not None else self._last  # PySpark < 4.2 passes neither
+        if start is None:
+            start = self.initialOffset()
         begin = self._check(start, "start")
-        target = self._target()
-        if begin > self.files.durable_lsn():
+        durable = self.files.durable_lsn()
+        if begin > durable:
             raise ValueError(
                 f"the stream's checkpoint is at LSN {begin}, past the end of the log of {self.files.display()} "
-                f"(durable LSN {self.files.durable_lsn()}); the store was restored or replaced: use a new checkpointLocation"
+                f"(durable LSN {durable}); the store was restored or replaced: use a new checkpointLocation"
             )
-        end = max(begin, target)
+        first = max(begin + 1, self.files.first_held(durable))  # a gap fails or is skipped in partitions()
+        end = max(begin, self._target(durable))
+        # Spark's limit: the default one below, or ReadAllAvailable (Trigger.Once): no cap.
+        everything = isinstance(limit, ReadAllAvailable)
+        max_rows = [None if everything else self.opts.max_records_per_batch]
+        max_bytes = [None if everything else self.opts.max_bytes_per_trigger]
         if isinstance(limit, ReadMaxRows):
-            end = min(end, begin + max(1, int(limit.max_rows)))
-        return _offset(end, self.store_id)
+            max_rows.append(int(limit.max_rows))
+        if isinstance(limit, ReadMaxBytes):
+            max_bytes.append(int(limit.max_bytes))
+        rows_cap = min((n for n in max_rows if n), default=None)
+        bytes_cap = min((n for n in max_bytes if n), default=None)
+        if rows_cap is not None:
+            end = min(end, first - 1 + max(1, rows_cap))
+        if bytes_cap is not None and end >= first:
+            end = self._bytes_cut(first, end, durable, bytes_cap)
+        self._last = _offset(end, self.store_id)
+        return self._last
+
+    def _bytes_cut(self, first: int, end: int, durable: int, cap: int) -> int:
+        """The last LSN of ``first..end`` such that the entries from
+        ``first`` hold at most ``cap`` payload bytes (at least ``first``)."""
+        total, last = 0, first
+        for piece in self.files.plan_log(first, end, durable, self.opts.max_partition_bytes):
+            for entry in self.files.iter_slice(piece):
+                total += len(entry.payload)
+                if total > cap and entry.lsn > first:
+                    return last
+                last = entry.lsn
+        return last
 
     def reportLatestOffset(self) -> dict[str, Any]:
         return _offset(self.files.durable_lsn(), self.store_id)
@@ -110,10 +168,23 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         a = self._check(start, "start")
         b = self._check(end, "end")
+        out: list[Any] = []
+        if start.get(SNAPSHOT_KEY) is not None:
+            snap = ss.choose(self.files, int(start[SNAPSHOT_KEY]), None)
+            if snap is not None:
+                out.extend(SnapshotChangesPartition(snap.path, c, snap.created_us) for c in snap.chunks)
         if b <= a:
-            return []
-        pieces = self.files.plan_log(a + 1, b, b, self.opts.max_partition_bytes)
-        return [LogPartition(piece) for piece in pieces]
+            return out
+        first = a + 1
+        held = self.files.first_held(b)
+        if first < held and not self.opts.fail_on_data_loss:
+            log.warning("failOnDataLoss=false: LSNs %d..%d are no longer in the log of %s (retention deleted "
+                        "them); the stream goes on from LSN %d", first, min(b, held - 1), self.files.display(),
+                        held)
+            first = held
+        pieces: list[LogSlice] = self.files.plan_log(first, b, b, self.opts.max_partition_bytes) if first <= b else []
+        out.extend(LogPartition(piece) for piece in pieces)
+        return out
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_partition(self.files, self.opts, partition)

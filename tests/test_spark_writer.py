@@ -1,0 +1,141 @@
+"""The walkv writer: df.write.format("walkv") appends or overwrites as one
+atomic batch (one LSN), deletes by a deleted/_change_type column, aborts
+leaving nothing, refuses a locked store and an archive; a commit killed with
+SIGKILL at any moment leaves every row or none."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import kvstore
+from kvstore.archive import Archiver
+
+pytest.importorskip("pyspark")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def contents(path):
+    with kvstore.open(path) as db:
+        return dict(db.scan()), db.last_lsn
+
+
+def staging_left(path):
+    d = os.path.join(path, "spark-staging")
+    return [n for n in os.listdir(d)] if os.path.isdir(d) else []
+
+
+@pytest.fixture(scope="module")
+def walkv_spark(spark):
+    from kvstore.spark import register
+
+    register(spark)
+    return spark
+
+
+@pytest.mark.spark
+def test_append_overwrite_and_deletes_are_one_batch_each(walkv_spark, tmp_path):
+    spark = walkv_spark
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        db.put(b"old", b"1")
+        db.put(b"k0001", b"before")
+    rows = [(f"k{i:04d}", f"v{i}") for i in range(400)]
+    spark.createDataFrame(rows, "key string, value string").repartition(4).write.format("walkv") \
+        .mode("append").save(path)
+    got, lsn = contents(path)
+    assert lsn == 3  # the 4 tasks' rows: one entry
+    assert got == {b"old": b"1", **{k.encode(): v.encode() for k, v in rows}}
+    assert staging_left(path) == []
+
+    dels = spark.createDataFrame([(f"k{i:04d}".encode(), None, True) for i in range(0, 400, 2)] +
+                                 [(b"new", b"x", False)], "key binary, value binary, deleted boolean")
+    dels.write.format("walkv").mode("append").save(path)
+    got, lsn = contents(path)
+    assert lsn == 4
+    assert got == {b"old": b"1", b"new": b"x", **{k.encode(): v.encode() for i, (k, v) in enumerate(rows) if i % 2}}
+
+    # A changes read of another store, written here: _change_type decides.
+    other = str(tmp_path / "other")
+    with kvstore.open(other) as db:
+        db.put(b"a", b"A")
+        db.put(b"old", b"2")
+        db.delete(b"new")
+    changes = spark.read.format("walkv").option("table", "changes").load(other).select("key", "value", "_change_type")
+    changes.write.format("walkv").mode("append").save(path)
+    got, _ = contents(path)
+    assert got[b"a"] == b"A" and got[b"old"] == b"2" and b"new" not in got
+
+    spark.createDataFrame([("only", "one")], "key string, value string").write.format("walkv") \
+        .mode("overwrite").save(path)
+    got, lsn = contents(path)
+    assert got == {b"only": b"one"}
+
+
+@pytest.mark.spark
+def test_abort_locked_store_and_archive_are_refused(walkv_spark, tmp_path):
+    spark = walkv_spark
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        db.put(b"keep", b"1")
+    before = contents(path)
+    # A task fails (a null key): the job aborts, nothing is written, nothing is left.
+    bad = spark.createDataFrame([("a", "1"), (None, "2"), ("c", "3")], "key string, value string").repartition(3)
+    with pytest.raises(Exception, match="null key"):
+        bad.write.format("walkv").mode("append").save(path)
+    assert contents(path) == before
+    assert staging_left(path) == []
+    df = spark.createDataFrame([("a", "1")], "key string, value string")
+    with kvstore.open(path):  # held open by this process: the write names the lock
+        with pytest.raises(Exception, match="LockedError|lock"):
+            df.write.format("walkv").mode("append").save(path)
+    archive = str(tmp_path / "archive")
+    Archiver(path, archive).ship_once()
+    with pytest.raises(Exception, match="is a walkv archive"):
+        df.write.format("walkv").mode("append").save(archive)
+    with pytest.raises(Exception, match="local store directory"):
+        df.write.format("walkv").mode("append").save("s3://bucket/store")
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    from kvstore.spark.writer import WalkvWriter
+    path, prefix = sys.argv[1], sys.argv[2]
+    w = WalkvWriter(path, ["key", "value"], False)
+    msgs = [w.write(iter([{"key": b"%s-%d-%05d" % (prefix.encode(), t, i), "value": b"v" * 200}
+                          for i in range(4000)])) for t in range(4)]
+    print("ready", flush=True)
+    w.commit(msgs)
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.crash
+def test_commit_killed_at_any_moment_is_all_or_nothing(tmp_path):
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        db.put(b"base", b"1")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    outcomes = []
+    for n, delay in enumerate([0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.4, 5.0]):
+        prefix = f"p{n}"
+        p = subprocess.Popen([sys.executable, "-c", CHILD, path, prefix], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        assert p.stdout is not None and p.stderr is not None
+        line = p.stdout.readline().strip()
+        assert line == b"ready", p.stderr.read().decode()[-2000:]
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        got, _ = contents(path)
+        mine = [k for k in got if k.startswith(prefix.encode() + b"-")]
+        assert len(mine) in (0, 16000), (delay, len(mine))
+        assert got[b"base"] == b"1"
+        outcomes.append(len(mine))
+    assert outcomes[-1] == 16000  # given time, the commit completes
