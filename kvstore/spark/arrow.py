@@ -111,7 +111,7 @@ def arrow_schema(table: str, key_format: str = BINARY, value_format: str = BINAR
     )
 
 
-def _as_format(arr: pa.Array, fmt: str, what: str, where: Callable[[], str]) -> pa.Array:
+def as_format(arr: pa.Array, fmt: str, what: str, where: Callable[[], str]) -> pa.Array:
     if fmt == BINARY:
         return arr
     try:
@@ -163,8 +163,8 @@ def snapshot_batch(
     table: str = SNAPSHOT,
 ) -> pa.RecordBatch:
     """One record batch of ``snapshot`` (or ``state``) rows, all at ``lsn``."""
-    k = _as_format(_binary(keys), key_format, "key", where)
-    v = _as_format(_binary(values), value_format, "value", where)
+    k = as_format(_binary(keys), key_format, "key", where)
+    v = as_format(_binary(values), value_format, "value", where)
     n = len(k)
     lsns = pa.repeat(pa.scalar(lsn, pa.int64()), n)
     return pa.RecordBatch.from_arrays([k, v, lsns], schema=arrow_schema(table, key_format, value_format))
@@ -174,8 +174,8 @@ def snapshot_change_batch(keys: pa.Array, values: pa.Array, lsn: int, timestamp_
                           value_format: str, where: Callable[[], str]) -> pa.RecordBatch:
     """Snapshot rows as ``changes`` rows (a stream's ``startingFrom=snapshot``):
     ``upsert`` at the snapshot's LSN and time, ``_op_index`` -1."""
-    k = _as_format(keys, key_format, "key", where)
-    v = _as_format(values, value_format, "value", where)
+    k = as_format(keys, key_format, "key", where)
+    v = as_format(values, value_format, "value", where)
     n = len(k)
     nulls = pa.nulls(n, k.type)
     return pa.RecordBatch.from_arrays(
@@ -187,8 +187,8 @@ def snapshot_change_batch(keys: pa.Array, values: pa.Array, lsn: int, timestamp_
 
 def state_batch(keys: Sequence[bytes], values: Sequence[bytes], lsns: Sequence[int], key_format: str,
                 value_format: str, where: Callable[[], str]) -> pa.RecordBatch:
-    k = _as_format(binary_array([keys]), key_format, "key", where)
-    v = _as_format(binary_array([values]), value_format, "value", where)
+    k = as_format(binary_array([keys]), key_format, "key", where)
+    v = as_format(binary_array([values]), value_format, "value", where)
     return pa.RecordBatch.from_arrays(
         [k, v, pa.array(lsns, pa.int64())], schema=arrow_schema(STATE, key_format, value_format)
     )
@@ -231,9 +231,9 @@ def change_batches(
         return f"{path}, LSNs {first_lsn[0]}..{lsns[-1] if lsns else first_lsn[0]}"
 
     def flush() -> pa.RecordBatch:
-        k = _as_format(binary_array([keys]), key_format, "key", where)
-        v = _as_format(pa.array(values, pa.binary()), value_format, "value", where)
-        e = _as_format(pa.array(ends, pa.binary()), key_format, "key", where)
+        k = as_format(binary_array([keys]), key_format, "key", where)
+        v = as_format(pa.array(values, pa.binary()), value_format, "value", where)
+        e = as_format(pa.array(ends, pa.binary()), key_format, "key", where)
         t = _TYPE_NAMES.take(pa.array(codes, pa.int8()))
         batch = pa.RecordBatch.from_arrays(
             [k, v, e, t, pa.array(lsns, pa.int64()), pa.array(stamps, pa.timestamp("us", tz="UTC")),

@@ -40,7 +40,11 @@ option                 meaning (names are case-insensitive, as Spark's are)
 ``startingFrom``       stream: ``log`` (default) or ``snapshot``: the first
                        micro-batch holds the newest snapshot's rows (as
                        ``upsert`` rows at the snapshot's LSN, ``_op_index``
-                       -1, the snapshot's time), then the log after it
+                       -1, the snapshot's time), then the log after it. Also
+                       for batch reads with ``format=debezium`` (``r`` events)
+``format``             ``changes``: ``delta`` (default: Delta's change data
+                       feed columns) or ``debezium`` (Debezium-shaped change
+                       events, :mod:`kvstore.spark.debezium`)
 ``maxPartitionBytes``  split sealed log segments larger than this at sparse-index
                        points (default 32 MiB)
 ``rowsPerBatch``       rows per Arrow record batch a task yields (default 65536)
@@ -79,7 +83,11 @@ KNOWN = {
     "startingfrom": "startingFrom",
     "maxpartitionbytes": "maxPartitionBytes",
     "rowsperbatch": "rowsPerBatch",
+    "format": "format",
 }
+
+DELTA = "delta"
+DEBEZIUM = "debezium"
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,7 @@ class Options:
     starting_from_snapshot: bool = False
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
     rows_per_batch: int = DEFAULT_ROWS_PER_BATCH
+    debezium: bool = False
 
 
 def _int(name: str, text: str, minimum: int) -> int:
@@ -203,7 +212,14 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         raise ValueError(f"option startingTimestamp applies to table=changes, not {table}")
     if ending_ts is not None and (streaming is True or table == "snapshot"):
         raise ValueError("option endingTimestamp is for batch reads of table=changes or state")
+    fmt = str(raw.get("format", DELTA)).strip().lower()
+    if fmt not in (DELTA, DEBEZIUM):
+        raise ValueError(f"option format must be '{DELTA}' or '{DEBEZIUM}', not {raw['format']!r}")
+    if fmt == DEBEZIUM and table != CHANGES:
+        raise ValueError(f"option format=debezium applies to table=changes, not {table}")
     for name in ("maxRecordsPerTrigger", "maxBytesPerTrigger", "startingFrom"):
+        if name == "startingFrom" and fmt == DEBEZIUM:
+            continue  # a batch of Debezium events may begin with the snapshot's ``r`` events
         if name in raw and streaming is False:
             raise ValueError(f"option {name} is for streams (spark.readStream)")
     max_records = _int("maxRecordsPerTrigger", raw["maxRecordsPerTrigger"], 1) if "maxRecordsPerTrigger" in raw else None
@@ -229,4 +245,5 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         starting_from_snapshot=starting_from == "snapshot",
         max_partition_bytes=_int("maxPartitionBytes", raw.get("maxPartitionBytes", str(DEFAULT_MAX_PARTITION_BYTES)), 1),
         rows_per_batch=_int("rowsPerBatch", raw.get("rowsPerBatch", str(DEFAULT_ROWS_PER_BATCH)), 1),
+        debezium=fmt == DEBEZIUM,
     )

@@ -181,7 +181,7 @@ def _only(bounds: Bounds | None, keys: pa.Array, values: pa.Array) -> tuple[pa.A
     return keys.filter(mask), values.filter(mask)
 
 
-def _decode_batch(payload: bytes, lsn: int, path: str | None = None) -> list[list[Any]]:
+def decode_batch(payload: bytes, lsn: int, path: str | None = None) -> list[list[Any]]:
     """One log entry's batch (the format :mod:`kvstore.batch` owns), its
     damage naming the segment ``path``."""
     try:
@@ -199,7 +199,7 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
     if isinstance(partition, LogPartition):
         piece = partition.piece
         yield from sa.change_batches(
-            files.iter_slice(piece), _decode_batch, kf, vf, files.display(piece.path), rows
+            files.iter_slice(piece), decode_batch, kf, vf, files.display(piece.path), rows
         )
     elif isinstance(partition, ChunkPartition):
         directory, chunk = partition.directory, partition.chunk
@@ -224,7 +224,7 @@ def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -
     for piece in p.pieces:
         shown = files.display(piece.path)
         for entry in files.iter_slice(piece):
-            tail.add(entry.lsn, _decode_batch(entry.payload, entry.lsn, shown), shown)
+            tail.add(entry.lsn, decode_batch(entry.payload, entry.lsn, shown), shown)
     kf, vf = opts.key_format, opts.value_format
     if p.directory is not None and p.chunk is not None:
         directory, chunk = p.directory, p.chunk

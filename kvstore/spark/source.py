@@ -10,6 +10,7 @@ a local disk, HDFS or S3 is read as the cluster sees it::
     spark.read.format("walkv").option("table", "snapshot").load(path)   # key, value, lsn
     spark.read.format("walkv").option("table", "changes").load(path)    # the log after it
     spark.read.format("walkv").option("table", "state").load(path)      # current contents
+    spark.read.format("walkv").option("format", "debezium").load(path)  # changes as Debezium events
     spark.readStream.format("walkv").load(path)                         # the log, as a stream
     df.write.format("walkv").mode("append").save(path)                  # one atomic batch
 
@@ -18,7 +19,8 @@ pushed down where the session allows it (:mod:`kvstore.spark.pushdown`,
 :mod:`kvstore.spark.compat`); the writer is :mod:`kvstore.spark.writer`.
 Columns are described in :mod:`kvstore.spark.arrow`, options in
 :mod:`kvstore.spark.options`, planning and partitions in
-:mod:`kvstore.spark.partitions`, the stream in :mod:`kvstore.spark.stream`.
+:mod:`kvstore.spark.partitions`, the stream in :mod:`kvstore.spark.stream`, Debezium-shaped events
+(``format=debezium``) in :mod:`kvstore.spark.debezium`.
 :func:`read_state` computes the state with DataFrame operations (a window
 over (lsn, op index) per key, and a range join for range deletes);
 ``table=state`` computes the same inside the scan.
@@ -36,6 +38,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from kvstore.spark import arrow as sa
+from kvstore.spark import debezium
 from kvstore.spark.archive import open_files
 from kvstore.spark.compat import pushdown_enabled
 from kvstore.spark.files import normalize_location
@@ -95,6 +98,10 @@ class WalkvDataSource(DataSource):
 
     def schema(self) -> Any:
         opts = self._options(streaming=None)
+        if opts.debezium:
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            return from_arrow_schema(debezium.arrow_schema(opts.key_format, opts.value_format))
         return spark_schema(opts.table, opts.key_format, opts.value_format)
 
     def reader(self, schema: Any) -> WalkvReader:
@@ -127,9 +134,13 @@ class WalkvReader(DataSourceReader):
         self.bounds = Bounds()
 
     def partitions(self) -> list[Any]:
+        if self.opts.debezium:
+            return list(debezium.batch_partitions(self.files, self.opts))
         return partitions_for(self.files, self.opts, self.plan, self.bounds)
 
     def read(self, partition: Any) -> Iterator[Any]:
+        if isinstance(partition, debezium.DebeziumPartition):
+            return debezium.read_events(self.files, self.opts, partition)
         return read_partition(self.files, self.opts, partition)
 
 
@@ -138,6 +149,8 @@ class WalkvPushdownReader(WalkvReader):
     back: Spark still evaluates them, see :mod:`kvstore.spark.pushdown`)."""
 
     def pushFilters(self, filters: list[Any]) -> Iterable[Any]:
+        if self.opts.debezium:
+            return filters  # events: no pushdown (a key's before needs its whole range's history)
         lsn_column = COMMIT_VERSION if self.opts.table == sa.CHANGES else None
         self.bounds = bounds_of(filters, lsn_column)
         return filters

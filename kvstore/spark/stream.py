@@ -38,6 +38,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader
 
+from kvstore.spark import debezium
 from kvstore.spark import snapshots as ss
 from kvstore.spark.archive import open_files
 from kvstore.spark.compat import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows, SupportsTriggerAvailableNow
@@ -168,6 +169,8 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         a = self._check(start, "start")
         b = self._check(end, "end")
+        if self.opts.debezium:
+            return self._event_partitions(start, a, b)
         out: list[Any] = []
         if start.get(SNAPSHOT_KEY) is not None:
             snap = ss.choose(self.files, int(start[SNAPSHOT_KEY]), None)
@@ -175,6 +178,13 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 out.extend(SnapshotChangesPartition(snap.path, c, snap.created_us) for c in snap.chunks)
         if b <= a:
             return out
+        first = self._first(a, b)
+        pieces: list[LogSlice] = self.files.plan_log(first, b, b, self.opts.max_partition_bytes) if first <= b else []
+        out.extend(LogPartition(piece) for piece in pieces)
+        return out
+
+    def _first(self, a: int, b: int) -> int:
+        """The first LSN of the micro-batch ``a+1 .. b`` (``failOnDataLoss``)."""
         first = a + 1
         held = self.files.first_held(b)
         if first < held and not self.opts.fail_on_data_loss:
@@ -182,11 +192,24 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         "them); the stream goes on from LSN %d", first, min(b, held - 1), self.files.display(),
                         held)
             first = held
-        pieces: list[LogSlice] = self.files.plan_log(first, b, b, self.opts.max_partition_bytes) if first <= b else []
-        out.extend(LogPartition(piece) for piece in pieces)
-        return out
+        return first
+
+    def _event_partitions(self, start: dict[str, Any], a: int, b: int) -> list[Any]:
+        """``format=debezium``: the events of ``a+1 .. b``, each key's
+        ``before`` rebuilt from the newest snapshot at or before ``a``
+        (:mod:`kvstore.spark.debezium`)."""
+        if start.get(SNAPSHOT_KEY) is not None:
+            base = ss.choose(self.files, int(start[SNAPSHOT_KEY]), None)
+            return list(debezium.event_partitions(self.files, self.opts, base, a + 1, b, b, True))
+        if b <= a:
+            return []
+        first = self._first(a, b)
+        base = debezium.base_before(self.files, None, first)
+        return list(debezium.event_partitions(self.files, self.opts, base, first, b, b, False))
 
     def read(self, partition: Any) -> Iterator[Any]:
+        if isinstance(partition, debezium.DebeziumPartition):
+            return debezium.read_events(self.files, self.opts, partition)
         return read_partition(self.files, self.opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
