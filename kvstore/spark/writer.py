@@ -204,7 +204,15 @@ class WalkvWriter(DataSourceWriter):
         self._remove_stale()
 
     def abort(self, messages: list[StagedFile | None]) -> None:  # type: ignore[override]
-        self._remove(self.staging)
+        # Spark may abort while a cancelled task still stages its file: rename
+        # the job's directory away first (atomic), so that no task can add to
+        # it any more (their paths name the old one), then delete it.
+        aborted = os.path.join(self.path, STAGING_DIR, f".aborted-{self.job}")
+        try:
+            os.rename(self.staging, aborted)
+        except FileNotFoundError:
+            return
+        self._remove(aborted)
 
     def _remove(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
