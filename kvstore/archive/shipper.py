@@ -1,8 +1,8 @@
 """The archiver: ships a store's durable log and its snapshots to an archive.
 
-``Archiver(store_path, location)`` reads only the store's files (the log
-through :func:`wal.read_log`, bounded by the ``DURABLE`` marker, so only what
-the writer fsynced is ever shipped; snapshots through :mod:`snapshot`), so it
+``Archiver(store_path, location)`` reads only the store's files (the log's
+segments through :class:`wal.segment.SegmentScan`, bounded by the ``DURABLE``
+marker, so only what the writer fsynced is ever shipped; snapshots through :mod:`snapshot`), so it
 runs in the writer's process or as a sidecar (``walkv archive STORE URI``)
 and produces the same archive either way. Layout and rules:
 :mod:`kvstore.archive.layout`.
@@ -64,8 +64,8 @@ from wal.crc import crc32c
 from wal.durable import read_durable_lsn
 from wal.errors import ArchiveError, ArchiveLagError, CorruptionError, Damage, LockedError, LogGapError, WalkvError
 from wal.fs import OS_FS
-from wal.reader import read_log
-from wal.segment import SegmentFile, SegmentScan, list_segments, read_store_id
+from wal.index import read_index
+from wal.segment import Entry, SegmentFile, SegmentScan, list_segments, read_store_id
 
 log = logging.getLogger("walkv.archive")
 
@@ -110,6 +110,7 @@ class Archiver:
         self._durable = 0
         self._seen: collections.deque[tuple[int, float]] = collections.deque()
         self._snap_lsns: set[int] | None = None
+        self._resume: tuple[str, int, int] | None = None  # (segment, next LSN, its record offset)
         self._retention_due = True
         self.uploads = 0
         self.bytes = 0
@@ -227,7 +228,7 @@ class Archiver:
                 later = [o.first for o in objects if o.first > nxt]
                 if later:
                     limit = min(limit, min(later) - 1)
-                last = self._upload_piece(nxt, limit)
+                last = self._upload_piece(seg, nxt, limit)
                 objects.append(LogObject(nxt, last, self.target.path(WAL_DIR, log_object_name(nxt, last))))
                 objects.sort(key=lambda o: (o.first, -o.last))
                 nxt = max(last + 1, chain(objects).last + 1)
@@ -259,20 +260,42 @@ class Archiver:
                 self.target.delete(WAL_DIR, log_object_name(o.first, o.last))
         self._set_archived(chain(objects).last)
 
-    def _upload_piece(self, first: int, limit: int) -> int:
+    def _upload_piece(self, seg: SegmentFile, first: int, limit: int) -> int:
+        """Upload LSNs ``first..`` (up to ``limit`` and :data:`PIECE_BYTES`)
+        of ``seg`` as one piece; return its last LSN. Reading resumes at the
+        offset where the previous piece of the segment ended (the active
+        segment has no index: without it every round would decode the
+        segment from its start)."""
         assert self._store_id is not None
-        entries = []
+        resume = self._resume
+        if resume is not None and resume[0] == seg.path and resume[1] == first:
+            start = resume[2]
+        else:
+            index = read_index(seg.path)
+            start = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
+        entries: list[Entry] = []
         size = 0
-        for e in read_log(self.layout.wal_dir, first, limit):
-            entries.append(e)
-            size += len(e.payload)
-            if size >= PIECE_BYTES:
-                break
+        try:
+            fh = OS_FS.open_input(seg.path)
+        except FileNotFoundError:
+            raise LogGapError(f"segment {seg.path} was deleted before LSN {first} was archived",
+                              first_missing=first, last_missing=limit) from None
+        with fh:
+            scan = SegmentScan(fh, seg.path, start)
+            for offset, e in scan.entries(first, limit):
+                if not entries and e.lsn != first:
+                    raise CorruptionError(f"LSN {e.lsn} where LSN {first} should be; not archived",
+                                          kind=Damage.SEQUENCE, path=seg.path, offset=offset, lsn=first)
+                entries.append(e)
+                size += len(e.payload)
+                if size >= PIECE_BYTES:
+                    break
         if not entries:
             raise CorruptionError(f"the log of {self.layout.root} has no entry {first} although it is durable",
-                                  kind=Damage.SEQUENCE, path=self.layout.wal_dir, offset=0, lsn=first)
+                                  kind=Damage.SEQUENCE, path=seg.path, offset=scan.data_end, lsn=first)
         data, last = encode_segment(self._store_id, first, entries)
         self._put(data, WAL_DIR, log_object_name(first, last))
+        self._resume = (seg.path, last + 1, scan.data_end)
         log.debug("archived LSNs %d..%d to %s", first, last, self.target.uri)
         return last
 
