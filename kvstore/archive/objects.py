@@ -8,13 +8,13 @@ the pieces it replaced); anything not on the chain is redundant.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from typing import NamedTuple
 
 from kvstore.archive.layout import WAL_DIR, LogObject, log_object_name, parse_log_object_name
 from kvstore.archive.target import ArchiveTarget
-from wal.record import RecordWriter
+from wal.errors import RecordTooLargeError
+from wal.record import DEFAULT_MAX_RECORD_BYTES, frame_into
 from wal.segment import Entry, encode_header, pack_entry_header
 
 
@@ -71,14 +71,22 @@ def chain(objects: list[LogObject], start: int | None = None) -> Chain:
     return Chain(out)
 
 
-def encode_segment(store_id: str, first_lsn: int, entries: Iterable[Entry]) -> tuple[bytes, int]:
+def encode_segment(store_id: str, first_lsn: int, entries: Iterable[Entry], *,
+                   max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> tuple[bytes, int]:
     """A segment file holding ``entries`` (consecutive from ``first_lsn``),
-    and its last LSN: the bytes of a tail piece."""
-    out = io.BytesIO()
-    w = RecordWriter(out, 0)
-    w.add_record(encode_header(store_id, first_lsn))
+    and its last LSN: the bytes of a tail piece. Its header states
+    ``max_record_bytes`` (a piece of a segment states that segment's limit);
+    an entry over it raises :class:`~wal.errors.RecordTooLargeError`.
+    Framed in memory and joined once (the group commit's way)."""
+    parts: list[bytes] = []
+    offset = frame_into(parts, encode_header(store_id, first_lsn, max_record_bytes), 0)
     last = first_lsn - 1
+    pack = pack_entry_header
     for lsn, ts, payload in entries:
-        w.add_record(pack_entry_header(lsn, ts) + payload)
+        record = pack(lsn, ts) + payload
+        if len(record) > max_record_bytes:
+            raise RecordTooLargeError(f"log entry {lsn} is a record of {len(record)} bytes, over the limit of "
+                                      f"{max_record_bytes} bytes of the segment it would go to")
+        offset = frame_into(parts, record, offset)
         last = lsn
-    return out.getvalue(), last
+    return b"".join(parts), last

@@ -65,6 +65,7 @@ from wal.durable import read_durable_lsn
 from wal.errors import ArchiveError, ArchiveLagError, CorruptionError, Damage, LockedError, LogGapError, WalkvError
 from wal.fs import OS_FS
 from wal.index import read_index
+from wal.record import DEFAULT_MAX_RECORD_BYTES
 from wal.segment import Entry, SegmentFile, SegmentScan, list_segments, read_store_id
 
 log = logging.getLogger("walkv.archive")
@@ -293,7 +294,8 @@ class Archiver:
         if not entries:
             raise CorruptionError(f"the log of {self.layout.root} has no entry {first} although it is durable",
                                   kind=Damage.SEQUENCE, path=seg.path, offset=scan.data_end, lsn=first)
-        data, last = encode_segment(self._store_id, first, entries)
+        limit_bytes = scan.header.max_record_bytes if scan.header is not None else DEFAULT_MAX_RECORD_BYTES
+        data, last = encode_segment(self._store_id, first, entries, max_record_bytes=limit_bytes)
         self._put(data, WAL_DIR, log_object_name(first, last))
         self._resume = (seg.path, last + 1, scan.data_end)
         log.debug("archived LSNs %d..%d to %s", first, last, self.target.uri)
