@@ -13,7 +13,8 @@ Each :meth:`Archiver.ship_once`, under the writer's lease:
    (after checking its header, store id, CRCs and LSNs), then the pieces it
    covers are deleted (compaction);
 2. the durable tail after the archived LSN is uploaded as pieces, each within
-   one local segment (at most :data:`PIECE_BYTES` each);
+   one local segment (at most :data:`PIECE_BYTES` each), read from the offset
+   where the previous piece of that segment ended and framed in memory;
 3. local snapshots newer than the archive's newest, at or below the archived
    LSN, are uploaded chunk by chunk (each chunk's CRC checked first), the
    MANIFEST last;
