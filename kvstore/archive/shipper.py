@@ -56,7 +56,7 @@ from kvstore.archive.layout import (
     log_object_name,
 )
 from kvstore.archive.lease import DEFAULT_LEASE_SECONDS, LeaseHolder
-from kvstore.archive.objects import chain, encode_segment, list_log_objects
+from kvstore.archive.objects import chain, encode_segment, list_log_objects, read_piece
 from kvstore.archive.retention import apply_retention, archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
 from kvstore.layout import StoreLayout
@@ -66,8 +66,7 @@ from wal.durable import read_durable_lsn
 from wal.errors import ArchiveError, ArchiveLagError, CorruptionError, Damage, LockedError, LogGapError, WalkvError
 from wal.fs import OS_FS
 from wal.index import read_index
-from wal.record import DEFAULT_MAX_RECORD_BYTES
-from wal.segment import Entry, SegmentFile, SegmentScan, list_segments, read_store_id
+from wal.segment import SegmentFile, SegmentScan, list_segments, read_store_id
 
 log = logging.getLogger("walkv.archive")
 
@@ -275,30 +274,10 @@ class Archiver:
         else:
             index = read_index(seg.path)
             start = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
-        entries: list[Entry] = []
-        size = 0
-        try:
-            fh = OS_FS.open_input(seg.path)
-        except FileNotFoundError:
-            raise LogGapError(f"segment {seg.path} was deleted before LSN {first} was archived",
-                              first_missing=first, last_missing=limit) from None
-        with fh:
-            scan = SegmentScan(fh, seg.path, start)
-            for offset, e in scan.entries(first, limit):
-                if not entries and e.lsn != first:
-                    raise CorruptionError(f"LSN {e.lsn} where LSN {first} should be; not archived",
-                                          kind=Damage.SEQUENCE, path=seg.path, offset=offset, lsn=first)
-                entries.append(e)
-                size += len(e.payload)
-                if size >= PIECE_BYTES:
-                    break
-        if not entries:
-            raise CorruptionError(f"the log of {self.layout.root} has no entry {first} although it is durable",
-                                  kind=Damage.SEQUENCE, path=seg.path, offset=scan.data_end, lsn=first)
-        limit_bytes = scan.header.max_record_bytes if scan.header is not None else DEFAULT_MAX_RECORD_BYTES
-        data, last = encode_segment(self._store_id, first, entries, max_record_bytes=limit_bytes)
+        piece = read_piece(seg.path, first, limit, start, PIECE_BYTES)
+        data, last = encode_segment(self._store_id, first, piece.entries, max_record_bytes=piece.max_record_bytes)
         self._put(data, WAL_DIR, log_object_name(first, last))
-        self._resume = (seg.path, last + 1, scan.data_end)
+        self._resume = (seg.path, last + 1, piece.end)
         log.debug("archived LSNs %d..%d to %s", first, last, self.target.uri)
         return last
 
