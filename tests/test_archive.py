@@ -92,6 +92,27 @@ def test_ship_compact_read_and_restore_equal_local(store, tmp_path, form):
     assert info.lsn == t_lsn and state(info.path) == model(t_lsn)
 
 
+def test_pieces_of_one_active_segment_resume_where_the_last_ended(tmp_path):
+    # Many rounds into one active segment, with records fragmented across
+    # 32 KiB blocks: each piece starts reading where the previous one ended
+    # and must hold exactly the next LSNs, framed anew, byte-equal in content.
+    db = kvstore.open(str(tmp_path / "store"), segment_bytes=32 << 20)
+    try:
+        a = Archiver(db.path, str(tmp_path / "arch"))
+        lsn = 0
+        for r in range(12):
+            for i in range(1 + r * 3):
+                lsn = db.put(b"k%d-%d" % (r, i), bytes([65 + r]) * (5000 + 3001 * i))
+            assert a.ship_once() == lsn
+        a.stop()
+        reader = ArchiveReader(str(tmp_path / "arch"))
+        assert [(o.first, o.last) for o in reader.log_objects()][:2] == [(1, 1), (2, 5)]
+        assert len(reader.log_objects()) == 12 and reader.verify() == []
+        assert [tuple(e) for e in reader.read_entries()] == store_entries(db.path)
+    finally:
+        db.close()
+
+
 def test_resume_after_restart_ships_no_duplicate(store, tmp_path):
     loc = str(tmp_path / "arch")
     fill(store, 0, 200)

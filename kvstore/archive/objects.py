@@ -1,4 +1,5 @@
-"""An archive's log objects: listing them, chaining them by LSN, building one.
+"""An archive's log objects: listing them, chaining them by LSN, reading a
+piece's entries from a local segment and building one.
 
 Rules (see :mod:`kvstore.archive.layout`): a listing gives each object's LSN
 range from its name alone; a chain starts at the lowest first LSN and at each
@@ -8,14 +9,15 @@ the pieces it replaced); anything not on the chain is redundant.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from typing import NamedTuple
 
 from kvstore.archive.layout import WAL_DIR, LogObject, log_object_name, parse_log_object_name
 from kvstore.archive.target import ArchiveTarget
-from wal.record import RecordWriter
-from wal.segment import Entry, encode_header, pack_entry_header
+from wal.errors import CorruptionError, Damage, LogGapError, RecordTooLargeError
+from wal.fs import OS_FS
+from wal.record import DEFAULT_MAX_RECORD_BYTES, frame_into
+from wal.segment import Entry, SegmentScan, encode_header, pack_entry_header
 
 
 def list_log_objects(target: ArchiveTarget) -> list[LogObject]:
@@ -71,14 +73,61 @@ def chain(objects: list[LogObject], start: int | None = None) -> Chain:
     return Chain(out)
 
 
-def encode_segment(store_id: str, first_lsn: int, entries: Iterable[Entry]) -> tuple[bytes, int]:
+def encode_segment(store_id: str, first_lsn: int, entries: Iterable[Entry], *,
+                   max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> tuple[bytes, int]:
     """A segment file holding ``entries`` (consecutive from ``first_lsn``),
-    and its last LSN: the bytes of a tail piece."""
-    out = io.BytesIO()
-    w = RecordWriter(out, 0)
-    w.add_record(encode_header(store_id, first_lsn))
+    and its last LSN: the bytes of a tail piece. Its header states
+    ``max_record_bytes`` (a piece of a segment states that segment's limit);
+    an entry over it raises :class:`~wal.errors.RecordTooLargeError`.
+    Framed in memory and joined once (the group commit's way)."""
+    parts: list[bytes] = []
+    offset = frame_into(parts, encode_header(store_id, first_lsn, max_record_bytes), 0)
     last = first_lsn - 1
+    pack = pack_entry_header
     for lsn, ts, payload in entries:
-        w.add_record(pack_entry_header(lsn, ts) + payload)
+        record = pack(lsn, ts) + payload
+        if len(record) > max_record_bytes:
+            raise RecordTooLargeError(f"log entry {lsn} is a record of {len(record)} bytes, over the limit of "
+                                      f"{max_record_bytes} bytes of the segment it would go to")
+        offset = frame_into(parts, record, offset)
         last = lsn
-    return out.getvalue(), last
+    return b"".join(parts), last
+
+
+class Piece(NamedTuple):
+    """Entries read for a tail piece: ``end`` is the offset just after the
+    last one's record in its segment (where the next piece starts reading),
+    ``max_record_bytes`` the segment's record limit (the piece states it)."""
+
+    entries: list[Entry]
+    end: int
+    max_record_bytes: int
+
+
+def read_piece(path: str, first: int, limit: int, start: int, max_bytes: int) -> Piece:
+    """Entries ``first..limit`` of the local segment at ``path`` (durable:
+    the caller bounds ``limit``), at most ``max_bytes`` of payload but at
+    least one, read from record offset ``start`` (0, an index point, or
+    where the previous piece ended)."""
+    entries: list[Entry] = []
+    size = 0
+    try:
+        fh = OS_FS.open_input(path)
+    except FileNotFoundError:
+        raise LogGapError(f"segment {path} was deleted before LSN {first} was archived",
+                          first_missing=first, last_missing=limit) from None
+    with fh:
+        scan = SegmentScan(fh, path, start)
+        for offset, e in scan.entries(first, limit):
+            if not entries and e.lsn != first:
+                raise CorruptionError(f"LSN {e.lsn} where LSN {first} should be; not archived",
+                                      kind=Damage.SEQUENCE, path=path, offset=offset, lsn=first)
+            entries.append(e)
+            size += len(e.payload)
+            if size >= max_bytes:
+                break
+    if not entries:
+        raise CorruptionError(f"segment {path} has no entry {first} although it is durable; not archived",
+                              kind=Damage.SEQUENCE, path=path, offset=scan.data_end, lsn=first)
+    limit_bytes = scan.header.max_record_bytes if scan.header is not None else DEFAULT_MAX_RECORD_BYTES
+    return Piece(entries, scan.data_end, limit_bytes)

@@ -1,8 +1,8 @@
 """The archiver: ships a store's durable log and its snapshots to an archive.
 
-``Archiver(store_path, location)`` reads only the store's files (the log
-through :func:`wal.read_log`, bounded by the ``DURABLE`` marker, so only what
-the writer fsynced is ever shipped; snapshots through :mod:`snapshot`), so it
+``Archiver(store_path, location)`` reads only the store's files (the log's
+segments through :class:`wal.segment.SegmentScan`, bounded by the ``DURABLE``
+marker, so only what the writer fsynced is ever shipped; snapshots through :mod:`snapshot`), so it
 runs in the writer's process or as a sidecar (``walkv archive STORE URI``)
 and produces the same archive either way. Layout and rules:
 :mod:`kvstore.archive.layout`.
@@ -13,7 +13,8 @@ Each :meth:`Archiver.ship_once`, under the writer's lease:
    (after checking its header, store id, CRCs and LSNs), then the pieces it
    covers are deleted (compaction);
 2. the durable tail after the archived LSN is uploaded as pieces, each within
-   one local segment (at most :data:`PIECE_BYTES` each);
+   one local segment (at most :data:`PIECE_BYTES` each), read from the offset
+   where the previous piece of that segment ended and framed in memory;
 3. local snapshots newer than the archive's newest, at or below the archived
    LSN, are uploaded chunk by chunk (each chunk's CRC checked first), the
    MANIFEST last;
@@ -55,7 +56,7 @@ from kvstore.archive.layout import (
     log_object_name,
 )
 from kvstore.archive.lease import DEFAULT_LEASE_SECONDS, LeaseHolder
-from kvstore.archive.objects import chain, encode_segment, list_log_objects
+from kvstore.archive.objects import chain, encode_segment, list_log_objects, read_piece
 from kvstore.archive.retention import apply_retention, archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
 from kvstore.layout import StoreLayout
@@ -64,7 +65,7 @@ from wal.crc import crc32c
 from wal.durable import read_durable_lsn
 from wal.errors import ArchiveError, ArchiveLagError, CorruptionError, Damage, LockedError, LogGapError, WalkvError
 from wal.fs import OS_FS
-from wal.reader import read_log
+from wal.index import read_index
 from wal.segment import SegmentFile, SegmentScan, list_segments, read_store_id
 
 log = logging.getLogger("walkv.archive")
@@ -110,6 +111,7 @@ class Archiver:
         self._durable = 0
         self._seen: collections.deque[tuple[int, float]] = collections.deque()
         self._snap_lsns: set[int] | None = None
+        self._resume: tuple[str, int, int] | None = None  # (segment, next LSN, its record offset)
         self._retention_due = True
         self.uploads = 0
         self.bytes = 0
@@ -227,7 +229,7 @@ class Archiver:
                 later = [o.first for o in objects if o.first > nxt]
                 if later:
                     limit = min(limit, min(later) - 1)
-                last = self._upload_piece(nxt, limit)
+                last = self._upload_piece(seg, nxt, limit)
                 objects.append(LogObject(nxt, last, self.target.path(WAL_DIR, log_object_name(nxt, last))))
                 objects.sort(key=lambda o: (o.first, -o.last))
                 nxt = max(last + 1, chain(objects).last + 1)
@@ -259,20 +261,23 @@ class Archiver:
                 self.target.delete(WAL_DIR, log_object_name(o.first, o.last))
         self._set_archived(chain(objects).last)
 
-    def _upload_piece(self, first: int, limit: int) -> int:
+    def _upload_piece(self, seg: SegmentFile, first: int, limit: int) -> int:
+        """Upload LSNs ``first..`` (up to ``limit`` and :data:`PIECE_BYTES`)
+        of ``seg`` as one piece; return its last LSN. Reading resumes at the
+        offset where the previous piece of the segment ended (the active
+        segment has no index: without it every round would decode the
+        segment from its start)."""
         assert self._store_id is not None
-        entries = []
-        size = 0
-        for e in read_log(self.layout.wal_dir, first, limit):
-            entries.append(e)
-            size += len(e.payload)
-            if size >= PIECE_BYTES:
-                break
-        if not entries:
-            raise CorruptionError(f"the log of {self.layout.root} has no entry {first} although it is durable",
-                                  kind=Damage.SEQUENCE, path=self.layout.wal_dir, offset=0, lsn=first)
-        data, last = encode_segment(self._store_id, first, entries)
+        resume = self._resume
+        if resume is not None and resume[0] == seg.path and resume[1] == first:
+            start = resume[2]
+        else:
+            index = read_index(seg.path)
+            start = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
+        piece = read_piece(seg.path, first, limit, start, PIECE_BYTES)
+        data, last = encode_segment(self._store_id, first, piece.entries, max_record_bytes=piece.max_record_bytes)
         self._put(data, WAL_DIR, log_object_name(first, last))
+        self._resume = (seg.path, last + 1, piece.end)
         log.debug("archived LSNs %d..%d to %s", first, last, self.target.uri)
         return last
 
