@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Self
 
 import msgpack
 
@@ -311,7 +311,31 @@ _BYTES_ONLY = {bytes}
 _DONE = _Done()
 
 
-class WriteBatch:
+class CommitOnExit:
+    """``with x:`` commits on a normal exit of the block and discards when it
+    raises (a batch, a transaction)."""
+
+    __slots__ = ()
+    _done: bool
+
+    def commit(self) -> object:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            if not self._done:
+                self.commit()
+        else:
+            self.discard()
+
+
+class WriteBatch(CommitOnExit):
     """Operations collected to be written atomically, as one log entry.
 
     Use it as a context manager (``with db.batch() as b:``): on a normal exit
@@ -409,12 +433,3 @@ class WriteBatch:
         self._done = True
         self._ops = _DONE
 
-    def __enter__(self) -> "WriteBatch":
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            if not self._done:
-                self.commit()
-        else:
-            self.discard()

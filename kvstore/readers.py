@@ -92,6 +92,25 @@ class ReadGate:
         self._mutex.release()
 
 
+class Lookups:
+    """``x[key]`` and ``key in x`` from ``x.get``: the dict face the store,
+    its views and replicas share."""
+
+    __slots__ = ()
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        raise NotImplementedError
+
+    def __getitem__(self, key: bytes) -> bytes:
+        v = self.get(key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None  # type: ignore[arg-type]  # any non-bytes key: get says why
+
+
 class ReadSource(Protocol):
     """What readers need of the state machine (:class:`kvstore.state.State`)."""
 

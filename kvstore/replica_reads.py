@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import TypeVar
 
+from kvstore.readers import Lookups
 from kvstore.state import State
 from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from wal.errors import ClosedError
@@ -15,7 +16,7 @@ from wal.errors import ClosedError
 T = TypeVar("T")
 
 
-class ReplicaReads:
+class ReplicaReads(Lookups):
     """Reads through ``_state``; a read that meets the state closed by a
     swap (``_swapping`` under ``_swap``) waits for it and reads the new one."""
 
@@ -53,15 +54,6 @@ class ReplicaReads:
             return self._state.get(key, default)
         except ClosedError:
             return self._read(lambda s: s.get(key, default))
-
-    def __getitem__(self, key: bytes) -> bytes:
-        v = self.get(key)
-        if v is None:
-            raise KeyError(key)
-        return v
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         self._check_open()

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 
+from kvstore.readers import Lookups
 from kvstore.state import State
 from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from wal.errors import ClosedError
 
 
-class StoreReads:
+class StoreReads(Lookups):
     """The reads of :class:`kvstore.KVStore` (a base class of it)."""
 
     path: str
@@ -24,15 +25,6 @@ class StoreReads:
         before it was called (in any thread). After :meth:`close`:
         :class:`ClosedError`."""
         return self._state.get(key, default)
-
-    def __getitem__(self, key: bytes) -> bytes:
-        v = self.get(key)
-        if v is None:
-            raise KeyError(key)
-        return v
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         """The number of keys (LMDB keeps the count; O(1))."""

@@ -31,6 +31,7 @@ from kvstore.batch import (
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
     OP_REQUIRE_PRESENT,
+    CommitOnExit,
     _pack,
     check_key,
     check_range,
@@ -102,7 +103,7 @@ def delete_if(append: Append, max_value: int, key: bytes, expected: bytes) -> bo
     return conditional_write(append, [cond], [[OP_DELETE, key]])[1] is None
 
 
-class Transaction:
+class Transaction(CommitOnExit):
     """Conditions and writes applied atomically, as one log entry, only if
     every condition holds when the entry is applied (in log order)::
 
@@ -190,12 +191,3 @@ class Transaction:
         """Drop everything collected; nothing is written."""
         self._done = True
 
-    def __enter__(self) -> "Transaction":
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            if not self._done:
-                self.commit()
-        else:
-            self.discard()

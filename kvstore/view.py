@@ -40,7 +40,7 @@ import lmdb
 
 from kvstore.batch import as_bytes
 from kvstore.lmdb_ops import position, read_error
-from kvstore.readers import ReadSource
+from kvstore.readers import Lookups, ReadSource
 from wal.errors import ClosedError, ViewExpiredError, WalkvError
 
 DEFAULT_MAX_VIEW_SECONDS = 60.0
@@ -72,7 +72,7 @@ def scan_bounds(start: bytes | None, stop: bytes | None, prefix: bytes | None) -
     return lo, hi
 
 
-class View:
+class View(Lookups):
     """One consistent read of the store (see the module docstring). Create
     with :meth:`kvstore.KVStore.view`. :attr:`lsn` is the applied LSN it
     sees: every write up to it, none after."""
@@ -178,15 +178,6 @@ class View:
             raise read_error(exc, self._state.path) from None
         finally:
             self.busy = False
-
-    def __getitem__(self, key: bytes) -> bytes:
-        v = self.get(key)
-        if v is None:
-            raise KeyError(key)
-        return v
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         """The number of keys as of :attr:`lsn`."""
