@@ -145,7 +145,7 @@ class AsyncKVStore:
 
     async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
-        decided at apply in log order (:mod:`kvstore.txn`)."""
+        decided in log order (:mod:`kvstore.txn`)."""
         outcome = cas_outcome(self._max_value, key, expected, new)
         lsn = await self._submit(_pack(outcome), outcome)
         return decided(outcome, lsn) is None

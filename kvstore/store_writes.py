@@ -104,7 +104,7 @@ class StoreWrites:
 
     def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """Set ``key`` to ``new`` only if its value is ``expected`` (None: only
-        if it is absent), decided at apply in log order (:mod:`kvstore.txn`).
+        if it is absent), decided in log order (:mod:`kvstore.txn`).
         True when it was set; either way the attempt is durable (one LSN)."""
         return txn.compare_and_set(self._append, self.max_value_bytes, key, expected, new)
 
@@ -114,7 +114,7 @@ class StoreWrites:
 
     def transaction(self) -> txn.Transaction:
         """Conditions plus writes, applied atomically only if every condition
-        holds at apply (:class:`kvstore.txn.Transaction`)."""
+        holds in log order (:class:`kvstore.txn.Transaction`)."""
         if self._closed:
             raise ClosedError(f"the store {self.path} is closed")
         if self.readonly:

@@ -105,7 +105,7 @@ def delete_if(append: Append, max_value: int, key: bytes, expected: bytes) -> bo
 
 class Transaction(CommitOnExit):
     """Conditions and writes applied atomically, as one log entry, only if
-    every condition holds when the entry is applied (in log order)::
+    every condition holds at the entry's place in the log::
 
         with db.transaction() as t:
             t.require(b"stock:42", equals=b"3")
@@ -138,7 +138,7 @@ class Transaction(CommitOnExit):
 
     def require(self, key: bytes, *, equals: bytes | None = None, absent: bool = False,
                 present: bool = False) -> None:
-        """Require, at apply, that ``key``'s value equals ``equals``, or that
+        """Require, in log order, that ``key``'s value equals ``equals``, or that
         ``key`` is ``absent``, or ``present`` (exactly one of the three)."""
         self._open()
         if (equals is not None) + bool(absent) + bool(present) != 1:

@@ -1,5 +1,5 @@
 """Conditional writes: compare-and-set, delete-if, transactions (kvstore/txn.py),
-decided at apply in log order (kvstore/conditions.py)."""
+decided in log order, the decision written into the log (kvstore/conditions.py)."""
 
 from __future__ import annotations
 
