@@ -255,6 +255,19 @@ def test_credentials_are_redacted_in_display_and_errors():
     assert t.scrub("failed for sup3r-s3cret and AKIAEXAMPLE") == "failed for *** and ***"
 
 
+@pytest.mark.parametrize("uri", [
+    "s3://bucket?secret_key=sup3r-s3cret&region=x",           # a query right after the host
+    "s3://bucket/p/q?access_key=sup3r-s3cret",
+    "s3://KEY:sup3r-s3cret@bucket",
+    "gs://b/p?session_token=sup3r-s3cret&scheme=http",
+])
+def test_redact_hides_every_credential_form(uri):
+    from wal.readfs import redact
+
+    shown = redact(uri)
+    assert "sup3r-s3cret" not in shown and shown.split("://")[0] == uri.split("://")[0]
+
+
 def test_commands(store, tmp_path, capsys):
     loc = str(tmp_path / "arch")
     fill(store, 0, 50)

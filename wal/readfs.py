@@ -177,11 +177,12 @@ def redact(uri: str) -> str:
     if "://" not in uri:
         return uri
     scheme, rest = uri.split("://", 1)
-    netloc, sep, tail = rest.partition("/")
+    rest, qsep, query = rest.partition("?")  # a query may follow the host directly
+    netloc, sep, path = rest.partition("/")
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
-    tail = re.sub(r"((?:secret_key|access_key|session_token|password)=)[^&]*", r"\1***", tail, flags=re.IGNORECASE)
-    return f"{scheme}://{netloc}{sep}{tail}"
+    query = re.sub(r"((?:secret_key|access_key|session_token|password)=)[^&]*", r"\1***", query, flags=re.IGNORECASE)
+    return f"{scheme}://{netloc}{sep}{path}{qsep}{query}"
 
 
 def _pyarrow_fs() -> Any:
