@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Self, cast
@@ -60,6 +59,7 @@ from wal.errors import (
     file_error,
     log_failed,
 )
+from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
 from wal.index import SparseIndex
@@ -161,13 +161,11 @@ class Log(LogReading, LogTruncation):
         self._failure: LogFailedError | None = None
         self._checked_us = time.time_ns() // 1000  # when the directory was last found in place
         self._gc = GroupCommit(self._write_group, self._fail, self._refuse, self._last_at_open + 1)
-        self._flusher: threading.Thread | None = None
-        self._flush_due = threading.Condition(self._gc.mutex)  # wakes the batch flusher early
+        self._flusher: BatchFlusher | None = None
         self._unsynced_bytes = 0
         self._stats = LogStats()
         if sync == "batch":
-            self._flusher = threading.Thread(target=self._flush_loop, name="walkv-flusher", daemon=True)
-            self._flusher.start()
+            self._flusher = BatchFlusher(self._gc.mutex, sync_interval / 1000.0, self.sync)
         self._pid = os.getpid()
         track(self)
 
@@ -314,9 +312,9 @@ class Log(LogReading, LogTruncation):
             self._durable_marker.publish(lsn - 1)
         else:
             self._unsynced_bytes += written
-            if self._unsynced_bytes >= self.sync_bytes and self.sync_mode == "batch":
+            if self._flusher is not None and self._unsynced_bytes >= self.sync_bytes:
                 with self._gc.mutex:
-                    self._flush_due.notify()
+                    self._flusher.poke()
         self._stats.group(len(payloads), written)
         if self._on_commit is not None:
             self._on_commit(group)
@@ -346,22 +344,6 @@ class Log(LogReading, LogTruncation):
         self._stats.rolls += 1
 
     # -- sync -------------------------------------------------------------------
-
-    def _flush_loop(self) -> None:
-        """``sync="batch"``: sync every ``sync_interval`` ms, or sooner when
-        ``sync_bytes`` are waiting."""
-        interval = self.sync_interval / 1000.0
-        while True:
-            with self._gc.mutex:
-                if self._closed:
-                    return
-                self._flush_due.wait(interval)
-                if self._closed:
-                    return
-            try:
-                self.sync()
-            except (LogFailedError, ClosedError):
-                return
 
     def check_directory(self) -> None:
         """Raise :class:`StoreVanishedError` (and fail the log) when its
@@ -427,10 +409,9 @@ class Log(LogReading, LogTruncation):
         finally:
             with self._gc.mutex:
                 self._closed = True
-                self._flush_due.notify_all()
+            if self._flusher is not None:
+                self._flusher.stop()
             self._gc.stop(self._failure or ClosedError("the log was closed before this entry was written"))
-            if self._flusher is not None and self._flusher is not threading.current_thread():
-                self._flusher.join(timeout=5)
             self._active.close()
             self._durable_marker.close()
             self._lock.release()
