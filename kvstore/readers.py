@@ -143,6 +143,19 @@ class ReadSource(Protocol):
         """Track an open :class:`kvstore.view.View` (closed with the state)."""
 
 
+def begin_in_gate(state: ReadSource) -> lmdb.Transaction:
+    """A read transaction, the gate entered (``state.enter_read()``); when
+    another process grew the map, adopt its size (leaving the gate for it)
+    and begin again."""
+    try:
+        return state.env.begin(db=state.data_db)
+    except lmdb.MapResizedError:
+        state.gate.exit()
+        state.adopt_mapsize()
+        state.enter_read()
+        return state.env.begin(db=state.data_db)
+
+
 class Reader:
     """One thread's cached read transaction."""
 
@@ -266,13 +279,7 @@ class ReadView:
         state.enter_read()
         txn = None
         try:
-            try:
-                txn = state.env.begin(db=state.data_db)
-            except lmdb.MapResizedError:  # another process grew the map
-                state.gate.exit()
-                state.adopt_mapsize()
-                state.enter_read()
-                txn = state.env.begin(db=state.data_db)
+            txn = begin_in_gate(state)
             self.lsn = state.applied_in(txn)
             self.count = txn.stat(state.data_db)["entries"]
         except BaseException as exc:
@@ -292,7 +299,8 @@ class ReadView:
             if not self._open:
                 return
             try:
-                yield from self._txn.cursor().iternext(keys=True, values=True)
+                # bytes, not memoryviews: walkv never opens LMDB with buffers=True
+                yield from self._txn.cursor().iternext(keys=True, values=True)  # type: ignore[misc]
             except lmdb.Error as exc:
                 raise read_error(exc, self._state.path) from None
         finally:

@@ -40,7 +40,7 @@ import lmdb
 
 from kvstore.batch import as_bytes
 from kvstore.lmdb_ops import position, read_error
-from kvstore.readers import Lookups, ReadSource
+from kvstore.readers import Lookups, ReadSource, begin_in_gate
 from wal.errors import ClosedError, ViewExpiredError, WalkvError
 
 DEFAULT_MAX_VIEW_SECONDS = 60.0
@@ -92,13 +92,7 @@ class View(Lookups):
         state.views_allowed.wait()  # a remap waiting for views goes first
         state.enter_read()
         try:
-            try:
-                txn = state.env.begin(db=state.data_db)
-            except lmdb.MapResizedError:  # another process grew the map
-                state.gate.exit()
-                state.adopt_mapsize()
-                state.enter_read()
-                txn = state.env.begin(db=state.data_db)
+            txn = begin_in_gate(state)
             try:
                 self.lsn = state.applied_in(txn)
                 self._count = txn.stat(state.data_db)["entries"]
@@ -115,14 +109,18 @@ class View(Lookups):
 
     # -- the handshake with the writer (kvstore.readers.ReadGate) ------------
 
-    def _enter(self) -> lmdb.Transaction:
+    def _announce(self) -> None:
+        """Mark this view busy once no writer is waiting for readers to leave."""
         gate = self._state.gate
         while True:
             self.busy = True
             if not gate.blocking:
-                break
+                return
             self.busy = False
             gate.wait()
+
+    def _enter(self) -> lmdb.Transaction:
+        self._announce()
         txn = self._txn
         if txn is None:
             self.busy = False
@@ -223,13 +221,7 @@ class View(Lookups):
         if self._state.closed:  # the store closed it (or this is a forked child)
             self._txn = None
             return
-        gate = self._state.gate
-        while True:
-            self.busy = True
-            if not gate.blocking:
-                break
-            self.busy = False
-            gate.wait()
+        self._announce()
         try:
             if self._txn is not None:
                 self._end(self._txn, ClosedError("this view was closed (its with-block ended); "
