@@ -21,7 +21,7 @@ from typing import Any
 _METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("walkv_last_lsn", "gauge", "Last LSN written to the log.", "", "last_lsn"),
     ("walkv_durable_lsn", "gauge", "Last LSN known to be on disk (fsynced).", "", "durable_lsn"),
-    ("walkv_applied_lsn", "gauge", "Last LSN applied to LMDB (what reads see).", "", "applied_lsn"),
+    ("walkv_applied_lsn", "gauge", "Last LSN applied (what the store's reads see).", "", "applied_lsn"),
     ("walkv_archived_lsn", "gauge", "Every durable entry up to this LSN is in the archive.", "archive",
      "archived_lsn"),
     ("walkv_archive_lag_lsns", "gauge", "Durable entries not yet in the archive.", "archive", "lag_lsns"),

@@ -142,6 +142,9 @@ class ReadSource(Protocol):
     def register_view(self, view: Any) -> None:
         """Track an open :class:`kvstore.view.View` (closed with the state)."""
 
+    def flush(self) -> None:
+        """Write what the overlay holds to LMDB (:mod:`kvstore.overlay`)."""
+
 
 def begin_in_gate(state: ReadSource) -> lmdb.Transaction:
     """A read transaction, the gate entered (``state.enter_read()``); when
@@ -179,6 +182,8 @@ def scan(state: ReadSource, lo: bytes, hi: bytes | None, reverse: bool = False
     """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
     bounds of any length), ascending or descending.
 
+    Each snapshot is taken after the overlay (:mod:`kvstore.overlay`) is
+    written to LMDB, so it holds every write applied before it.
     The scan reads in chunks (16 pairs, doubling up to 1024), leaving LMDB
     between chunks so that it never blocks the writer. It starts in one read
     transaction (one snapshot, taken at the first ``next()``) and goes on in
@@ -201,9 +206,12 @@ def scan(state: ReadSource, lo: bytes, hi: bytes | None, reverse: bool = False
     since = 0.0
     try:
         while True:
+            renew = gen != state.map_gen or txn is None or _monotonic() - since > SCAN_HOLD_SECONDS
+            if renew:
+                state.flush()  # a new snapshot sees every write applied so far
             state.enter_read()
             try:
-                if gen != state.map_gen or txn is None or _monotonic() - since > SCAN_HOLD_SECONDS:
+                if renew or txn is None or gen != state.map_gen:
                     if txn is not None:
                         try:
                             txn.abort()

@@ -19,10 +19,13 @@ Inside the environment:
   ``walkv.store_id``  the log's store id (hex); a mismatch means this LMDB
                       was built from another log, so it is rebuilt
   ``walkv.applied``   uint64 little-endian: every log entry up to this LSN
-                      is applied, none after it. Written in the same write
+                      is in LMDB, none after it. Written in the same write
                       transaction as the entries it covers, so LMDB's own
                       atomicity makes applying idempotent (replay skips
-                      LSNs at or below it).
+                      LSNs at or below it). Entries after it may be applied
+                      in memory only, in the overlay (:mod:`kvstore.overlay`):
+                      ``State.applied_lsn`` is what this process's reads see,
+                      ``State.lmdb_applied_lsn`` what LMDB holds.
   ``walkv.complete``  ``b"1"`` once a rebuild's base (snapshot) load is
                       done; ``b"0"`` while it runs, so an interrupted
                       rebuild is redone
@@ -36,7 +39,8 @@ from the SESSION record (kvstore/recovery.py), never from LMDB's contents.
 The other options, and why: :mod:`kvstore.lmdb_env`.
 
 Concurrency: one thread at a time applies (the log's committing thread, or the
-opener while replaying); any number of threads read, each through its own
+opener while replaying); the overlay is written to LMDB by whichever thread
+flushes it, one flush at a time; any number of threads read, each through its own
 cached read transaction (a get is one LMDB lookup); see :mod:`kvstore.readers`
 for how readers and the writer share LMDB without a lock on the read path,
 and :mod:`kvstore.state_reads` for the read side of this class.
@@ -46,10 +50,9 @@ from __future__ import annotations
 
 import logging
 import operator
-import os
 import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -57,10 +60,11 @@ import lmdb
 
 from kvstore import conditions
 from kvstore.batch import NO_WRITE_CODES, OP_DELETE, OP_PUT
-from kvstore.lmdb_env import clear_stale_readers, grow_size, open_env, reader_table
-from kvstore.lmdb_ops import delete_range, preallocate, put_run
+from kvstore.lmdb_env import clear_stale_readers, open_env, reader_table
+from kvstore.lmdb_ops import apply_ops, write_values
 from kvstore.state_reads import K_APPLIED, StateReads
-from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
+from kvstore.state_writes import StateWrites
+from wal.errors import CorruptionError, Damage, WalkvError
 from wal.forkguard import track
 
 log = logging.getLogger("walkv.state")
@@ -76,9 +80,6 @@ step), since with ``writemap`` the whole map is given real blocks
 (:mod:`kvstore.lmdb_env`); it grows as the data does (:meth:`State.grow`).
 Not smaller: a grow waits for open read views (a snapshot being written), so
 a small store should rarely need one."""
-MAX_GROW_STEP = 256 << 20
-"""The map grows by its size (doubling) up to this step, then by this step:
-at most this much is allocated ahead of the data."""
 SWEEP_SECONDS = 1.0
 
 _perf_counter = time.perf_counter
@@ -86,6 +87,10 @@ _U64 = struct.Struct("<Q")
 _pack_u64 = _U64.pack
 _first = operator.itemgetter(0)
 _PUT_CODES = {OP_PUT}
+_OVERLAY_CODES = {OP_PUT, OP_DELETE}
+DIRECT_OPS = 4096
+"""A group of at least this many operations is written to LMDB at once (with
+the overlay) rather than through the overlay: it is a bulk write already."""
 Ops = Sequence[Sequence[Any]]
 """One log entry's operations, as :func:`kvstore.batch.decode` returns them."""
 
@@ -96,16 +101,19 @@ class StateOptions(NamedTuple):
     map_size: int = DEFAULT_MAP_SIZE
     writemap: bool = True
     max_readers: int = 1024
+    overlay: bool = False
+    """Apply small groups through the overlay (:mod:`kvstore.overlay`); the
+    store turns it on when its writes do not wait for an fsync."""
 
 
-class State(StateReads):
+class State(StateWrites):
     """The LMDB environment of one store, and its apply and read paths.
 
     Not the public API (that is :class:`kvstore.KVStore`).
     """
 
     def __init__(self, path: str, options: StateOptions = StateOptions(), *, readonly: bool = False) -> None:
-        map_size, writemap, max_readers = options
+        map_size, writemap, max_readers, overlay = options
         super().__init__(path)
         self.readonly = readonly
         self.writemap = writemap and not readonly
@@ -119,6 +127,8 @@ class State(StateReads):
         self.delete_ranges = 0
         self.apply_seconds = 0.0
         self.apply_max_seconds = 0.0
+        self._failure: Exception | None = None  # a flush that failed (raised by every later apply)
+        self.use_overlay = overlay and not readonly
         self.env, self.main_db, self.data_db = open_env(
             path, readonly=readonly, map_size=map_size, writemap=self.writemap,
             max_readers=max_readers)
@@ -131,6 +141,8 @@ class State(StateReads):
                 raise CorruptionError(f"LMDB environment is unreadable: {exc}", kind=Damage.LMDB,
                                       path=path, offset=0) from None
             raise
+        if self.use_overlay:
+            self.overlay.start(self.flush)
 
     # -- meta ---------------------------------------------------------------
 
@@ -145,6 +157,7 @@ class State(StateReads):
                              f"walkv's ({FORMAT!r}); use the walkv that wrote it")
         self.store_id = sid.decode("ascii", "replace") if sid else None
         self.applied_lsn = _U64.unpack(applied)[0] if applied and len(applied) == 8 else 0
+        self.lmdb_applied_lsn = self.applied_lsn
         self.complete = complete == b"1"
         self.initialized = fmt is not None
 
@@ -159,7 +172,7 @@ class State(StateReads):
             txn.put(K_COMPLETE, b"1" if complete else b"0", db=main)
         self._with_write(write)
         self.store_id = store_id
-        self.applied_lsn = base_lsn
+        self.applied_lsn = self.lmdb_applied_lsn = base_lsn
         self.complete = complete
         self.initialized = True
         self.gen += 1
@@ -185,36 +198,29 @@ class State(StateReads):
             txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
             txn.put(K_COMPLETE, b"1", db=main)
         self._with_write(finish)
-        self.applied_lsn = base_lsn
+        self.applied_lsn = self.lmdb_applied_lsn = base_lsn
         self.complete = True
         self.gen += 1
         return n
 
     # -- writing ------------------------------------------------------------
 
-    def _with_write(self, fn: Callable[[lmdb.Transaction], object]) -> None:
-        """Run ``fn(txn)`` in one write transaction, growing the map and
-        retrying as often as it fills."""
-        while True:
-            txn = self.env.begin(write=True, db=self.data_db)
-            try:
-                fn(txn)
-                txn.commit()
-                return
-            except lmdb.MapFullError:
-                self.grow(txn)
-            except BaseException:
-                self._abort_write(txn)
-                raise
-
     def apply(self, first_lsn: int, batches: Sequence[Ops]) -> None:
         """Apply log entries ``first_lsn, first_lsn + 1, ...`` (``batches[i]``
-        is the operations of entry ``first_lsn + i``, decoded and validated)
-        in ONE LMDB write transaction that also records the highest applied
-        LSN. Entries at or below ``applied_lsn`` are skipped, so applying is
-        idempotent."""
+        is the operations of entry ``first_lsn + i``, decoded and validated):
+        visible to every read in this process on return. With the overlay on
+        (:attr:`StateOptions.overlay`), a group of fewer than
+        :data:`DIRECT_OPS` puts and deletes goes into it
+        (:mod:`kvstore.overlay`, written to LMDB later in bulk); anything
+        else is written to LMDB now, after the overlay, in ONE write
+        transaction that also records the highest applied LSN. Entries at or
+        below ``applied_lsn`` are skipped, so applying is idempotent. A flush
+        that failed earlier (a full disk) is raised here, so the log fails
+        at the next group."""
         if self._closed:
             raise self._closed_error()
+        if self._failure is not None:
+            raise self._failure
         applied = self.applied_lsn
         last = first_lsn + len(batches) - 1
         if last <= applied:
@@ -224,101 +230,94 @@ class State(StateReads):
         t0 = _perf_counter()
         flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
         codes = set(map(_first, flat))
-        puts_only = codes <= _PUT_CODES
-        main = self.main_db
-        while True:
-            txn = self.env.begin(self.data_db, None, True)
-            try:
-                if puts_only:
-                    if flat:
-                        put_run(txn, flat)
-                    puts, deletes, ranges = len(flat), 0, 0
-                elif not codes.isdisjoint(NO_WRITE_CODES):  # conditional batches: decided in the log
-                    puts, deletes, ranges = _apply_ops(
-                        txn, [op for ops in batches for op in conditions.writes_of(ops)])
-                else:
-                    puts, deletes, ranges = _apply_ops(txn, flat)
-                txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)
-                txn.commit()
-            except lmdb.MapFullError:
-                self.grow(txn)
-                continue
-            except lmdb.Error as exc:
-                self._abort_write(txn)
-                raise LogFailedError(
-                    f"applying LSNs {applied + 1}..{last} to LMDB ({self.path}) "
-                    f"failed: {exc}") from None
-            except BaseException:
-                self._abort_write(txn)
-                raise
-            break
-        self.applied_lsn = last
-        self.gen += 1
+        if not codes.isdisjoint(NO_WRITE_CODES):  # conditional batches: decided in the log
+            flat = [op for ops in batches for op in conditions.writes_of(ops)]
+            codes = set(map(_first, flat))
+        if self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
+            full = bool(flat) and self.overlay.add(flat, last)
+            self.applied_lsn = last
+            if full:
+                self.flush()
+        else:
+            self._write_through(flat, last)
+        if codes == _PUT_CODES:
+            self.puts += len(flat)
+        else:
+            self._count(flat)
         t1 = _perf_counter()
         dt = t1 - t0
         self.applied_groups += 1
         self.applied_entries += len(batches)
-        self.puts += puts
-        if deletes or ranges:
-            self.deletes += deletes
-            self.delete_ranges += ranges
         self.apply_seconds += dt
         if dt > self.apply_max_seconds:
             self.apply_max_seconds = dt
         if t1 - self._last_sweep > SWEEP_SECONDS:
-            self._last_sweep = t1
-            self._sweep()
-            self.expire_views()
-            clear_stale_readers(self.env)
+            self._maintain(t1)
 
-    def _abort_write(self, txn: lmdb.Transaction) -> None:
-        """Abort a write transaction with readers held out of LMDB (py-lmdb's
-        abort waits for every call in flight and starves behind busy
-        readers)."""
-        gate = self.gate
-        gate.acquire_exclusive()
-        try:
-            txn.abort()
-        finally:
-            gate.release_exclusive()
+    def _maintain(self, now: float) -> None:
+        """About once a second (:data:`SWEEP_SECONDS`), from the applying
+        thread: drop idle threads' stale read transactions, close expired
+        views, clear dead processes' reader slots."""
+        self._last_sweep = now
+        self._sweep()
+        self.expire_views()
+        clear_stale_readers(self.env)
 
-    def grow(self, failed: lmdb.Transaction | None = None, at_least: int = 0) -> None:
-        """Grow the map: double up to :data:`MAX_GROW_STEP`, then by that
-        step; by less (at least 1 MiB) when only less fits on the file system,
-        so a full disk fills up whatever the step and a replay after freeing
-        a little space needs only that little (a transaction that still does
-        not fit grows again); :class:`~wal.errors.DiskFullError` when not even
-        1 MiB fits. ``failed`` is the write transaction that hit MDB_MAP_FULL,
-        aborted here. Waits for
-        readers to leave LMDB (py-lmdb's abort and remap wait for every call
-        in flight, and would starve behind busy readers); their open
-        transactions are invalidated (cached ones are renewed, scans
-        re-seek). Stale readers (their processes died) are cleared first:
-        when there were any, the failed transaction is only retried."""
-        if clear_stale_readers(self.env) and failed is not None and not at_least:
-            self._abort_write(failed)
-            return
-        old = self.env.info()["map_size"]
-        try:
-            new = grow_size(self.path, old, min(old, MAX_GROW_STEP), at_least)
-        except BaseException:
-            if failed is not None:
-                self._abort_write(failed)
-            raise
-        gate = self.gate
-        if failed is not None:
-            self._abort_write(failed)
-        self.exclusive_without_views()  # waits for open views (kvstore/view.py)
-        try:
-            if self.writemap:
-                preallocate(os.path.join(self.path, "data.mdb"), new)
-            self.env.set_mapsize(new)
-            self.map_gen += 1
-        finally:
-            gate.release_exclusive()
-        self.map_grows += 1
-        log.info("LMDB map of %s grown from %d to %d MiB", self.path,
-                 old >> 20, new >> 20)
+    def flush(self) -> None:
+        """Write the overlay to LMDB (one write transaction, sorted
+        ``putmulti`` runs) and record its highest LSN there as applied.
+        Called when the overlay is full, by its thread, before reads of LMDB
+        as a whole, and at close; any thread may call it."""
+        overlay = self.overlay
+        if not overlay.active and overlay.frozen is None:
+            return  # (a flush in progress holds ``frozen``: wait for it below)
+        if self._failure is not None:
+            raise self._failure
+        with overlay.flush_lock:
+            if self._closed:
+                return
+            frozen = overlay.freeze()
+            if frozen is None:
+                return
+            values, lsn = frozen
+            main = self.main_db
+
+            def write(txn: lmdb.Transaction) -> None:
+                write_values(txn, values)
+                txn.put(K_APPLIED, _pack_u64(lsn), True, True, False, main)
+            self._write_applied(write, lsn)
+            overlay.thaw()
+        now = _perf_counter()
+        if now - self._last_sweep > SWEEP_SECONDS:
+            self._maintain(now)
+
+    def _count(self, ops: Ops) -> None:
+        for op in ops:
+            code = op[0]
+            if code == OP_PUT:
+                self.puts += 1
+            elif code == OP_DELETE:
+                self.deletes += 1
+            else:
+                self.delete_ranges += 1
+
+    def _write_through(self, ops: Ops, last: int) -> None:
+        """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
+        overlay holds, in one write transaction."""
+        overlay = self.overlay
+        main = self.main_db
+        with overlay.flush_lock:
+            frozen = overlay.freeze()
+
+            def write(txn: lmdb.Transaction) -> None:
+                if frozen is not None:
+                    write_values(txn, frozen[0])
+                apply_ops(txn, ops)
+                txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)
+            self._write_applied(write, last)
+            if frozen is not None:
+                overlay.thaw()
+            self.applied_lsn = last
 
     def stats(self) -> dict[str, int | float | None]:
         """What was applied and read (counters, approximate under concurrent
@@ -331,6 +330,8 @@ class State(StateReads):
         while it reads, so a lag that keeps growing means a reader holds a
         snapshot too long (an idle iterator, a long view) or died holding one
         (cleared within a second by the writer)."""
+        if self._failure is None:
+            self.flush()  # so that LMDB's counts include every applied write
         data = self.data_db
 
         def read(txn: lmdb.Transaction) -> tuple:
@@ -346,6 +347,9 @@ class State(StateReads):
             "applied_groups": groups,
             "apply_avg_us": self.apply_seconds / groups * 1e6 if groups else 0.0,
             "apply_max_us": self.apply_max_seconds * 1e6,
+            "overlay_keys": len(self.overlay),
+            "overlay_flushes": self.overlay.flushes,
+            "lmdb_applied_lsn": self.lmdb_applied_lsn,
             "map_grows": self.map_grows,
             "lmdb_map_bytes": info["map_size"],
             "lmdb_used_bytes": (info["last_pgno"] + 1) * psize,
@@ -360,21 +364,33 @@ class State(StateReads):
     # -- lifecycle ----------------------------------------------------------
 
     def close(self, *, sync: bool = True) -> None:
-        """Wait for readers to leave, flush (unless ``sync=False``) and close."""
+        """Write the overlay to LMDB, wait for readers to leave, flush LMDB to
+        disk and close; with ``sync=False`` (the log failed) only close: the
+        overlay's writes are in the log, the next open replays them. A failed
+        write of the overlay is raised once LMDB is closed (not flushed)."""
         if self._closed:
             return
+        self.overlay.stop()
+        error: Exception | None = None
+        if sync and not self.readonly and self._failure is None:
+            try:
+                self.flush()
+            except Exception as exc:  # raised below, once closed
+                error = exc
         gate = self.gate
         gate.acquire_exclusive()
         try:
             self._close_views(every=True)
             self._closed = True
             try:
-                if sync and not self.readonly:
+                if sync and error is None and not self.readonly:
                     self.env.sync(True)
             finally:
                 self.env.close()
         finally:
             gate.release_exclusive()
+        if error is not None:
+            raise error
 
 
 class ReadOnlyState(State):
@@ -386,32 +402,3 @@ class ReadOnlyState(State):
         super().__init__(path, options, readonly=True)
 
     get = StateReads._get_uncached
-
-
-def _apply_ops(txn: lmdb.Transaction, ops: Ops) -> tuple[int, int, int]:
-    """Apply operations in order inside ``txn``; return the numbers of puts,
-    deletes and range deletes. Puts go to LMDB in runs, through one putmulti
-    call each: py-lmdb releases the GIL on every call, and with another
-    thread running Python each release costs a GIL hand-off (a put goes from
-    ~1.5 to ~20 us), so calls are few."""
-    run: list[Sequence[Any]] = []
-    puts = deletes = ranges = 0
-    for op in ops:
-        code = op[0]
-        if code == OP_PUT:
-            run.append(op)
-            continue
-        if run:
-            put_run(txn, run)
-            puts += len(run)
-            run = []
-        if code == OP_DELETE:
-            txn.delete(op[1])
-            deletes += 1
-        else:
-            delete_range(txn, op[1], op[2])
-            ranges += 1
-    if run:
-        put_run(txn, run)
-        puts += len(run)
-    return puts, deletes, ranges

@@ -24,6 +24,7 @@ import lmdb
 
 from kvstore.batch import as_bytes
 from kvstore.lmdb_ops import read_error
+from kvstore.overlay import MISSING, Overlay
 from kvstore.readers import Reader, ReadGate, ReadView
 from kvstore.readers import scan as _scan
 from kvstore.view import View
@@ -61,6 +62,11 @@ class StateReads:
         self._r0 = Reader(None)  # the last reading thread's reader (fast path)
         self._pid = os.getpid()
         self._forked = False  # State.__init__ tracks it (wal.forkguard) once env is open
+        self.overlay = Overlay()  # applied, not yet in LMDB (kvstore/overlay.py)
+
+    def flush(self) -> None:
+        """Write what the overlay holds to LMDB (:meth:`kvstore.state.State.flush`);
+        reads of LMDB as a whole call it first."""
 
     def _after_fork_in_child(self) -> None:
         """In a forked child (:mod:`wal.forkguard`): LMDB must not be used
@@ -71,6 +77,7 @@ class StateReads:
             return
         self._forked = True
         self._closed = True
+        self.overlay = Overlay()  # the parent's writes are not this process's to read
         self.gen = -7  # no cached transaction carries it
         self.gate = Refusing(f"the LMDB environment {self.path}", self._pid)  # type: ignore[assignment]
         keep_forever(self.env, self.path, self._pid)
@@ -93,7 +100,9 @@ class StateReads:
     # -- consistent views (kvstore/view.py) -----------------------------------
 
     def view(self, max_seconds: float) -> View:
-        """A consistent view of the state (:class:`kvstore.view.View`)."""
+        """A consistent view of the state (:class:`kvstore.view.View`): of
+        LMDB, once the overlay is flushed into it."""
+        self.flush()
         return View(self, max_seconds)
 
     def register_view(self, view: View) -> None:
@@ -213,9 +222,19 @@ class StateReads:
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         """The value of ``key`` or ``default``; sees every group applied
-        before it was called."""
+        before it was called: in the overlay's active dictionary, its frozen
+        one, or LMDB, looked at in that order (:mod:`kvstore.overlay` says
+        why no write is missed between them)."""
         if type(key) is not bytes:
             key = as_bytes(key, "key")
+        overlay = self.overlay
+        v = overlay.active.get(key, MISSING)
+        if v is MISSING:
+            frozen = overlay.frozen
+            if frozen is not None:
+                v = frozen.get(key, MISSING)
+        if v is not MISSING:
+            return default if v is None else v  # type: ignore[return-value]  # bytes or None (deleted)
         r = self._r0
         if r.ident != _get_ident():
             r = self._r0 = self._reader()  # the last thread to read goes fast
@@ -333,17 +352,21 @@ class StateReads:
 
     def read_view(self) -> ReadView:
         """The state at one LSN, from one read transaction: ``.lsn``,
-        ``.count``, ``.pairs()`` (see :class:`kvstore.readers.ReadView`).
-        Use as a context manager; it holds off map growth while open."""
+        ``.count``, ``.pairs()`` (see :class:`kvstore.readers.ReadView`),
+        the overlay flushed first. Use as a context manager; it holds off
+        map growth while open."""
+        self.flush()
         return ReadView(self)
 
     def count(self) -> int:
+        self.flush()
         data = self.data_db
         return self._read(lambda txn: txn.stat(data)["entries"])
 
     def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
              ) -> Generator[tuple[bytes, bytes], None, None]:
-        """See :func:`kvstore.readers.scan`."""
+        """See :func:`kvstore.readers.scan` (which flushes the overlay
+        before each snapshot it takes)."""
         return _scan(self, lo, hi, reverse)
 
     # -- lifecycle ----------------------------------------------------------

@@ -5,18 +5,30 @@ The store's directory layout is :mod:`kvstore.layout`'s.
 Durability, precisely. A write (put, delete, delete_range, a committed batch)
 is one log entry with one LSN. It returns once the log acknowledged it, which
 with ``sync="always"`` (default) means after an fsync that covers it; it was
-also applied to LMDB before it returned, so the next read in any thread sees
-it. With ``sync="batch"`` or ``"none"`` it returns once the entry reached the
-OS: safe against a crash of the process, not of the machine (``sync()``
-forces it to disk). LMDB's own writes are never fsynced on the commit path;
-after a machine crash LMDB is rebuilt from the log (kvstore/recovery.py).
+also applied to the state machine before it returned, so the next read in any
+thread of this process sees it. With ``sync="batch"`` or ``"none"`` it returns
+once the entry reached the OS: safe against a crash of the process, not of the
+machine (``sync()`` forces it to disk). LMDB's own writes are never fsynced on
+the commit path; after a machine crash LMDB is rebuilt from the log
+(kvstore/recovery.py).
+
+Applied means: written to LMDB in the group's own write transaction with
+``sync="always"``; with ``sync="batch"``/``"none"`` a group of fewer than
+4,096 puts and deletes is applied to the in-memory overlay instead (one
+dictionary operation per write), which reaches LMDB in bulk within
+:data:`kvstore.overlay.FLUSH_SECONDS` (50 ms), or sooner when the overlay is
+full, before a scan, view, count or snapshot, and at close
+(:mod:`kvstore.overlay`).
 
 Writers: one process at a time (``STORE/LOCK``, then the log's own lock); a
 second one gets :class:`LockedError`. Any number of threads in the writing
 process may read and write. ``readonly=True`` opens beside a writer (or
 none): it reads LMDB through LMDB's reader lock table and never writes,
-replays or takes the store lock. It sees what the writer has applied, which
-includes every write acknowledged by then; with no writer running it sees
+replays or takes the store lock. It sees what the writer has written to LMDB:
+with ``sync="always"`` every write acknowledged by then; with
+``sync="batch"``/``"none"`` every write acknowledged at least 50 ms (plus
+the time of one bulk write of at most 16,384 keys) before, so it may be up
+to that far behind the writer's own reads; with no writer running it sees
 the state as the last writer left it (after a crash of that writer, possibly
 without its last group, which the next read-write open replays). It refuses
 to open a store whose last writer was on a machine that crashed since. A
@@ -109,7 +121,7 @@ class KVStore(StoreWrites, StoreReads):
         self._lock: DirectoryLock | None = None
         self.replayed = 0                 # log entries replayed (or rebuilt from) at open
         self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
-        options = StateOptions(map_size, writemap, max_readers)
+        options = StateOptions(map_size, writemap, max_readers, overlay=sync != "always")
         self._watch_hub = watching.WatchHub()  # wakes watchers, once per group commit
         t0 = time.monotonic()
         try:
@@ -254,7 +266,8 @@ class KVStore(StoreWrites, StoreReads):
 
     @property
     def applied_lsn(self) -> int:
-        """The last LSN applied to LMDB (what reads see)."""
+        """The last LSN applied: what this process's reads see (read-only:
+        what the writer has written to LMDB)."""
         if self.readonly and not self._closed:
             return self._state.read_meta_applied()
         return self._state.applied_lsn

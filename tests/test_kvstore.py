@@ -290,6 +290,7 @@ def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
             with d.batch() as b:
                 for i in range(3000):
                     b.put(b"big%05d" % i, b"x" * 1000)
+            state.flush()  # the overlay's writes into LMDB
         assert pairs == [(b"k%03d" % i, b"v") for i in range(50)]
         assert d._state.map_grows > 0
         view = state.read_view()
@@ -379,6 +380,7 @@ def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monke
             t.start()
             assert done.wait(60), "writers stalled behind an open reader"
             t.join()
+            d._state.flush()  # the overlay's writes committed to LMDB: then the sweep
         finally:
             d._state.gate.exit()
         readers = [r for r in d._state._reader_list() if r.ident == idle_reader.ident]

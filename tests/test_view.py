@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -32,6 +33,7 @@ def test_every_view_sees_one_lsn_while_writers_commit_and_the_map_grows(tmp_path
                         b.put(b"a", b"%d" % i)
                         b.put(b"pad%06d" % i, b"x" * 2000)
                         b.put(b"b", b"%d" % i)
+                    time.sleep(0.0002)  # let the views interleave with the writes
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
 

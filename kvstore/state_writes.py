@@ -1,0 +1,120 @@
+"""The write side of the LMDB state machine: write transactions that grow
+the map as often as it fills, and growing it (:class:`StateWrites`, which
+:class:`kvstore.state.State` extends with what it writes: meta, applied
+entries, the overlay).
+
+Growing the map needs LMDB to itself: py-lmdb's abort and remap wait for
+every call in flight, and would starve behind busy readers, so the writer
+holds readers out (:class:`kvstore.readers.ReadGate`) and waits for open
+views (:mod:`kvstore.view`) first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import lmdb
+
+from kvstore.lmdb_env import clear_stale_readers, grow_size
+from kvstore.lmdb_ops import preallocate
+from kvstore.state_reads import StateReads
+from wal.errors import LogFailedError
+
+log = logging.getLogger("walkv.state")
+
+MAX_GROW_STEP = 256 << 20
+"""The map grows by its size (doubling) up to this step, then by this step:
+at most this much is allocated ahead of the data."""
+
+
+class StateWrites(StateReads):
+    """Write transactions and map growth of one LMDB environment. Subclasses
+    set ``writemap``, ``map_grows``, ``lmdb_applied_lsn`` and ``_failure``."""
+
+    writemap: bool
+    map_grows: int
+    lmdb_applied_lsn: int
+    _failure: Exception | None
+
+    def _with_write(self, fn: Callable[[lmdb.Transaction], object]) -> None:
+        """Run ``fn(txn)`` in one write transaction, growing the map and
+        retrying as often as it fills."""
+        while True:
+            txn = self.env.begin(write=True, db=self.data_db)
+            try:
+                fn(txn)
+                txn.commit()
+                return
+            except lmdb.MapFullError:
+                self.grow(txn)
+            except BaseException:
+                self._abort_write(txn)
+                raise
+
+    def _write_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> None:
+        """Run ``write`` in one write transaction (growing the map as often
+        as it fills) that makes LSNs up to ``lsn`` applied in LMDB; then bump
+        ``gen`` so cached read transactions are renewed. A failure is kept
+        and raised again by every later apply and flush (the writes it
+        carried are in the log: the next open replays them)."""
+        try:
+            self._with_write(write)
+        except BaseException as exc:
+            if isinstance(exc, lmdb.Error):
+                exc = LogFailedError(f"applying LSNs up to {lsn} to LMDB ({self.path}) failed: {exc}")
+            if isinstance(exc, Exception):
+                self._failure = exc
+            raise exc from None
+        self.lmdb_applied_lsn = lsn
+        self.gen += 1
+
+    def _abort_write(self, txn: lmdb.Transaction) -> None:
+        """Abort a write transaction with readers held out of LMDB (py-lmdb's
+        abort waits for every call in flight and starves behind busy
+        readers)."""
+        gate = self.gate
+        gate.acquire_exclusive()
+        try:
+            txn.abort()
+        finally:
+            gate.release_exclusive()
+
+    def grow(self, failed: lmdb.Transaction | None = None, at_least: int = 0) -> None:
+        """Grow the map: double up to :data:`MAX_GROW_STEP`, then by that
+        step; by less (at least 1 MiB) when only less fits on the file system,
+        so a full disk fills up whatever the step and a replay after freeing
+        a little space needs only that little (a transaction that still does
+        not fit grows again); :class:`~wal.errors.DiskFullError` when not even
+        1 MiB fits. ``failed`` is the write transaction that hit MDB_MAP_FULL,
+        aborted here. Waits for
+        readers to leave LMDB (py-lmdb's abort and remap wait for every call
+        in flight, and would starve behind busy readers); their open
+        transactions are invalidated (cached ones are renewed, scans
+        re-seek). Stale readers (their processes died) are cleared first:
+        when there were any, the failed transaction is only retried."""
+        if clear_stale_readers(self.env) and failed is not None and not at_least:
+            self._abort_write(failed)
+            return
+        old = self.env.info()["map_size"]
+        try:
+            new = grow_size(self.path, old, min(old, MAX_GROW_STEP), at_least)
+        except BaseException:
+            if failed is not None:
+                self._abort_write(failed)
+            raise
+        gate = self.gate
+        if failed is not None:
+            self._abort_write(failed)
+        self.exclusive_without_views()  # waits for open views (kvstore/view.py)
+        try:
+            if self.writemap:
+                preallocate(os.path.join(self.path, "data.mdb"), new)
+            self.env.set_mapsize(new)
+            self.map_gen += 1
+        finally:
+            gate.release_exclusive()
+        self.map_grows += 1
+        log.info("LMDB map of %s grown from %d to %d MiB", self.path,
+                 old >> 20, new >> 20)
