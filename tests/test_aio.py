@@ -198,7 +198,8 @@ def test_cancelling_awaiting_coroutines_loses_nothing(store) -> None:
             await asyncio.sleep(0)  # every task now awaits its future
             for t in tasks[::2]:
                 t.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            # (wait_for: a write left unresolved fails the test instead of hanging it)
+            results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
             assert all(isinstance(r, asyncio.CancelledError) for r in results[::2])
             kept = {b"%04d" % i: r for i, r in enumerate(results) if i % 2}
             more = await adb.put(b"after", b"x")
