@@ -23,6 +23,13 @@ and, the first time since the loop last drained it, schedules one wake-up of
 the loop (``call_soon_threadsafe``). The loop then resolves every future of
 every finished batch, the i-th with ``first_lsn + i``.
 
+Queuing a turn's writes at once also keeps groups whole: N coroutines that
+write in a loop are all resumed by one drain and all queue in the next turn,
+so each group holds all N. Queued one by one, the committer starts a group
+with the first few while the rest are still being queued, and the writers
+settle into two alternating halves, each paying its own fsync (issue 15: with
+256 coroutines, groups of ~130 before, 256 after).
+
 Each write keeps a future of its own (rather than awaiting one shared per
 batch): cancelling a task cancels the future it awaits, so a shared one would
 cancel its neighbours. A cancelled write stays queued and is written; only its
