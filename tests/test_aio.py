@@ -213,3 +213,42 @@ def test_cancelling_awaiting_coroutines_loses_nothing(store) -> None:
     assert all(logged[lsn] == key for key, lsn in kept.items())
     with kvstore.open(store) as d:
         assert len(d) == 401 and d.get(b"0000") == b"v0"
+
+
+def test_runs_behind_a_failed_group_each_fail_once(tmp_path) -> None:
+    """Every run queued when the log fails gets exactly one callback, with the
+    log's failure; none is told it is durable."""
+    with scratch_dir(tmp_path) as d:
+        fs = FaultFS()
+        os.makedirs(os.path.join(d, "log"))
+        lg = wal.open(os.path.join(d, "log"), fs=fs)
+        try:
+            lg.append(b"first")
+            fs.fail("sync", persistent=True)
+            seen: list[tuple[int, BaseException | None]] = []
+            lock = threading.Lock()
+            all_done = threading.Event()
+            firsts = []
+
+            def cb(first: int, err: BaseException | None) -> None:
+                with lock:
+                    seen.append((first, err))
+                    if len(seen) == len(firsts):
+                        all_done.set()
+
+            with lock:
+                for r in range(5):
+                    try:
+                        firsts.append(lg.append_many_nowait([b"r%d-%d" % (r, i) for i in range(10)], cb,
+                                                            [None] * 10))
+                    except LogFailedError:  # already failed: refused at once, also fine
+                        break
+            assert firsts and firsts[0] == 2
+            assert all_done.wait(10)
+            assert sorted(f for f, _ in seen) == firsts
+            assert all(isinstance(e, LogFailedError) for _, e in seen), seen
+        finally:
+            try:
+                lg.close()
+            except kvstore.WalkvError:
+                pass
