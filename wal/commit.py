@@ -15,9 +15,11 @@ Each payload travels with a *context*, an object the log never looks at
 to decode what it just encoded.
 
 Appenders that must not block (``submit_nowait``, the asyncio front) pass a
-callback instead; a committer thread leads when no appender thread is there
-to, and callbacks run on whichever thread led their group, after the mutex
-is released.
+callback instead, one per *run* of entries queued together (a run is never
+split between groups), so a thousand entries queued at once cost one callback,
+not a thousand; a committer thread leads when no appender thread is there to,
+and callbacks run on whichever thread led their group, after the mutex is
+released.
 
 Operations that need the log to themselves (sync, truncate, close) wait their
 turn in the same line with :meth:`GroupCommit.exclusive`.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -37,6 +39,10 @@ from wal.segment import Payload
 logger = logging.getLogger("walkv.wal")
 
 Callback = Callable[[int, "BaseException | None"], None]
+# What a group's leader runs once the mutex is released: ``(first_lsn,
+# callback)`` for each run of nowait entries in the group, and the error that
+# failed them (None: all acknowledged).
+Done = tuple[list[tuple[int, Callback]], "BaseException | None"]
 
 
 class Group(NamedTuple):
@@ -90,8 +96,7 @@ class GroupCommit:
         self._check = check
         self._queue: list[Payload] = []
         self._contexts: list[object] = []
-        self._callbacks: list[Callback | None] = []
-        self._has_callbacks = False
+        self._callbacks: list[tuple[int, Callback]] = []  # (first LSN of a run, its callback)
         self._waiters: deque[_Waiter] = deque()
         self._leading = False
         self._local = threading.local()
@@ -138,7 +143,7 @@ class GroupCommit:
             # Nobody leads and nothing is queued: write our own group at once
             # (the common single-writer case skips the queue).
             self._leading = True
-            self._write_and_wake(Group(first, payloads, contexts), None)
+            self._write_and_wake(Group(first, payloads, contexts), [])
             self._handoff()
             m.release()
             if self.acked_lsn < last:
@@ -148,11 +153,9 @@ class GroupCommit:
             if len(payloads) == 1:
                 self._queue.append(payloads[0])
                 self._contexts.append(contexts[0])
-                self._callbacks.append(None)
             else:
                 self._queue.extend(payloads)
                 self._contexts.extend(contexts)
-                self._callbacks.extend([None] * len(payloads))
             if self._leading:
                 w = self._waiter()
                 w.lsn = last
@@ -175,40 +178,41 @@ class GroupCommit:
             raise self._group_failure()
         return first
 
-    def submit_nowait(self, payload: Payload, context: object, callback: Callback) -> int:
-        """Queue one payload (with its context); ``callback(lsn, error)`` runs
-        when it is acknowledged or failed. Returns its LSN at once."""
+    def submit_nowait(self, payloads: list[Payload], contexts: Sequence[object], callback: Callback) -> int:
+        """Queue ``payloads`` (each with its context) as one run without
+        blocking; return the first LSN at once (the run has ``first ..
+        first + len(payloads) - 1``). ``callback(first, error)`` runs once, on
+        the committing thread, when the whole run is acknowledged (``error``
+        None) or failed: a run is always written in one group."""
         with self.mutex:
             while self._frozen:
                 self._thawed.wait()
             self._check()
-            lsn = self.next_lsn
-            self.next_lsn = lsn + 1
-            self._queue.append(payload)
-            self._contexts.append(context)
-            self._callbacks.append(callback)
-            self._has_callbacks = True
+            first = self.next_lsn
+            self.next_lsn = first + len(payloads)
+            self._queue.extend(payloads)
+            self._contexts.extend(contexts)
+            self._callbacks.append((first, callback))
             if self._committer is None:
                 self._committer = threading.Thread(target=self._commit_loop, name="walkv-committer", daemon=True)
                 self._committer.start()
             if not self._leading:
                 self._work.notify()
-        return lsn
+        return first
 
     # -- leading -----------------------------------------------------------------
 
-    def _lead_group(self) -> tuple[int, list[Callback | None], BaseException | None] | None:
+    def _lead_group(self) -> Done | None:
         """Mutex held, leading: write the queue as one group and wake the
         appenders it covered. Returns the callbacks to run, if any."""
-        payloads, callbacks, has_callbacks = self._queue, self._callbacks, self._has_callbacks
+        payloads, callbacks = self._queue, self._callbacks
         if not payloads:
             return None
         group = Group(self.acked_lsn + 1, payloads, self._contexts)
-        self._queue, self._contexts, self._callbacks, self._has_callbacks = [], [], [], False
-        return self._write_and_wake(group, callbacks if has_callbacks else None)
+        self._queue, self._contexts, self._callbacks = [], [], []
+        return self._write_and_wake(group, callbacks)
 
-    def _write_and_wake(self, group: Group, callbacks: list[Callback | None] | None
-                        ) -> tuple[int, list[Callback | None], BaseException | None] | None:
+    def _write_and_wake(self, group: Group, callbacks: list[tuple[int, Callback]]) -> Done | None:
         """Mutex held, leading: write one group (releasing the mutex for the
         I/O), then wake the appenders it covered, or fail everything queued
         if it failed. Returns the callbacks to run, if any."""
@@ -228,9 +232,8 @@ class GroupCommit:
                 self.failure = self._on_failure(error, first)
             error = self.failure
             # What is queued behind a failed group will never be written.
-            if self._has_callbacks:
-                callbacks = (callbacks or [None] * len(payloads)) + self._callbacks
-            self._queue, self._contexts, self._callbacks, self._has_callbacks = [], [], [], False
+            callbacks = callbacks + self._callbacks
+            self._queue, self._contexts, self._callbacks = [], [], []
         waiters = self._waiters
         acked = self.acked_lsn
         while waiters and not waiters[0].exclusive and (waiters[0].lsn <= acked or error is not None):
@@ -240,7 +243,7 @@ class GroupCommit:
             for w in waiters:
                 if not w.exclusive:
                     w.lock.release()
-        return (first, callbacks, error) if callbacks is not None else None
+        return (callbacks, error) if callbacks else None
 
     def _handoff(self) -> None:
         """Mutex held, leading: pass the leadership on, or give it up."""
@@ -338,21 +341,19 @@ class GroupCommit:
             self._frozen = False
             self._thawed.notify_all()
             self._work.notify_all()
-            first = self.acked_lsn + 1
             callbacks, self._queue, self._contexts, self._callbacks = self._callbacks, [], [], []
-        _run_callbacks((first, callbacks, error))
+        _run_callbacks((callbacks, error))
         t = self._committer
         if t is not None and t is not threading.current_thread():
             t.join(timeout=5)
 
 
-def _run_callbacks(done: tuple[int, list[Callback | None], BaseException | None] | None) -> None:
+def _run_callbacks(done: Done | None) -> None:
     if done is None:
         return
-    first, callbacks, error = done
-    for i, cb in enumerate(callbacks):
-        if cb is not None:
-            try:
-                cb(first + i, error)
-            except Exception:  # a callback's bug must not fail the log
-                logger.exception("append_nowait callback raised")
+    callbacks, error = done
+    for first, cb in callbacks:
+        try:
+            cb(first, error)
+        except Exception:  # a callback's bug must not fail the log
+            logger.exception("append_nowait callback raised")

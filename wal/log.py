@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Self, cast
 
 from wal.commit import Callback, Group, GroupCommit
@@ -277,7 +277,20 @@ class Log(LogReading, LogTruncation):
         (durable when ``sync="always"``), or with the error that failed it. It
         must be quick and must not call back into the log. ``context`` as for
         :meth:`append`."""
-        return self._gc.submit_nowait(self._check(payload), context, callback)
+        return self._gc.submit_nowait([self._check(payload)], [context], callback)
+
+    def append_many_nowait(self, payloads: Sequence[Payload], callback: Callback,
+                           contexts: Sequence[object]) -> int:
+        """Queue several entries (``contexts[i]`` goes with ``payloads[i]``)
+        without blocking; return the first LSN (the others follow in order).
+        ``callback(first, error)`` runs once, as for :meth:`append_nowait`,
+        when all of them are acknowledged (they are always in one group), or
+        failed together. Nothing is queued when one payload is refused."""
+        if len(payloads) != len(contexts) or not payloads:
+            raise ValueError("append_many_nowait needs as many contexts as payloads, and at least one")
+        check, limit = self._check, self._max_payload
+        items = [p if type(p) is bytes and len(p) <= limit else check(p) for p in payloads]
+        return self._gc.submit_nowait(items, contexts, callback)
 
     def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:
