@@ -50,9 +50,10 @@ def rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     return out
 
 
-def _plain(table: list[tuple[str, ...]], stream: TextIO) -> None:
-    data = [HEADERS, *table]
-    widths = [min(max(len(r[i]) for r in data), 60) for i in range(len(HEADERS))]
+def plain_table(headers: tuple[str, ...], table: list[tuple[str, ...]], stream: TextIO) -> None:
+    """Columns padded to their widest cell (at most 60 characters), a rule under the headers."""
+    data = [headers, *table]
+    widths = [min(max(len(r[i]) for r in data), 60) for i in range(len(headers))]
     for n, r in enumerate(data):
         stream.write("  ".join(cell[:60].ljust(widths[i]) for i, cell in enumerate(r)).rstrip() + "\n")
         if n == 0:
@@ -74,7 +75,7 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None, plain: boo
             plain = True
     if plain:
         stream.write(title + "\n")
-        _plain(table, stream)
+        plain_table(HEADERS, table, stream)
         return
     t = Table(title=title, title_justify="left")
     for h in HEADERS:
@@ -91,6 +92,15 @@ def write_json(report: dict[str, Any], path: str) -> None:
         json.dump(report, f, indent=2, sort_keys=False, default=str)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def matplotlib_missing() -> str | None:
+    """The one-line error for ``--plot`` when matplotlib cannot be imported, else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "error: --plot needs matplotlib: pip install 'walkv[bench]'"
+    return None
 
 
 def plot(report: dict[str, Any], path: str) -> None:
