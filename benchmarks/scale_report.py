@@ -172,8 +172,10 @@ def plot(report: dict[str, Any], path: str) -> None:
         sizes = sorted({r["keys"] for r in mine})
         ax.set_xticks(sizes, [size_label(k) for k in sizes])
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
+        lo, hi = ax.get_ylim()
+        ax.yaxis.set_major_formatter(plain)  # labels on 2..9 too when the span is under a decade
+        ax.yaxis.set_minor_formatter(plain if hi < 10 * lo else NullFormatter())
         unit = "s" if name.startswith("open.") else ("MB" if name.startswith("peak") else "per s")
         ax.set_title(f"{name} ({unit})", fontsize=9)
         ax.set_xlabel("keys", fontsize=8)
