@@ -103,13 +103,27 @@ def matplotlib_missing() -> str | None:
     return None
 
 
-def plot(report: dict[str, Any], path: str) -> None:
-    """Horizontal bars of walkv/peer for every comparison, log scale, with each
-    bar's target marked and the 1x line."""
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: str) -> None:
+    """Lay out, write as PNG and free the figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Horizontal bars of walkv/peer for every comparison, log scale, with each
+    bar's target marked and the 1x line."""
+    plt = pyplot()
 
     bars = []
     for w in report["workloads"]:
@@ -144,6 +158,4 @@ def plot(report: dict[str, Any], path: str) -> None:
     m = report["machine"]
     ax.set_title(f"walkv vs peers, medians of {report['config']['repeats']} alternating repeats "
                  f"({m['cpu']}, {m['cores']} cores, {m['filesystem'].get('type', '?')})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from benchmarks.report import plain_table, write_json
+from benchmarks.report import plain_table, pyplot, save, write_json
 from benchmarks.scale import LABELS, METRICS, SYSTEMS_MEASURED, size_label
 
 HEADERS = ("metric", "keys", "walkv", "LevelDB", "walkv/LevelDB", "walkv x smallest",
@@ -57,6 +57,10 @@ def _values(size: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def _div(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 def _goal(metric: str, first: bool, value: float | None, growth: float | None) -> tuple[str, str]:
     if metric == "open.clean":
         return f"< {OPEN_GOAL_S:g} s", "n/a" if value is None else ("PASS" if value < OPEN_GOAL_S else "MISS")
@@ -84,12 +88,11 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
             v = values[metric]
             if not base:
                 base = dict(v)
-            growth = {s: v[s] / base[s] if v[s] is not None and base.get(s) else None
-                      for s in SYSTEMS_MEASURED}
+            growth = {s: _div(v[s], base.get(s)) for s in SYSTEMS_MEASURED}
             walkv, peer = v["walkv"], v["leveldb"]
             goal, verdict = _goal(metric, i == 0, walkv, growth["walkv"])
             rows.append({"metric": metric, "keys": keys, "walkv": walkv, "leveldb": peer,
-                         "ratio": walkv / peer if walkv is not None and peer else None,
+                         "ratio": _div(walkv, peer),
                          "walkv_x_smallest": growth["walkv"], "leveldb_x_smallest": growth["leveldb"],
                          "goal": goal, "verdict": verdict})
     verdicts = [r["verdict"] for r in rows]
@@ -125,7 +128,7 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None) -> None:
     stream.write(f"walkv scale benchmark vs LevelDB ({cfg['repeats']} round(s), {cfg['seconds']:g} s per "
                  f"timed run) on {m['cpu']}, {m['cores']} cores, {m['filesystem'].get('type', '?')} at "
                  f"{cfg['bench_dir']}, walkv {m.get('walkv_commit')}\n")
-    table = [(r["metric"], f"{r['keys']:,}", _show(r["metric"], r["walkv"]), _show(r["metric"], r["leveldb"]),
+    table: list[tuple[str, ...]] = [(r["metric"], f"{r['keys']:,}", _show(r["metric"], r["walkv"]), _show(r["metric"], r["leveldb"]),
               _x(r["ratio"]), _x(r["walkv_x_smallest"]), _x(r["leveldb_x_smallest"]), r["goal"], r["verdict"])
              for r in report["summary"]["rows"]]
     plain_table(HEADERS, table, stream)
@@ -142,12 +145,9 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None) -> None:
 def plot(report: dict[str, Any], path: str) -> None:
     """One panel per metric (and for peak RSS): value vs keys, log-log, walkv
     and LevelDB; the goals drawn as dashed lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
+    plt = pyplot()
     rows = report["summary"]["rows"]
     names = list(dict.fromkeys(r["metric"] for r in rows))
     cols = 3
@@ -187,6 +187,4 @@ def plot(report: dict[str, Any], path: str) -> None:
     m = report["machine"]
     fig.suptitle(f"walkv vs LevelDB by store size ({m['cpu']}, {m['cores']} cores, walkv "
                  f"{m.get('walkv_commit')})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
