@@ -5,7 +5,9 @@ keys ``0..n-1`` (:func:`benchmarks.data.key`, 100-byte values).
 Every function runs in a fresh process (:func:`benchmarks.timing.in_child`),
 times only its own operation and returns ``ops``, ``seconds`` and
 ``anon_peak_mb``: the peak of the process's anonymous memory (RssAnon,
-sampled every 50 ms) over the whole child, open and close included. The
+sampled every 50 ms) over the whole child, open and close included, and
+``minor_faults``: the page faults it took meanwhile (each first touch of a
+page of a mapped file, LMDB's or LevelDB's, costs one). The
 child's VmHWM (peak RSS, file pages of mapped files included: LMDB's map,
 LevelDB's table files) is added by :mod:`benchmarks.child`.
 
@@ -19,6 +21,7 @@ import functools
 import importlib
 import os
 import random
+import resource
 import struct
 import sys
 import time
@@ -36,9 +39,11 @@ _HEAD = struct.Struct(">HI")  # LevelDB dump record: key length, value length
 def _with_anon_peak(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     @functools.wraps(fn)
     def wrapper(**kwargs: Any) -> dict[str, Any]:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         with AnonPeak(interval=0.05) as mem:
             out = fn(**kwargs)
         out["anon_peak_mb"] = mem.peak_mb
+        out["minor_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         return out
 
     return wrapper
