@@ -247,6 +247,8 @@ def run_scale(sizes: list[int], repeats: int | None = None, duration: float | No
                 shutil.rmtree(root, ignore_errors=True)
         if json_path:  # after every size: a long run leaves what it measured so far
             scale_report.finish(out, time.perf_counter() - started, json_path)
+    if hasattr(os, "getloadavg"):
+        out["machine"]["load_avg_end"] = os.getloadavg()  # others' work on a shared machine
     scale_report.finish(out, time.perf_counter() - started, json_path)
     scale_report.print_table(out)
     if plot_path:

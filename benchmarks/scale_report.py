@@ -127,7 +127,7 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None) -> None:
     m, cfg = report["machine"], report["config"]
     stream.write(f"walkv scale benchmark vs LevelDB ({cfg['repeats']} round(s), {cfg['seconds']:g} s per "
                  f"timed run) on {m['cpu']}, {m['cores']} cores, {m['filesystem'].get('type', '?')} at "
-                 f"{cfg['bench_dir']}, walkv {m.get('walkv_commit')}\n")
+                 f"{cfg['bench_dir']}, walkv {m.get('walkv_commit')}, load average {m.get('load_avg')}\n")
     table: list[tuple[str, ...]] = [(r["metric"], f"{r['keys']:,}", _show(r["metric"], r["walkv"]), _show(r["metric"], r["leveldb"]),
               _x(r["ratio"]), _x(r["walkv_x_smallest"]), _x(r["leveldb_x_smallest"]), r["goal"], r["verdict"])
              for r in report["summary"]["rows"]]

@@ -51,7 +51,7 @@ def test_every_metric_is_measured_for_both_systems(tiny_report):
             c = w["contenders"][system]
             assert c["error"] is None, (w["name"], system, c["error"])
             assert c["median"] > 0 and c["rss_mb_max"] > 0
-            assert all(x["anon_peak_mb"] > 0 for x in c["extra"])
+            assert all(x["anon_peak_mb"] > 0 and x["minor_faults"] >= 0 for x in c["extra"])
     kill = next(w for w in size["workloads"] if w["params"]["metric"] == "open.kill9")
     assert all(isinstance(x["replayed"], int) for x in kill["contenders"]["walkv"]["extra"])
     rows = tiny_report["summary"]["rows"]
