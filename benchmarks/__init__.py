@@ -13,6 +13,11 @@ Modules: :mod:`benchmarks.harness` (model, alternation, medians),
 module of workloads per issue: ``log_workloads`` (2), ``kv_workloads`` (3),
 ``snapshot_workloads`` (4), ``archive_workloads`` (12), ``spark_workloads`` (5,
 only with ``--only spark``).
+
+``python -m benchmarks --scale 1M,10M,50M`` runs instead the scale benchmark
+of issue 15 (how cost grows with the store's size, vs LevelDB; minutes to
+hours): :mod:`benchmarks.scale`, :mod:`benchmarks.scale_children`,
+:mod:`benchmarks.scale_report`.
 """
 
 from __future__ import annotations

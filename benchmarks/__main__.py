@@ -8,6 +8,7 @@ import sys
 
 from benchmarks import all_workloads, run
 from benchmarks.harness import Config
+from benchmarks.report import matplotlib_missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain", action="store_true", help="plain-text table even if rich is there")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument("--scale", metavar="SIZES",
+                        help="instead: the scale benchmark (issue 15) at these store sizes, e.g. "
+                             "1M,10M,50M (minutes to hours; --only picks its metrics, --plot draws "
+                             "the curves; see benchmarks.scale)")
     args = parser.parse_args(argv)
     if args.list:
         for w in all_workloads(Config(quick=args.quick)):
@@ -37,6 +42,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.plot and (error := matplotlib_missing()):  # before the run, not after an hour of it
+        print(error, file=sys.stderr)
+        return 2
+    command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    if args.scale:
+        from benchmarks.scale import parse_sizes, run_scale
+
+        try:
+            sizes = parse_sizes(args.scale)
+            only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+            run_scale(sizes, repeats=args.repeats, duration=args.duration, only=only, json_path=args.json,
+                      plot_path=args.plot, bench_dir=args.dir, keep=args.keep, verbose=not args.quiet,
+                      command=command)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return 0
     try:
         report = run(quick=args.quick, only=args.only, repeats=args.repeats, json_path=None,
                      plot_path=args.plot, bench_dir=args.dir, keep=args.keep,
@@ -46,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         from benchmarks.report import write_json
 
-        report["command"] = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+        report["command"] = command
         write_json(report, args.json)
     return 0
 

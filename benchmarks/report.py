@@ -50,9 +50,10 @@ def rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     return out
 
 
-def _plain(table: list[tuple[str, ...]], stream: TextIO) -> None:
-    data = [HEADERS, *table]
-    widths = [min(max(len(r[i]) for r in data), 60) for i in range(len(HEADERS))]
+def plain_table(headers: tuple[str, ...], table: list[tuple[str, ...]], stream: TextIO) -> None:
+    """Columns padded to their widest cell (at most 60 characters), a rule under the headers."""
+    data = [headers, *table]
+    widths = [min(max(len(r[i]) for r in data), 60) for i in range(len(headers))]
     for n, r in enumerate(data):
         stream.write("  ".join(cell[:60].ljust(widths[i]) for i, cell in enumerate(r)).rstrip() + "\n")
         if n == 0:
@@ -74,7 +75,7 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None, plain: boo
             plain = True
     if plain:
         stream.write(title + "\n")
-        _plain(table, stream)
+        plain_table(HEADERS, table, stream)
         return
     t = Table(title=title, title_justify="left")
     for h in HEADERS:
@@ -93,13 +94,36 @@ def write_json(report: dict[str, Any], path: str) -> None:
     os.replace(tmp, path)
 
 
-def plot(report: dict[str, Any], path: str) -> None:
-    """Horizontal bars of walkv/peer for every comparison, log scale, with each
-    bar's target marked and the 1x line."""
+def matplotlib_missing() -> str | None:
+    """The one-line error for ``--plot`` when matplotlib cannot be imported, else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "error: --plot needs matplotlib: pip install 'walkv[bench]'"
+    return None
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: str) -> None:
+    """Lay out, write as PNG and free the figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Horizontal bars of walkv/peer for every comparison, log scale, with each
+    bar's target marked and the 1x line."""
+    plt = pyplot()
 
     bars = []
     for w in report["workloads"]:
@@ -134,6 +158,4 @@ def plot(report: dict[str, Any], path: str) -> None:
     m = report["machine"]
     ax.set_title(f"walkv vs peers, medians of {report['config']['repeats']} alternating repeats "
                  f"({m['cpu']}, {m['cores']} cores, {m['filesystem'].get('type', '?')})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

@@ -116,6 +116,15 @@ def counted(block: Callable[[], int]) -> Measurement:
     return Measurement(ops=ops, seconds=time.perf_counter() - start)
 
 
+def spawn_child(function: str, kwargs: dict[str, Any], **popen: Any) -> subprocess.Popen:
+    """Start ``python -m benchmarks.child function kwargs`` (this checkout
+    first on the path); ``popen`` goes to :class:`subprocess.Popen`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.child", function, json.dumps(kwargs)],
+                            env=env, cwd=REPO, **popen)
+
+
 def in_child(function: str, /, *, child_timeout: float = 3600, **kwargs: Any) -> Measurement:
     """Run ``function`` ("package.module:name") in a fresh Python process.
 
@@ -127,11 +136,8 @@ def in_child(function: str, /, *, child_timeout: float = 3600, **kwargs: Any) ->
     Linux carries ru_maxrss across exec, so it is never below the parent's
     RSS at the time of the spawn.
     """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.child", function, json.dumps(kwargs)],
-                                stdout=out_f, stderr=err_f, env=env, cwd=REPO)
+        proc = spawn_child(function, kwargs, stdout=out_f, stderr=err_f)
         timer = threading.Timer(child_timeout, proc.kill)
         timer.start()
         try:
