@@ -61,7 +61,7 @@ import lmdb
 from kvstore import conditions
 from kvstore.batch import NO_WRITE_CODES, OP_DELETE, OP_PUT
 from kvstore.lmdb_env import clear_stale_readers, open_env, reader_table
-from kvstore.lmdb_ops import apply_ops, write_values
+from kvstore.lmdb_ops import apply_ops, put_run, write_values
 from kvstore.state_reads import K_APPLIED, StateReads
 from kvstore.state_writes import StateWrites
 from wal.errors import CorruptionError, Damage, WalkvError
@@ -205,7 +205,7 @@ class State(StateWrites):
 
     # -- writing ------------------------------------------------------------
 
-    def apply(self, first_lsn: int, batches: Sequence[Ops]) -> None:
+    def apply(self, first_lsn: int, batches: Sequence[Ops], size_hint: int = 0) -> None:
         """Apply log entries ``first_lsn, first_lsn + 1, ...`` (``batches[i]``
         is the operations of entry ``first_lsn + i``, decoded and validated):
         visible to every read in this process on return. With the overlay on
@@ -216,7 +216,8 @@ class State(StateWrites):
         transaction that also records the highest applied LSN. Entries at or
         below ``applied_lsn`` are skipped, so applying is idempotent. A flush
         that failed earlier (a full disk) is raised here, so the log fails
-        at the next group."""
+        at the next group. ``size_hint``: about how many bytes the entries
+        hold (their payloads), to grow the map ahead of a big write."""
         if self._closed:
             raise self._closed_error()
         if self._failure is not None:
@@ -239,7 +240,7 @@ class State(StateWrites):
             if full:
                 self.flush()
         else:
-            self._write_through(flat, last)
+            self._write_through(flat, last, size_hint, puts_only=codes == _PUT_CODES)
         if codes == _PUT_CODES:
             self.puts += len(flat)
         else:
@@ -301,18 +302,22 @@ class State(StateWrites):
             else:
                 self.delete_ranges += 1
 
-    def _write_through(self, ops: Ops, last: int) -> None:
+    def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool) -> None:
         """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
         overlay holds, in one write transaction."""
         overlay = self.overlay
         main = self.main_db
         with overlay.flush_lock:
             frozen = overlay.freeze()
+            self.make_room(size_hint)
 
             def write(txn: lmdb.Transaction) -> None:
                 if frozen is not None:
                     write_values(txn, frozen[0])
-                apply_ops(txn, ops)
+                if puts_only:
+                    put_run(txn, ops)
+                else:
+                    apply_ops(txn, ops)
                 txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)
             self._write_applied(write, last)
             if frozen is not None:

@@ -17,16 +17,19 @@ from collections.abc import Callable
 
 import lmdb
 
-from kvstore.lmdb_env import clear_stale_readers, grow_size
+from kvstore.lmdb_env import MIB, clear_stale_readers, grow_size
 from kvstore.lmdb_ops import preallocate
 from kvstore.state_reads import StateReads
-from wal.errors import LogFailedError
+from wal.errors import DiskFullError, LogFailedError
 
 log = logging.getLogger("walkv.state")
 
 MAX_GROW_STEP = 256 << 20
 """The map grows by its size (doubling) up to this step, then by this step:
 at most this much is allocated ahead of the data."""
+ROOM_AHEAD_BYTES = 1 << 20
+"""A write transaction expected to add at least this many bytes makes room
+in the map before it starts (:meth:`StateWrites.make_room`)."""
 
 
 class StateWrites(StateReads):
@@ -52,6 +55,23 @@ class StateWrites(StateReads):
             except BaseException:
                 self._abort_write(txn)
                 raise
+
+    def make_room(self, nbytes: int) -> None:
+        """Before a write transaction that adds about ``nbytes`` of keys and
+        values: grow the map now if they might not fit (twice their size:
+        pages split by random inserts are about half full), so that the
+        transaction is not redone after MDB_MAP_FULL (a batch of 100,000
+        puts into a new store was written three times). Only a hint: a
+        disk too full for the estimate leaves it to MDB_MAP_FULL."""
+        if nbytes < ROOM_AHEAD_BYTES:
+            return
+        info = self.env.info()
+        need = ((info["last_pgno"] + 1) * self.env.stat()["psize"] + 2 * nbytes + MIB - 1) & ~(MIB - 1)
+        if need > info["map_size"]:
+            try:
+                self.grow(at_least=need)
+            except DiskFullError:
+                pass
 
     def _write_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> None:
         """Run ``write`` in one write transaction (growing the map as often
