@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from itertools import islice
 from typing import Any, Protocol
 
@@ -100,6 +100,11 @@ class Lookups:
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         raise NotImplementedError
+
+    def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        """``[self.get(k, default) for k in keys]``, in one call (the store
+        answers it in bulk)."""
+        return [self.get(k, default) for k in keys]
 
     def __getitem__(self, key: bytes) -> bytes:
         v = self.get(key)

@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, TypeVar
 
 import lmdb
@@ -32,6 +32,9 @@ from wal.errors import ClosedError, ForkedError
 from wal.forkguard import Refusing, forked_error, keep_forever
 
 K_APPLIED = b"walkv.applied"
+GET_MANY_CHUNK = 1024
+"""Keys :meth:`StateReads.get_many` looks up per pass (the writer waits at
+most one pass to hold readers out)."""
 _U64 = struct.Struct("<Q")
 _get_ident = threading.get_ident
 T = TypeVar("T")
@@ -44,6 +47,7 @@ class StateReads:
     env: lmdb.Environment
     main_db: Any
     data_db: Any
+    readonly: bool
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -251,6 +255,40 @@ class StateReads:
         finally:
             r.busy = False
         return self._get_slow(r, key, default)
+
+    def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        """The values of ``keys`` (``default`` for absent ones), in order:
+        each as :meth:`get` would return it, looked up in chunks of
+        :data:`GET_MANY_CHUNK` keys, each chunk one pass through this
+        thread's read transaction (one Python call per chunk, not per key).
+        Not one snapshot across chunks: for that, a view."""
+        keys = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
+        if self.readonly:
+            return [self.get(k, default) for k in keys]
+        out: list[bytes | None] = []
+        for i in range(0, len(keys), GET_MANY_CHUNK):
+            chunk = keys[i:i + GET_MANY_CHUNK]
+            overlay = self.overlay  # looked at before LMDB, as get() does
+            if overlay.active or overlay.frozen is not None:
+                out.extend(self.get(k, default) for k in chunk)
+                continue
+            r = self._r0
+            if r.ident != _get_ident():
+                r = self._r0 = self._reader()
+            r.busy = True
+            try:
+                txn = r.txn if r.gen == self.gen else None
+                if txn is not None:
+                    get = txn.get
+                    out.extend([get(k, default) for k in chunk])  # type: ignore[misc]  # bytes: no buffers=True
+                    r.gets += len(chunk)
+                    continue
+            except lmdb.Error:
+                pass  # an empty or over-long key, a dead transaction: key by key below
+            finally:
+                r.busy = False
+            out.extend(self.get(k, default) for k in chunk)
+        return out
 
     def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
         """A commit happened since this thread's last read, or a writer holds

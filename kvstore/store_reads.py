@@ -5,7 +5,7 @@ method and in :mod:`kvstore.store`."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 
 from kvstore.readers import Lookups
 from kvstore.state import State
@@ -25,6 +25,15 @@ class StoreReads(Lookups):
         before it was called (in any thread). After :meth:`close`:
         :class:`ClosedError`."""
         return self._state.get(key, default)
+
+    def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        """The values of ``keys`` (``default`` for absent ones), in order,
+        each as :meth:`get` would return it: the fast way to read many keys
+        (one Python call per 1,024 keys, not one per key). Not one snapshot:
+        for that, :meth:`view`."""
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        return self._state.get_many(keys, default)
 
     def __len__(self) -> int:
         """The number of keys (LMDB keeps the count; O(1))."""
