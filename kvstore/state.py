@@ -60,12 +60,13 @@ import lmdb
 
 from kvstore import conditions
 from kvstore.batch import NO_WRITE_CODES, OP_DELETE, OP_PUT
-from kvstore.lmdb_env import clear_stale_readers, open_env, reader_table
+from kvstore.lmdb_env import open_env, reader_table
 from kvstore.lmdb_ops import apply_ops, put_run, write_values
 from kvstore.state_reads import K_APPLIED, StateReads
 from kvstore.state_writes import StateWrites
 from wal.errors import CorruptionError, Damage, WalkvError
 from wal.forkguard import track
+from wal.segment import Payload, payload_size
 
 log = logging.getLogger("walkv.state")
 
@@ -80,9 +81,7 @@ step), since with ``writemap`` the whole map is given real blocks
 (:mod:`kvstore.lmdb_env`); it grows as the data does (:meth:`State.grow`).
 Not smaller: a grow waits for open read views (a snapshot being written), so
 a small store should rarely need one."""
-SWEEP_SECONDS = 1.0
 
-_perf_counter = time.perf_counter
 _U64 = struct.Struct("<Q")
 _pack_u64 = _U64.pack
 _first = operator.itemgetter(0)
@@ -125,7 +124,8 @@ class State(StateWrites):
         self.puts = 0
         self.deletes = 0
         self.delete_ranges = 0
-        self.apply_seconds = 0.0
+        self.lmdb_commits = 0      # write transactions that applied entries (or the overlay)
+        self.apply_seconds = 0.0   # ... and their time
         self.apply_max_seconds = 0.0
         self._failure: Exception | None = None  # a flush that failed (raised by every later apply)
         self.use_overlay = overlay and not readonly
@@ -205,7 +205,7 @@ class State(StateWrites):
 
     # -- writing ------------------------------------------------------------
 
-    def apply(self, first_lsn: int, batches: Sequence[Ops], size_hint: int = 0) -> None:
+    def apply(self, first_lsn: int, batches: Sequence[Ops], payloads: Sequence[Payload] = ()) -> None:
         """Apply log entries ``first_lsn, first_lsn + 1, ...`` (``batches[i]``
         is the operations of entry ``first_lsn + i``, decoded and validated):
         visible to every read in this process on return. With the overlay on
@@ -216,8 +216,8 @@ class State(StateWrites):
         transaction that also records the highest applied LSN. Entries at or
         below ``applied_lsn`` are skipped, so applying is idempotent. A flush
         that failed earlier (a full disk) is raised here, so the log fails
-        at the next group. ``size_hint``: about how many bytes the entries
-        hold (their payloads), to grow the map ahead of a big write."""
+        at the next group. ``payloads``: the entries as logged, whose size
+        tells a big write to grow the map ahead (:meth:`make_room`)."""
         if self._closed:
             raise self._closed_error()
         if self._failure is not None:
@@ -228,41 +228,26 @@ class State(StateWrites):
             return
         if first_lsn <= applied:
             batches = batches[applied + 1 - first_lsn:]
-        t0 = _perf_counter()
         flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
         codes = set(map(_first, flat))
         if not codes.isdisjoint(NO_WRITE_CODES):  # conditional batches: decided in the log
             flat = [op for ops in batches for op in conditions.writes_of(ops)]
             codes = set(map(_first, flat))
+        self.applied_groups += 1
+        self.applied_entries += len(batches)
+        if codes == _PUT_CODES:
+            self.puts += len(flat)
+        else:
+            self._count(flat)
         if self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
             full = bool(flat) and self.overlay.add(flat, last)
             self.applied_lsn = last
             if full:
                 self.flush()
+            else:
+                self.maintain_now_and_then()
         else:
-            self._write_through(flat, last, size_hint, puts_only=codes == _PUT_CODES)
-        if codes == _PUT_CODES:
-            self.puts += len(flat)
-        else:
-            self._count(flat)
-        t1 = _perf_counter()
-        dt = t1 - t0
-        self.applied_groups += 1
-        self.applied_entries += len(batches)
-        self.apply_seconds += dt
-        if dt > self.apply_max_seconds:
-            self.apply_max_seconds = dt
-        if t1 - self._last_sweep > SWEEP_SECONDS:
-            self._maintain(t1)
-
-    def _maintain(self, now: float) -> None:
-        """About once a second (:data:`SWEEP_SECONDS`), from the applying
-        thread: drop idle threads' stale read transactions, close expired
-        views, clear dead processes' reader slots."""
-        self._last_sweep = now
-        self._sweep()
-        self.expire_views()
-        clear_stale_readers(self.env)
+            self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES)
 
     def flush(self) -> None:
         """Write the overlay to LMDB (one write transaction, sorted
@@ -288,9 +273,6 @@ class State(StateWrites):
                 txn.put(K_APPLIED, _pack_u64(lsn), True, True, False, main)
             self._write_applied(write, lsn)
             overlay.thaw()
-        now = _perf_counter()
-        if now - self._last_sweep > SWEEP_SECONDS:
-            self._maintain(now)
 
     def _count(self, ops: Ops) -> None:
         for op in ops:
@@ -350,7 +332,8 @@ class State(StateWrites):
             "gets": self.gets,
             "applied_entries": self.applied_entries,
             "applied_groups": groups,
-            "apply_avg_us": self.apply_seconds / groups * 1e6 if groups else 0.0,
+            "lmdb_commits": self.lmdb_commits,
+            "apply_avg_us": self.apply_seconds / self.lmdb_commits * 1e6 if self.lmdb_commits else 0.0,
             "apply_max_us": self.apply_max_seconds * 1e6,
             "overlay_keys": len(self.overlay),
             "overlay_flushes": self.overlay.flushes,

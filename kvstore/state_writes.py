@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 
 import lmdb
@@ -24,6 +25,8 @@ from wal.errors import DiskFullError, LogFailedError
 
 log = logging.getLogger("walkv.state")
 
+SWEEP_SECONDS = 1.0
+"""How often the writer sweeps stale readers and expired views."""
 MAX_GROW_STEP = 256 << 20
 """The map grows by its size (doubling) up to this step, then by this step:
 at most this much is allocated ahead of the data."""
@@ -39,7 +42,22 @@ class StateWrites(StateReads):
     writemap: bool
     map_grows: int
     lmdb_applied_lsn: int
+    lmdb_commits: int
+    apply_seconds: float
+    apply_max_seconds: float
+    _last_sweep: float
     _failure: Exception | None
+
+    def maintain_now_and_then(self) -> None:
+        """At most every :data:`SWEEP_SECONDS`, from a writing thread: drop
+        idle threads' stale read transactions, close expired views, clear
+        dead processes' reader slots."""
+        now = time.perf_counter()
+        if now - self._last_sweep > SWEEP_SECONDS:
+            self._last_sweep = now
+            self._sweep()
+            self.expire_views()
+            clear_stale_readers(self.env)
 
     def _with_write(self, fn: Callable[[lmdb.Transaction], object]) -> None:
         """Run ``fn(txn)`` in one write transaction, growing the map and
@@ -79,6 +97,7 @@ class StateWrites(StateReads):
         ``gen`` so cached read transactions are renewed. A failure is kept
         and raised again by every later apply and flush (the writes it
         carried are in the log: the next open replays them)."""
+        t0 = time.perf_counter()
         try:
             self._with_write(write)
         except BaseException as exc:
@@ -89,6 +108,12 @@ class StateWrites(StateReads):
             raise exc from None
         self.lmdb_applied_lsn = lsn
         self.gen += 1
+        dt = time.perf_counter() - t0
+        self.lmdb_commits += 1
+        self.apply_seconds += dt
+        if dt > self.apply_max_seconds:
+            self.apply_max_seconds = dt
+        self.maintain_now_and_then()
 
     def _abort_write(self, txn: lmdb.Transaction) -> None:
         """Abort a write transaction with readers held out of LMDB (py-lmdb's

@@ -65,7 +65,7 @@ from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
-from wal.segment import Payload, payload_size
+from wal.segment import Payload
 
 log = logging.getLogger("walkv.store")
 
@@ -217,8 +217,7 @@ class KVStore(StoreWrites, StoreReads):
         # Called by the log's committing thread for every group, after its
         # fsync and before any of its appenders is released. This store is
         # its log's one appender, and passes every entry's operations along.
-        self._state.apply(group.first_lsn, cast("list[Ops]", group.contexts),
-                          sum(map(payload_size, group.payloads)))
+        self._state.apply(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
         self._watch_hub.committed()
         if self._auto is not None and self._log is not None:
             self._auto.poke(self._log.appended_bytes)

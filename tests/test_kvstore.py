@@ -349,9 +349,9 @@ def test_writes_inside_a_scan_loop(db) -> None:
 
 
 def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monkeypatch) -> None:
-    from kvstore import state as state_mod
+    from kvstore import state_writes
 
-    monkeypatch.setattr(state_mod, "SWEEP_SECONDS", 0.0)  # sweep after every group
+    monkeypatch.setattr(state_writes, "SWEEP_SECONDS", 0.0)  # sweep at every chance
     with kvstore.open(store, sync="none") as d:
         for i in range(100):
             d.put(b"k%03d" % i, b"v")
