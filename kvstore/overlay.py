@@ -45,8 +45,12 @@ log = logging.getLogger("walkv.state")
 
 MAX_KEYS = 16384
 """Keys the overlay holds before it is flushed."""
-MAX_BYTES = 8 << 20
-"""Bytes of values the overlay holds before it is flushed."""
+MAX_BYTES = 1 << 20
+"""Bytes of values the overlay holds before it is flushed. Small, because
+what it holds is what a reopen after a crash must find room for in LMDB (a
+disk that filled up with the overlay full needs about twice this freed), and
+a flush of 1 MiB already spreads a write transaction's cost over thousands
+of small writes."""
 FLUSH_SECONDS = 0.05
 """A write waits at most this long in the overlay before a flush begins."""
 MISSING = object()

@@ -101,8 +101,8 @@ class StateOptions(NamedTuple):
     writemap: bool = True
     max_readers: int = 1024
     overlay: bool = False
-    """Apply small groups through the overlay (:mod:`kvstore.overlay`); the
-    store turns it on when its writes do not wait for an fsync."""
+    """Apply small groups through the overlay (:mod:`kvstore.overlay`): the
+    store's ``overlay`` option (on by default)."""
 
 
 class State(StateWrites):

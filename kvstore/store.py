@@ -12,23 +12,23 @@ machine (``sync()`` forces it to disk). LMDB's own writes are never fsynced on
 the commit path; after a machine crash LMDB is rebuilt from the log
 (kvstore/recovery.py).
 
-Applied means: written to LMDB in the group's own write transaction with
-``sync="always"``; with ``sync="batch"``/``"none"`` a group of fewer than
-4,096 puts and deletes is applied to the in-memory overlay instead (one
-dictionary operation per write), which reaches LMDB in bulk within
-:data:`kvstore.overlay.FLUSH_SECONDS` (50 ms), or sooner when the overlay is
-full, before a scan, view, count or snapshot, and at close
-(:mod:`kvstore.overlay`).
+Applied means: a group of fewer than 4,096 puts and deletes is applied to
+the in-memory overlay (one dictionary operation per write), which reaches
+LMDB in bulk within :data:`kvstore.overlay.FLUSH_SECONDS` (50 ms), or sooner
+when the overlay is full, before a scan, view, count or snapshot, and at
+close (:mod:`kvstore.overlay`); any other group, and every group when the
+store is opened with ``overlay=False``, is written to LMDB in its own write
+transaction before the write returns.
 
 Writers: one process at a time (``STORE/LOCK``, then the log's own lock); a
 second one gets :class:`LockedError`. Any number of threads in the writing
 process may read and write. ``readonly=True`` opens beside a writer (or
 none): it reads LMDB through LMDB's reader lock table and never writes,
 replays or takes the store lock. It sees what the writer has written to LMDB:
-with ``sync="always"`` every write acknowledged by then; with
-``sync="batch"``/``"none"`` every write acknowledged at least 50 ms (plus
-the time of one bulk write of at most 16,384 keys) before, so it may be up
-to that far behind the writer's own reads; with no writer running it sees
+every write acknowledged at least 50 ms (plus the time of one bulk write of
+at most 16,384 keys) before, so it may be up to that far behind the writer's
+own reads; every write acknowledged by then when the writer opened the store
+with ``overlay=False``; with no writer running it sees
 the state as the last writer left it (after a crash of that writer, possibly
 without its last group, which the next read-write open replays). It refuses
 to open a store whose last writer was on a machine that crashed since. A
@@ -84,7 +84,7 @@ class KVStore(StoreWrites, StoreReads):
                  map_size: int = DEFAULT_MAP_SIZE, writemap: bool = True,
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-                 max_readers: int = 1024,
+                 max_readers: int = 1024, overlay: bool = True,
                  keep_snapshots: int = snapshots.DEFAULT_KEEP,
                  snapshot_every_bytes: int | None = None,
                  snapshot_chunk_bytes: int | None = None,
@@ -121,7 +121,7 @@ class KVStore(StoreWrites, StoreReads):
         self._lock: DirectoryLock | None = None
         self.replayed = 0                 # log entries replayed (or rebuilt from) at open
         self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
-        options = StateOptions(map_size, writemap, max_readers, overlay=sync != "always")
+        options = StateOptions(map_size, writemap, max_readers, overlay=bool(overlay))
         self._watch_hub = watching.WatchHub()  # wakes watchers, once per group commit
         t0 = time.monotonic()
         try:
@@ -365,7 +365,7 @@ class KVStore(StoreWrites, StoreReads):
         if self._log is None:
             self._state.close(sync=False)
             return
-        clean = True
+        clean = self._log.failure is None  # a failed log: LMDB is left as it is, the next open replays
         try:
             try:
                 self._log.close()
@@ -405,6 +405,9 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
 
     Options: ``map_size`` (initial LMDB map, grown as needed), ``writemap``
     (default True), ``max_value_bytes``, ``max_record_bytes``, ``max_readers``,
+    ``overlay`` (default True: small writes reach LMDB in bulk, up to 50 ms
+    later, so ``readonly=True`` processes may lag that much; False: each
+    group is written to LMDB before it returns),
     ``progress`` (callback(done, total) during replay), ``fs``, and the log's
     ``sync_interval``, ``sync_bytes``, ``recovery``.
 

@@ -6,11 +6,13 @@ space must be enough to reopen and replay."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
 
 import kvstore
+from kvstore import overlay
 from wal.errors import DiskFullError, LogFailedError
 
 MIB = 1 << 20
@@ -60,7 +62,8 @@ def test_writes_until_full_fail_once_clearly_and_2_mib_freed_is_enough_to_reopen
     message = str(err.value)
     failed = acked + 1
     assert f"failed at LSN {failed}" in message
-    assert f"LSNs up to {acked} were acknowledged" in message
+    # the log's write or LMDB's apply may be the one to meet the full disk
+    assert re.search(rf"LSNs up to {acked} (were acknowledged and )?are durable", message), message
     # One account of LSN `failed`, not "durable" in one sentence and "not acknowledged ... may not be there" in another.
     assert f"LSN {failed} and later were not acknowledged" not in message
     assert "every acknowledged write is in the log" not in message.lower()
@@ -71,8 +74,9 @@ def test_writes_until_full_fail_once_clearly_and_2_mib_freed_is_enough_to_reopen
 
     os.unlink(filler)  # free 2 MiB
     with kvstore.open(path) as db:
-        assert db.replayed <= 1
+        # what LMDB lacked: the failed entry and what the overlay held (at most MAX_BYTES of values)
+        assert db.replayed <= overlay.MAX_BYTES // 2000 + 2
         for i in range(acked):
             assert db.get(b"k%08d" % i) is not None, i
         assert len(db) in (acked, acked + 1)
-        assert _free(small_fs) >= MIB  # replaying one entry took a small step, not a doubled map
+        assert _free(small_fs) >= MIB // 2  # replaying took small steps of the map, not a doubling

@@ -587,7 +587,7 @@ print("ready", flush=True)
 sys.stdin.readline()
 print(db.get(b"late"), db.applied_lsn, flush=True)
 """
-    with kvstore.open(store) as d:
+    with kvstore.open(store, overlay=False) as d:  # each write in LMDB before it returns
         d.put(b"early", b"1")
         p = subprocess.Popen([sys.executable, "-c", code, store], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -756,7 +756,7 @@ def append_raw(store: str, payloads: list[bytes], segment_bytes: int = 64 << 10)
 
 
 def test_process_crash_replays_what_lmdb_missed(store) -> None:
-    d = kvstore.open(store, segment_bytes=64 << 10)
+    d = kvstore.open(store, segment_bytes=64 << 10, overlay=False)  # LMDB holds all 50 (test_overlay.py: with it)
     for i in range(50):
         d.put(b"k%02d" % i, b"v")
     abandon(d)  # no clean close; LMDB not flushed

@@ -89,7 +89,7 @@ with kvstore.open(sys.argv[1], readonly=True) as ro, ro.view() as v:
 
 def test_views_on_a_readonly_store_and_from_asyncio(tmp_path):
     path = str(tmp_path / "s")
-    with kvstore.open(path) as db:
+    with kvstore.open(path, overlay=False) as db:  # the reader sees each write at once
         db.put(b"a", b"1")
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         child = subprocess.Popen([sys.executable, "-c", READONLY_VIEW, path], stdin=subprocess.PIPE,

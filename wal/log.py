@@ -222,6 +222,11 @@ class Log(LogReading, LogTruncation):
         return self._closed
 
     @property
+    def failure(self) -> LogFailedError | None:
+        """The error the log failed with (it refuses appends), or None."""
+        return self._failure
+
+    @property
     def appended_bytes(self) -> int:
         """Bytes of log written since this log object was opened (cheap: for
         policies such as "snapshot every N bytes of log")."""
