@@ -58,9 +58,8 @@ class RecordBatch(NamedTuple):
         return self.offsets[i] + HEADER_SIZE + len(self.payloads[i])
 
 
-# Events from the physical layer (besides fragment types 1..4). A fragment
-# comes with its payload; an event with b"", and _TORN and _BAD with their
-# problem in the block's ``problems``.
+# Events from the physical layer (besides fragment types 1..4). An event has
+# payload b"", and _TORN and _BAD their problem in the block's ``problems``.
 _EOF = -1  # clean end of data
 _TORN = -2  # truncated header or payload at end of file: problem is (offset, reason, FRAMING)
 _BAD = -3  # corrupt fragment: problem is (end of the bad bytes, reason, kind)
@@ -68,12 +67,22 @@ _PAD = -4  # zero-filled space: the rest of the block is unused
 
 
 class _Block(NamedTuple):
-    """The fragments and events of one block, in order, as parallel lists."""
+    """The fragments and events of one block, in order: item ``i`` is at
+    ``offsets[i]`` with ``payloads[i]``; its type is ``others[i]``, or FULL
+    when ``i`` is not in ``others`` (so a run of FULL records is a slice)."""
 
     offsets: list[int]
-    types: list[int]
     payloads: list[bytes]
+    others: dict[int, int]  # index: type, for every item that is not a FULL fragment (ascending)
     problems: dict[int, tuple[int, str, Damage]]  # index of a _TORN or _BAD event: its problem
+
+    def event(self, kind: int, at: int, problem: tuple[int, str, Damage] | None = None) -> None:
+        """Add an event (an end, padding, damage) at file offset ``at``."""
+        if problem is not None:
+            self.problems[len(self.offsets)] = problem
+        self.others[len(self.offsets)] = kind
+        self.offsets.append(at)
+        self.payloads.append(b"")
 
 
 class RecordReader:
@@ -117,6 +126,12 @@ class RecordReader:
         self.end_offset = self.start_offset
         self.torn_tail: tuple[int, str] | None = None
         self.skipped: list[tuple[int, int, str]] = []
+        # Reassembly state (:meth:`_step`).
+        self._resyncing = False  # started on a block boundary, inside a record begun before it
+        self._record_start = -1  # >= 0 while inside a fragmented record
+        self._holed = -1  # start of a fragmented record cut by zero-filled space
+        self._parts: list[bytes] = []  # the fragments of the record being assembled
+        self._size = 0
 
     def __iter__(self) -> Iterator[bytes]:
         for _, payload in self.records():
@@ -141,9 +156,11 @@ class RecordReader:
             full_block = len(buf) == BLOCK_SIZE
             i = pos - block_start
             n = len(buf)
-            block = _Block([], [], [], {})
-            offsets, types, payloads, problems = block
-            add_offset, add_type, add_payload = offsets.append, types.append, payloads.append
+            block = _Block([], [], {}, {})
+            offsets, payloads, others, problems = block
+            add_offset, add_payload = offsets.append, payloads.append
+            event = block.event
+
             ended = False
             while True:
                 rem = n - i
@@ -151,76 +168,63 @@ class RecordReader:
                     if full_block:
                         break  # trailer: next block
                     if rem > 0 and buf.count(0, i) != rem:
-                        problems[len(types)] = (block_start + i, "truncated header at end of file", Damage.FRAMING)
-                        add_type(_TORN)
+                        event(_TORN, block_start + i, (block_start + i, "truncated header at end of file",
+                                                       Damage.FRAMING))
                     else:
-                        add_type(_EOF)
+                        event(_EOF, block_start + i)
                     ended = True
                     break
                 crc, length, ftype = _unpack_header(buf, i)
                 end = i + HEADER_SIZE + length
                 if end > n:
                     if full_block:
-                        problems[len(types)] = (block_start + n, f"bad record length {length} (past the end of "
-                                                "the block)", Damage.FRAMING)
-                        add_type(_BAD)
+                        event(_BAD, block_start + i, (block_start + n, f"bad record length {length} (past the end "
+                                                      "of the block)", Damage.FRAMING))
                     else:
-                        problems[len(types)] = (block_start + i, "truncated record at end of file", Damage.FRAMING)
-                        add_type(_TORN)
+                        event(_TORN, block_start + i, (block_start + i, "truncated record at end of file",
+                                                       Damage.FRAMING))
                         ended = True
-                    add_offset(block_start + i)
-                    add_payload(b"")
                     break
                 payload = buf[i + HEADER_SIZE : end]
                 c = extend_bytes(_TYPE_CRC[ftype], payload)  # mask() inlined: once per fragment
                 if crc == (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF and 0 < ftype <= _MAX_TYPE:
-                    add_offset(block_start + i)  # the common case: a valid fragment
-                    add_type(ftype)
+                    if ftype != FULL:  # a valid fragment: the common case
+                        others[len(offsets)] = ftype
+                    add_offset(block_start + i)
                     add_payload(payload)
                     i = end
                     continue
-                add_offset(block_start + i)
-                add_payload(b"")
                 if ftype == ZERO_TYPE and length == 0:
                     if self.zeros_end or not full_block:
-                        add_type(_EOF)
+                        event(_EOF, block_start + i)
                         ended = True
                     else:
-                        add_type(_PAD)  # padding: the rest of this block is unused
+                        event(_PAD, block_start + i)  # padding: the rest of this block is unused
                     break
                 if crc != (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF:
                     # The length may be the corrupt field, so nothing after it
                     # in this block can be trusted.
-                    problems[len(types)] = (block_start + n, "checksum mismatch", Damage.CHECKSUM)
-                    add_type(_BAD)
+                    event(_BAD, block_start + i, (block_start + n, "checksum mismatch", Damage.CHECKSUM))
                     break
-                problems[len(types)] = (block_start + end, f"unknown record type {ftype}", Damage.FRAMING)
-                add_type(_BAD)
+                event(_BAD, block_start + i, (block_start + end, f"unknown record type {ftype}", Damage.FRAMING))
                 i = end
+            if not ended and not full_block:
+                event(_EOF, block_start + n)
+                ended = True
+            yield block
             if ended:
-                if len(offsets) < len(types):  # an end found between fragments
-                    add_offset(block_start + min(i, n))
-                    add_payload(b"")
-                yield block
                 return
             block_start += BLOCK_SIZE
             pos = block_start
-            if not full_block:
-                add_offset(block_start - BLOCK_SIZE + n)
-                add_payload(b"")
-                add_type(_EOF)
-                yield block
-                return
-            yield block
 
     def fragments(self) -> Iterator[Fragment]:
         """Every physical fragment from ``start_offset``, for inspection
         tools: valid ones with their type and payload length, damaged ones
         with type 0 and the problem; stops at the end of data or a torn tail
         (reported as a last fragment with its problem)."""
-        for offsets, types, payloads, problems in self._blocks():
-            for j, ftype in enumerate(types):
-                offset = offsets[j]
+        for offsets, payloads, others, problems in self._blocks():
+            for j, offset in enumerate(offsets):
+                ftype = others.get(j, FULL)
                 if ftype > 0:
                     yield Fragment(offset, ftype, len(payloads[j]), None)
                 elif ftype == _BAD:
@@ -253,106 +257,111 @@ class RecordReader:
         as it is yielded. Corruption is raised once the valid records before
         it have been yielded, so a caller that stops early (at the last LSN
         it wants) never sees damage past them."""
-        resyncing = self.start_offset % BLOCK_SIZE == 0 and self.start_offset > 0
-        record_start = -1  # >= 0 while inside a fragmented record
-        holed = -1  # start of a fragmented record cut by zero-filled space
-        max_bytes = self.max_record_bytes
-        checked_size = max_bytes >= BLOCK_SIZE  # a fragment is smaller than a block
-        parts: list[bytes] = []  # the fragments of the record being assembled
-        size = 0
-        for offsets, types, payloads, problems in self._blocks():
-            if (record_start < 0 and holed < 0 and not resyncing and types.count(FULL) == len(types)
-                    and (checked_size or max(map(len, payloads), default=0) <= max_bytes)):
-                if offsets:  # the common case: whole records only, in one pass
-                    self.end_offset = offsets[-1] + HEADER_SIZE + len(payloads[-1])
-                    yield RecordBatch(offsets, payloads, self.end_offset)
-                continue
-            got_offsets: list[int] = []
-            got_payloads: list[bytes] = []
-            got_end = -1
+        self._resyncing = self.start_offset % BLOCK_SIZE == 0 and self.start_offset > 0
+        bulk = self.max_record_bytes >= BLOCK_SIZE  # a FULL fragment is under the limit
+        for offsets, payloads, others, problems in self._blocks():
+            got = RecordBatch([], [], -1)
+            run = 0  # the next item to take: items run..j-1 are FULL fragments
             try:
-                for j, ftype in enumerate(types):
-                    offset, item = offsets[j], payloads[j]
-                    if holed >= 0 and ftype != _PAD and ftype != _EOF and ftype != _TORN:
-                        # Data after the zeros: the record was damaged, not torn.
-                        self._corrupt(holed, offset, "zero-filled space in the middle of a fragmented record")
-                        holed = -1
-                    if ftype == FULL:
-                        resyncing = False
-                        if record_start >= 0:
-                            self._corrupt(record_start, offset,
-                                          "partial record without end (FULL inside a fragmented record)")
-                            record_start = -1
-                            parts = []
-                        end = offset + HEADER_SIZE + len(item)
-                        if len(item) > max_bytes:
-                            self._corrupt(offset, end, f"record over the limit of {max_bytes} bytes", Damage.TOO_LARGE)
-                            continue
-                        got_offsets.append(offset)
-                        got_payloads.append(item)
-                        got_end = end
-                    elif ftype == FIRST:
-                        resyncing = False
-                        if record_start >= 0:
-                            self._corrupt(record_start, offset,
-                                          "partial record without end (FIRST inside a fragmented record)")
-                        record_start = offset
-                        parts = [item]
-                        size = len(item)
-                    elif ftype == MIDDLE or ftype == LAST:
-                        end = offset + HEADER_SIZE + len(item)
-                        if record_start < 0:
-                            if resyncing:
-                                # LevelDB: the LAST of the record we started inside
-                                # ends the resync; a later orphan is corruption.
-                                resyncing = ftype == MIDDLE
-                            else:
-                                name = "MIDDLE" if ftype == MIDDLE else "LAST"
-                                self._corrupt(offset, end, f"missing start of fragmented record ({name} without FIRST)")
-                            continue
-                        size += len(item)
-                        if size > max_bytes:
-                            self._corrupt(record_start, end, f"record over the limit of {max_bytes} bytes",
-                                          Damage.TOO_LARGE)
-                            record_start = -1
-                            parts = []
-                            continue
-                        parts.append(item)
-                        if ftype == LAST:
-                            got_offsets.append(record_start)
-                            got_payloads.append(b"".join(parts))
-                            record_start = -1
-                            parts = []
-                            self.end_offset = end
-                            yield RecordBatch(got_offsets, got_payloads, end)  # an assembled record ends its batch
-                            got_offsets, got_payloads = [], []
-                    elif ftype == _PAD:
-                        if record_start >= 0:  # LevelDB: an error in the middle of a record,
-                            holed = record_start  # unless only zeros follow (a torn tail)
-                            record_start = -1
-                            parts = []
-                    elif ftype == _BAD:
-                        bad_end, reason, kind = problems[j]
-                        if record_start >= 0:
-                            # An error between fragments must not join them: the
-                            # unfinished record is dropped with the bad fragment.
-                            self._corrupt(record_start, bad_end, reason, kind)
-                            record_start = -1
-                            parts = []
-                        else:
-                            self._corrupt(offset, bad_end, reason, kind)
-                    else:  # _EOF or _TORN
-                        if holed >= 0:
-                            self.torn_tail = (holed, "fragmented record followed only by zeros at end of file")
-                        elif record_start >= 0:
-                            self.torn_tail = (record_start, "fragmented record without its LAST fragment at end of file")
-                        elif ftype == _TORN:
-                            self.torn_tail = (offset, problems[j][1])
+                for j in (*others, len(offsets)):
+                    if run < j and bulk and self._record_start < 0 and self._holed < 0:
+                        got.offsets.extend(offsets[run:j])  # the common case: whole records as they are
+                        got.payloads.extend(payloads[run:j])
+                        got = got._replace(end=offsets[j - 1] + HEADER_SIZE + len(payloads[j - 1]))
+                        self._resyncing = False
+                        run = j
+                    for k in range(run, min(j + 1, len(offsets))):
+                        record = self._step(others.get(k, FULL), offsets[k], payloads[k], problems.get(k))
+                        if record is not None:
+                            got.offsets.append(record[0])
+                            got.payloads.append(record[1])
+                            got = got._replace(end=record[2])
+                            if others.get(k) == LAST:  # an assembled record ends its batch
+                                self.end_offset = got.end
+                                yield got
+                                got = RecordBatch([], [], -1)
+                    run = j + 1
             except CorruptionError:
-                if got_offsets:  # the valid records before the damage come first
-                    self.end_offset = got_end
-                    yield RecordBatch(got_offsets, got_payloads, got_end)
+                if got.offsets:  # the valid records before the damage come first
+                    self.end_offset = got.end
+                    yield got
                 raise
-            if got_offsets:
-                self.end_offset = got_end
-                yield RecordBatch(got_offsets, got_payloads, got_end)
+            if got.offsets:
+                self.end_offset = got.end
+                yield got
+
+    def _step(self, ftype: int, offset: int, item: bytes, problem: tuple[int, str, Damage] | None
+              ) -> tuple[int, bytes, int] | None:
+        """Take one fragment or event; return the record it completes as
+        ``(offset, payload, end)``, if any."""
+        if self._holed >= 0 and ftype != _PAD and ftype != _EOF and ftype != _TORN:
+            # Data after the zeros: the record was damaged, not torn.
+            self._corrupt(self._holed, offset, "zero-filled space in the middle of a fragmented record")
+            self._holed = -1
+        if ftype == FULL:
+            self._resyncing = False
+            if self._record_start >= 0:
+                self._corrupt(self._record_start, offset, "partial record without end (FULL inside a fragmented record)")
+                self._record_start = -1
+                self._parts = []
+            end = offset + HEADER_SIZE + len(item)
+            if len(item) > self.max_record_bytes:
+                self._corrupt(offset, end, f"record over the limit of {self.max_record_bytes} bytes", Damage.TOO_LARGE)
+                return None
+            return offset, item, end
+        if ftype == FIRST:
+            self._resyncing = False
+            if self._record_start >= 0:
+                self._corrupt(self._record_start, offset,
+                              "partial record without end (FIRST inside a fragmented record)")
+            self._record_start = offset
+            self._parts = [item]
+            self._size = len(item)
+        elif ftype == MIDDLE or ftype == LAST:
+            end = offset + HEADER_SIZE + len(item)
+            if self._record_start < 0:
+                if self._resyncing:
+                    # LevelDB: the LAST of the record we started inside
+                    # ends the resync; a later orphan is corruption.
+                    self._resyncing = ftype == MIDDLE
+                else:
+                    name = "MIDDLE" if ftype == MIDDLE else "LAST"
+                    self._corrupt(offset, end, f"missing start of fragmented record ({name} without FIRST)")
+                return None
+            self._size += len(item)
+            if self._size > self.max_record_bytes:
+                self._corrupt(self._record_start, end, f"record over the limit of {self.max_record_bytes} bytes",
+                              Damage.TOO_LARGE)
+                self._record_start = -1
+                self._parts = []
+                return None
+            self._parts.append(item)
+            if ftype == LAST:
+                start, payload = self._record_start, b"".join(self._parts)
+                self._record_start = -1
+                self._parts = []
+                return start, payload, end
+        elif ftype == _PAD:
+            if self._record_start >= 0:  # LevelDB: an error in the middle of a record,
+                self._holed = self._record_start  # unless only zeros follow (a torn tail)
+                self._record_start = -1
+                self._parts = []
+        elif ftype == _BAD:
+            assert problem is not None
+            bad_end, reason, kind = problem
+            if self._record_start >= 0:
+                # An error between fragments must not join them: the
+                # unfinished record is dropped with the bad fragment.
+                self._corrupt(self._record_start, bad_end, reason, kind)
+                self._record_start = -1
+                self._parts = []
+            else:
+                self._corrupt(offset, bad_end, reason, kind)
+        elif self._holed >= 0:  # _EOF or _TORN: the end
+            self.torn_tail = (self._holed, "fragmented record followed only by zeros at end of file")
+        elif self._record_start >= 0:
+            self.torn_tail = (self._record_start, "fragmented record without its LAST fragment at end of file")
+        elif ftype == _TORN:
+            assert problem is not None
+            self.torn_tail = (offset, problem[1])
+        return None
