@@ -162,9 +162,10 @@ class RecordReader:
             event = block.event
 
             ended = False
+            last_header = n - HEADER_SIZE
             while True:
-                rem = n - i
-                if rem < HEADER_SIZE:
+                if i > last_header:  # too few bytes left for a header
+                    rem = n - i
                     if full_block:
                         break  # trailer: next block
                     if rem > 0 and buf.count(0, i) != rem:
@@ -175,7 +176,8 @@ class RecordReader:
                     ended = True
                     break
                 crc, length, ftype = _unpack_header(buf, i)
-                end = i + HEADER_SIZE + length
+                start = i + HEADER_SIZE
+                end = start + length
                 if end > n:
                     if full_block:
                         event(_BAD, block_start + i, (block_start + n, f"bad record length {length} (past the end "
@@ -185,15 +187,20 @@ class RecordReader:
                                                        Damage.FRAMING))
                         ended = True
                     break
-                payload = buf[i + HEADER_SIZE : end]
+                payload = buf[start:end]
                 c = extend_bytes(_TYPE_CRC[ftype], payload)  # mask() inlined: once per fragment
-                if crc == (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF and 0 < ftype <= _MAX_TYPE:
-                    if ftype != FULL:  # a valid fragment: the common case
+                if crc == (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF:
+                    if ftype == FULL:  # the common case
+                        add_offset(block_start + i)
+                        add_payload(payload)
+                        i = end
+                        continue
+                    if 0 < ftype <= _MAX_TYPE:
                         others[len(offsets)] = ftype
-                    add_offset(block_start + i)
-                    add_payload(payload)
-                    i = end
-                    continue
+                        add_offset(block_start + i)
+                        add_payload(payload)
+                        i = end
+                        continue
                 if ftype == ZERO_TYPE and length == 0:
                     if self.zeros_end or not full_block:
                         event(_EOF, block_start + i)

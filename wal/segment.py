@@ -49,7 +49,7 @@ import uuid
 from collections.abc import Iterator
 from functools import partial
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import BinaryIO, NamedTuple
 
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
@@ -205,6 +205,9 @@ def read_header(f: BinaryIO, path: str) -> tuple[SegmentHeader, int]:
 _make_entry = partial(tuple.__new__, Entry)
 """``Entry`` from an ``(lsn, timestamp_us, payload)`` tuple without a Python
 call per entry (what ``Entry._make`` does, minus the call)."""
+_LSN = itemgetter(0)
+_TIMESTAMP = itemgetter(1)
+_ENTRIES = attrgetter("entries")
 
 
 def decode_entry(payload: bytes, path: str | None, offset: int) -> Entry:
@@ -300,7 +303,7 @@ class SegmentScan:
             if min(map(len, payloads)) < ENTRY_HEADER_SIZE:
                 good = next(i for i, p in enumerate(payloads) if len(p) < ENTRY_HEADER_SIZE)
             heads = list(map(_unpack_entry_header, payloads if good == n else payloads[:good]))
-            lsns = [h[0] for h in heads]
+            lsns = list(map(_LSN, heads))
             expected = self.next_lsn
             if expected is None and lsns:
                 expected = lsns[0]
@@ -316,7 +319,7 @@ class SegmentScan:
                 skip = min(take, max(0, from_lsn - expected))
                 if skip < take:
                     yield EntryBatch(records.offsets[skip:take], list(map(
-                        _make_entry, zip(lsns[skip:take], [h[1] for h in heads[skip:take]],
+                        _make_entry, zip(lsns[skip:take], map(_TIMESTAMP, heads[skip:take]),
                                          [p[ENTRY_HEADER_SIZE:] for p in payloads[skip:take]]))))
             if stop:
                 return
@@ -337,9 +340,6 @@ class SegmentScan:
         if torn is None:
             return None
         return CorruptionError(torn[1], kind=Damage.FRAMING, path=self.path, offset=torn[0], hint=REPAIR_HINT)
-
-
-_ENTRIES = attrgetter("entries")
 
 
 def iter_entries(
