@@ -211,17 +211,23 @@ def _chunks(entries: Iterator[wal.Entry], first: int) -> Iterator[tuple[int, lis
     before the failure are validated first: the first bad entry in log order
     is the one reported, as if each had been decoded as it was read."""
     payloads: list[bytes] = []
+    add = payloads.append
     size = 0
+    room = REPLAY_CHUNK_ENTRIES
+    most_bytes = REPLAY_CHUNK_BYTES
     try:
         for entry in entries:
             payload = entry[2]
-            payloads.append(payload)
+            add(payload)
             size += len(payload)
-            if size >= REPLAY_CHUNK_BYTES or len(payloads) >= REPLAY_CHUNK_ENTRIES:
+            room -= 1
+            if size >= most_bytes or not room:
                 yield first, payloads
                 first += len(payloads)
                 payloads = []
+                add = payloads.append
                 size = 0
+                room = REPLAY_CHUNK_ENTRIES
     except Exception:
         decode_all(payloads, first)
         raise
