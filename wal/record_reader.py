@@ -252,11 +252,14 @@ class RecordReader:
 
     def records(self) -> Iterator[tuple[int, bytes]]:
         """Yield ``(offset, payload)`` for each complete, valid record."""
-        for batch in self.batches():
-            offsets, payloads = batch.offsets, batch.payloads
-            for i in range(len(offsets)):
-                self.end_offset = batch.record_end(i)
-                yield offsets[i], payloads[i]
+        for offsets, payloads, end in self.batches():
+            last = len(offsets) - 1
+            for i in range(last):  # one FULL fragment each (see RecordBatch)
+                payload = payloads[i]
+                self.end_offset = offsets[i] + HEADER_SIZE + len(payload)
+                yield offsets[i], payload
+            self.end_offset = end
+            yield offsets[last], payloads[last]
 
     def batches(self) -> Iterator[RecordBatch]:
         """The complete, valid records, a block at a time (see
