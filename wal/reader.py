@@ -90,6 +90,12 @@ def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
     before the first segment (retention deleted it) and :class:`CorruptionError`
     when entries are missing in the middle. ``fs`` is the read-only file seam
     (:mod:`wal.readfs`) the files are read through."""
+    return chain.from_iterable(map(_ENTRIES, _log_batches(directory, from_lsn, to_lsn, durable_only, fs)))
+
+
+def _log_batches(directory: str, from_lsn: int, to_lsn: int | None, durable_only: bool,
+                 fs: ReadFS) -> Iterator[EntryBatch]:
+    """:func:`read_log`, a block of entries at a time."""
     segments = list_segments(directory, fs)
     if not segments:
         return
@@ -107,7 +113,7 @@ def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
         index = read_index(seg.path, fs)
         return index.offset_for(lsn) if index is not None and index.first_lsn == seg.first_lsn else 0
 
-    yield from read_segments(segments, from_lsn, last, start_offset, fs=fs)
+    yield from _read_batches(segments, from_lsn, last, start_offset, None, fs)
 
 
 _LSN_AND_PAYLOAD = itemgetter(0, 2)
@@ -137,6 +143,10 @@ class LogReading:
     def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
                      ) -> Iterator[Entry]:
         """As :meth:`read`, yielding :class:`wal.Entry` (lsn, timestamp_us, payload)."""
+        return chain.from_iterable(map(_ENTRIES, self._read_batches(from_lsn, to_lsn, durable_only)))
+
+    def _read_batches(self, from_lsn: int, to_lsn: int | None, durable_only: bool) -> Iterator[EntryBatch]:
+        """:meth:`read_entries`, a block of entries at a time."""
         with self._gc.mutex:
             if self._closed:
                 raise ClosedError(f"the log at {self.directory} is closed")
@@ -163,4 +173,4 @@ class LogReading:
             j = bisect.bisect_right(active_points, (lsn, 1 << 64)) - 1
             return active_points[j][1] if j >= 0 else 0
 
-        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off)
+        yield from _read_batches(segments, from_lsn, last, start_offset, limit_off, OS_FS)
