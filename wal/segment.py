@@ -316,7 +316,7 @@ class SegmentScan:
                 assert expected is not None  # set from the first entry
                 self.next_lsn = expected + take
                 self.data_end = records.record_end(take - 1)
-                skip = min(take, max(0, from_lsn - expected))
+                skip = min(take, max(0, from_lsn - expected))  # before from_lsn: checked, not yielded
                 if skip < take:
                     yield EntryBatch(records.offsets[skip:take], list(map(
                         _make_entry, zip(lsns[skip:take], map(_TIMESTAMP, heads[skip:take]),
