@@ -207,6 +207,18 @@ def decode(payload: bytes, lsn: int | None = None) -> list[list]:
         raise _bad(str(exc), lsn) from None
 
 
+def decode_all(payloads: list[bytes], first_lsn: int) -> list[list[list]]:
+    """:func:`decode` of the payloads of consecutive entries, ``payloads[i]``
+    being entry ``first_lsn + i``, in one pass: the same ops, and the same
+    error, naming the first bad entry's LSN."""
+    try:
+        return list(map(_parse, payloads))
+    except _NotABatch:
+        for lsn, payload in enumerate(payloads, first_lsn):
+            decode(payload, lsn)  # raises for the first bad payload, naming its LSN
+        raise
+
+
 def parse(payload: bytes) -> list[list]:
     """As :func:`decode`, for a payload a caller hands in (not read from a
     log): one that is not a valid batch is a ``ValueError("not a walkv

@@ -40,11 +40,11 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
+from typing import Callable, Iterable, Iterator, NamedTuple, Protocol
 
 import wal
 from kvstore import snapshots
-from kvstore.batch import decode
+from kvstore.batch import decode_all
 from kvstore.layout import SESSION_NAME
 from kvstore.state import ReadOnlyState, State, StateOptions
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, SnapshotError, WalkvError
@@ -168,33 +168,21 @@ def replay(state: State, wal_log: LogSource, *, to_lsn: int | None = None,
     next_report = t0 + PROGRESS_EVERY
     reported = False
     done = 0
-    first = start   # the LSN of buf[0]
-    buf: list[list[list[Any]]] = []
-    size = 0
     if progress is not None:
         progress(0, total)
     try:
         apply = state.apply
-        for lsn, _, payload in wal_log.read_entries(start, last, durable_only=False):
-            buf.append(decode(payload, lsn))
-            size += len(payload)
-            if size >= REPLAY_CHUNK_BYTES or len(buf) >= REPLAY_CHUNK_ENTRIES:
-                apply(first, buf)
-                done += len(buf)
-                first = lsn + 1
-                buf = []
-                size = 0
-                if progress is not None:
-                    progress(done, total)
-                now = time.monotonic()
-                if now >= next_report:
-                    next_report = now + PROGRESS_EVERY
-                    reported = True
-                    log.info("%s of %s: %d of %d log entries applied (%.0f/s)", what,
-                             state.path, done, total, done / (now - t0))
-        if buf:
-            apply(first, buf)
-            done += len(buf)
+        for first, payloads in _chunks(wal_log.read_entries(start, last, durable_only=False), start):
+            apply(first, decode_all(payloads, first))
+            done += len(payloads)
+            if progress is not None:
+                progress(done, total)
+            now = time.monotonic()
+            if now >= next_report:
+                next_report = now + PROGRESS_EVERY
+                reported = True
+                log.info("%s of %s: %d of %d log entries applied (%.0f/s)", what,
+                         state.path, done, total, done / (now - t0))
     except CorruptionError as exc:
         if exc.hint is None:
             raise exc.with_hint(REPAIR_HINT) from None
@@ -214,6 +202,37 @@ def replay(state: State, wal_log: LogSource, *, to_lsn: int | None = None,
     if reported or elapsed >= PROGRESS_EVERY:
         log.info("%s of %s done: %d log entries in %.1f s", what, state.path, done, elapsed)
     return done
+
+
+def _chunks(entries: Iterator[wal.Entry], first: int) -> Iterator[tuple[int, list[bytes]]]:
+    """The payloads of consecutive entries from LSN ``first``, as ``(LSN of
+    the first, payloads)`` chunks of at most ``REPLAY_CHUNK_ENTRIES`` entries
+    and about ``REPLAY_CHUNK_BYTES``. When reading fails, the payloads read
+    before the failure are validated first: the first bad entry in log order
+    is the one reported, as if each had been decoded as it was read."""
+    payloads: list[bytes] = []
+    add = payloads.append
+    size = 0
+    room = REPLAY_CHUNK_ENTRIES
+    most_bytes = REPLAY_CHUNK_BYTES
+    try:
+        for entry in entries:
+            payload = entry[2]
+            add(payload)
+            size += len(payload)
+            room -= 1
+            if size >= most_bytes or not room:
+                yield first, payloads
+                first += len(payloads)
+                payloads = []
+                add = payloads.append
+                size = 0
+                room = REPLAY_CHUNK_ENTRIES
+    except Exception:
+        decode_all(payloads, first)
+        raise
+    if payloads:
+        yield first, payloads
 
 
 def remove_state(lmdb_dir: str, fs: FileSystem = OS_FS) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterator
+from itertools import chain
+from operator import attrgetter, itemgetter
 
 from wal.commit import GroupCommit
 from wal.durable import read_durable_lsn
@@ -14,7 +16,7 @@ from wal.errors import REPAIR_HINT, ClosedError, CorruptionError, Damage, LogGap
 from wal.fs import OS_FS
 from wal.index import SparseIndex, read_index
 from wal.readfs import ReadFS
-from wal.segment import Entry, SegmentFile, SegmentScan, find_segment, list_segments
+from wal.segment import Entry, EntryBatch, SegmentFile, SegmentScan, find_segment, list_segments
 from wal.segment_writer import ActiveSegment
 
 
@@ -34,6 +36,17 @@ def read_segments(
     sparse index); ``active_end`` bounds the bytes read of the last segment
     (the durable part of a segment still being written). Each segment's
     records are bounded by the limit its own header states."""
+    batches = _read_batches(segments, from_lsn, last, start_offset, active_end, fs)
+    return chain.from_iterable(map(_ENTRIES, batches))  # no step per entry: the hot path of replay
+
+
+_ENTRIES = attrgetter("entries")
+
+
+def _read_batches(segments: list[SegmentFile], from_lsn: int, last: int | None,
+                  start_offset: Callable[[int, SegmentFile, int], int], active_end: int | None,
+                  fs: ReadFS) -> Iterator[EntryBatch]:
+    """:func:`read_segments`, a block of entries at a time."""
     expected = from_lsn
     for i in range(max(0, find_segment(segments, from_lsn)), len(segments)):
         seg = segments[i]
@@ -52,13 +65,14 @@ def read_segments(
             ) from None
         with fh:
             scan = SegmentScan(fh, shown, start, end_offset=active_end if is_last else None)
-            for offset, entry in scan.entries(expected, last):
-                if entry.lsn != expected:
-                    raise CorruptionError(f"LSNs {expected}..{entry.lsn - 1} are missing from the log",
-                                          kind=Damage.SEQUENCE, path=shown, offset=offset, lsn=expected,
+            for batch in scan.batches(expected, last):
+                lsn = batch.entries[0].lsn  # the scan checked that the rest follow it
+                if lsn != expected:
+                    raise CorruptionError(f"LSNs {expected}..{lsn - 1} are missing from the log",
+                                          kind=Damage.SEQUENCE, path=shown, offset=batch.offsets[0], lsn=expected,
                                           hint=REPAIR_HINT)
-                yield entry
-                expected += 1
+                yield batch
+                expected += len(batch.entries)
         if last is not None and expected > last:
             return
         nxt = segments[i + 1].first_lsn if not is_last else None
@@ -76,6 +90,12 @@ def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
     before the first segment (retention deleted it) and :class:`CorruptionError`
     when entries are missing in the middle. ``fs`` is the read-only file seam
     (:mod:`wal.readfs`) the files are read through."""
+    return chain.from_iterable(map(_ENTRIES, _log_batches(directory, from_lsn, to_lsn, durable_only, fs)))
+
+
+def _log_batches(directory: str, from_lsn: int, to_lsn: int | None, durable_only: bool,
+                 fs: ReadFS) -> Iterator[EntryBatch]:
+    """:func:`read_log`, a block of entries at a time."""
     segments = list_segments(directory, fs)
     if not segments:
         return
@@ -93,7 +113,10 @@ def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
         index = read_index(seg.path, fs)
         return index.offset_for(lsn) if index is not None and index.first_lsn == seg.first_lsn else 0
 
-    yield from read_segments(segments, from_lsn, last, start_offset, fs=fs)
+    yield from _read_batches(segments, from_lsn, last, start_offset, None, fs)
+
+
+_LSN_AND_PAYLOAD = itemgetter(0, 2)
 
 
 class LogReading:
@@ -115,12 +138,15 @@ class LogReading:
              ) -> Iterator[tuple[int, bytes]]:
         """Yield ``(lsn, payload)`` from ``from_lsn`` to ``to_lsn`` (inclusive),
         up to the durable LSN (or everything written, ``durable_only=False``)."""
-        for entry in self.read_entries(from_lsn, to_lsn, durable_only=durable_only):
-            yield entry.lsn, entry.payload
+        return map(_LSN_AND_PAYLOAD, self.read_entries(from_lsn, to_lsn, durable_only=durable_only))
 
     def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
                      ) -> Iterator[Entry]:
         """As :meth:`read`, yielding :class:`wal.Entry` (lsn, timestamp_us, payload)."""
+        return chain.from_iterable(map(_ENTRIES, self._read_batches(from_lsn, to_lsn, durable_only)))
+
+    def _read_batches(self, from_lsn: int, to_lsn: int | None, durable_only: bool) -> Iterator[EntryBatch]:
+        """:meth:`read_entries`, a block of entries at a time."""
         with self._gc.mutex:
             if self._closed:
                 raise ClosedError(f"the log at {self.directory} is closed")
@@ -147,4 +173,4 @@ class LogReading:
             j = bisect.bisect_right(active_points, (lsn, 1 << 64)) - 1
             return active_points[j][1] if j >= 0 else 0
 
-        yield from read_segments(segments, from_lsn, last, start_offset, active_end=limit_off)
+        yield from _read_batches(segments, from_lsn, last, start_offset, limit_off, OS_FS)

@@ -47,7 +47,9 @@ import struct
 import time
 import uuid
 from collections.abc import Iterator
-from operator import itemgetter
+from functools import partial
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import BinaryIO, NamedTuple
 
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
@@ -200,6 +202,14 @@ def read_header(f: BinaryIO, path: str) -> tuple[SegmentHeader, int]:
 # -- entries --------------------------------------------------------------------
 
 
+_make_entry = partial(tuple.__new__, Entry)
+"""``Entry`` from an ``(lsn, timestamp_us, payload)`` tuple without a Python
+call per entry (what ``Entry._make`` does, minus the call)."""
+_LSN = itemgetter(0)
+_TIMESTAMP = itemgetter(1)
+_ENTRIES = attrgetter("entries")
+
+
 def decode_entry(payload: bytes, path: str | None, offset: int) -> Entry:
     if len(payload) < ENTRY_HEADER_SIZE:
         raise CorruptionError("log entry shorter than its header", path=path, offset=offset, hint=REPAIR_HINT)
@@ -207,25 +217,37 @@ def decode_entry(payload: bytes, path: str | None, offset: int) -> Entry:
     return Entry(lsn, ts, payload[ENTRY_HEADER_SIZE:])
 
 
+class EntryBatch(NamedTuple):
+    """Consecutive entries of one segment, as :meth:`SegmentScan.batches`
+    yields them: ``entries[i]`` is the record at ``offsets[i]``."""
+
+    offsets: list[int]
+    entries: list[Entry]
+
+
 class SegmentScan:
     """One strict pass over a segment's entries, from ``start_offset`` (0, or
     a record offset from a sparse index): every reader of segments uses it.
 
-    :meth:`entries` yields ``(record offset, Entry)``. The header record is
-    always read first and decoded into :attr:`header`: its record limit
-    bounds every record read (the limit the log was written with, whatever
-    the reader's own options), and when the scan starts at offset 0 its
-    first LSN is the LSN the first entry must have. Each entry's LSN must
-    follow the one before (and ``next_lsn``, when the caller knows it): a
-    break is :class:`CorruptionError` of kind SEQUENCE at the entry's offset,
-    because a segment holds consecutive LSNs. An entry too short for its
-    header, and any damage the record reader finds, is corruption too. A
-    torn tail ends the entries quietly (a crash tears only the end);
-    :meth:`torn_tail` reports it.
+    :meth:`batches` yields the entries a block at a time (the bulk path of
+    replay and log reads), :meth:`entries` one ``(record offset, Entry)`` at a
+    time. The header record is always read first and decoded into
+    :attr:`header`: its record limit bounds every record read (the limit the
+    log was written with, whatever the reader's own options), and when the
+    scan starts at offset 0 its first LSN is the LSN the first entry must
+    have. Each entry's LSN must follow the one before (and ``next_lsn``, when
+    the caller knows it): a break is :class:`CorruptionError` of kind
+    SEQUENCE at the entry's offset, because a segment holds consecutive LSNs.
+    An entry too short for its header, and any damage the record reader
+    finds, is corruption too. A torn tail ends the entries quietly (a crash
+    tears only the end); :meth:`torn_tail` reports it. Damage is raised once
+    the valid entries before it have been yielded.
 
     Whether the entries ended or raised, :attr:`data_end` is the offset just
     after the last valid record and :attr:`next_lsn` the LSN the next entry
     would carry (``None`` when unknown): recovery cuts and repairs there.
+    While :meth:`entries` runs they describe the entry last yielded; while
+    :meth:`batches` runs, the last entry of the batch last yielded.
     """
 
     __slots__ = ("_end_offset", "_f", "_reader", "_start", "data_end", "header", "next_lsn", "path")
@@ -251,6 +273,20 @@ class SegmentScan:
     def entries(self, from_lsn: int = 1, to_lsn: int | None = None) -> Iterator[tuple[int, Entry]]:
         """The entries ``from_lsn..to_lsn`` (earlier ones are checked and
         skipped); never parses past ``to_lsn``, which may be mid-write."""
+        for batch in self.batches(from_lsn, to_lsn):
+            next_lsn, data_end = self.next_lsn, self.data_end
+            last = len(batch.entries) - 1
+            for i, entry in enumerate(batch.entries):
+                if i < last:  # one FULL fragment (see RecordBatch): it ends where its bytes do
+                    self.next_lsn = entry.lsn + 1
+                    self.data_end = batch.offsets[i] + HEADER_SIZE + ENTRY_HEADER_SIZE + len(entry.payload)
+                else:
+                    self.next_lsn, self.data_end = next_lsn, data_end
+                yield batch.offsets[i], entry
+
+    def batches(self, from_lsn: int = 1, to_lsn: int | None = None) -> Iterator[EntryBatch]:
+        """As :meth:`entries`, the entries of a block at a time (never an
+        empty batch)."""
         path = self.path
         header, header_end = read_header(self._f, path)
         self.header = header
@@ -260,24 +296,42 @@ class SegmentScan:
             self.next_lsn = header.first_lsn
         reader = self._reader = RecordReader(self._f, path=path, start_offset=start, end_offset=self._end_offset,
                                              zeros_end=True, max_record_bytes=header.max_record_bytes)
-        expected = self.next_lsn
-        for offset, payload in reader.records():
-            if len(payload) < ENTRY_HEADER_SIZE:
-                raise CorruptionError("log entry shorter than its header", path=path, offset=offset,
-                                      hint=REPAIR_HINT)
-            lsn, ts = _unpack_entry_header(payload)
-            if lsn != expected and expected is not None:
-                raise CorruptionError(f"LSN {lsn} does not follow LSN {expected - 1}", kind=Damage.SEQUENCE,
-                                      path=path, offset=offset, lsn=lsn, hint=REPAIR_HINT)
-            if to_lsn is not None and lsn > to_lsn:
+        for records in reader.batches():
+            payloads = records.payloads
+            n = len(payloads)
+            good = n  # payloads[:good] are entries in sequence
+            if min(map(len, payloads)) < ENTRY_HEADER_SIZE:
+                good = next(i for i, p in enumerate(payloads) if len(p) < ENTRY_HEADER_SIZE)
+            heads = list(map(_unpack_entry_header, payloads if good == n else payloads[:good]))
+            lsns = list(map(_LSN, heads))
+            expected = self.next_lsn
+            if expected is None and lsns:
+                expected = lsns[0]
+            if expected is not None and lsns != list(range(expected, expected + good)):
+                good = next(i for i, lsn in enumerate(lsns) if lsn != expected + i)
+            reach = n + 1 if to_lsn is None or expected is None else to_lsn - expected + 1
+            stop = good > 0 and reach <= good  # to_lsn is reached: nothing after it is looked at
+            take = max(reach, 0) if stop else good
+            if take:
+                assert expected is not None  # set from the first entry
+                self.next_lsn = expected + take
+                self.data_end = records.record_end(take - 1)
+                skip = min(take, max(0, from_lsn - expected))  # before from_lsn: checked, not yielded
+                if skip < take:
+                    yield EntryBatch(records.offsets[skip:take], list(map(
+                        _make_entry, zip(lsns[skip:take], map(_TIMESTAMP, heads[skip:take]),
+                                         [p[ENTRY_HEADER_SIZE:] for p in payloads[skip:take]]))))
+            if stop:
                 return
-            expected = self.next_lsn = lsn + 1
-            self.data_end = reader.end_offset
-            if lsn < from_lsn:
-                continue
-            yield offset, Entry(lsn, ts, payload[ENTRY_HEADER_SIZE:])
-            if lsn == to_lsn:
-                return
+            if good < n:
+                offset = records.offsets[good]
+                if len(payloads[good]) < ENTRY_HEADER_SIZE:
+                    raise CorruptionError("log entry shorter than its header", path=path, offset=offset,
+                                          hint=REPAIR_HINT)
+                assert expected is not None  # a break in sequence is after a first entry
+                lsn = heads[good][0]
+                raise CorruptionError(f"LSN {lsn} does not follow LSN {expected + good - 1}",
+                                      kind=Damage.SEQUENCE, path=path, offset=offset, lsn=lsn, hint=REPAIR_HINT)
 
     def torn_tail(self) -> CorruptionError | None:
         """The torn record the entries stopped at, if any (its ``reason``
@@ -302,7 +356,7 @@ def iter_entries(
     ``start_offset`` (0, or an offset from the sparse index). Pure file
     reading: no lock, safe on any process or executor."""
     scan = SegmentScan(f, path, start_offset, end_offset=end_offset)
-    return map(itemgetter(1), scan.entries(from_lsn, to_lsn))  # no generator of its own: a hot path
+    return chain.from_iterable(map(_ENTRIES, scan.batches(from_lsn, to_lsn)))  # no step per entry: a hot path
 
 
 def read_store_id(directory: str, fs: ReadFS = OS_FS) -> str | None:
