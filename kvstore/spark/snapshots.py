@@ -24,8 +24,8 @@ import pyarrow as pa
 import snapshot
 from kvstore.spark.arrow import MAX_BATCH_BYTES
 from kvstore.spark.columnar import read_chunk_arrays as read_chunk_arrays_of
-from snapshot.reader import open_chunk
 from kvstore.spark.files import StoreFiles
+from snapshot.reader import open_chunk
 from wal.errors import CorruptionError, Damage, SnapshotError
 
 log = logging.getLogger("walkv.spark")
