@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import groupby
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+_np: Any
 try:
     import numpy as _np
 except ImportError:  # pragma: no cover - pyspark's Arrow support installs it
