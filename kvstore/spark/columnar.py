@@ -35,13 +35,13 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from snapshot.chunk import ChunkInfo, ChunkRecords, decode_record
+
 _np: Any
 try:
     import numpy as _np
 except ImportError:  # pragma: no cover - pyspark's Arrow support installs it
     _np = None
-
-from snapshot.chunk import ChunkInfo, ChunkRecords, _corrupt, decode_record
 
 # msgpack: bin8/bin16/bin32 header byte -> bytes of its length field
 _BIN = {0xC4: 1, 0xC5: 2, 0xC6: 4}
@@ -173,13 +173,12 @@ def _fixed_run(run: list[Record], records: ChunkRecords) -> tuple[pa.Array, pa.A
         assert lay is not None
         n, ks = lay[0], lay[1]
         if bad is not None and at < bad < at + n:
-            raise _corrupt("keys inside a data record are not strictly increasing", records.name, offset)
+            decode_record(payload, records.name, offset)  # raises: keys out of order inside the record
         first = payload[ks + hk : ks + hk + lk]
         last_at = ks + (n - 1) * (hk + lk) + hk
         records.tally(first, payload[last_at : last_at + lk], n, offset)
         at += n
-    if bad is not None:  # pragma: no cover - across records: tally() raised already
-        raise _corrupt("keys are not strictly increasing across records", records.name, run[0][0])
+    # A pair out of order across two records: tally() raised.
     return keys, values
 
 
