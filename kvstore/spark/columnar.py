@@ -100,27 +100,31 @@ def layout(payload: bytes) -> Layout | None:
     return n, ks, hk, lk, vs, hv, lv
 
 
-def _column(parts: list[memoryview], rows: int, head: bytes, width: int) -> pa.Array | None:
-    """The ``binary`` array of the ``rows`` elements in ``parts`` (each
-    element ``head`` + ``width`` bytes), or ``None`` when some element's
-    header is not ``head``. One copy of the bytes (numpy when it is there,
-    as it is wherever pyspark's Arrow support is; else pyarrow alone)."""
+def _column(parts: list[tuple[bytes, int, int]], rows: int, head: bytes, width: int) -> pa.Array | None:
+    """The ``binary`` array of the ``rows`` elements of ``parts`` (``(payload,
+    start, count)``: ``count`` elements from ``payload[start]`` on, each
+    ``head`` + ``width`` bytes), or ``None`` when some element's header is
+    not ``head``. One copy of the bytes (numpy when it is there, as it is
+    wherever pyspark's Arrow support is; else pyarrow alone)."""
     h = len(head)
+    w = h + width
     if _np is not None:
         np = _np
-        views = [np.frombuffer(p, np.uint8).reshape(-1, h + width) for p in parts]
-        heads = np.concatenate([v[:, :h] for v in views]) if len(views) > 1 else views[0][:, :h]
-        if not (heads == np.frombuffer(head, np.uint8)).all():
+        # Each element seen as one opaque item (numpy "void"): copies are a
+        # memcpy per element, not a loop over its bytes.
+        heads = np.concatenate([np.ndarray((n,), f"V{h}", p, at, (w,)) for p, at, n in parts])
+        if not (heads.view(np.uint8).reshape(rows, h) == np.frombuffer(head, np.uint8)).all():
             return None
-        data = np.concatenate([v[:, h:] for v in views]) if len(views) > 1 else np.ascontiguousarray(views[0][:, h:])
+        data = np.concatenate([np.ndarray((n,), f"V{width}", p, at + h, (w,)) for p, at, n in parts])
         offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int32)
-        return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    buf = pa.py_buffer(b"".join(parts))
-    rows_ = pa.Array.from_buffers(pa.binary(h + width), rows, [None, buf])
+        return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets),
+                                                         pa.py_buffer(data.view(np.uint8))])
+    buf = pa.py_buffer(b"".join([memoryview(p)[at : at + n * w] for p, at, n in parts]))
+    rows_ = pa.Array.from_buffers(pa.binary(w), rows, [None, buf])
     heads_ = pc.binary_slice(rows_, 0, h)
     if not pc.all(pc.equal(heads_, pa.scalar(head, pa.binary(h)))).as_py():
         return None
-    return pc.binary_slice(rows_, h, h + width).cast(pa.binary())
+    return pc.binary_slice(rows_, h, w).cast(pa.binary())
 
 
 def _first_unordered(keys: pa.Array) -> int | None:
@@ -151,15 +155,14 @@ def _fixed_run(run: list[Record], records: ChunkRecords) -> tuple[pa.Array, pa.A
     _, p0, lay0 = run[0]
     assert lay0 is not None
     _, ks0, hk, lk, vs0, hv, lv = lay0
-    kparts: list[memoryview] = []
-    vparts: list[memoryview] = []
+    kparts: list[tuple[bytes, int, int]] = []
+    vparts: list[tuple[bytes, int, int]] = []
     rows = 0
     for _, payload, lay in run:
         assert lay is not None
-        n, ks, vs = lay[0], lay[1], lay[4]
-        view = memoryview(payload)
-        kparts.append(view[ks : ks + n * (hk + lk)])
-        vparts.append(view[vs : vs + n * (hv + lv)])
+        n = lay[0]
+        kparts.append((payload, lay[1], n))
+        vparts.append((payload, lay[4], n))
         rows += n
     keys = _column(kparts, rows, p0[ks0 : ks0 + hk], lk)
     if keys is None:
