@@ -108,6 +108,8 @@ def _column(parts: list[tuple[bytes, int, int]], rows: int, head: bytes, width: 
     wherever pyspark's Arrow support is; else pyarrow alone)."""
     h = len(head)
     w = h + width
+    if rows * width >= 1 << 31:  # past 32-bit offsets: left to the row reader
+        return None
     if _np is not None:
         np = _np
         # Each element seen as one opaque item (numpy "void"): copies are a
