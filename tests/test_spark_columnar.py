@@ -211,6 +211,22 @@ def test_damaged_bulk_records_in_a_real_snapshot(tmp_path, backend):
     _both_fail(bytes(data), c, "checksum")
 
 
+def test_block_padding_flip_found_by_the_file_checksum(backend):
+    """Bytes no fragment CRC covers (a block's zero padding) are covered by
+    the whole-file CRC-32C, which the bulk reading checks at the chunk's end."""
+    from wal.errors import Damage
+    from wal.record import BLOCK_SIZE
+
+    n = BLOCK_SIZE - 3 - 29 - 7 - 9
+    data, info = _chunk([[[b"a"], [b"x" * n]], [[b"z"], [b"y"]]], pairs=2)
+    pad = BLOCK_SIZE - 3
+    assert data[pad:BLOCK_SIZE] == b"\x00\x00\x00"
+    assert pairs(arrays(data, info)) == [(b"a", b"x" * n), (b"z", b"y")]
+    damaged = data[:pad] + b"\x01" + data[pad + 1:]
+    err = _both_fail(damaged, info, "checksum")
+    assert err.kind is Damage.CHECKSUM and err.offset == 0
+
+
 # -- through the data source's read() -------------------------------------------
 
 
