@@ -191,11 +191,13 @@ def test_fixed_width_record_with_a_str_element(backend):
 
 
 def test_lengths_that_add_up_like_fixed_width_are_read_row_by_row(backend):
-    """Keys of lengths 1 and 3 span what two of length 2 would: the bulk
-    reading sees the second header differ and reads the record row by row."""
-    rec = _raw_record([b"a", b"bcd"], [b"xy", b"zw"])
-    data, info = _raw_chunk([rec], b"a", b"bcd", 2)
-    assert pairs(arrays(data, info)) == [(b"a", b"xy"), (b"bcd", b"zw")]
+    """Keys of lengths 2, 1 and 3 span what three of length 2 would: the
+    layout fits, the bulk reading sees the second header differ and reads
+    the record row by row."""
+    rec = _raw_record([b"ab", b"b", b"cde"], [b"1", b"2", b"3"])
+    assert columnar.layout(rec) is not None
+    data, info = _raw_chunk([rec], b"ab", b"cde", 3)
+    assert pairs(arrays(data, info)) == [(b"ab", b"1"), (b"b", b"2"), (b"cde", b"3")]
 
 
 def test_damaged_bulk_records_in_a_real_snapshot(tmp_path, backend):
