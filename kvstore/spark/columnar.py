@@ -6,12 +6,16 @@ record has one length and every value has one length (fixed-size keys and
 values, the common case), the record's bytes are laid out as rows of equal
 width: the element header (``c4 LL`` for ``bin8``, ``c5 LLLL`` for
 ``bin16``, ``c6 ...`` for ``bin32``) and then the bytes. Such a record is
-read without one Python object per key or value: the key regions of a run
-of records are joined into one buffer, seen as a ``fixed_size_binary``
-array of ``header + length`` wide rows, every row's header is compared
-with the first's, the headers are cut off and the rest becomes the
-``binary`` column (C loops in pyarrow; a handful of calls per batch, not
-per row).
+read without one Python object per key or value: for a run of records of
+one layout (a batch, about ``rowsPerBatch`` rows), every row's header is
+compared with the first row's and the bytes after the headers are copied,
+once, into the ``binary`` column's data buffer; its offsets are ``i *
+length``. With numpy each element is one opaque ("void") item, so the copy
+is a memcpy per element; without numpy pyarrow does the same with
+``fixed_size_binary`` arrays and ``binary_slice``. Either way a handful of
+calls per batch, not per row. (Per 1,000,000 rows of 16-byte keys and
+100-byte values this takes the read from about 0.33 s to 0.09 s of CPU,
+a third of it the framing and checksums.)
 
 The checks are the row decoder's (:func:`snapshot.chunk.decode_record`),
 done on whole arrays: the record is exactly ``[keys, values]`` with the
