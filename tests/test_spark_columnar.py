@@ -190,6 +190,20 @@ def test_fixed_width_record_with_a_str_element(backend):
     _both_fail(data, info, "not bytes")
 
 
+def test_first_damage_reported_first(backend):
+    """Records are checked a batch at a time, but the first damage in the
+    file is the one reported, as by the row reader: here the first record's
+    first key differs from the manifest's and the second record's checksum
+    is wrong."""
+    one = _raw_record([b"ab", b"ac"], [b"11", b"22"])
+    two = _raw_record([b"ba", b"bb"], [b"33", b"44"])
+    data, info = _raw_chunk([one, two], b"aa", b"bb", 4)
+    damaged = bytearray(data)
+    damaged[len(data) - 1] ^= 1  # the last byte of the second record
+    err = _both_fail(bytes(damaged), info, "first key differs")
+    assert err.offset > 0
+
+
 def test_lengths_that_add_up_like_fixed_width_are_read_row_by_row(backend):
     """Keys of lengths 2, 1 and 3 span what three of length 2 would: the
     layout fits, the bulk reading sees the second header differ and reads

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from snapshot.chunk import ChunkInfo, ChunkRecords, decode_record
+from wal.errors import CorruptionError
 
 _np: Any
 try:
@@ -228,7 +229,16 @@ def read_chunk_arrays(f: BinaryIO, chunk: ChunkInfo, name: str, rows: int,
     per_pair = max(1, chunk.bytes // max(1, chunk.pairs))
     pending: list[Record] = []
     n = size = 0
-    for offset, payload in records:
+    items = iter(records)
+    while True:
+        try:
+            offset, payload = next(items)
+        except StopIteration:
+            break
+        except CorruptionError:
+            if pending:  # damage in the records read before it is reported first, as the row reader does
+                _batch(pending, records)
+            raise
         lay = layout(payload)
         pending.append((offset, payload, lay))
         n += lay[0] if lay is not None else max(1, len(payload) // per_pair)
