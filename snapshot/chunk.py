@@ -146,6 +146,118 @@ class _ChecksumReader:
         return data
 
 
+class ChunkRecords:
+    """The data records of one chunk file, checked against its manifest entry.
+
+    Iterating yields each data record as ``(offset, payload)`` after the
+    header record was checked (framing and CRC of every fragment are
+    :class:`~wal.record.RecordReader`'s). The caller decodes each payload and
+    reports it with :meth:`tally` (its first and last key and pair count)
+    before using it, then calls :meth:`finish` once iteration ends, which
+    checks what only the whole file can show (counts, last key, size,
+    CRC-32C of the file). :func:`read_chunk_columns` is this with
+    :func:`decode_record`; a reader with its own decoding of the same
+    records (Spark's, to Arrow) uses this class so the checks are the same.
+    """
+
+    def __init__(self, f: BinaryIO, chunk: ChunkInfo, name: str) -> None:
+        self.chunk = chunk
+        self.name = name
+        self._tee = _ChecksumReader(f, name)
+        limit = max(HEADER_SIZE, min(chunk.max_record_bytes, MAX_RECORD_LIMIT, chunk.bytes))
+        # RecordReader only reads and seeks, which _ChecksumReader does.
+        self._reader = RecordReader(cast(BinaryIO, self._tee), path=name, start_offset=0, max_record_bytes=limit)
+        self._records = self._reader.records()
+        self.prev: bytes | None = None  # the last key tallied
+        self.nrecords = 0
+        self.npairs = 0
+        self._check_header()
+
+    def _next(self) -> tuple[int, bytes] | None:
+        try:
+            return next(self._records)
+        except StopIteration:
+            return None
+        except CorruptionError as e:
+            raise _corrupt(e.reason, e.path, e.offset or 0, e.kind) from e
+        except OSError as e:
+            raise SnapshotError(f"cannot read snapshot chunk {self.name}: {e}") from e
+
+    def _check_header(self) -> None:
+        chunk, name = self.chunk, self.name
+        head = self._next()
+        if head is None or head[0] != 0:
+            if self._reader.torn_tail is not None:
+                raise _corrupt("chunk file is truncated (no complete header record)", name, 0, Damage.FRAMING)
+            raise _corrupt("chunk file has no header record", name, 0, Damage.HEADER)
+        header = head[1]
+        if len(header) != HEADER_SIZE or header[:8] != CHUNK_MAGIC:
+            raise _corrupt("not a walkv snapshot chunk (bad header record)", name, 0, Damage.HEADER)
+        _, version, index, lsn = _HEADER.unpack(header)
+        if version != CHUNK_VERSION:
+            raise _corrupt(f"chunk format version {version}, the manifest says {CHUNK_VERSION}", name, 0,
+                           Damage.HEADER)
+        if index != chunk.index or lsn != chunk.lsn:
+            raise _corrupt(
+                f"chunk header says chunk {index} of the snapshot at LSN {lsn}; the manifest "
+                f"expects chunk {chunk.index} of LSN {chunk.lsn}",
+                name,
+                0,
+                Damage.HEADER,
+            )
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        while (item := self._next()) is not None:
+            yield item
+
+    def tally(self, first: bytes, last: bytes, pairs: int, offset: int) -> None:
+        """Check one decoded record (keys ``first``..``last``, ``pairs``
+        of them, already checked increasing inside it) against the records
+        before it and the manifest."""
+        chunk, name = self.chunk, self.name
+        if self.prev is None:
+            if first != chunk.first_key:
+                raise _corrupt("chunk's first key differs from the manifest's", name, offset)
+        elif not self.prev < first:
+            raise _corrupt("keys are not strictly increasing across records", name, offset)
+        self.prev = last
+        self.nrecords += 1
+        self.npairs += pairs
+        if self.nrecords > chunk.records or self.npairs > chunk.pairs:
+            raise _corrupt(
+                f"chunk holds more than the manifest's {chunk.records} records / {chunk.pairs} pairs",
+                name,
+                offset,
+            )
+        if last > chunk.last_key:
+            raise _corrupt("chunk holds a key past the manifest's last key", name, offset)
+
+    def finish(self) -> None:
+        """The whole-file checks, once every record was read and tallied."""
+        chunk, name, tee = self.chunk, self.name, self._tee
+        if self._reader.torn_tail is not None:
+            off, why = self._reader.torn_tail
+            raise _corrupt(f"chunk file is truncated ({why})", name, off, Damage.FRAMING)
+        if self.nrecords != chunk.records or self.npairs != chunk.pairs:
+            raise _corrupt(
+                f"chunk holds {self.nrecords} records / {self.npairs} pairs, the manifest says "
+                f"{chunk.records} / {chunk.pairs}",
+                name,
+            )
+        if self.prev != chunk.last_key:
+            raise _corrupt("chunk's last key differs from the manifest's", name)
+        if tee.size != chunk.bytes:
+            raise _corrupt(f"chunk file is {tee.size} bytes, the manifest says {chunk.bytes}", name, 0,
+                           Damage.TOO_LARGE if tee.size > chunk.bytes else Damage.FRAMING)
+        if tee.crc != chunk.crc32c:
+            raise _corrupt(
+                f"chunk file checksum {tee.crc:#010x} differs from the manifest's {chunk.crc32c:#010x}",
+                name,
+                0,
+                Damage.CHECKSUM,
+            )
+
+
 def read_chunk_columns(
     f: BinaryIO,
     chunk: ChunkInfo,
@@ -171,71 +283,15 @@ def read_chunk_columns(
     ``stop`` has checked every record it yielded but not the whole file.
     """
     name = path if path is not None else chunk.name
-    tee = _ChecksumReader(f, name)
-    limit = max(HEADER_SIZE, min(chunk.max_record_bytes, MAX_RECORD_LIMIT, chunk.bytes))
-    # RecordReader only reads and seeks, which _ChecksumReader does.
-    reader = RecordReader(cast(BinaryIO, tee), path=name, start_offset=0, max_record_bytes=limit)
-    records = reader.records()
-
-    def next_record() -> tuple[int, bytes] | None:
-        try:
-            return next(records)
-        except StopIteration:
-            return None
-        except CorruptionError as e:
-            raise _corrupt(e.reason, e.path, e.offset or 0, e.kind) from e
-        except OSError as e:
-            raise SnapshotError(f"cannot read snapshot chunk {name}: {e}") from e
-
-    head = next_record()
-    if head is None or head[0] != 0:
-        if reader.torn_tail is not None:
-            raise _corrupt("chunk file is truncated (no complete header record)", name, 0, Damage.FRAMING)
-        raise _corrupt("chunk file has no header record", name, 0, Damage.HEADER)
-    header = head[1]
-    if len(header) != HEADER_SIZE or header[:8] != CHUNK_MAGIC:
-        raise _corrupt("not a walkv snapshot chunk (bad header record)", name, 0, Damage.HEADER)
-    _, version, index, lsn = _HEADER.unpack(header)
-    if version != CHUNK_VERSION:
-        raise _corrupt(f"chunk format version {version}, the manifest says {CHUNK_VERSION}", name, 0, Damage.HEADER)
-    if index != chunk.index or lsn != chunk.lsn:
-        raise _corrupt(
-            f"chunk header says chunk {index} of the snapshot at LSN {lsn}; the manifest "
-            f"expects chunk {chunk.index} of LSN {chunk.lsn}",
-            name,
-            0,
-            Damage.HEADER,
-        )
-
-    prev: bytes | None = None
-    nrecords = 0
-    npairs = 0
-    while True:
-        item = next_record()
-        if item is None:
-            break
-        offset, payload = item
+    records = ChunkRecords(f, chunk, name)
+    for offset, payload in records:
         keys, values = decode_record(payload, name, offset)
         first = keys[0]
-        if prev is None:
-            if first != chunk.first_key:
-                raise _corrupt("chunk's first key differs from the manifest's", name, offset)
-        elif not prev < first:
-            raise _corrupt("keys are not strictly increasing across records", name, offset)
-        prev = keys[-1]
-        nrecords += 1
-        npairs += len(keys)
-        if nrecords > chunk.records or npairs > chunk.pairs:
-            raise _corrupt(
-                f"chunk holds more than the manifest's {chunk.records} records / {chunk.pairs} pairs",
-                name,
-                offset,
-            )
-        if prev > chunk.last_key:
-            raise _corrupt("chunk holds a key past the manifest's last key", name, offset)
-        if start is not None and prev < start:
+        records.tally(first, keys[-1], len(keys), offset)
+        last = keys[-1]
+        if start is not None and last < start:
             continue
-        if stop is not None and prev >= stop:
+        if stop is not None and last >= stop:
             i = bisect_left(keys, start) if start is not None and first < start else 0
             j = bisect_left(keys, stop)
             if j > i:
@@ -246,28 +302,7 @@ def read_chunk_columns(
             yield keys[i:], values[i:]
         else:
             yield keys, values
-
-    if reader.torn_tail is not None:
-        off, why = reader.torn_tail
-        raise _corrupt(f"chunk file is truncated ({why})", name, off, Damage.FRAMING)
-    if nrecords != chunk.records or npairs != chunk.pairs:
-        raise _corrupt(
-            f"chunk holds {nrecords} records / {npairs} pairs, the manifest says "
-            f"{chunk.records} / {chunk.pairs}",
-            name,
-        )
-    if prev != chunk.last_key:
-        raise _corrupt("chunk's last key differs from the manifest's", name)
-    if tee.size != chunk.bytes:
-        raise _corrupt(f"chunk file is {tee.size} bytes, the manifest says {chunk.bytes}", name, 0,
-                       Damage.TOO_LARGE if tee.size > chunk.bytes else Damage.FRAMING)
-    if tee.crc != chunk.crc32c:
-        raise _corrupt(
-            f"chunk file checksum {tee.crc:#010x} differs from the manifest's {chunk.crc32c:#010x}",
-            name,
-            0,
-            Damage.CHECKSUM,
-        )
+    records.finish()
 
 
 def read_chunk(

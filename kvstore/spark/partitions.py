@@ -203,13 +203,13 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
         )
     elif isinstance(partition, ChunkPartition):
         directory, chunk = partition.directory, partition.chunk
-        for keys, values in ss.read_chunk(files, directory, chunk, rows):
-            k, v = _only(partition.bounds, sa.binary_array(keys), sa.binary_array(values))
+        for keys, values in ss.read_chunk_arrays(files, directory, chunk, rows):
+            k, v = _only(partition.bounds, keys, values)
             yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, lambda: ss.where(files, directory, chunk))
     elif isinstance(partition, SnapshotChangesPartition):
         d, c, t = partition.directory, partition.chunk, partition.created_us
-        for keys, values in ss.read_chunk(files, d, c, rows):
-            yield sa.snapshot_change_batch(sa.binary_array(keys), sa.binary_array(values), c.lsn, t, kf, vf,
+        for keys, values in ss.read_chunk_arrays(files, d, c, rows):
+            yield sa.snapshot_change_batch(keys, values, c.lsn, t, kf, vf,
                                            lambda: ss.where(files, d, c))
     elif isinstance(partition, StatePartition):
         yield from _read_state_partition(files, opts, partition)
@@ -232,8 +232,8 @@ def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -
         def where() -> str:
             return ss.where(files, directory, chunk)
 
-        for keys, values in ss.read_chunk(files, directory, chunk, opts.rows_per_batch):
-            k, v = tail.filter_snapshot(*_only(p.bounds, sa.binary_array(keys), sa.binary_array(values)))
+        for keys, values in ss.read_chunk_arrays(files, directory, chunk, opts.rows_per_batch):
+            k, v = tail.filter_snapshot(*_only(p.bounds, keys, values))
             if len(k):
                 yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, where, sa.STATE)
     keys_, values_, lsns = tail.survivors()

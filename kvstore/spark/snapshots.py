@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import pyarrow as pa
 
 import snapshot
 from kvstore.spark.arrow import MAX_BATCH_BYTES
+from kvstore.spark.columnar import read_chunk_arrays as read_chunk_arrays_of
 from kvstore.spark.files import StoreFiles
+from snapshot.reader import open_chunk
 from wal.errors import CorruptionError, Damage, SnapshotError
 
 log = logging.getLogger("walkv.spark")
@@ -82,18 +87,39 @@ def read_chunk(files: StoreFiles, directory: str, chunk: snapshot.ChunkInfo,
     :data:`~kvstore.spark.arrow.MAX_BATCH_BYTES` per run)."""
     per_pair = max(1, chunk.bytes // max(1, chunk.pairs))
     limit = max(1, min(rows, MAX_BATCH_BYTES // per_pair))
-    columns = snapshot.read_chunk_file(files.layout.fs, directory, chunk)
     keys: list[Sequence[bytes]] = []
     values: list[Sequence[bytes]] = []
     n = 0
-    try:
-        for k, v in columns:
+    with _gone_is_retention(files, directory, chunk):
+        for k, v in snapshot.read_chunk_file(files.layout.fs, directory, chunk):
             keys.append(k)
             values.append(v)
             n += len(k)
             if n >= limit:
                 yield keys, values
                 keys, values, n = [], [], 0
+    if keys:
+        yield keys, values
+
+
+def read_chunk_arrays(files: StoreFiles, directory: str, chunk: snapshot.ChunkInfo,
+                      rows: int) -> Iterator[tuple[pa.Array, pa.Array]]:
+    """The chunk of the snapshot ``directory`` in key order as ``binary``
+    Arrow arrays ``(keys, values)`` of about ``rows`` pairs, or fewer when
+    the pairs are large (about :data:`~kvstore.spark.arrow.MAX_BATCH_BYTES`
+    per batch); the same rows, checked the same way, as :func:`read_chunk`
+    (see :mod:`kvstore.spark.columnar`)."""
+    fs = files.layout.fs
+    with _gone_is_retention(files, directory, chunk):
+        with open_chunk(fs, directory, chunk) as f:
+            yield from read_chunk_arrays_of(f, chunk, fs.display(fs.join(directory, chunk.name)), rows,
+                                            MAX_BATCH_BYTES)
+
+
+@contextmanager
+def _gone_is_retention(files: StoreFiles, directory: str, chunk: snapshot.ChunkInfo) -> Iterator[None]:
+    try:
+        yield
     except CorruptionError as exc:
         if exc.kind is not Damage.MISSING or files.layout.fs.list_dir(directory):
             raise
@@ -102,5 +128,3 @@ def read_chunk(files: StoreFiles, directory: str, chunk: snapshot.ChunkInfo,
             f"snapshot chunk {exc.path} is gone (the snapshot at LSN {chunk.lsn} was deleted by retention "
             "while the query ran); rerun the query"
         ) from exc
-    if keys:
-        yield keys, values

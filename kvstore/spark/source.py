@@ -19,7 +19,8 @@ pushed down where the session allows it (:mod:`kvstore.spark.pushdown`,
 :mod:`kvstore.spark.compat`); the writer is :mod:`kvstore.spark.writer`.
 Columns are described in :mod:`kvstore.spark.arrow`, options in
 :mod:`kvstore.spark.options`, planning and partitions in
-:mod:`kvstore.spark.partitions`, the stream in :mod:`kvstore.spark.stream`, Debezium-shaped events
+:mod:`kvstore.spark.partitions`, snapshot chunks decoded to Arrow in
+:mod:`kvstore.spark.columnar`, the stream in :mod:`kvstore.spark.stream`, Debezium-shaped events
 (``format=debezium``) in :mod:`kvstore.spark.debezium`.
 :func:`read_state` computes the state with DataFrame operations (a window
 over (lsn, op index) per key, and a range join for range deletes);
