@@ -50,7 +50,8 @@ import msgpack
 from wal.crc import extend
 from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
 from wal.fs import File, FileSystem
-from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT, RecordReader, RecordWriter
+from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT, RecordWriter
+from wal.record_reader import RecordReader
 
 CHUNK_MAGIC = b"WALKVSNC"
 CHUNK_VERSION = 1

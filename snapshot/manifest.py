@@ -58,7 +58,8 @@ from snapshot.layout import MAX_LSN, check_chunk_name
 from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
 from wal.fs import OS_FS
 from wal.readfs import ReadFS
-from wal.record import BLOCK_SIZE, MAX_RECORD_LIMIT, RecordReader, RecordWriter
+from wal.record import BLOCK_SIZE, MAX_RECORD_LIMIT, RecordWriter
+from wal.record_reader import RecordReader
 
 MANIFEST_FORMAT = "walkv-snapshot"
 MANIFEST_VERSION = 2

@@ -341,7 +341,7 @@ def test_interrupted_truncate_after_with_partly_zeroed_tail(tmp_path):
     TRUNCATE marker is durable, and of the zeros written over the entries
     after LSN 4 one sector inside entry 5 reached the disk (not its header).
     Open must finish the truncation, not refuse."""
-    from wal.record import RecordReader
+    from wal.record_reader import RecordReader
     from wal.truncation import TRUNCATE_MARKER
 
     d = str(tmp_path / "log")

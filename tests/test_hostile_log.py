@@ -31,7 +31,8 @@ from wal import iter_entries, list_segments, read_durable_lsn, read_header, read
 from wal.crc import crc32c, mask
 from wal.errors import CorruptionError, WalkvError
 from wal.index import scan_segment
-from wal.record import BLOCK_SIZE, FIRST, FULL, LAST, MIDDLE, RecordReader
+from wal.record import BLOCK_SIZE, FIRST, FULL, LAST, MIDDLE
+from wal.record_reader import RecordReader
 from wal.segment import index_path
 
 SEGMENT_BYTES = 4096

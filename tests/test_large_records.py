@@ -27,11 +27,11 @@ from wal.record import (
     BLOCK_SIZE,
     DEFAULT_MAX_RECORD_BYTES,
     MAX_RECORD_LIMIT,
-    RecordReader,
     RecordWriter,
     frame,
     frame_into,
 )
+from wal.record_reader import RecordReader
 from wal.segment import SEGMENT_MAGIC, encode_header, list_segments, read_header, segment_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

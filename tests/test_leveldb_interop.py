@@ -33,7 +33,8 @@ import pytest
 plyvel = pytest.importorskip("plyvel")
 
 from tests.test_record import BS, HDR, ref_frame  # noqa: E402
-from wal.record import RecordReader, RecordWriter  # noqa: E402
+from wal.record import RecordWriter  # noqa: E402
+from wal.record_reader import RecordReader  # noqa: E402
 
 TYPE_DELETION = 0
 TYPE_VALUE = 1

@@ -24,7 +24,8 @@ import crcmod.predefined
 import pytest
 
 from wal.errors import CorruptionError, RecordTooLargeError, WalkvError
-from wal.record import BLOCK_SIZE, RecordReader, RecordWriter, frame_into
+from wal.record import BLOCK_SIZE, RecordWriter, frame_into
+from wal.record_reader import RecordReader
 
 BS = 32768  # kBlockSize, written out: the format is fixed, not our constant
 HDR = 7  # kHeaderSize

@@ -18,7 +18,8 @@ from tests.test_record import BS, HDR, ref_mask
 from tests.test_record_properties import mutate, mutation, payload_of, sizes, write_all
 from wal.crc import crc32c
 from wal.errors import CorruptionError, Damage
-from wal.record import DEFAULT_MAX_RECORD_BYTES, RecordReader
+from wal.record import DEFAULT_MAX_RECORD_BYTES
+from wal.record_reader import RecordReader
 from wal.segment import Entry, SegmentScan, encode_header, pack_entry_header
 
 CHECK = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from tests.test_record import BS, HDR, ref_frame
 from wal.errors import CorruptionError
-from wal.record import RecordReader, RecordWriter
+from wal.record import RecordWriter
+from wal.record_reader import RecordReader
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import snapshot
 from snapshot.layout import DirLock, tmp_dir_name
 from wal.errors import CorruptionError, Damage, SnapshotError
-from wal.record import RecordReader
+from wal.record_reader import RecordReader
 
 
 def _pairs(n: int, vsize: int = 20) -> list[tuple[bytes, bytes]]:

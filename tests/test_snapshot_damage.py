@@ -20,7 +20,8 @@ from snapshot.chunk import ChunkInfo, encode_header
 from snapshot.manifest import decode_manifest
 from wal.crc import crc32c
 from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
-from wal.record import BLOCK_SIZE, FIRST, MIDDLE, RecordReader, RecordWriter, fragment_crc
+from wal.record import BLOCK_SIZE, FIRST, MIDDLE, RecordWriter, fragment_crc
+from wal.record_reader import RecordReader
 
 PAIRS = [(b"key%06d" % i, b"value-%d" % i * 3) for i in range(1200)]
 

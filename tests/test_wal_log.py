@@ -23,7 +23,8 @@ import wal
 from wal.errors import ClosedError, CorruptionError, LogFailedError, LogGapError, RecordTooLargeError, WalkvError
 from wal.fs import FileSystem
 from wal.index import INDEX_INTERVAL, read_index, scan_segment
-from wal.record import BLOCK_SIZE, RecordReader
+from wal.record import BLOCK_SIZE
+from wal.record_reader import RecordReader
 from wal.segment import index_path, iter_entries, list_segments, read_header
 from wal.truncation import TRUNCATE_MARKER
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import wal
 from wal.errors import LogGapError
-from wal.record import RecordReader
+from wal.record_reader import RecordReader
 from wal.segment import index_path, list_segments
 
 SEGMENT_BYTES = 4096

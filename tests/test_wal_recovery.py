@@ -38,7 +38,8 @@ import pytest
 import wal
 from wal.errors import CorruptionError, LockedError, LogGapError
 from wal.index import read_index
-from wal.record import BLOCK_SIZE, RecordReader, frame_into
+from wal.record import BLOCK_SIZE, frame_into
+from wal.record_reader import RecordReader
 from wal.segment import index_path, list_segments
 
 SECTOR = 512

@@ -25,7 +25,8 @@ from typing import BinaryIO, NamedTuple, overload
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS, FileSystem
 from wal.readfs import ReadFS
-from wal.record import RecordReader, RecordWriter
+from wal.record import RecordWriter
+from wal.record_reader import RecordReader
 from wal.segment import (
     SegmentHeader,
     SegmentScan,

@@ -28,7 +28,7 @@ Reader rules (the reason for each: a crash can only tear the end of a file):
 
 * A truncated header or payload at the end of the file, or a FIRST with no LAST
   before the end of the file, is a torn tail: the normal result of a crash. It
-  ends iteration cleanly; :attr:`RecordReader.end_offset` is where valid data
+  ends iteration cleanly; :attr:`wal.record_reader.RecordReader.end_offset` is where valid data
   ends and :attr:`RecordReader.torn_tail` says why.
 * Anything else (CRC mismatch, a length past the block, MIDDLE or LAST with no
   FIRST, FIRST or FULL inside an unfinished record, an unknown type, a record
@@ -180,15 +180,3 @@ class RecordWriter:
             data = data[self._f.write(data) :]
         self.offset = end  # only once the whole record is in the file
         return start
-
-
-# The reading half of the format lives in :mod:`wal.record_reader`; it is
-# imported here, after the names it uses, so that ``wal.record`` stays the one
-# place framing is imported from.
-from wal.record_reader import Fragment, RecordBatch, RecordReader  # noqa: E402
-
-__all__ = [
-    "BLOCK_SIZE", "DEFAULT_MAX_RECORD_BYTES", "FIRST", "FRAGMENT_HEADER", "FULL", "HEADER_SIZE", "LAST",
-    "MAX_RECORD_LIMIT", "MIDDLE", "ZERO_TYPE", "Fragment", "RecordBatch", "RecordReader", "RecordWriter",
-    "fragment_crc", "frame", "frame_into",
-]

@@ -26,7 +26,8 @@ from wal.errors import CorruptionError, Damage, RecordOverLimitError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.index import read_index
 from wal.lock import DirectoryLock
-from wal.record import DEFAULT_MAX_RECORD_BYTES, FIRST, FULL, LAST, MIDDLE, RecordReader
+from wal.record import DEFAULT_MAX_RECORD_BYTES, FIRST, FULL, LAST, MIDDLE
+from wal.record_reader import RecordReader
 from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header
 from wal.segment_writer import write_new_segment
 from wal.torn import is_torn

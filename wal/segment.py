@@ -55,7 +55,8 @@ from typing import BinaryIO, NamedTuple
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS
 from wal.readfs import ReadFS
-from wal.record import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAX_RECORD_LIMIT, RecordReader
+from wal.record import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAX_RECORD_LIMIT
+from wal.record_reader import RecordReader
 
 SEGMENT_MAGIC = b"WALKVLOG"
 FORMAT_VERSION = 2

@@ -17,9 +17,9 @@ from wal.record import (
     FRAGMENT_HEADER,
     FULL,
     HEADER_SIZE,
-    RecordReader,
     fragment_crc,
 )
+from wal.record_reader import RecordReader
 from wal.segment import ENTRY_HEADER_SIZE
 
 SECTOR = 512

@@ -155,7 +155,7 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
     nothing is trusted, and it was reported already)."""
     import wal
     from kvstore.batch import decode
-    from wal.record import RecordReader
+    from wal.record_reader import RecordReader
     from wal.segment import decode_entry, index_path, read_header
 
     problems: list[Problem] = []

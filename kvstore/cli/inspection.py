@@ -54,7 +54,7 @@ def add_commands(add: AddCommand) -> None:
 def _fragments(path: str) -> Iterator[tuple[int, int, int, str | None]]:
     """``(offset, type, payload length, problem)`` of every fragment, using
     wal.record's own physical reader (the one framing implementation)."""
-    from wal.record import RecordReader
+    from wal.record_reader import RecordReader
 
     with open(path, "rb") as fh:
         yield from RecordReader(fh, path=path, start_offset=0, zeros_end=True).fragments()
@@ -90,7 +90,7 @@ def _records(path: str) -> Iterator[tuple[str, int, int, Any]]:
     """``("rec", offset, end, payload)`` for each valid record and ``("bad",
     start, end, reason)`` for each damaged range, in file order; records are
     bounded by the limit the file was written with (:func:`_record_limit`)."""
-    from wal.record import RecordReader
+    from wal.record_reader import RecordReader
 
     limit = _record_limit(path)
     with open(path, "rb") as fh:
