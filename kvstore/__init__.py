@@ -27,10 +27,11 @@ the log entry format, :mod:`kvstore.state` for the LMDB state machine and
 from __future__ import annotations
 
 from kvstore.archiving import restore
-from kvstore.batch import MAX_KEY_BYTES, WriteBatch
+from kvstore.batch import MAX_KEY_BYTES
 from kvstore.restore import RestoreInfo
 from kvstore.store import KVStore, open
 from kvstore.view import View
+from kvstore.write_batch import WriteBatch
 from wal.errors import (
     ArchiveError,
     ArchiveLagError,

@@ -52,7 +52,6 @@ from kvstore.batch import (
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_PUT,
-    WriteBatch,
     _pack,
     check_key,
     check_range,
@@ -62,6 +61,7 @@ from kvstore.store import KVStore
 from kvstore.txn import cas_outcome, decided
 from kvstore.view import DEFAULT_MAX_VIEW_SECONDS, View
 from kvstore.watch import AsyncWatcher
+from kvstore.write_batch import WriteBatch
 from wal.errors import ClosedError, ReadOnlyError
 
 
@@ -287,7 +287,7 @@ def _fail(futures: list[asyncio.Future], error: BaseException) -> None:
 
 
 class AsyncWriteBatch(WriteBatch):
-    """A :class:`~kvstore.batch.WriteBatch` committed with ``async with``."""
+    """A :class:`~kvstore.write_batch.WriteBatch` committed with ``async with``."""
 
     __slots__ = ("_adb",)
 

@@ -16,7 +16,6 @@ from kvstore.batch import (
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_PUT,
-    WriteBatch,
     _pack,
     as_bytes,
     check_key,
@@ -26,6 +25,7 @@ from kvstore.batch import (
     put_payload,
 )
 from kvstore.state import Ops
+from kvstore.write_batch import WriteBatch
 from wal.errors import ClosedError, ReadOnlyError
 from wal.segment import Payload
 

@@ -31,13 +31,13 @@ from kvstore.batch import (
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
     OP_REQUIRE_PRESENT,
-    CommitOnExit,
     _pack,
     check_key,
     check_range,
     check_value,
 )
 from kvstore.conditions import Outcome
+from kvstore.write_batch import CommitOnExit
 from wal.errors import ClosedError, RecordTooLargeError, WalkvError
 
 Append = Callable[[bytes, list], int]

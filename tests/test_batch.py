@@ -14,13 +14,13 @@ from kvstore.batch import (
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_PUT,
-    WriteBatch,
     check_bound,
     check_key,
     check_value,
     decode,
     encode,
 )
+from kvstore.write_batch import WriteBatch
 from tests.entries import encode_delete, encode_delete_range, encode_put
 from wal.errors import ClosedError, CorruptionError, RecordTooLargeError
 
