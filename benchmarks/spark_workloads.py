@@ -230,9 +230,9 @@ def workloads(cfg: Config) -> list[Workload]:
     w = cfg.size(full=400_000, quick=20_000)
     return [
         Workload(
-            name="spark.snapshot", issue=5, unit="rows/s", slow=True,
+            name="spark.snapshot", issue=15, unit="rows/s", slow=True,
             title=f"Spark local[2]: count + sum(length(value)) of a {n:,}-row snapshot",
-            requires=SPARK, targets=[Target("parquet", 0.3)], params={"rows": n},
+            requires=SPARK, targets=[Target("parquet", 0.8)], params={"rows": n},
             contenders=[
                 Contender("walkv", _walkv_read, prepare=_walkv_prepare(n),
                           label="walkv data source"),
