@@ -250,8 +250,8 @@ class State(StateWrites):
             self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES)
 
     def flush(self) -> None:
-        """Write the overlay to LMDB (one write transaction, sorted
-        ``putmulti`` runs) and record its highest LSN there as applied.
+        """Write the overlay to LMDB (one write transaction, one
+        ``putmulti`` call) and record its highest LSN there as applied.
         Called when the overlay is full, by its thread, before reads of LMDB
         as a whole, and at close; any thread may call it."""
         overlay = self.overlay
