@@ -22,7 +22,6 @@ from kvstore.batch import put_payload
 from kvstore.cli.main import main as walkv
 from kvstore.spark.files import StoreFiles
 from wal.errors import CorruptionError, Damage, RecordOverLimitError
-from wal.gather import frame_pieces
 from wal.record import (
     BLOCK_SIZE,
     DEFAULT_MAX_RECORD_BYTES,
@@ -30,6 +29,7 @@ from wal.record import (
     RecordWriter,
     frame,
     frame_into,
+    frame_pieces,
 )
 from wal.record_reader import RecordReader
 from wal.segment import SEGMENT_MAGIC, encode_header, list_segments, read_header, segment_name

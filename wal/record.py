@@ -47,7 +47,8 @@ Reader rules (the reason for each: a crash can only tear the end of a file):
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO
+from collections.abc import Sequence
+from typing import BinaryIO, cast
 
 from wal.crc import MASK_DELTA, crc32c, extend, extend_bytes, mask
 from wal.errors import RecordTooLargeError
@@ -93,12 +94,12 @@ def frame(payload: bytes, offset: int) -> tuple[bytes, int]:
         crc = extend_bytes(_FULL_CRC, payload)  # mask() inlined: this is the hot path
         header = _pack_header((((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF, n, FULL)
         return header + payload, offset + HEADER_SIZE + n
-    parts: list[bytes] = []
+    parts: list[bytes | memoryview] = []
     end = frame_into(parts, payload, offset)
     return b"".join(parts), end
 
 
-def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
+def frame_into(out: list[bytes | memoryview], payload: bytes, offset: int) -> int:
     """Append the bytes of one record written at file ``offset`` to ``out``.
 
     Returns the file offset just after the record. Used by
@@ -113,8 +114,22 @@ def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
         out.append(_pack_header((((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF, n, FULL))
         out.append(payload)
         return offset + HEADER_SIZE + n
+    return frame_pieces(out, (payload,), offset)
+
+
+def frame_pieces(out: list[bytes | memoryview], pieces: Sequence[bytes | memoryview], offset: int) -> int:
+    """Append the bytes of one record, whose payload is the concatenation of
+    ``pieces``, written at file ``offset`` to ``out``, without copying the
+    payload: ``out`` gets fragment headers and memoryviews into ``pieces``
+    (for a gathered write, ``os.pwritev``). The bytes are those
+    :func:`frame_into` produces for the joined payload (which calls this for
+    a record of several fragments: the one fragmenting loop). Returns the
+    file offset just after the record."""
+    views = [memoryview(p).cast("B") for p in pieces]
+    n = sum(map(len, views))
     left = BLOCK_SIZE - offset % BLOCK_SIZE
-    view = memoryview(payload)
+    piece = 0  # the piece, and the position in it, the next fragment starts at
+    at = 0
     pos = 0
     begin = True
     while True:
@@ -123,16 +138,25 @@ def frame_into(out: list[bytes], payload: bytes, offset: int) -> int:
                 out.append(_ZEROS[:left])
             offset += left
             left = BLOCK_SIZE
-        avail = left - HEADER_SIZE
-        size = min(avail, n - pos)
+        size = min(left - HEADER_SIZE, n - pos)
         end = pos + size == n
-        if begin:
-            ftype = FULL if end else FIRST
-        else:
-            ftype = LAST if end else MIDDLE
-        piece = bytes(view[pos : pos + size])
-        out.append(_pack_header(mask(extend(_TYPE_CRC[ftype], piece)), size, ftype))
-        out.append(piece)
+        ftype = (FULL if end else FIRST) if begin else (LAST if end else MIDDLE)
+        header_at = len(out)
+        out.append(b"")  # the header, once the CRC is known
+        crc = _TYPE_CRC[ftype]
+        want = size
+        while want:
+            view = views[piece]
+            take = min(want, len(view) - at)
+            part = view[at : at + take]
+            crc = extend(crc, cast(bytes, part))  # extend takes any bytes-like object
+            out.append(part)
+            want -= take
+            at += take
+            if at == len(view):
+                piece += 1
+                at = 0
+        out[header_at] = _pack_header(mask(crc), size, ftype)
         offset += HEADER_SIZE + size
         left -= HEADER_SIZE + size
         pos += size

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import cast
 
 from wal.fs import OS_FS, File, FileSystem
-from wal.gather import frame_pieces
 from wal.index import INDEX_INTERVAL, IndexPoints, SparseIndex, write_index
 from wal.record import (
     BLOCK_SIZE,
@@ -34,6 +33,7 @@ from wal.record import (
     RecordWriter,
     frame,
     frame_into,
+    frame_pieces,
 )
 from wal.segment import (
     FORMAT_VERSION,
@@ -168,7 +168,7 @@ class ActiveSegment:
         else:
             points = self.points
             lsn = first
-            parts: list[bytes] = []
+            parts: list[bytes | memoryview] = []
             for payload in plain:
                 if off - last_point >= INDEX_INTERVAL:
                     rec = record_start(off)

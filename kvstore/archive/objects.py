@@ -80,7 +80,7 @@ def encode_segment(store_id: str, first_lsn: int, entries: Iterable[Entry], *,
     ``max_record_bytes`` (a piece of a segment states that segment's limit);
     an entry over it raises :class:`~wal.errors.RecordTooLargeError`.
     Framed in memory and joined once (the group commit's way)."""
-    parts: list[bytes] = []
+    parts: list[bytes | memoryview] = []
     offset = frame_into(parts, encode_header(store_id, first_lsn, max_record_bytes), 0)
     last = first_lsn - 1
     pack = pack_entry_header
