@@ -71,6 +71,17 @@ class ReadGate:
         with self._mutex:
             pass
 
+    def announce(self, reader: Any) -> None:
+        """Set ``reader.busy`` (a :class:`Reader`'s or a view's) once no
+        writer is waiting for readers to leave; the caller clears it when it
+        leaves LMDB."""
+        while True:
+            reader.busy = True
+            if not self.blocking:
+                return
+            reader.busy = False
+            self.wait()
+
     def acquire_exclusive(self, *, cached_only: bool = False) -> None:
         """Wait until no reader is inside LMDB and keep new ones out.
         ``cached_only``: wait only for users of the threads' cached

@@ -294,13 +294,7 @@ class StateReads:
         """A commit happened since this thread's last read, or a writer holds
         the gate, or the cached transaction died: renew it (announced by the
         reader's ``busy`` flag, as on the fast path)."""
-        gate = self.gate
-        while True:
-            r.busy = True
-            if not gate.blocking:
-                break
-            r.busy = False
-            gate.wait()
+        self.gate.announce(r)
         try:
             if self._closed:
                 raise self._closed_error()

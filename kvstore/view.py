@@ -109,18 +109,8 @@ class View(Lookups):
 
     # -- the handshake with the writer (kvstore.readers.ReadGate) ------------
 
-    def _announce(self) -> None:
-        """Mark this view busy once no writer is waiting for readers to leave."""
-        gate = self._state.gate
-        while True:
-            self.busy = True
-            if not gate.blocking:
-                return
-            self.busy = False
-            gate.wait()
-
     def _enter(self) -> lmdb.Transaction:
-        self._announce()
+        self._state.gate.announce(self)
         txn = self._txn
         if txn is None:
             self.busy = False
@@ -221,7 +211,7 @@ class View(Lookups):
         if self._state.closed:  # the store closed it (or this is a forked child)
             self._txn = None
             return
-        self._announce()
+        self._state.gate.announce(self)
         try:
             if self._txn is not None:
                 self._end(self._txn, ClosedError("this view was closed (its with-block ended); "
