@@ -72,6 +72,15 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def walkv_spark(spark):
+    """The session with walkv's data source registered."""
+    from kvstore.spark import register
+
+    register(spark)
+    return spark
+
+
+@pytest.fixture(scope="session")
 def s3server(tmp_path_factory: pytest.TempPathFactory):
     """A real S3 server (``rclone serve s3``, tests/s3server.py) for the whole run."""
     from tests.s3server import S3Server, rclone_binary

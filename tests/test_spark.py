@@ -12,19 +12,11 @@ import pytest
 
 import kvstore
 import wal
-from tests.test_spark_helpers import build_store, log_timestamps
+from tests.test_spark_helpers import CHANGE_COLS, build_store, log_timestamps
 
 pytestmark = pytest.mark.spark
 
-CHANGE_COLS = ["key", "value", "end_key", "_change_type", "_commit_version", "_op_index"]
 
-
-@pytest.fixture(scope="module")
-def walkv_spark(spark):
-    from kvstore.spark import register
-
-    register(spark)
-    return spark
 
 
 def tuples(rows, cols):

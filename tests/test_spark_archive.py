@@ -10,27 +10,16 @@ import uuid
 import pytest
 
 from kvstore.archive import Archiver, ArchiveReader
-from tests.test_spark_helpers import build_store
+from tests.test_spark_helpers import CHANGE_COLS, as_bytes, build_store
 
 pytestmark = pytest.mark.spark
 
-CHANGE_COLS = ["key", "value", "end_key", "_change_type", "_commit_version", "_op_index"]
 
 
-@pytest.fixture(scope="module")
-def walkv_spark(spark):
-    from kvstore.spark import register
-
-    register(spark)
-    return spark
-
-
-def _b(v):
-    return bytes(v) if isinstance(v, (bytearray, memoryview)) else v
 
 
 def rows(df, cols):
-    return sorted((tuple(_b(r[c]) for c in cols) for r in df.collect()), key=repr)
+    return sorted((tuple(as_bytes(r[c]) for c in cols) for r in df.collect()), key=repr)
 
 
 def read(spark, table, location, **options):
@@ -55,7 +44,7 @@ def test_archive_dir_reads_like_the_store(walkv_spark, tmp_path):
         from_archive = read(spark, table, archive)
         assert rows(from_archive, cols) == rows(read(spark, table, built.path), cols), table
     st = read(spark, "state", archive).collect()
-    assert {_b(r.key): _b(r.value) for r in st} == built.model
+    assert {as_bytes(r.key): as_bytes(r.value) for r in st} == built.model
 
     # Every LSN the archive holds, one partition per log object.
     everything = read(spark, "changes", archive, startingLsn="earliest")
@@ -64,7 +53,7 @@ def test_archive_dir_reads_like_the_store(walkv_spark, tmp_path):
     # Point in time, from the archive alone.
     end = built.last_lsn - 7
     old = read(spark, "state", archive, endingLsn=end).collect()
-    assert {_b(r.key): _b(r.value) for r in old} == built.state_at(end)
+    assert {as_bytes(r.key): as_bytes(r.value) for r in old} == built.state_at(end)
     snap = read(spark, "snapshot", archive)
     assert snap.rdd.getNumPartitions() == len(reader.snapshots()[-1].chunks)
 
@@ -91,7 +80,7 @@ def test_archive_on_s3_reads_like_the_store(walkv_spark, s3server, tmp_path):
     n_objects = len(ArchiveReader(uri).segments())
 
     st = read(spark, "state", uri).collect()
-    assert {_b(r.key): _b(r.value) for r in st} == built.model
+    assert {as_bytes(r.key): as_bytes(r.value) for r in st} == built.model
     changes = read(spark, "changes", uri, startingLsn="earliest")
     assert changes.rdd.getNumPartitions() == n_objects
     assert rows(changes, CHANGE_COLS) == sorted(built.change_rows(1), key=repr)

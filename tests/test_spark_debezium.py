@@ -8,7 +8,7 @@ import pytest
 
 import kvstore
 from kvstore.spark.files import StoreFiles
-from tests.test_spark_helpers import build_store, log_timestamps
+from tests.test_spark_helpers import as_bytes, build_store, log_timestamps
 
 pytestmark = pytest.mark.spark
 
@@ -16,21 +16,11 @@ SCHEMA = ("struct<key:binary,before:binary,after:binary,source:struct<store_id:s
           "op_index:int,snapshot:boolean>,op:string,ts_ms:bigint>")
 
 
-@pytest.fixture(scope="module")
-def walkv_spark(spark):
-    from kvstore.spark import register
-
-    register(spark)
-    return spark
-
-
-def _b(v):
-    return bytes(v) if isinstance(v, (bytearray, memoryview)) else v
 
 
 def rows(df):
     """(key, before, after, op, lsn, op_index, snapshot, source ts_ms, ts_ms, store_id), sorted by position."""
-    out = [(_b(r.key), _b(r.before), _b(r.after), r.op, r.source.lsn, r.source.op_index, r.source.snapshot,
+    out = [(as_bytes(r.key), as_bytes(r.before), as_bytes(r.after), r.op, r.source.lsn, r.source.op_index, r.source.snapshot,
             r.source.ts_ms, r.ts_ms, r.source.store_id) for r in df.collect()]
     return sorted(out, key=lambda x: (x[4], x[5], x[0]))
 

@@ -41,6 +41,15 @@ class Built:
         return rows
 
 
+CHANGE_COLS = ["key", "value", "end_key", "_change_type", "_commit_version", "_op_index"]
+"""The columns of the ``changes`` table most tests compare."""
+
+
+def as_bytes(v):
+    """A binary column's value as ``bytes`` (Spark gives bytearray)."""
+    return bytes(v) if isinstance(v, (bytearray, memoryview)) else v
+
+
 def apply(model: dict[bytes, bytes], ops: list[list]) -> None:
     for op in ops:
         if op[0] == 1:

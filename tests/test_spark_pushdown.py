@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import kvstore
-from tests.test_spark_helpers import Built, apply
+from tests.test_spark_helpers import Built, apply, as_bytes
 
 pytestmark = pytest.mark.spark
 
@@ -52,9 +52,6 @@ def built(tmp_path_factory):
     return b
 
 
-def _b(v):
-    return bytes(v) if isinstance(v, (bytearray, memoryview)) else v
-
 
 def scan(spark, built, table, where=None, **options):
     r = spark.read.format("walkv").option("table", table)
@@ -81,7 +78,7 @@ def test_key_filters_prune_snapshot_chunks(pushing, built):
     for where, want in cases:
         df = scan(spark, built, "snapshot", where)
         assert df.rdd.getNumPartitions() < total / 2, where
-        assert {_b(r.key): _b(r.value) for r in df.collect()} == {k: v for k, v in snap.items() if want(k)}, where
+        assert {as_bytes(r.key): as_bytes(r.value) for r in df.collect()} == {k: v for k, v in snap.items() if want(k)}, where
     # LIKE 'prefix%' on string keys.
     df = scan(spark, built, "snapshot", "key LIKE 'k001%'", keyFormat="string")
     assert df.rdd.getNumPartitions() < total / 2
@@ -95,10 +92,10 @@ def test_key_filters_prune_the_state_and_lsn_filters_the_log(pushing, built):
     where = f"key >= X'{keys[30].hex()}' AND key < X'{keys[40].hex()}'"
     df = scan(spark, built, "state", where)
     assert df.rdd.getNumPartitions() < total / 2
-    assert {_b(r.key): _b(r.value) for r in df.collect()} == {k: v for k, v in built.model.items()
+    assert {as_bytes(r.key): as_bytes(r.value) for r in df.collect()} == {k: v for k, v in built.model.items()
                                                               if keys[30] <= k < keys[40]}
     one = scan(spark, built, "state", f"key = X'{keys[7].hex()}'").collect()
-    assert [(_b(r.key), _b(r.value)) for r in one] == [(keys[7], built.model[keys[7]])]
+    assert [(as_bytes(r.key), as_bytes(r.value)) for r in one] == [(keys[7], built.model[keys[7]])]
 
     log = scan(spark, built, "changes", startingLsn="earliest")
     segments = log.rdd.getNumPartitions()

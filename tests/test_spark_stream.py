@@ -9,21 +9,11 @@ import datetime
 import pytest
 
 import kvstore
-from tests.test_spark_helpers import build_store, log_timestamps
+from tests.test_spark_helpers import as_bytes, build_store, log_timestamps
 
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def walkv_spark(spark):
-    from kvstore.spark import register
-
-    register(spark)
-    return spark
-
-
-def _b(v):
-    return bytes(v) if isinstance(v, (bytearray, memoryview)) else v
 
 
 def run_available_now(spark, path, checkpoint, on_batch=None, **options):
@@ -36,7 +26,7 @@ def run_available_now(spark, path, checkpoint, on_batch=None, **options):
         reader = reader.option(k, v)
 
     def collect(df, batch_id):
-        sink.append((batch_id, [(r._commit_version, r._op_index, _b(r.key), _b(r.value)) for r in df.collect()]))
+        sink.append((batch_id, [(r._commit_version, r._op_index, as_bytes(r.key), as_bytes(r.value)) for r in df.collect()]))
         if on_batch is not None:
             on_batch(batch_id)
 

@@ -19,7 +19,7 @@ from kvstore.spark.options import parse  # noqa: E402
 from kvstore.spark.partitions import ChunkPartition, LogPartition, StatePartition  # noqa: E402
 from kvstore.spark.source import WalkvDataSource, WalkvReader, spark_schema  # noqa: E402
 from kvstore.spark.stream import WalkvStreamReader  # noqa: E402
-from tests.test_spark_helpers import build_store, log_timestamps  # noqa: E402
+from tests.test_spark_helpers import CHANGE_COLS, build_store, log_timestamps  # noqa: E402
 from wal.errors import CorruptionError, LogGapError  # noqa: E402
 
 
@@ -102,7 +102,6 @@ def test_arrow_schema_is_what_spark_expects(table, kf, vf):
 # -- changes -----------------------------------------------------------------------
 
 
-CHANGE_COLS = ["key", "value", "end_key", "_change_type", "_commit_version", "_op_index"]
 
 
 def test_changes_after_newest_snapshot(store):

@@ -31,13 +31,6 @@ def staging_left(path):
     return [n for n in os.listdir(d)] if os.path.isdir(d) else []
 
 
-@pytest.fixture(scope="module")
-def walkv_spark(spark):
-    from kvstore.spark import register
-
-    register(spark)
-    return spark
-
 
 @pytest.mark.spark
 def test_append_overwrite_and_deletes_are_one_batch_each(walkv_spark, tmp_path):
