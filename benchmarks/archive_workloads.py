@@ -35,7 +35,7 @@ from typing import Any
 from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.kv_workloads import WalkvKV, load
-from benchmarks.timing import in_child, threaded
+from benchmarks.timing import in_child, threaded, threaded_puts
 
 ARCH = ("kvstore:open", "kvstore:restore", "kvstore.archive:Archiver", "kvstore.archiving:restore")
 
@@ -48,13 +48,7 @@ def _puts(archive: bool, threads: int, seconds: float):
         options: dict[str, Any] = {"archive": os.path.join(d, "arch")} if archive else {}
         db = kvstore.open(os.path.join(d, "store"), sync="always", **options)
         try:
-            v = data.value(0)
-
-            def make(i: int):
-                put, key = db.put, data.key
-                return lambda n: put(key(n, i), v)
-
-            m = threaded(threads, seconds, make)
+            m = threaded_puts(db.put, threads, seconds, data.value(0))
             if archive:
                 m.extra["archived_lsn"] = db.flush_archive(timeout=60)
             return m

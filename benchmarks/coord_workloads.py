@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Measurement, Target, Workload
-from benchmarks.timing import threaded
+from benchmarks.timing import threaded, threaded_puts
 
 KV = ("kvstore:open",)
 
@@ -51,13 +51,7 @@ def _puts_with_watchers(watchers: int, threads: int, seconds: float):
         for t in followers:
             t.start()
         try:
-            v = data.value(0)
-
-            def make(i: int):
-                put, key = db.put, data.key
-                return lambda n: put(key(n, i), v)
-
-            m = threaded(threads, seconds, make)
+            m = threaded_puts(db.put, threads, seconds, data.value(0))
         finally:
             for w in ws:
                 w.close()

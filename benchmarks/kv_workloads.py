@@ -33,7 +33,7 @@ from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.log_workloads import _leveldb_replay, _leveldb_replay_prepare
 from benchmarks.peers import KV_PEERS, LMDB, LevelDB
-from benchmarks.timing import coroutines, counted, in_child_on_copy, threaded
+from benchmarks.timing import coroutines, counted, in_child_on_copy, threaded_puts
 
 KV = ("kvstore:open",)
 LOAD_CHUNK = 10_000  # items per batch when loading data (untimed)
@@ -81,13 +81,7 @@ def _puts_timed(system: str, threads: int, seconds: float, sync: bool = True):
     def run(ctx: Context) -> Measurement:
         db = _open(system, ctx, sync)
         try:
-            v = data.value(0)
-
-            def make(i: int):
-                put, key = db.writer(), data.key
-                return lambda n: put(key(n, i), v)
-
-            return threaded(threads, seconds, make)
+            return threaded_puts(db.writer(), threads, seconds, data.value(0))
         finally:
             db.close()
 

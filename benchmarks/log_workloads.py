@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.peers import LevelDB, PlainLog
-from benchmarks.timing import counted, in_child, in_child_on_copy, threaded
+from benchmarks.timing import counted, in_child, in_child_on_copy, threaded, threaded_puts
 
 WAL = ("wal:open",)
 BATCH = 1000  # entries per append_batch when filling a log (untimed)
@@ -135,13 +135,7 @@ def _leveldb_durable(threads: int, seconds: float):
     def run(ctx: Context) -> Measurement:
         db = LevelDB(ctx.fresh_dir("leveldb"), sync=True)
         try:
-            p = data.payload()
-
-            def make(i: int):
-                put, key = db.writer(), data.key
-                return lambda n: put(key(n, i), p)
-
-            return threaded(threads, seconds, make)
+            return threaded_puts(db.writer(), threads, seconds, data.payload())
         finally:
             db.close()
 

@@ -76,6 +76,19 @@ def threaded(threads: int, seconds: float, make_op: Callable[[int], Callable[[in
     return Measurement(ops=sum(counts), seconds=elapsed, extra={"threads": threads})
 
 
+def threaded_puts(put: Callable[[bytes, bytes], Any], threads: int, seconds: float,
+                  value: bytes) -> Measurement:
+    """:func:`threaded` with each worker calling ``put(key, value)`` on keys
+    of its own (``data.key(n, thread)``)."""
+    from benchmarks import data
+
+    def make(i: int) -> Callable[[int], Any]:
+        key = data.key
+        return lambda n: put(key(n, i), value)
+
+    return threaded(threads, seconds, make)
+
+
 def coroutines(tasks: int, seconds: float,
                open_: Callable[[], Awaitable[Any]],
                op: Callable[[Any, int, int], Awaitable[Any]],

@@ -19,19 +19,12 @@ import pytest
 import kvstore
 from kvstore.archive import Archiver, ArchiveReader, restore_from_archive
 from tests.s3server import KEY, SECRET
+from tests.test_archive import state
 from wal.errors import CorruptionError
 from wal.reader import read_log
 
 pytest.importorskip("pyarrow")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def state(path: str) -> dict[bytes, bytes]:
-    db = kvstore.open(path, readonly=True)
-    try:
-        return dict(db.scan())
-    finally:
-        db.close()
 
 
 def wait_for(cond, what: str, seconds: float = 60.0) -> None:
