@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     if args.scale:
-        from benchmarks.scale import parse_sizes, run_scale
+        from benchmarks.scale import run_scale
+        from benchmarks.scale_metrics import parse_sizes
 
         try:
             sizes = parse_sizes(args.scale)

@@ -37,7 +37,7 @@ from benchmarks.harness import Config, Contender, Context, Limit, Measurement, T
 from benchmarks.kv_workloads import WalkvKV, load
 from benchmarks.timing import in_child, threaded, threaded_puts
 
-ARCH = ("kvstore:open", "kvstore:restore", "kvstore.archive:Archiver", "kvstore.archiving:restore")
+ARCH = ("kvstore:open", "kvstore:restore", "kvstore.archive:Archiver", "kvstore.replica.point_in_time:restore")
 
 
 def _puts(archive: bool, threads: int, seconds: float):

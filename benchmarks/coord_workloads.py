@@ -11,7 +11,7 @@
   vs plain durable puts from 8 threads (no target; the ratio is reported).
 * ``kv.replica.lag``: a writer PROCESS doing 10k durable puts/s (8 threads,
   paced) and a read replica of its store in this one
-  (:mod:`kvstore.replica`); ``extra`` holds the replica's lag sampled every
+  (:mod:`kvstore.replica.replica`); ``extra`` holds the replica's lag sampled every
   millisecond through ``rep.lag``, p50/p99 in LSNs and in milliseconds (the
   time since the replica last showed all the source had durable). The rate
   is the puts the writer did per second (no target: the lag is the result).

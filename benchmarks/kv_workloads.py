@@ -192,7 +192,7 @@ def encode_puts(pairs: list[tuple[bytes, bytes]]) -> bytes:
     """One log entry payload (the contract's batch format), via kvstore's own
     encoder when it has one."""
     try:
-        from kvstore import batch as kvbatch
+        from kvstore.entry import codec as kvbatch
 
         for name in ("encode", "encode_ops", "pack"):
             fn = getattr(kvbatch, name, None)

@@ -21,7 +21,7 @@ import sys
 from typing import Any, TextIO
 
 from benchmarks.report import plain_table, pyplot, save, write_json
-from benchmarks.scale import LABELS, METRICS, SYSTEMS_MEASURED, size_label
+from benchmarks.scale_metrics import LABELS, METRICS, SYSTEMS_MEASURED, size_label
 
 HEADERS = ("metric", "keys", "walkv", "LevelDB", "walkv/LevelDB", "walkv x smallest",
            "LevelDB x smallest", "goal", "result")

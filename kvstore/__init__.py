@@ -19,19 +19,22 @@
     async with kvstore.open_async(path) as adb:
         await adb.put(b"k", b"v")            # thousands of coroutines share each fsync
 
-See :mod:`kvstore.store` for durability and locking, :mod:`kvstore.batch` for
-the log entry format, :mod:`kvstore.state` for the LMDB state machine and
-:mod:`kvstore.recovery` for what open checks and rebuilds.
+See :mod:`kvstore.store.store` for durability and locking, :mod:`kvstore.entry.codec` for
+the log entry format, :mod:`kvstore.state.machine` for the LMDB state machine and
+:mod:`kvstore.store.recovery` for what open checks and rebuilds.
 """
 
 from __future__ import annotations
 
-from kvstore.archiving import restore
-from kvstore.batch import MAX_KEY_BYTES
-from kvstore.restore import RestoreInfo
-from kvstore.store import KVStore, open
-from kvstore.view import View
-from kvstore.write_batch import WriteBatch
+from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget
+from kvstore.entry.codec import MAX_KEY_BYTES
+from kvstore.replica.archive_restore import restore_from_archive
+from kvstore.replica.point_in_time import restore
+from kvstore.replica.restore import RestoreInfo
+from kvstore.state.view import View
+from kvstore.store.metrics import prometheus_text
+from kvstore.store.store import KVStore, open
+from kvstore.store.write_batch import WriteBatch
 from wal.errors import (
     ArchiveError,
     ArchiveLagError,
@@ -56,25 +59,25 @@ from wal.errors import (
 
 def open_replica(source, path, **options):
     """Open (or create) a read replica of ``source`` (a store directory or an
-    archive location) at ``path``. See :mod:`kvstore.replica`."""
-    from kvstore.replica import open_replica as _open_replica
+    archive location) at ``path``. See :mod:`kvstore.replica.replica`."""
+    from kvstore.replica.replica import open_replica as _open_replica
 
     return _open_replica(source, path, **options)
 
 
 def open_async(path, sync: str = "always", **options):
     """Open the store for asyncio: ``adb = await kvstore.open_async(path)`` or
-    ``async with kvstore.open_async(path) as adb:``. See :mod:`kvstore.aio`."""
-    from kvstore.aio import open_async as _open_async
+    ``async with kvstore.open_async(path) as adb:``. See :mod:`kvstore.store.aio`."""
+    from kvstore.store.aio import open_async as _open_async
 
     return _open_async(path, sync=sync, **options)
 
 
 __all__ = [
-    "MAX_KEY_BYTES", "ArchiveError", "ArchiveLagError", "ClosedError", "CorruptionError", "Damage",
+    "MAX_KEY_BYTES", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError", "ClosedError", "CorruptionError", "Damage",
     "DiskFullError", "ForkedError", "StoreVanishedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
     "ReplicaLagError", "SnapshotError",
     "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "open_replica",
-    "restore",
+    "prometheus_text", "restore", "restore_from_archive",
 ]

@@ -3,10 +3,10 @@
     STORE/
       LOCK        fcntl lock held by the one writing process (holds its pid): wal.lock
       wal/        the log: wal (segments, sparse indexes, DURABLE)
-      lmdb/       the state machine (kvstore.state) and its SESSION record (kvstore.recovery)
+      lmdb/       the state machine (kvstore.state.machine) and its SESSION record (kvstore.store.recovery)
       snapshots/  snap-<lsn 20 digits>/ directories: the snapshot package
-      ARCHIVED    the archived LSN a sidecar archiver publishes (kvstore.archived)
-      REPLICA     only in a read replica's directory (kvstore.replica): which store it follows;
+      ARCHIVED    the archived LSN a sidecar archiver publishes (kvstore.archive.marker)
+      REPLICA     only in a read replica's directory (kvstore.replica.replica): which store it follows;
                   a writer refuses to open it until promote() removed it
 
 :class:`StoreLayout` gives these paths for a store reached through any

@@ -98,10 +98,10 @@ def s3server(tmp_path_factory: pytest.TempPathFactory):
 def reboot(monkeypatch: pytest.MonkeyPatch):
     """Control the kernel boot id the store sees; ``reboot()`` changes it (a
     simulated machine crash, after which walkv distrusts LMDB)."""
-    import kvstore.recovery
+    import kvstore.store.recovery
 
     state = {"n": 0}
-    monkeypatch.setattr(kvstore.recovery, "boot_id", lambda: f"boot-{state['n']}")
+    monkeypatch.setattr(kvstore.store.recovery, "boot_id", lambda: f"boot-{state['n']}")
 
     def _reboot() -> None:
         state["n"] += 1

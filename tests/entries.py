@@ -1,9 +1,9 @@
 """Log entry payloads for tests that write a store's log directly
-(the format is :mod:`kvstore.batch`'s)."""
+(the format is :mod:`kvstore.entry.codec`'s)."""
 
 from __future__ import annotations
 
-from kvstore.batch import OP_DELETE, OP_DELETE_RANGE, OP_PUT, encode
+from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_PUT, encode
 
 
 def encode_put(key: bytes, value: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""The asyncio front's write path (kvstore/aio.py, issue 15): writes issued in
+"""The asyncio front's write path (kvstore/store/aio.py, issue 15): writes issued in
 one loop turn are queued with the log as one run (``Log.append_many_nowait``),
 get one callback and one wake-up of the loop, and each write's future still
 resolves on its own: with its own LSN, only once durable and applied, with the
@@ -16,7 +16,7 @@ import pytest
 
 import kvstore
 import wal
-from kvstore.batch import decode
+from kvstore.entry.codec import decode
 from tests.faultfs import FaultFS, scratch_dir
 from wal.errors import LogFailedError
 

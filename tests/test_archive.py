@@ -10,7 +10,7 @@ import time
 import pytest
 
 import kvstore
-from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget, restore_from_archive
+from kvstore import Archiver, ArchiveReader, ArchiveTarget, restore_from_archive
 from kvstore.archive.layout import WAL_DIR
 from kvstore.cli.main import main
 from wal.errors import ArchiveError, ArchiveLagError, CorruptionError, LockedError

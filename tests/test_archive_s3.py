@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 import kvstore
-from kvstore.archive import Archiver, ArchiveReader, restore_from_archive
+from kvstore import Archiver, ArchiveReader, restore_from_archive
 from tests.s3server import KEY, SECRET
 from tests.test_archive import state
 from wal.errors import CorruptionError

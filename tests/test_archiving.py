@@ -18,9 +18,9 @@ import pytest
 
 import kvstore
 from kvstore.archive import ArchiveReader
-from kvstore.archived import read_archived
+from kvstore.archive.marker import read_archived
 from kvstore.cli.main import main
-from kvstore.metrics import prometheus_text
+from kvstore.store.metrics import prometheus_text
 from tests.s3server import SECRET
 from wal.errors import ArchiveError, ArchiveLagError
 

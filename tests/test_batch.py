@@ -1,4 +1,4 @@
-"""kvstore/batch.py: the log entry payload of the key-value store."""
+"""kvstore/entry/codec.py: the log entry payload of the key-value store."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore import batch
-from kvstore.batch import (
+from kvstore.entry import codec as batch
+from kvstore.entry.codec import (
     END_OF_KEYS,
     MAX_KEY_BYTES,
     OP_DELETE,
@@ -20,7 +20,7 @@ from kvstore.batch import (
     decode,
     encode,
 )
-from kvstore.write_batch import WriteBatch
+from kvstore.store.write_batch import WriteBatch
 from tests.entries import encode_delete, encode_delete_range, encode_put
 from wal.errors import ClosedError, CorruptionError, RecordTooLargeError
 

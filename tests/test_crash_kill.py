@@ -26,7 +26,7 @@ import pytest
 
 import kvstore
 import wal
-from kvstore.batch import END_OF_KEYS, decode
+from kvstore.entry.codec import END_OF_KEYS, decode
 from tests.test_kvstore import fake_machine_crash
 
 pytestmark = pytest.mark.crash

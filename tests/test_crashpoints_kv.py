@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import kvstore
-import kvstore.recovery
+import kvstore.store.recovery
 from tests.faultfs import (
     PLAIN,
     FaultFS,

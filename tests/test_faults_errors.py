@@ -24,7 +24,7 @@ import threading
 import pytest
 
 import kvstore
-import kvstore.recovery
+import kvstore.store.recovery
 import wal
 from tests.faultfs import FaultFS, close_quietly, scratch_dir
 from tests.test_crashpoints import SEGMENT_BYTES, LogOracle, check_log

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 import kvstore
-from kvstore import overlay
+from kvstore.state import overlay
 from wal.errors import DiskFullError, LogFailedError
 
 MIB = 1 << 20

@@ -2,7 +2,7 @@
 under a store, files with wrong permissions, and the modes of the files the
 store creates.
 
-* kvstore.batch.decode: random bytes, random msgpack values, near-valid
+* kvstore.entry.codec.decode: random bytes, random msgpack values, near-valid
   batches and length fields claiming gigabytes give CorruptionError or a
   well-formed batch, with memory bounded;
 * a log entry that is valid msgpack but not a batch makes kvstore.open
@@ -34,10 +34,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvstore
-import kvstore.recovery
+import kvstore.store.recovery
 import snapshot
 import wal
-from kvstore.batch import MAX_BOUND_BYTES, MAX_KEY_BYTES, decode
+from kvstore.entry.codec import MAX_BOUND_BYTES, MAX_KEY_BYTES, decode
 from snapshot.manifest import decode_manifest, encode_manifest
 from tests.test_kvstore import abandon
 from wal.errors import CorruptionError, WalkvError

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import kvstore
 import wal
-from kvstore import recovery
-from kvstore.batch import MAX_KEY_BYTES
+from kvstore.entry.codec import MAX_KEY_BYTES
+from kvstore.store import recovery
 from wal.errors import WalkvError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -308,7 +308,7 @@ def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
 
 
 def test_write_of_bad_input_is_a_type_or_value_error(db) -> None:
-    from kvstore.batch import encode
+    from kvstore.entry.codec import encode
 
     with pytest.raises(TypeError, match="payload must be bytes"):
         db.write("[[1, 'k', 'v']]")
@@ -349,7 +349,7 @@ def test_writes_inside_a_scan_loop(db) -> None:
 
 
 def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monkeypatch) -> None:
-    from kvstore import state_writes
+    from kvstore.state import writes as state_writes
 
     monkeypatch.setattr(state_writes, "SWEEP_SECONDS", 0.0)  # sweep at every chance
     with kvstore.open(store, sync="none") as d:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import kvstore
-from kvstore.batch import END_OF_KEYS, encode
+from kvstore.entry.codec import END_OF_KEYS, encode
 from tests.test_kvstore import abandon, append_raw, fake_machine_crash
 
 SEGMENT = 4096

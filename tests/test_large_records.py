@@ -18,8 +18,8 @@ import pytest
 import kvstore
 import snapshot
 import wal
-from kvstore.batch import put_payload
 from kvstore.cli.main import main as walkv
+from kvstore.entry.codec import put_payload
 from kvstore.spark.files import StoreFiles
 from wal.errors import CorruptionError, Damage, RecordOverLimitError
 from wal.record import (

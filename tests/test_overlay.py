@@ -1,4 +1,4 @@
-"""The overlay (kvstore/overlay.py): small groups of a store opened with
+"""The overlay (kvstore/state/overlay.py): small groups of a store opened with
 sync="none"/"batch" are applied in memory and written to LMDB in bulk. What
 must hold: every write is visible to the next read in any thread at once; LMDB
 catches up (flush on size, on time, before scans/views/counts/snapshots, at
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvstore
-from kvstore import overlay as overlay_mod
+from kvstore.state import overlay as overlay_mod
 from tests.test_kvstore import ROOT, abandon
 from wal.errors import DiskFullError, LogFailedError
 

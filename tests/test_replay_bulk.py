@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import kvstore
 import wal
-from kvstore import recovery
-from kvstore.batch import decode, decode_all
+from kvstore.entry.codec import decode, decode_all
+from kvstore.store import recovery
 from tests.entries import encode_delete, encode_put
 from tests.test_kvstore import abandon, append_raw
 from wal.errors import CorruptionError, Damage

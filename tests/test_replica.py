@@ -1,4 +1,4 @@
-"""Read replicas (kvstore/replica.py): a writer PROCESS and a replica in this
+"""Read replicas (kvstore/replica/replica.py): a writer PROCESS and a replica in this
 one, its state at every LSN it shows checked against the log replayed into a
 dict; kill -9 of the writer; retention trimming past the replica; wait_for;
 promote; a replica of an archive; the command."""
@@ -14,9 +14,9 @@ import threading
 import pytest
 
 import kvstore
-from kvstore import conditions
 from kvstore.archive.shipper import Archiver
-from kvstore.batch import OP_DELETE, OP_PUT, decode
+from kvstore.entry import conditions
+from kvstore.entry.codec import OP_DELETE, OP_PUT, decode
 from tests.test_cli import REPO
 from wal import list_segments, read_durable_lsn, read_log
 from wal.errors import ClosedError, LockedError, ReplicaError, ReplicaLagError

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from benchmarks.scale import METRICS, parse_sizes, size_label
+from benchmarks.scale_metrics import METRICS, parse_sizes, size_label
 from benchmarks.scale_report import summarise
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

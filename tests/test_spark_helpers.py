@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import kvstore
 import wal
-from kvstore.batch import END_OF_KEYS
+from kvstore.entry.codec import END_OF_KEYS
 
 
 @dataclass

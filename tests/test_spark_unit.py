@@ -166,7 +166,7 @@ def test_end_lsn_never_past_durable(tmp_path):
     with kvstore.open(path) as db:
         for i in range(5):
             db.put(b"k%d" % i, b"v")
-    from kvstore.batch import encode
+    from kvstore.entry.codec import encode
 
     log = wal.open(os.path.join(path, "wal"), sync="none")
     try:

@@ -66,7 +66,7 @@ def test_a_reader_killed_mid_scan_does_not_make_lmdb_grow(tmp_path):
 
 
 def test_a_long_scan_renews_its_snapshot_between_chunks(tmp_path, monkeypatch):
-    import kvstore.readers as readers
+    import kvstore.state.readers as readers
 
     with kvstore.open(str(tmp_path / "s"), sync="none") as db:
         db.update((b"k%03d" % i, b"old") for i in range(100))

@@ -12,8 +12,8 @@ import pytest
 
 import kvstore
 import snapshot
-from kvstore.batch import decode
-from kvstore.restore import restore
+from kvstore.entry.codec import decode
+from kvstore.replica.restore import restore
 from wal import list_segments, read_log
 from wal.errors import CorruptionError, SnapshotError, WalkvError
 

@@ -29,8 +29,8 @@ from collections.abc import Callable
 import pytest
 
 import kvstore
-from kvstore import conditions
-from kvstore.batch import DELETE, DELETE_RANGE, OP_DELETE, OP_DELETE_RANGE, OP_FAILED, OP_PUT, UPSERT, decode
+from kvstore.entry import conditions
+from kvstore.entry.codec import DELETE, DELETE_RANGE, OP_DELETE, OP_DELETE_RANGE, OP_FAILED, OP_PUT, UPSERT, decode
 from tests.test_cli import REPO
 from tests.trio_child import digest
 from wal import read_log

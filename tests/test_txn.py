@@ -1,5 +1,5 @@
-"""Conditional writes: compare-and-set, delete-if, transactions (kvstore/txn.py),
-decided in log order, the decision written into the log (kvstore/conditions.py)."""
+"""Conditional writes: compare-and-set, delete-if, transactions (kvstore/store/txn.py),
+decided in log order, the decision written into the log (kvstore/entry/conditions.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import kvstore
 import wal
-from kvstore.aio import AsyncKVStore
-from kvstore.batch import OP_FAILED, decode, encode, parse
-from kvstore.txn import Condition
+from kvstore.entry.codec import OP_FAILED, decode, encode, parse
+from kvstore.store.aio import AsyncKVStore
+from kvstore.store.txn import Condition
 from tests.test_kvstore import abandon, fake_machine_crash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

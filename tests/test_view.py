@@ -13,7 +13,7 @@ import time
 import pytest
 
 import kvstore
-import kvstore.view as view_module
+import kvstore.state.view as view_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

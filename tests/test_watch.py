@@ -1,4 +1,4 @@
-"""Watching a store's changes (kvstore/watch.py, kvstore/watch_log.py)."""
+"""Watching a store's changes (kvstore/watch/watcher.py, kvstore/watch/log_tail.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import threading
 import pytest
 
 import kvstore
-from kvstore.aio import AsyncKVStore
-from kvstore.batch import DELETE, DELETE_RANGE, UPSERT
-from kvstore.watch import Change
+from kvstore.entry.codec import DELETE, DELETE_RANGE, UPSERT
+from kvstore.store.aio import AsyncKVStore
+from kvstore.watch.watcher import Change
 from tests.test_kvstore import fake_machine_crash
 from wal.errors import LogGapError
 

@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterable
 
 import kvstore
-from kvstore.watch import PROGRESS, Change
+from kvstore.watch.watcher import PROGRESS, Change
 
 
 def digest(items: Iterable[tuple[bytes, bytes]]) -> str:

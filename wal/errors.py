@@ -176,7 +176,7 @@ class ArchiveLagError(ArchiveError):
         self.target_lsn = target_lsn
         super().__init__(message)
 class ReplicaError(WalkvError):
-    """A read replica (:mod:`kvstore.replica`) cannot follow its source as
+    """A read replica (:mod:`kvstore.replica.replica`) cannot follow its source as
     asked: the source is another store than the one the replica holds, or its
     directory is not a replica's."""
 

@@ -80,7 +80,7 @@ class Archiver:
     the thread. ``keep_snapshots``/``keep_seconds``: archive retention (None:
     keep everything). ``on_archived(lsn)`` is called (in the shipping
     thread) whenever the archived LSN is known or grows (the sidecar
-    publishes it in ``STORE/ARCHIVED``: :mod:`kvstore.archived`)."""
+    publishes it in ``STORE/ARCHIVED``: :mod:`kvstore.archive.marker`)."""
 
     def __init__(self, store_path: str | os.PathLike[str], location: Location, *, interval: float = 1.0,
                  keep_snapshots: int | None = None, keep_seconds: float | None = None,

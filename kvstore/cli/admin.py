@@ -103,7 +103,7 @@ def _utc_time(text: str) -> datetime.datetime:
 
 def cmd_restore(args: argparse.Namespace, rep: Reporter) -> int:
     import kvstore
-    from kvstore.archiving import is_archive
+    from kvstore.replica.point_in_time import is_archive
     from wal.readfs import redact
 
     archive = is_archive(args.src)

@@ -7,7 +7,7 @@ log and snapshots off the machine (:mod:`kvstore.archive`).
   and the lease released); ``--once`` ships once and exits. Lag and errors
   go to stderr when they change. Exit 3 when another archiver holds the
   archive's lease. It publishes the archived LSN in ``STORE/ARCHIVED``
-  (:mod:`kvstore.archived`), which bounds the writer's local log retention
+  (:mod:`kvstore.archive.marker`), which bounds the writer's local log retention
   (delete that file when you stop archiving the store for good).
 * ``archive-ls URI``: the archive's store id, the LSN and time range its log
   covers, its objects and snapshots.
@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from kvstore.archive import Archiver, ArchiveReader
-from kvstore.archived import publish_archived
+from kvstore.archive.marker import publish_archived
 from kvstore.cli.common import EXIT_CORRUPT, EXIT_OK, AddCommand, human_bytes, print_table, require_store
 from kvstore.cli.progress import Reporter
 

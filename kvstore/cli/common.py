@@ -14,7 +14,7 @@ from kvstore.cli.progress import Reporter
 from kvstore.layout import StoreLayout
 
 if TYPE_CHECKING:
-    from kvstore.store import KVStore
+    from kvstore.store.store import KVStore
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1

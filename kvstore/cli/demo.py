@@ -79,7 +79,7 @@ from kvstore.cli.progress import Reporter
 from kvstore.layout import StoreLayout
 
 if TYPE_CHECKING:
-    from kvstore.store import KVStore
+    from kvstore.store.store import KVStore
     from snapshot import SnapshotInfo
 
 DESCRIPTION = (

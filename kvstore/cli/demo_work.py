@@ -31,7 +31,7 @@ from kvstore.cli.common import CliError
 from kvstore.cli.progress import Reporter
 
 if TYPE_CHECKING:
-    from kvstore.store import KVStore
+    from kvstore.store.store import KVStore
 
 _COUNTERS_LOCK = threading.Lock()
 

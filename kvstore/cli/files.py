@@ -154,7 +154,7 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
     with its segment; up to the segment with the first bad record (past it
     nothing is trusted, and it was reported already)."""
     import wal
-    from kvstore.batch import decode
+    from kvstore.entry.codec import decode
     from wal.record_reader import RecordReader
     from wal.segment import decode_entry, index_path, read_header
 
@@ -245,7 +245,7 @@ def _verify_snapshots(layout: StoreLayout, store_id: str | None, checked: dict[s
 
 
 def cmd_verify(args: argparse.Namespace, rep: Reporter) -> int:
-    from kvstore.archiving import is_archive
+    from kvstore.replica.point_in_time import is_archive
 
     if is_archive(args.store):  # a URI or an archive directory: `walkv archive-verify`
         from kvstore.cli.archive import cmd_archive_verify

@@ -124,7 +124,7 @@ def _short(data: bytes, n: int = 40) -> str:
 
 def _op_summary(ops: list[list[Any]]) -> tuple[str, list[str]]:
     """A one-line summary of a batch's operations, and one line per operation."""
-    from kvstore.batch import OP_DELETE, OP_DELETE_RANGE, OP_PUT, OP_REQUIRE_ABSENT, OP_REQUIRE_EQUALS
+    from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_PUT, OP_REQUIRE_ABSENT, OP_REQUIRE_EQUALS
 
     counts = {OP_PUT: 0, OP_DELETE: 0, OP_DELETE_RANGE: 0}
     lines = []
@@ -259,7 +259,7 @@ def _describe(kind: str, path: str, offset: int, payload: bytes, full_ops: bool)
                            f"created {_fmt_time(h.created_us)}",
                 "header": {"version": h.version, "store_id": h.store_id, "first_lsn": h.first_lsn,
                            "created_us": h.created_us}}
-    from kvstore.batch import decode
+    from kvstore.entry.codec import decode
     from wal.segment import decode_entry
 
     try:

@@ -1,4 +1,4 @@
-"""``walkv replica SOURCE DIR``: run a read replica (:mod:`kvstore.replica`)
+"""``walkv replica SOURCE DIR``: run a read replica (:mod:`kvstore.replica.replica`)
 until SIGINT or SIGTERM, showing its lag on stderr when it changes.
 
 SOURCE is a store directory (its writer may be another process) or an
@@ -15,7 +15,7 @@ import threading
 
 from kvstore.cli.common import EXIT_OK, AddCommand
 from kvstore.cli.progress import Reporter
-from kvstore.replica import Replica, open_replica
+from kvstore.replica.replica import Replica, open_replica
 
 
 def add_commands(add: AddCommand) -> None:

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from kvstore.archived import read_archived
+from kvstore.archive.marker import read_archived
 from kvstore.cli.common import (
     EXIT_OK,
     AddCommand,
@@ -26,7 +26,7 @@ from kvstore.cli.common import (
 )
 from kvstore.cli.progress import Reporter
 from kvstore.layout import SESSION_NAME
-from kvstore.metrics import prometheus_text
+from kvstore.store.metrics import prometheus_text
 from wal.errors import CorruptionError, WalkvError
 
 

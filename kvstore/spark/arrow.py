@@ -23,7 +23,7 @@ Three tables, one schema each; ``K`` and ``V`` are ``binary`` by default, or
 
                A conditional write's conditions are not changes; one whose
                conditions failed has no rows (the log records the decision,
-               :mod:`kvstore.conditions`).
+               :mod:`kvstore.entry.conditions`).
 
 ``state``      key K not null, value V not null, lsn bigint not null (the LSN
                that last wrote the key; the snapshot's LSN for untouched keys)
@@ -42,7 +42,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvstore.batch import (
+from kvstore.entry.codec import (
     CONDITION_CODES,
     DELETE,
     DELETE_RANGE,

@@ -62,7 +62,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 import snapshot
-from kvstore.batch import CONDITION_CODES, OP_DELETE, OP_DELETE_RANGE, OP_FAILED, OP_PUT
+from kvstore.entry.codec import CONDITION_CODES, OP_DELETE, OP_DELETE_RANGE, OP_FAILED, OP_PUT
 from kvstore.spark import arrow as sa
 from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles

@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 import snapshot
-from kvstore.batch import decode
+from kvstore.entry.codec import decode
 from kvstore.spark import arrow as sa
 from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles
@@ -182,7 +182,7 @@ def _only(bounds: Bounds | None, keys: pa.Array, values: pa.Array) -> tuple[pa.A
 
 
 def decode_batch(payload: bytes, lsn: int, path: str | None = None) -> list[list[Any]]:
-    """One log entry's batch (the format :mod:`kvstore.batch` owns), its
+    """One log entry's batch (the format :mod:`kvstore.entry.codec` owns), its
     damage naming the segment ``path``."""
     try:
         return decode(payload, lsn)

@@ -50,7 +50,7 @@ from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 import kvstore
 import wal
 from kvstore.archive.objects import encode_segment
-from kvstore.batch import END_OF_KEYS, OP_DELETE, OP_DELETE_RANGE, OP_PUT, decode, encode
+from kvstore.entry.codec import END_OF_KEYS, OP_DELETE, OP_DELETE_RANGE, OP_PUT, decode, encode
 from kvstore.spark.archive import is_archive
 from kvstore.spark.files import StoreFiles
 from wal.errors import CorruptionError, Damage

@@ -1,0 +1,25 @@
+"""The entry format: what one log entry's payload means, below everything that
+reads or writes one (the state machine, watch, the archive, Spark, the store).
+
+* :mod:`kvstore.entry.codec`: the op codes, encode/decode, the key and value
+  limits and the argument checks every write path shares;
+* :mod:`kvstore.entry.conditions`: deciding a group's conditional batches in
+  log order, and the decision as it is written into the log.
+
+It imports only :mod:`wal` (errors).
+"""
+
+from kvstore.entry.codec import (
+    DEFAULT_MAX_VALUE_BYTES,
+    ENTRY_OVERHEAD,
+    MAX_KEY_BYTES,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_PUT,
+    decode,
+    encode,
+)
+from kvstore.entry.conditions import Outcome, decide_group, writes_of
+
+__all__ = ["DEFAULT_MAX_VALUE_BYTES", "ENTRY_OVERHEAD", "MAX_KEY_BYTES", "OP_DELETE", "OP_DELETE_RANGE", "OP_PUT",
+           "Outcome", "decide_group", "decode", "encode", "writes_of"]

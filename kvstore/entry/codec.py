@@ -1,0 +1,302 @@
+"""The log entry payload of a key-value store: one atomic batch of operations.
+
+Format (one log entry's payload; the log adds LSN and timestamp around it)::
+
+    payload := msgpack array of op           (packed with use_bin_type=True)
+    op      := [1, key, value]                put
+             | [2, key]                       delete
+             | [3, start, end]                delete_range: start <= key < end
+             | [4, key, expected]             condition: key's value equals expected
+             | [5, key]                       condition: key is absent
+             | [6, key]                       condition: key is present
+             | [7, index]                     failed: condition ``index`` did not hold
+    key, value, start, end := msgpack bin     (never str: text must be encoded
+                                               by the caller, so no codec is
+                                               ever guessed on replay)
+
+Rules, and the reason for each:
+
+* One entry is one batch, so a batch is atomic: it has one LSN and is applied
+  in one LMDB write transaction, or not at all.
+* Ops apply in order, so ``[[1, k, a], [2, k]]`` leaves ``k`` absent.
+* ``key`` is 1..511 bytes: LMDB cannot store an empty key, and 511 bytes is
+  its default maximum key size (``mdb_env_get_maxkeysize``). Range bounds are
+  0..512 bytes: a bound is never stored, and ``b"\\xff" * 512`` sorts after
+  every possible key, which is how "to the end" is written.
+* ``value`` is bounded by the store's value limit, itself bounded by the log's
+  maximum record size, and checked before anything is logged.
+* Conditions (codes 4..6, :mod:`kvstore.store.txn`) come before every write of
+  their batch. They are decided in log order, when the batch's group is
+  written, against the state every earlier entry leaves (:mod:`kvstore.entry.conditions`),
+  and the decision is written into the log with the batch: a batch whose
+  conditions hold is logged as made (its conditions are no-ops to every
+  reader, its writes apply); a batch whose condition ``i`` fails is logged
+  as ``[[7, i], conditions...]``: no writes, its LSN consumed. So the log
+  alone says what happened: replay, rebuilds, watchers, replicas, the
+  archive and Spark read outcomes from the bytes and never decide again.
+  ``[7, i]`` only ever stands first, followed by conditions only; a
+  condition after a write is not a batch (the order would be ambiguous).
+* Decoding is strict: a payload that is valid msgpack but not a batch of this
+  shape is corruption (:class:`~wal.errors.CorruptionError` naming the LSN),
+  never silently skipped, because skipping it would lose an acknowledged write.
+
+The Spark data source reads log segments directly and decodes them with
+:func:`decode`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable
+
+import msgpack
+
+from wal.errors import REPAIR_HINT, CorruptionError, Damage, RecordTooLargeError
+
+OP_PUT = 1
+OP_DELETE = 2
+OP_DELETE_RANGE = 3
+OP_REQUIRE_EQUALS = 4
+OP_REQUIRE_ABSENT = 5
+OP_REQUIRE_PRESENT = 6
+OP_FAILED = 7
+CONDITION_CODES = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT))
+NO_WRITE_CODES = CONDITION_CODES | {OP_FAILED}
+"""Op codes that change nothing (a reader skips them; a batch starting with
+``OP_FAILED`` applies nothing)."""
+
+# What a change is called, wherever changes are shown (the Spark ``changes``
+# table's ``_change_type``, :meth:`kvstore.KVStore.watch`): named once, here.
+UPSERT = "upsert"
+DELETE = "delete"
+DELETE_RANGE = "delete_range"
+
+MAX_KEY_BYTES = 511
+"""LMDB's default maximum key size (``mdb_env_get_maxkeysize``)."""
+MAX_BOUND_BYTES = MAX_KEY_BYTES + 1
+"""Range bounds may be one byte longer than a key, see :data:`END_OF_KEYS`."""
+END_OF_KEYS = b"\xff" * MAX_BOUND_BYTES
+"""A range end that sorts after every key (keys are at most 511 bytes)."""
+
+ENTRY_OVERHEAD = 64
+"""Bytes a log entry adds around a batch payload, plus msgpack framing slack."""
+DEFAULT_MAX_VALUE_BYTES = (64 << 20) - 1024
+"""Default value limit: the log's default 64 MiB record, minus room for the
+key and framing. LMDB itself takes values up to 4 GiB."""
+
+# msgpack's C Packer runs a pack of lists, ints and bytes without releasing the
+# GIL and without calling back into Python, so one shared Packer is safe with
+# the GIL. A free-threaded interpreter gets the stateless function.
+if getattr(sys, "_is_gil_enabled", lambda: True)():
+    _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+else:  # pragma: no cover - free-threaded CPython
+    def _pack(obj: object) -> bytes:
+        return msgpack.packb(obj, use_bin_type=True)
+
+_unpackb = msgpack.unpackb
+
+
+def _type_error(what: str, obj: object) -> TypeError:
+    hint = " (encode text first, e.g. s.encode())" if isinstance(obj, str) else ""
+    return TypeError(f"{what} must be bytes, not {type(obj).__name__}{hint}")
+
+
+def as_bytes(obj: object, what: str) -> bytes:
+    """``obj`` as ``bytes``: bytes as is, bytearray and memoryview copied,
+    anything else a TypeError that says so."""
+    if type(obj) is bytes:
+        return obj
+    if isinstance(obj, (bytes, bytearray)):
+        return bytes(obj)
+    if isinstance(obj, memoryview):
+        return obj.tobytes()
+    raise _type_error(what, obj)
+
+
+def check_key(key: object) -> bytes:
+    """Validate a key: bytes-like, 1..511 bytes. Returns it as ``bytes``."""
+    if type(key) is not bytes:
+        key = as_bytes(key, "key")
+    n = len(key)
+    if 0 < n <= MAX_KEY_BYTES:
+        return key
+    if n == 0:
+        raise ValueError("key must not be empty (LMDB cannot store an empty key)")
+    raise RecordTooLargeError(
+        f"key is {n} bytes; the limit is {MAX_KEY_BYTES} bytes "
+        f"(LMDB's default maximum key size). Nothing was written."
+    )
+
+
+def check_value(value: object, limit: int) -> bytes:
+    """Validate a value: bytes-like, at most ``limit`` bytes."""
+    if type(value) is not bytes:
+        value = as_bytes(value, "value")
+    if len(value) > limit:
+        raise RecordTooLargeError(
+            f"value is {len(value)} bytes; the limit is {limit} bytes "
+            f"(option max_value_bytes, bounded by the log's max_record_bytes). "
+            f"Nothing was written."
+        )
+    return value
+
+
+def check_bound(bound: object, what: str) -> bytes:
+    """Validate a range bound: bytes-like, 0..512 bytes."""
+    if type(bound) is not bytes:
+        bound = as_bytes(bound, what)
+    if len(bound) > MAX_BOUND_BYTES:
+        raise ValueError(
+            f"{what} is {len(bound)} bytes; range bounds are at most "
+            f"{MAX_BOUND_BYTES} bytes (keys are at most {MAX_KEY_BYTES})"
+        )
+    return bound
+
+
+def check_range(start: object, end: object) -> tuple[bytes, bytes]:
+    """Validate the bounds of a delete_range (``None``: unbounded); an
+    inverted range (start >= end) is empty, and deletes nothing."""
+    start = b"" if start is None else check_bound(start, "start")
+    end = END_OF_KEYS if end is None else check_bound(end, "end")
+    return start, end
+
+
+LARGE_VALUE_BYTES = 1 << 20
+"""A put of a value this large is logged as pieces (:func:`put_payload`)."""
+
+
+def put_payload(key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """The payload of ``[[PUT, key, value]]`` as two pieces, ``(head,
+    value)``, whose concatenation is exactly what :func:`encode` returns: the
+    log writes them without copying the value into one buffer (a 64 MiB put
+    then costs about its own size in memory, not several times it)."""
+    head = _pack([[OP_PUT, key, b""]])[:-2]  # all but the empty value's bin8 header
+    n = len(value)
+    if n < 0x100:
+        size = b"\xc4" + n.to_bytes(1, "big")
+    elif n < 0x10000:
+        size = b"\xc5" + n.to_bytes(2, "big")
+    else:
+        size = b"\xc6" + n.to_bytes(4, "big")
+    return head + size, value
+
+
+def encode(ops: Iterable[list | tuple]) -> bytes:
+    """The payload of a batch of already validated ops (lists or tuples of
+    the shapes in the module docstring)."""
+    return _pack(list(ops))
+
+
+def _bad(reason: str, lsn: int | None) -> CorruptionError:
+    return CorruptionError(f"log entry is not a valid walkv batch: {reason}",
+                           kind=Damage.CONTENT, lsn=lsn, hint=REPAIR_HINT)
+
+
+def decode(payload: bytes, lsn: int | None = None) -> list[list]:
+    """Decode and strictly validate one batch payload.
+
+    Returns the list of ops, each a list of one of the module docstring's
+    shapes (keys and values ``bytes``). Raises
+    :class:`~wal.errors.CorruptionError` naming ``lsn`` when the payload is
+    not exactly that.
+    """
+    try:
+        return _parse(payload)
+    except _NotABatch as exc:
+        raise _bad(str(exc), lsn) from None
+
+
+def decode_all(payloads: list[bytes], first_lsn: int) -> list[list[list]]:
+    """:func:`decode` of the payloads of consecutive entries, ``payloads[i]``
+    being entry ``first_lsn + i``, in one pass: the same ops, and the same
+    error, naming the first bad entry's LSN."""
+    try:
+        return list(map(_parse, payloads))
+    except _NotABatch:
+        for lsn, payload in enumerate(payloads, first_lsn):
+            decode(payload, lsn)  # raises for the first bad payload, naming its LSN
+        raise
+
+
+def parse(payload: bytes) -> list[list]:
+    """As :func:`decode`, for a payload a caller hands in (not read from a
+    log): one that is not a valid batch is a ``ValueError("not a walkv
+    batch: ...")``."""
+    try:
+        return _parse(payload)
+    except _NotABatch as exc:
+        raise ValueError(f"not a walkv batch: {exc}") from None
+
+
+class _NotABatch(ValueError):
+    """Why a payload is not a batch (decode and parse add the context)."""
+
+
+def _parse(payload: bytes) -> list[list]:
+    try:
+        ops = _unpackb(payload, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise _NotABatch(f"not msgpack ({type(exc).__name__}: {exc})") from None
+    if type(ops) is not list:
+        raise _NotABatch(f"top level is {type(ops).__name__}, not an array of ops")
+    if len(ops) == 1:  # the common entry, one put: checked inline
+        op = ops[0]
+        if (type(op) is list and len(op) == 3 and type(op[0]) is int and op[0] == OP_PUT
+                and type(op[1]) is bytes and type(op[2]) is bytes
+                and 0 < len(op[1]) <= MAX_KEY_BYTES):
+            return ops
+    writes = False
+    for i, op in enumerate(ops):
+        if type(op) is not list or not op:
+            raise _NotABatch(f"op {i} is {type(op).__name__}, not an array")
+        code = op[0]
+        n = len(op)
+        if type(code) is int and code == OP_FAILED:
+            _check_failed(i, op, ops)
+            continue
+        if type(code) is int and code in CONDITION_CODES:
+            _check_condition(i, op, writes)
+            continue
+        writes = True
+        if code == OP_PUT and n == 3 and type(code) is int:
+            key, value = op[1], op[2]
+            if type(key) is not bytes or type(value) is not bytes:
+                raise _NotABatch(f"op {i} (put) has a non-bin key or value")
+            if not 0 < len(key) <= MAX_KEY_BYTES:
+                raise _NotABatch(f"op {i} (put) has a {len(key)}-byte key")
+        elif code == OP_DELETE and n == 2 and type(code) is int:
+            key = op[1]
+            if type(key) is not bytes:
+                raise _NotABatch(f"op {i} (delete) has a non-bin key")
+            if not 0 < len(key) <= MAX_KEY_BYTES:
+                raise _NotABatch(f"op {i} (delete) has a {len(key)}-byte key")
+        elif code == OP_DELETE_RANGE and n == 3 and type(code) is int:
+            start, end = op[1], op[2]
+            if type(start) is not bytes or type(end) is not bytes:
+                raise _NotABatch(f"op {i} (delete_range) has a non-bin bound")
+            if len(start) > MAX_BOUND_BYTES or len(end) > MAX_BOUND_BYTES:
+                raise _NotABatch(f"op {i} (delete_range) has a bound over "
+                           f"{MAX_BOUND_BYTES} bytes")
+        else:
+            raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
+    if writes and ops[0][0] == OP_FAILED:
+        raise _NotABatch("a failed batch holds its conditions and no write")
+    return ops
+
+
+def _check_failed(i: int, op: list, ops: list) -> None:
+    if i != 0 or len(op) != 2 or type(op[1]) is not int or not 0 <= op[1] < len(ops) - 1:
+        raise _NotABatch(f"op {i} (failed) must stand first as [7, index of one of the conditions after it]")
+
+
+def _check_condition(i: int, op: list, after_write: bool) -> None:
+    code, n = op[0], len(op)
+    if after_write:
+        raise _NotABatch(f"op {i} is a condition after a write (conditions come first)")
+    if n != (3 if code == OP_REQUIRE_EQUALS else 2):
+        raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
+    key = op[1]
+    if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+        raise _NotABatch(f"op {i} (condition) has a bad key")
+    if n == 3 and type(op[2]) is not bytes:
+        raise _NotABatch(f"op {i} (condition) has a non-bin expected value")

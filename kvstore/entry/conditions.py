@@ -1,0 +1,160 @@
+"""Deciding conditional batches, and writing the decision into the log.
+
+A batch may start with conditions (``kvstore.entry.codec`` op codes 4..6:
+require-equals, require-absent, require-present). They are decided by the
+group commit's leader, just before the group is written (the log's
+``on_prepare`` hook, :func:`decide_group`), in LSN order, against the state
+every earlier entry leaves: LMDB holds everything of the groups before
+(applied before their writers were released, and groups are written one at a
+time), and an :class:`Overlay` holds the writes of the earlier entries of the
+same group. The decision then goes into the log with the batch
+(``kvstore.entry.codec``: a failed batch is logged as ``[[7, i], conditions...]``),
+so that:
+
+* replay and rebuilds apply the log as it is and never decide again: a store
+  rebuilt from any snapshot plus the log reaches the same outcomes by
+  construction;
+* everything that reads the log without the state (watchers, replicas, the
+  archive, the Spark ``changes`` and ``state`` tables) sees what happened;
+* two writers racing on one key are ordered by the log, and only the first
+  one's condition sees the value it expected.
+
+The writer learns the outcome through its context (an :class:`Outcome`, the
+ops with a ``failed`` slot) that travels with the payload: it is decided
+before the group is written, so before the writer is released. Plain writes
+pass bare op lists, and a group without conditions costs one scan of its op
+codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvstore.entry.codec import (
+    CONDITION_CODES,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_FAILED,
+    OP_PUT,
+    OP_REQUIRE_ABSENT,
+    OP_REQUIRE_EQUALS,
+    _pack,
+)
+
+Ops = Sequence[Sequence[Any]]
+Payload = bytes | tuple[bytes, ...]  # wal.segment.Payload: a large put arrives in pieces
+Read = Callable[[bytes], "bytes | None"]
+
+
+class Outcome(list):  # a list of ops, as every context is
+    """A conditional batch's operations, as the context that travels with its
+    payload through the log; :func:`decide_group` sets :attr:`failed` (the
+    index of the first failing condition, or None) and :attr:`decided`."""
+
+    __slots__ = ("failed", "decided")
+
+    def __init__(self, ops: Ops) -> None:
+        super().__init__(ops)
+        self.failed: int | None = None
+        self.decided = False
+
+
+class Overlay:
+    """The state as the entries decided so far in a group leave it: their
+    writes over ``read`` (LMDB as the previous group left it)."""
+
+    def __init__(self, read: Read) -> None:
+        self._read = read
+        self._values: dict[bytes, bytes | None] = {}
+        self._ranges: list[tuple[bytes, bytes]] = []  # deleted since, unless in _values
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._values:
+            return self._values[key]
+        for start, end in self._ranges:
+            if start <= key < end:
+                return None
+        return self._read(key)
+
+    def write(self, ops: Ops) -> None:
+        for op in ops:
+            code = op[0]
+            if code == OP_PUT:
+                self._values[op[1]] = op[2]
+            elif code == OP_DELETE:
+                self._values[op[1]] = None
+            elif code == OP_DELETE_RANGE:
+                start, end = op[1], op[2]
+                if start < end:
+                    self._ranges.append((start, end))
+                    for key in [k for k in self._values if start <= k < end]:
+                        self._values[key] = None
+
+
+def count_conditions(ops: Ops) -> int:
+    """How many conditions lead ``ops``."""
+    n = 0
+    while n < len(ops) and ops[n][0] in CONDITION_CODES:
+        n += 1
+    return n
+
+
+def first_failing(conditions: Ops, get: Read) -> int | None:
+    """The index of the first condition that does not hold, or None."""
+    for i, op in enumerate(conditions):
+        code = op[0]
+        value = get(op[1])
+        if code == OP_REQUIRE_EQUALS:
+            ok = value is not None and value == op[2]
+        elif code == OP_REQUIRE_ABSENT:
+            ok = value is None
+        else:
+            ok = value is not None
+        if not ok:
+            return i
+    return None
+
+
+def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read) -> list[Payload] | None:
+    """Decide the conditional batches of one group (module docstring): the
+    payloads to write instead, or ``None`` when the group holds no condition.
+    ``contexts[i]`` is entry i's ops; a failed entry's is replaced by the ops
+    it is logged as (``[[7, i], conditions...]``), so that applying the
+    contexts applies exactly what the log says."""
+    if len(contexts) == 1:  # the common group: one entry, most often not conditional
+        ops = contexts[0]
+        if not ops or ops[0][0] not in CONDITION_CODES:
+            return None
+    first = next((i for i, ops in enumerate(contexts) if ops and ops[0][0] in CONDITION_CODES), None)
+    if first is None:
+        return None
+    overlay = Overlay(read)
+    for ops in contexts[:first]:
+        overlay.write(ops)
+    out = list(payloads)
+    for i in range(first, len(contexts)):
+        ops = contexts[i]
+        if not ops or ops[0][0] not in CONDITION_CODES:
+            overlay.write(ops)
+            continue
+        n = count_conditions(ops)
+        failed = first_failing(ops[:n], overlay.get)
+        if isinstance(ops, Outcome):
+            ops.failed, ops.decided = failed, True
+        if failed is None:
+            overlay.write(ops[n:])
+        else:
+            logged = [[OP_FAILED, failed], *ops[:n]]
+            out[i] = _pack(logged)
+            contexts[i] = logged
+    return out
+
+
+def writes_of(ops: Ops) -> Ops:
+    """The writes a logged batch applies: none when it failed (its first op
+    is ``OP_FAILED``), else the ops after its conditions."""
+    if not ops or ops[0][0] == OP_FAILED:
+        return ()
+    n = count_conditions(ops)
+    return ops[n:] if n else ops

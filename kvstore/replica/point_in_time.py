@@ -1,0 +1,77 @@
+"""``kvstore.restore``: a new store from any source, at an LSN or a time.
+
+The source is a store or snapshot directory (:func:`kvstore.replica.restore.restore`)
+or an archive (:func:`kvstore.replica.archive_restore.restore_from_archive`): a
+URI, a ``(filesystem, path)`` pair, or a local directory holding an ``ARCHIVE``
+identity object. ``to_time`` works for both, from the log's commit timestamps.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+from kvstore.archive.layout import ARCHIVE_NAME
+from kvstore.archive.reader import time_to_us
+from kvstore.layout import StoreLayout
+from kvstore.replica.archive_restore import restore_from_archive
+from kvstore.replica.restore import Progress, RestoreInfo
+from kvstore.replica.restore import restore as restore_store
+from wal import list_segments, read_durable_lsn, read_log
+from wal.errors import LogGapError, WalkvError
+from wal.fs import OS_FS
+
+
+def is_archive(source: object) -> bool:
+    """Whether ``source`` names an archive rather than a store: a ``(filesystem,
+    path)`` pair, a URI, or a local directory holding an ``ARCHIVE`` object."""
+    if isinstance(source, tuple):
+        return True
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    text = os.fspath(source)
+    return "://" in text or os.path.isfile(os.path.join(text, ARCHIVE_NAME))
+
+
+def lsn_at_time(store_path: str, t: datetime.datetime | float | int) -> int:
+    """The last durable LSN of the store's log committed at or before ``t``
+    (a datetime, naive ones taken as UTC, or unix seconds)."""
+    us = time_to_us(t)
+    wal_dir = StoreLayout(OS_FS, os.path.abspath(store_path)).wal_dir
+    segments = list_segments(wal_dir)
+    if not segments:
+        raise WalkvError(f"{store_path} has no log to find a time in (no segment in {wal_dir})")
+    first = segments[0].first_lsn
+    found = first - 1
+    for e in read_log(wal_dir, first, read_durable_lsn(wal_dir)):
+        if e.timestamp_us > us:
+            break
+        found = e.lsn
+    if found == first - 1 and first > 1:
+        raise LogGapError(f"the log of {store_path} holds no entry committed at or before that time: it starts "
+                          f"at LSN {first} (restore from an archive or an older snapshot)",
+                          first_missing=1, last_missing=first - 1, first_available=first)
+    return found
+
+
+def restore(source: Any, target: str | os.PathLike[str], to_lsn: int | None = None, *,
+            to_time: datetime.datetime | float | None = None, progress: Progress | None = None) -> RestoreInfo:
+    """Build a new store at ``target`` (missing or empty) equal to ``source``
+    at ``to_lsn``, or at the last LSN committed at or before ``to_time`` (a
+    datetime or unix seconds), or at its end. ``source``: a store (path or
+    open :class:`~kvstore.KVStore`), a snapshot directory, or an archive (a
+    URI such as ``s3://bucket/prefix?...`` or ``file:///...``, a
+    ``(filesystem, path)`` pair, or a local archive directory). Durable on
+    return."""
+    if to_lsn is not None and to_time is not None:
+        raise ValueError("give to_lsn or to_time, not both")
+    if is_archive(source):
+        return restore_from_archive(source, target, to_lsn=to_lsn, to_time=to_time, progress=progress)
+    if to_time is not None:
+        path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.path
+        to_lsn = lsn_at_time(path, to_time)
+    return restore_store(source, target, to_lsn, progress=progress)
+
+
+__all__ = ["is_archive", "lsn_at_time", "restore"]

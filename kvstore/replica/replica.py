@@ -1,0 +1,435 @@
+"""Read replicas: a store's durable log applied to an LMDB state of its own.
+
+::
+
+    rep = kvstore.open_replica(source, "replica-dir")   # a store directory or an archive
+    rep.get(k); rep.scan(...); rep.view(); rep.watch(...)
+    rep.applied_lsn; rep.lag                             # Lag(lsns, seconds)
+    rep.wait_for(lsn, timeout=5)                         # read-your-writes for a caller with an LSN
+    db = rep.promote()                                   # the source is gone: a writable KVStore
+
+What a replica shows. A thread follows the source's DURABLE log
+(:mod:`kvstore.replica.source`) and applies new entries in groups, each
+group ONE LMDB write transaction that also records the applied LSN (as a
+store does, :meth:`kvstore.state.machine.State.apply`), so a read sees the source's
+state as of some LSN it had: whole entries, never half a batch, never an
+entry a crash of the source could take back. Conditional writes apply as the
+log decided them (:mod:`kvstore.entry.conditions`).
+
+The directory (``PATH``) is laid out like a store's (:mod:`kvstore.layout`):
+``LOCK`` (one process follows a replica directory), ``lmdb/`` (with its
+SESSION record, so a replica's LMDB is trusted or rebuilt after crashes
+exactly like a store's, :mod:`kvstore.store.recovery`) and ``REPLICA``, which
+names the source's store id. LMDB records the same store id: a replica of
+another store is refused (:class:`~wal.errors.ReplicaError`), and a writer
+refuses to open the directory until :meth:`Replica.promote`.
+
+Starting: from the LMDB it has when that is trusted and the source's log
+still reaches it; otherwise (the first open, a machine crash, the source's
+retention trimmed past it, the source lost entries it had applied) it is
+rebuilt from the source's newest snapshot that verifies plus the log after
+it (:func:`kvstore.store.recovery.rebuild_state`).
+
+Falling behind retention while running (:class:`~wal.errors.LogGapError`):
+the replica builds a new LMDB beside the old one (``lmdb.rebuild``) from the
+newest snapshot plus the log, while reads go on serving the OLD state; then
+it swaps them: reads arriving during the swap (closing one environment,
+renaming, opening the other: milliseconds) block until it is done and then
+read the new state. A scan in progress goes on after its last key from the
+new state (each key once, in order, as scans already do); a ``view()`` open
+across the swap is closed (:class:`~wal.errors.ClosedError`: take a new
+one). ``rebuilds`` counts them.
+
+Lag: :attr:`Replica.lag` is ``(lsns, seconds)``: how many durable LSNs of
+the source it has not applied, and for how long it has not shown everything
+the source had durable (0 when caught up; otherwise the time since the
+moment it last had applied all the source had, which bounds from above how
+stale its reads are).
+
+Errors while following (the source unreadable, damaged, replaced by another
+store) are logged once, kept in :attr:`Replica.last_error`, and retried with
+backoff up to a second; reads go on serving what was applied;
+:meth:`Replica.wait_for` names the error when it times out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from kvstore.entry.codec import decode
+from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
+from kvstore.replica.promote import promote
+from kvstore.replica.reads import ReplicaReads
+from kvstore.replica.source import ReplicaSource, open_source
+from kvstore.state.machine import DEFAULT_MAP_SIZE, State, StateOptions
+from kvstore.store import recovery
+from kvstore.watch import watcher as watching
+from wal.errors import ClosedError, CorruptionError, LogGapError, ReplicaError, ReplicaLagError, WalkvError
+from wal.fs import OS_FS
+from wal.lock import DirectoryLock
+
+log = logging.getLogger("walkv.replica")
+
+REPLICA_FORMAT = 1
+REBUILD_DIR = "lmdb.rebuild"
+GROUP_ENTRIES = recovery.REPLAY_CHUNK_ENTRIES
+GROUP_BYTES = recovery.REPLAY_CHUNK_BYTES
+MAX_BACKOFF = 1.0
+T = TypeVar("T")
+
+
+class Lag(NamedTuple):
+    """How far a replica is behind its source's durable LSN."""
+
+    lsns: int
+    seconds: float
+
+
+class Replica(ReplicaReads):
+    """A read replica (module docstring). Create with :func:`open_replica`."""
+
+    def __init__(self, source: ReplicaSource, path: str | os.PathLike[str], *,
+                 poll_interval: float | None = None, map_size: int = DEFAULT_MAP_SIZE,
+                 max_readers: int = 1024) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.source = source
+        self.poll_interval = source.poll_seconds if poll_interval is None else float(poll_interval)
+        self._options = StateOptions(map_size, True, max_readers)
+        self._lmdb_dir = os.path.join(self.path, LMDB_DIR)
+        self._closed = True
+        self.rebuilds = 0
+        self.last_error: BaseException | None = None
+        self._source_lsn = 0
+        self._caught_up_at = time.time()
+        self._applied = threading.Condition()  # notified after every group applied
+        self._swap = threading.Condition()     # held while the state is swapped after a rebuild
+        self._swapping = False
+        self._hub = watching.WatchHub()
+        self._stop = threading.Event()
+        OS_FS.makedirs(self.path)
+        self._lock: DirectoryLock | None = DirectoryLock(self.path, f"the replica {self.path}")
+        try:
+            self._claim_directory()
+            self._state = self._open_state()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="walkv-replica", daemon=True)
+        self._thread.start()
+
+    # -- opening ---------------------------------------------------------------
+
+    def _claim_directory(self) -> None:
+        """Check (or write) ``REPLICA``; clear what an interrupted promote or
+        rebuild left."""
+        marker = os.path.join(self.path, REPLICA_NAME)
+        sid = self.source.store_id
+        try:
+            with open(marker, "rb") as f:
+                rec: Any = json.loads(f.read(1 << 16))
+        except FileNotFoundError:
+            if os.path.exists(os.path.join(self.path, WAL_DIR)) or os.path.exists(self._lmdb_dir):
+                raise ReplicaError(f"{self.path} is a store, not a replica (it has no {REPLICA_NAME} record); "
+                                   "a replica needs a directory of its own") from None
+            data = json.dumps({"format": REPLICA_FORMAT, "store_id": sid, "source": self.source.name})
+            OS_FS.write_file(marker + ".tmp", data.encode() + b"\n")
+            OS_FS.rename(marker + ".tmp", marker)
+            OS_FS.fsync_dir(self.path)
+            return
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict) or rec.get("format") != REPLICA_FORMAT:
+            raise ReplicaError(f"{marker} is not a walkv replica record; move the directory aside")
+        if rec.get("store_id") != sid:
+            raise ReplicaError(f"{self.path} is a replica of store {rec.get('store_id')}, and {self.source.name} "
+                               f"is store {sid}: a replica follows one store; use another directory")
+        for leftover in (WAL_DIR, SNAPSHOTS_DIR, REBUILD_DIR):  # an interrupted promote or rebuild
+            shutil.rmtree(os.path.join(self.path, leftover), ignore_errors=True)
+
+    def _open_state(self) -> State:
+        sid = self.source.store_id
+        session = recovery.read_session(self._lmdb_dir)
+        reason = recovery.distrust_reason(self._lmdb_dir, session, sid)
+        if reason is None:
+            try:
+                state = State(self._lmdb_dir, self._options)
+            except CorruptionError as exc:
+                reason = f"LMDB will not open ({exc})"
+            else:
+                reason = recovery.check_state(state, sid, self.source.first_lsn(), self.source.durable_lsn())
+                if reason is None:
+                    try:
+                        recovery.write_session(self._lmdb_dir, sid, clean=False)
+                    except BaseException:
+                        state.close(sync=False)
+                        raise
+                    return state
+                state.close(sync=False)
+        if os.path.exists(self._lmdb_dir):
+            log.warning("rebuilding replica %s from %s: %s", self.path, self.source.name, reason)
+        return self._build(self._lmdb_dir)
+
+    def _build(self, lmdb_dir: str) -> State:
+        """A new LMDB at ``lmdb_dir``: the source's newest usable snapshot plus its log."""
+        durable = self.source.durable_lsn()
+        snap = self.source.base(durable)
+        self.source.reset()
+        state = recovery.rebuild_state(
+            lmdb_dir, self.source.log_source(durable), store_id=self.source.store_id,
+            base=iter(snap) if snap is not None else None, base_lsn=snap.lsn if snap is not None else 0,
+            state_options=self._options)
+        self._note_applied(state.applied_lsn, durable, time.time())
+        return state
+
+    # -- following -------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = 0.0
+        need_rebuild: str | None = None
+        while not self._stop.is_set():
+            try:
+                if need_rebuild is not None:
+                    self._rebuild_live(need_rebuild)
+                    need_rebuild = None
+                progressed = self._step()
+            except LogGapError as gap:
+                need_rebuild = f"the source's retention trimmed past it ({gap})"
+                continue
+            except _SourceBehind as behind:
+                need_rebuild = str(behind)
+                continue
+            except ClosedError:
+                if self._stop.is_set():
+                    return
+                raise
+            except (WalkvError, OSError) as exc:
+                self.source.reset()
+                if self.last_error is None:
+                    log.warning("replica %s cannot follow %s (retrying): %s", self.path, self.source.name, exc)
+                self.last_error = exc
+                backoff = min(max(backoff * 2, self.poll_interval, 0.01), MAX_BACKOFF)
+                self._stop.wait(backoff)
+                continue
+            if self.last_error is not None:
+                log.warning("replica %s follows %s again", self.path, self.source.name)
+                self.last_error = None
+            backoff = 0.0
+            if not progressed:
+                self._stop.wait(self.poll_interval)
+
+    def _step(self) -> bool:
+        """Apply one group of newly durable entries; False when there was none."""
+        seen = time.time()
+        durable = self.source.durable_lsn()
+        state = self._state
+        applied = state.applied_lsn
+        self._source_lsn = durable
+        if durable < applied:
+            raise _SourceBehind(f"the source's durable LSN {durable} is before the replica's applied "
+                                f"LSN {applied} (its log lost entries, or was repaired)")
+        if durable == applied:
+            self._note_applied(applied, durable, seen)
+            return False
+        last = min(durable, applied + GROUP_ENTRIES)
+        batches: list[Sequence[Sequence[Any]]] = []
+        size = 0
+        for entry in self.source.entries(applied + 1, last):
+            batches.append(decode(entry.payload, entry.lsn))
+            size += len(entry.payload)
+            if size >= GROUP_BYTES:
+                break
+        if not batches:
+            return False
+        state.apply(applied + 1, batches)
+        self._note_applied(state.applied_lsn, durable, seen)
+        return True
+
+    def _note_applied(self, applied: int, durable: int, seen: float) -> None:
+        if applied >= durable:
+            self._caught_up_at = seen
+        with self._applied:
+            self._applied.notify_all()
+        self._hub.committed()
+
+    def _rebuild_live(self, reason: str) -> None:
+        """Rebuild beside the served state, then swap (module docstring)."""
+        log.warning("replica %s starts again from %s's newest snapshot: %s", self.path, self.source.name, reason)
+        new_dir = os.path.join(self.path, REBUILD_DIR)
+        new = self._build(new_dir)
+        new.close(sync=True)
+        recovery.write_session(new_dir, self.source.store_id, clean=True)
+        with self._swap:
+            self._swapping = True
+        try:
+            self._state.close(sync=False)  # waits for reads in flight; later ones wait for the swap
+            recovery.remove_state(self._lmdb_dir)
+            OS_FS.rename(new_dir, self._lmdb_dir)
+            OS_FS.fsync_dir(self.path)
+            state = State(self._lmdb_dir, self._options)
+            recovery.write_session(self._lmdb_dir, self.source.store_id, clean=False)
+            with self._swap:
+                self._state = state
+        finally:
+            with self._swap:
+                self._swapping = False
+                self._swap.notify_all()
+        self.rebuilds += 1
+        self._note_applied(state.applied_lsn, self._source_lsn, time.time())
+
+    def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
+              from_lsn: int | None = None, timeout: float | None = None,
+              progress_every: float | None = None, on_gap: str = "error") -> watching.Watcher:
+        """Changes in log order (:meth:`kvstore.KVStore.watch`), read from the
+        source's log files and bounded by what this replica has applied, so
+        a change is seen once the replica shows it. Replicas of a store
+        directory only (an archive is not a log directory)."""
+        self._check_open()
+        if self.source.wal_dir is None or self.source.snapshots_dir is None:
+            raise ReplicaError(f"the replica {self.path} follows the archive {self.source.name}; "
+                               "watch a replica of a store directory (or the store itself)")
+        src = watching.Source(self.source.wal_dir, self.source.snapshots_dir, lambda: self.applied_lsn,
+                              self._hub, polls=False)
+        lo, hi = watching.key_bounds(prefix, start, stop)
+        first = self.applied_lsn + 1 if from_lsn is None else from_lsn
+        return watching.Watcher(src, lo, hi, first, timeout=timeout, progress_every=progress_every,
+                                on_gap=on_gap)
+
+    # -- LSNs, lag, waiting ------------------------------------------------------
+
+    @property
+    def store_id(self) -> str:
+        """The store id of the source (and of this replica's state)."""
+        return self.source.store_id
+
+    @property
+    def applied_lsn(self) -> int:
+        """The source's LSN that reads show."""
+        return self._state.applied_lsn
+
+    @property
+    def lag(self) -> Lag:
+        """``(lsns, seconds)`` behind the source's durable LSN (module docstring)."""
+        self._check_open()
+        durable = self._source_lsn if self.source.wal_dir is None else self.source.durable_lsn()
+        behind = max(0, durable - self.applied_lsn)
+        return Lag(behind, max(0.0, time.time() - self._caught_up_at) if behind else 0.0)
+
+    def wait_for(self, lsn: int, timeout: float | None = 5.0) -> int:
+        """Block until the replica shows LSN ``lsn`` (then every write the
+        source acknowledged with that LSN is visible); return the applied
+        LSN. :class:`~wal.errors.ReplicaLagError` after ``timeout`` seconds
+        (None: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._applied:
+            while self.applied_lsn < lsn:
+                self._check_open()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    applied = self.applied_lsn
+                    why = f"; following fails: {self.last_error}" if self.last_error is not None else ""
+                    raise ReplicaLagError(
+                        f"the replica {self.path} reached LSN {applied}, not {lsn}, within {timeout} s "
+                        f"(the source {self.source.name} is durable up to LSN {self._source_lsn}{why})",
+                        applied_lsn=applied, target_lsn=lsn)
+                self._applied.wait(1.0 if left is None else min(left, 1.0))
+        return self.applied_lsn
+
+    def stats(self) -> dict[str, Any]:
+        """The replica's position, lag and the state machine's counters."""
+        lag = self.lag
+        out: dict[str, Any] = {"path": self.path, "source": self.source.name, "store_id": self.store_id,
+                               "applied_lsn": self.applied_lsn, "source_durable_lsn": self._source_lsn,
+                               "lag_lsns": lag.lsns, "lag_seconds": lag.seconds, "rebuilds": self.rebuilds,
+                               "last_error": None if self.last_error is None else str(self.last_error)}
+        out.update(self._read(lambda s: s.stats()))
+        return out
+
+    # -- promote, close ----------------------------------------------------------
+
+    def promote(self, **options: Any) -> Any:
+        """Make this replica a writable store (its source is gone); return
+        the :class:`kvstore.KVStore` opened on it. See
+        :func:`kvstore.replica.promote.promote`."""
+        self._check_open()
+        return promote(self, options)
+
+    def catch_up(self) -> int:
+        """Stop following and apply everything the source has durable now
+        (for :meth:`promote`); return the applied LSN."""
+        self._stop_following()
+        while True:
+            try:
+                if not self._step():
+                    return self.applied_lsn
+            except (LogGapError, _SourceBehind) as exc:
+                self._rebuild_live(str(exc))
+
+    def _stop_following(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def detach(self) -> State:
+        """For :meth:`promote`: release the directory (lock, watchers) and
+        hand over the state; the replica is closed."""
+        self._stop_following()
+        self._closed = True
+        self._hub.close()
+        for cond in (self._swap, self._applied):
+            with cond:
+                cond.notify_all()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        return self._state
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop following, flush LMDB, record a clean close, release the directory."""
+        if self._closed:
+            return
+        state = self.detach()
+        self.source.close()
+        state.close(sync=True)
+        recovery.write_session(self._lmdb_dir, self.source.store_id, clean=True)
+
+    def __enter__(self) -> Replica:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<Replica {self.path!r} closed>"
+        return f"<Replica {self.path!r} of {self.source.name} at LSN {self.applied_lsn}>"
+
+
+class _SourceBehind(WalkvError):
+    """The source's durable LSN went back before what the replica applied."""
+
+
+def open_replica(source: Any, path: str | os.PathLike[str], *, poll_interval: float | None = None,
+                 map_size: int = DEFAULT_MAP_SIZE, max_readers: int = 1024) -> Replica:
+    """A replica of ``source`` (a store directory, or an archive: a URI, a
+    ``(filesystem, path)`` pair or a local archive directory) at ``path``
+    (created, or reopened). ``poll_interval``: seconds between looks at the
+    source when it had nothing new (default: 2 ms for a store, 1 s for an
+    archive)."""
+    src = open_source(source)
+    try:
+        return Replica(src, path, poll_interval=poll_interval, map_size=map_size, max_readers=max_readers)
+    except BaseException:
+        src.close()
+        raise

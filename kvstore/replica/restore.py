@@ -1,0 +1,176 @@
+"""Restore: a new store built from a snapshot plus the log, up to any LSN.
+
+``kvstore.restore(source, target, to_lsn=None)`` reads the source's files only
+(no lock: the source may be open by its writer in another process, and only
+its durable entries are read), and builds the target in a private temporary
+directory that is renamed into place when it is whole:
+
+1. pick the newest snapshot at or below ``to_lsn`` that verifies, belongs to
+   the source's log (its store id; a snapshot of another store left at the
+   same path is skipped with a warning naming both ids) and from which the
+   log still reaches ``to_lsn`` (falling back to older ones);
+2. bulk-load it into a new LMDB, then replay the source log's entries after
+   it, up to ``to_lsn`` (point-in-time restore; default: the durable end);
+3. give the target its own log, empty and continuing at ``to_lsn + 1``, and
+   a snapshot at ``to_lsn``, so that it is a store like any other: it can be
+   opened, written, and rebuilt after a machine crash of its own.
+
+The target is a new store (a new store id): its history diverges from the
+source's after ``to_lsn``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol
+
+import snapshot
+import wal
+from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR, WAL_DIR
+from kvstore.store import recovery
+from kvstore.store.snapshots import choose_base
+from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
+from wal.errors import CorruptionError, Damage, SnapshotError, WalkvError
+from wal.fs import OS_FS
+
+
+class OpenStore(Protocol):
+    """An open store given as a restore's source (:class:`kvstore.KVStore`)."""
+
+    @property
+    def path(self) -> str: ...
+
+log = logging.getLogger("walkv.restore")
+
+Progress = Callable[[int, "int | None"], None]
+
+
+@dataclass(frozen=True)
+class RestoreInfo:
+    path: str
+    lsn: int  # the restored state is exactly the source's at this LSN
+    snapshot_lsn: int  # the source snapshot it started from (0: none)
+    replayed: int  # log entries applied after that snapshot
+    count: int  # keys in the restored store
+    seconds: float
+
+
+class LogFiles:
+    """The source log as :func:`kvstore.store.recovery.replay` reads it
+    (:class:`kvstore.store.recovery.LogSource`): straight from the files, bounded at
+    ``last_lsn``; no log at all when ``directory`` is ``None``."""
+
+    def __init__(self, directory: str | None, first_lsn: int, last_lsn: int) -> None:
+        self.directory = directory or ""
+        self.first_lsn = first_lsn
+        self.last_lsn = last_lsn
+
+    def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *,
+                     durable_only: bool = True) -> Iterator[Entry]:
+        last = self.last_lsn if to_lsn is None else min(to_lsn, self.last_lsn)
+        if not self.directory or from_lsn > last:
+            return iter(())
+        return read_log(self.directory, from_lsn, last, durable_only=durable_only)
+
+
+def _locate(source: str) -> tuple[str | None, list[str]]:
+    """``(log directory or None, snapshot directories newest first)``."""
+    if os.path.isfile(os.path.join(source, snapshot.layout.MANIFEST_NAME)) or \
+            snapshot.parse_snapshot_dir_name(os.path.basename(source)) is not None:
+        parent = os.path.dirname(source)
+        store = os.path.dirname(parent)
+        wal_dir = os.path.join(store, WAL_DIR)
+        has_log = os.path.basename(parent) == SNAPSHOTS_DIR and os.path.isdir(wal_dir)
+        return (wal_dir if has_log else None), [source]
+    wal_dir = os.path.join(source, WAL_DIR)
+    snaps = os.path.join(source, SNAPSHOTS_DIR)
+    if not os.path.isdir(wal_dir) and not os.path.isdir(snaps):
+        raise WalkvError(f"{source} is neither a walkv store nor a snapshot directory")
+    found = [i.path for i in reversed(snapshot.list_snapshots(snaps))]
+    return (wal_dir if os.path.isdir(wal_dir) else None), found
+
+
+def restore(source: str | os.PathLike[str] | OpenStore, target: str | os.PathLike[str],
+            to_lsn: int | None = None, *, progress: Progress | None = None) -> RestoreInfo:
+    """Build a new store at ``target`` equal to ``source`` at ``to_lsn``
+    (default: its last durable LSN). ``source`` is a store (path or open
+    :class:`KVStore`) or one snapshot directory. ``target`` must not exist or
+    be empty. Durable on return."""
+    t0 = time.monotonic()
+    source = os.path.abspath(os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.path)
+    target = os.path.abspath(os.fspath(target))
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise WalkvError(f"{target} exists and is not empty; restore builds a new store there")
+    if to_lsn is not None and (not isinstance(to_lsn, int) or to_lsn < 0):
+        raise ValueError(f"to_lsn must be a non-negative int, not {to_lsn!r}")
+    wal_dir, snap_dirs = _locate(source)
+    segments = list_segments(wal_dir) if wal_dir else []
+    log_first = segments[0].first_lsn if segments else 1
+    log_last = 0
+    if wal_dir:
+        durable = read_durable_lsn(wal_dir)
+        log_last = durable if durable is not None else max((e.lsn for e in read_log(wal_dir, log_first)),
+                                                            default=log_first - 1)
+    newest_snap = max((snapshot.parse_snapshot_dir_name(os.path.basename(p)) or 0 for p in snap_dirs), default=0)
+    end = max(log_last, newest_snap if not wal_dir else 0)
+    target_lsn = end if to_lsn is None else to_lsn
+    if target_lsn > end:
+        raise ValueError(f"cannot restore to LSN {target_lsn}: {source} is durable only up to LSN {end}")
+    try:
+        base = choose_base(snap_dirs, wal_dir, log_first, target_lsn, read_store_id(wal_dir) if wal_dir else None)
+    except SnapshotError as e:
+        raise SnapshotError(f"cannot restore to LSN {target_lsn}: {e}") from None
+    return build(target, LogFiles(wal_dir, log_first, target_lsn), base, target_lsn, source=source,
+                 progress=progress, t0=t0)
+
+
+def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot | None, target_lsn: int, *,
+          source: str, progress: Progress | None = None, t0: float | None = None) -> RestoreInfo:
+    """The second half of a restore, for any source (a store's files, an
+    archive): ``base`` (None: an empty state) plus ``log_source``'s entries up
+    to ``target_lsn``, into a new store at ``target`` (steps 2 and 3 of the
+    module docstring). ``source`` names the source in messages."""
+    t0 = time.monotonic() if t0 is None else t0
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise WalkvError(f"{target} exists and is not empty; restore builds a new store there")
+    base_lsn = base.lsn if base is not None else 0
+
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    tmp = f"{target}.restoring-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    OS_FS.makedirs(tmp)
+    try:
+        with wal.open(os.path.join(tmp, WAL_DIR), start_lsn=target_lsn + 1) as new_log:
+            store_id = new_log.store_id
+        lmdb_dir = os.path.join(tmp, LMDB_DIR)
+        state = recovery.rebuild_state(
+            lmdb_dir, log_source, store_id=store_id,
+            base=iter(base) if base is not None else None, base_lsn=base_lsn, progress=progress,
+        )
+        try:
+            replayed = target_lsn - base_lsn
+            with state.read_view() as view:
+                if view.lsn != target_lsn:
+                    raise CorruptionError(f"restore reached LSN {view.lsn}, not {target_lsn}",
+                                          kind=Damage.SEQUENCE, path=source, offset=0, lsn=view.lsn + 1)
+                count = view.count
+                snapshot.write(os.path.join(tmp, SNAPSHOTS_DIR), view.lsn, view.pairs(), store_id=store_id,
+                               total=count)
+        finally:
+            state.close(sync=True)
+        recovery.write_session(lmdb_dir, store_id, clean=True)
+        if os.path.isdir(target):
+            os.rmdir(target)
+        os.rename(tmp, target)
+        OS_FS.fsync_dir(os.path.dirname(target))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    info = RestoreInfo(target, target_lsn, base_lsn, replayed, count, time.monotonic() - t0)
+    log.info("restored %s at LSN %d into %s (snapshot LSN %d + %d log entries, %d keys, %.2f s)",
+             source, target_lsn, target, base_lsn, replayed, count, info.seconds)
+    return info

@@ -1,0 +1,179 @@
+"""What a read replica (:mod:`kvstore.replica.replica`) follows: a store's files, or
+an archive of one.
+
+Both give the same few things: the source's store id, its durable LSN, its
+entries from an LSN (strictly checked; :class:`~wal.errors.LogGapError` when
+retention deleted them), the newest verified snapshot a replica can start
+from, and a fence for :meth:`kvstore.replica.replica.Replica.promote`.
+
+* :class:`StoreSource`, a store directory (the writer may be another
+  process, running or dead): bounded by its ``DURABLE`` marker, read with a
+  :class:`kvstore.watch.log_tail.LogTail` that keeps its segment open (a read of
+  the new bytes per poll); snapshots from ``STORE/snapshots``
+  (:func:`kvstore.store.snapshots.choose_base`). Its fence is the store's lock:
+  taking it fails with :class:`~wal.errors.LockedError` while a writer lives.
+* :class:`ArchiveSource`, an archive (:mod:`kvstore.archive`; a URI, a
+  ``(filesystem, path)`` pair or a local archive directory): bounded by the
+  end of the archive's contiguous chain (a listing per poll, so its default
+  poll interval is a second), read with :meth:`ArchiveReader.read_entries`
+  (whole objects); snapshots from the archive. Its fence is the archive's
+  lease: a live archiver still ships the source.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import snapshot
+from kvstore.archive.layout import ARCHIVE_NAME, LEASE_NAME, Lease
+from kvstore.archive.reader import ArchiveReader
+from kvstore.layout import StoreLayout
+from kvstore.replica.archive_restore import ArchiveLog, choose_snapshot
+from kvstore.replica.restore import LogFiles
+from kvstore.store import recovery
+from kvstore.store.snapshots import choose_base
+from kvstore.watch.log_tail import LogTail
+from wal.durable import read_durable_lsn
+from wal.errors import LockedError, ReplicaError, WalkvError
+from wal.lock import DirectoryLock
+from wal.segment import Entry, list_segments, read_store_id
+
+STORE_POLL_SECONDS = 0.002
+ARCHIVE_POLL_SECONDS = 1.0
+
+
+class Fence(Protocol):
+    def release(self) -> None: ...
+
+
+class ReplicaSource(Protocol):
+    """What a replica needs of its source (module docstring)."""
+
+    name: str
+    store_id: str
+    poll_seconds: float
+    wal_dir: str | None  # a log directory a watcher can read (None: an archive)
+    snapshots_dir: str | None
+
+    def durable_lsn(self) -> int: ...
+    def first_lsn(self) -> int: ...
+    def entries(self, from_lsn: int, last: int) -> Iterator[Entry]: ...
+    def reset(self) -> None: ...
+    def base(self, last: int) -> snapshot.Snapshot | None: ...
+    def log_source(self, last: int) -> recovery.LogSource: ...
+    def fence(self) -> Fence | None: ...
+    def close(self) -> None: ...
+
+
+class StoreSource:
+    """A store directory's files (module docstring)."""
+
+    poll_seconds = STORE_POLL_SECONDS
+
+    def __init__(self, path: str) -> None:
+        self.layout = StoreLayout.of(os.path.abspath(path))
+        self.name = self.layout.display()
+        self.wal_dir: str | None = self.layout.wal_dir
+        self.snapshots_dir: str | None = self.layout.snapshots_dir
+        self._wal = self.layout.wal_dir
+        sid = read_store_id(self._wal, self.layout.fs)
+        if sid is None:
+            raise WalkvError(f"{self.name} is not a walkv store with a log (no segment in {self._wal}); "
+                             "a replica follows a store directory or an archive")
+        self.store_id = sid
+        self._tail: LogTail | None = None
+
+    def durable_lsn(self) -> int:
+        return read_durable_lsn(self._wal, self.layout.fs) or 0
+
+    def first_lsn(self) -> int:
+        segments = list_segments(self._wal, self.layout.fs)
+        return segments[0].first_lsn if segments else 1
+
+    def entries(self, from_lsn: int, last: int) -> Iterator[Entry]:
+        tail = self._tail
+        if tail is None or tail.next_lsn != from_lsn:
+            self.reset()
+            sid = read_store_id(self._wal, self.layout.fs)
+            if sid is not None and sid != self.store_id:
+                raise ReplicaError(f"{self.name} now holds another store ({sid}); this replica follows "
+                                   f"store {self.store_id}")
+            tail = self._tail = LogTail(self._wal, from_lsn, fs=self.layout.fs)
+        return tail.read(last)
+
+    def reset(self) -> None:
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
+
+    def base(self, last: int) -> snapshot.Snapshot | None:
+        parent = self.layout.snapshots_dir
+        found = [i.path for i in reversed(snapshot.list_snapshots(parent))]
+        return choose_base(found, self._wal, self.first_lsn(), last, self.store_id)
+
+    def log_source(self, last: int) -> recovery.LogSource:
+        return LogFiles(self._wal, self.first_lsn(), last)
+
+    def fence(self) -> Fence:
+        return DirectoryLock(self.layout.root, f"the source store {self.name}")
+
+    def close(self) -> None:
+        self.reset()
+
+
+class ArchiveSource:
+    """An archive of a store (module docstring)."""
+
+    poll_seconds = ARCHIVE_POLL_SECONDS
+    wal_dir: str | None = None
+    snapshots_dir: str | None = None
+
+    def __init__(self, location: Any) -> None:
+        self.reader = ArchiveReader(location)
+        self.name = self.reader.uri
+        self.store_id = self.reader.store_id
+
+    def durable_lsn(self) -> int:
+        return self.reader.last_lsn
+
+    def first_lsn(self) -> int:
+        return self.reader.first_lsn or 1
+
+    def entries(self, from_lsn: int, last: int) -> Iterator[Entry]:
+        return self.reader.read_entries(from_lsn, last)
+
+    def reset(self) -> None:
+        pass
+
+    def base(self, last: int) -> snapshot.Snapshot | None:
+        return choose_snapshot(self.reader, last, self.reader.first_lsn)
+
+    def log_source(self, last: int) -> recovery.LogSource:
+        return ArchiveLog(self.reader, self.first_lsn(), last)
+
+    def fence(self) -> None:
+        data = self.reader.target.read(LEASE_NAME)
+        lease = Lease.decode(data) if data is not None else None
+        if lease is not None and lease.expires > time.time():
+            raise LockedError(f"the archive {self.name} is still being written by an archiver (host "
+                              f"{lease.host}, pid {lease.pid}, lease for {lease.expires - time.time():.0f} s "
+                              "more): its source is alive; stop it first")
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def open_source(location: Any) -> ReplicaSource:
+    """The source at ``location``: a local directory holding a store's log
+    is a :class:`StoreSource`; anything else (a URI, a ``(filesystem,
+    path)`` pair, a directory holding an ``ARCHIVE`` object) an
+    :class:`ArchiveSource`."""
+    if isinstance(location, (str, os.PathLike)):
+        path = os.fspath(location)
+        if "://" not in path and not os.path.exists(os.path.join(path, ARCHIVE_NAME)):
+            return StoreSource(path)
+    return ArchiveSource(location)

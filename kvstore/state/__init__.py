@@ -1,0 +1,18 @@
+"""The state machine: the LMDB environment the log's entries are applied to,
+and every read of it.
+
+* :mod:`kvstore.state.machine`: :class:`State` (apply, flush, meta, stats);
+* :mod:`kvstore.state.overlay`: applied writes held in memory until they reach
+  LMDB in bulk;
+* :mod:`kvstore.state.readers`, :mod:`kvstore.state.view`: how readers and the
+  writer share LMDB without a lock on the read path; consistent views;
+* :mod:`kvstore.state.lmdb_env`, :mod:`kvstore.state.lmdb_ops`: opening the
+  environment, growing its map, the LMDB operations an entry becomes.
+
+It knows the entry format (:mod:`kvstore.entry`) and nothing of the log's files.
+"""
+
+from kvstore.state.machine import DEFAULT_MAP_SIZE, Ops, ReadOnlyState, State, StateOptions
+from kvstore.state.view import View
+
+__all__ = ["DEFAULT_MAP_SIZE", "Ops", "ReadOnlyState", "State", "StateOptions", "View"]

@@ -1,0 +1,392 @@
+"""The state machine: an LMDB environment that the log's entries are applied to.
+
+Layout of ``STORE/lmdb/`` (an LMDB environment directory)::
+
+    data.mdb, lock.mdb   LMDB's own files
+    SESSION              the session record (see kvstore/store/recovery.py)
+
+Inside the environment:
+
+* the named database ``data`` holds the user's keys and values, as given
+  (LMDB's byte order: memcmp, shorter first);
+* walkv's bookkeeping are plain keys of LMDB's main (unnamed) database, beside
+  the record of ``data``. (Keeping them there rather than in a second named
+  database saves a page copy per write transaction: the main database's leaf
+  is rewritten by every commit anyway, for ``data``'s root.)
+
+  ==================  ======================================================
+  ``walkv.format``    ``b"1"``; another number is refused
+  ``walkv.store_id``  the log's store id (hex); a mismatch means this LMDB
+                      was built from another log, so it is rebuilt
+  ``walkv.applied``   uint64 little-endian: every log entry up to this LSN
+                      is in LMDB, none after it. Written in the same write
+                      transaction as the entries it covers, so LMDB's own
+                      atomicity makes applying idempotent (replay skips
+                      LSNs at or below it). Entries after it may be applied
+                      in memory only, in the overlay (:mod:`kvstore.state.overlay`):
+                      ``State.applied_lsn`` is what this process's reads see,
+                      ``State.lmdb_applied_lsn`` what LMDB holds.
+  ``walkv.complete``  ``b"1"`` once a rebuild's base (snapshot) load is
+                      done; ``b"0"`` while it runs, so an interrupted
+                      rebuild is redone
+  ==================  ======================================================
+
+Durability: LMDB is opened with ``sync=False, metasync=False``: its fsyncs are
+not on the commit path, the log's are. A process crash cannot corrupt such an
+environment (dirty pages live in the kernel's page cache), a machine crash can
+(pages reach the disk in any order), so whether to trust it at open is decided
+from the SESSION record (kvstore/store/recovery.py), never from LMDB's contents.
+The other options, and why: :mod:`kvstore.state.lmdb_env`.
+
+Concurrency: one thread at a time applies (the log's committing thread, or the
+opener while replaying); the overlay is written to LMDB by whichever thread
+flushes it, one flush at a time; any number of threads read, each through its own
+cached read transaction (a get is one LMDB lookup); see :mod:`kvstore.state.readers`
+for how readers and the writer share LMDB without a lock on the read path,
+and :mod:`kvstore.state.reads` for the read side of this class.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any, NamedTuple
+
+import lmdb
+
+from kvstore.entry import conditions
+from kvstore.entry.codec import NO_WRITE_CODES, OP_DELETE, OP_PUT
+from kvstore.state.lmdb_env import open_env, reader_table
+from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
+from kvstore.state.reads import K_APPLIED, StateReads
+from kvstore.state.writes import StateWrites
+from wal.errors import CorruptionError, Damage, WalkvError
+from wal.forkguard import track
+from wal.segment import Payload, payload_size
+
+log = logging.getLogger("walkv.state")
+
+FORMAT = b"1"
+K_FORMAT = b"walkv.format"
+K_STORE_ID = b"walkv.store_id"
+K_COMPLETE = b"walkv.complete"
+
+DEFAULT_MAP_SIZE = 8 << 20
+"""The initial LMDB map of a new environment: small (the log's preallocation
+step), since with ``writemap`` the whole map is given real blocks
+(:mod:`kvstore.state.lmdb_env`); it grows as the data does (:meth:`State.grow`).
+Not smaller: a grow waits for open read views (a snapshot being written), so
+a small store should rarely need one."""
+
+_U64 = struct.Struct("<Q")
+_pack_u64 = _U64.pack
+_first = operator.itemgetter(0)
+_PUT_CODES = {OP_PUT}
+_OVERLAY_CODES = {OP_PUT, OP_DELETE}
+DIRECT_OPS = 4096
+"""A group of at least this many operations is written to LMDB at once (with
+the overlay) rather than through the overlay: it is a bulk write already."""
+Ops = Sequence[Sequence[Any]]
+"""One log entry's operations, as :func:`kvstore.entry.codec.decode` returns them."""
+
+
+class StateOptions(NamedTuple):
+    """How an LMDB environment is opened (see :mod:`kvstore.state.lmdb_env`)."""
+
+    map_size: int = DEFAULT_MAP_SIZE
+    writemap: bool = True
+    max_readers: int = 1024
+    overlay: bool = False
+    """Apply small groups through the overlay (:mod:`kvstore.state.overlay`): the
+    store's ``overlay`` option (on by default)."""
+
+
+class State(StateWrites):
+    """The LMDB environment of one store, and its apply and read paths.
+
+    Not the public API (that is :class:`kvstore.KVStore`).
+    """
+
+    def __init__(self, path: str, options: StateOptions = StateOptions(), *, readonly: bool = False) -> None:
+        map_size, writemap, max_readers, overlay = options
+        super().__init__(path)
+        self.readonly = readonly
+        self.writemap = writemap and not readonly
+        self.map_grows = 0
+        self._last_sweep = time.perf_counter()
+        # counters (updated only by the applying thread)
+        self.applied_groups = 0
+        self.applied_entries = 0
+        self.puts = 0
+        self.deletes = 0
+        self.delete_ranges = 0
+        self.lmdb_commits = 0      # write transactions that applied entries (or the overlay)
+        self.apply_seconds = 0.0   # ... and their time
+        self.apply_max_seconds = 0.0
+        self._failure: Exception | None = None  # a flush that failed (raised by every later apply)
+        self.use_overlay = overlay and not readonly
+        self.env, self.main_db, self.data_db = open_env(
+            path, readonly=readonly, map_size=map_size, writemap=self.writemap,
+            max_readers=max_readers)
+        track(self)
+        try:
+            self._load_meta()
+        except BaseException as exc:
+            self.env.close()
+            if isinstance(exc, lmdb.Error) and not isinstance(exc, WalkvError):
+                raise CorruptionError(f"LMDB environment is unreadable: {exc}", kind=Damage.LMDB,
+                                      path=path, offset=0) from None
+            raise
+        if self.use_overlay:
+            self.overlay.start(self.flush)
+
+    # -- meta ---------------------------------------------------------------
+
+    def _load_meta(self) -> None:
+        with self.env.begin(db=self.main_db) as txn:
+            fmt = txn.get(K_FORMAT)
+            sid = txn.get(K_STORE_ID)
+            applied = txn.get(K_APPLIED)
+            complete = txn.get(K_COMPLETE)
+        if fmt is not None and fmt != FORMAT:
+            raise WalkvError(f"{self.path}: LMDB state format {fmt!r} is not this "
+                             f"walkv's ({FORMAT!r}); use the walkv that wrote it")
+        self.store_id = sid.decode("ascii", "replace") if sid else None
+        self.applied_lsn = _U64.unpack(applied)[0] if applied and len(applied) == 8 else 0
+        self.lmdb_applied_lsn = self.applied_lsn
+        self.complete = complete == b"1"
+        self.initialized = fmt is not None
+
+    def initialize(self, store_id: str, base_lsn: int = 0, *, complete: bool) -> None:
+        """Write the meta of a fresh (or rebuilding) environment."""
+        main = self.main_db
+
+        def write(txn: lmdb.Transaction) -> None:
+            txn.put(K_FORMAT, FORMAT, db=main)
+            txn.put(K_STORE_ID, store_id.encode("ascii"), db=main)
+            txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
+            txn.put(K_COMPLETE, b"1" if complete else b"0", db=main)
+        self._with_write(write)
+        self.store_id = store_id
+        self.applied_lsn = self.lmdb_applied_lsn = base_lsn
+        self.complete = complete
+        self.initialized = True
+        self.gen += 1
+
+    def load_base(self, pairs: Iterator[tuple[bytes, bytes]], base_lsn: int,
+                  chunk: int = 10000) -> int:
+        """Bulk-load (key, value) pairs sorted by key, then mark the
+        environment complete at ``base_lsn``. Returns the number loaded."""
+        n = 0
+        it = iter(pairs)
+        data = self.data_db
+        while True:
+            items = list(islice(it, chunk))
+            if not items:
+                break
+            def load(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]] = items) -> None:
+                txn.cursor(db=data).putmulti(items, dupdata=False, overwrite=True, append=False)
+            self._with_write(load)
+            n += len(items)
+        main = self.main_db
+
+        def finish(txn: lmdb.Transaction) -> None:
+            txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
+            txn.put(K_COMPLETE, b"1", db=main)
+        self._with_write(finish)
+        self.applied_lsn = self.lmdb_applied_lsn = base_lsn
+        self.complete = True
+        self.gen += 1
+        return n
+
+    # -- writing ------------------------------------------------------------
+
+    def apply(self, first_lsn: int, batches: Sequence[Ops], payloads: Sequence[Payload] = ()) -> None:
+        """Apply log entries ``first_lsn, first_lsn + 1, ...`` (``batches[i]``
+        is the operations of entry ``first_lsn + i``, decoded and validated):
+        visible to every read in this process on return. With the overlay on
+        (:attr:`StateOptions.overlay`), a group of fewer than
+        :data:`DIRECT_OPS` puts and deletes goes into it
+        (:mod:`kvstore.state.overlay`, written to LMDB later in bulk); anything
+        else is written to LMDB now, after the overlay, in ONE write
+        transaction that also records the highest applied LSN. Entries at or
+        below ``applied_lsn`` are skipped, so applying is idempotent. A flush
+        that failed earlier (a full disk) is raised here, so the log fails
+        at the next group. ``payloads``: the entries as logged, whose size
+        tells a big write to grow the map ahead (:meth:`make_room`)."""
+        if self._closed:
+            raise self._closed_error()
+        if self._failure is not None:
+            raise self._failure
+        applied = self.applied_lsn
+        last = first_lsn + len(batches) - 1
+        if last <= applied:
+            return
+        if first_lsn <= applied:
+            batches = batches[applied + 1 - first_lsn:]
+        flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
+        codes = set(map(_first, flat))
+        if not codes.isdisjoint(NO_WRITE_CODES):  # conditional batches: decided in the log
+            flat = [op for ops in batches for op in conditions.writes_of(ops)]
+            codes = set(map(_first, flat))
+        self.applied_groups += 1
+        self.applied_entries += len(batches)
+        if codes == _PUT_CODES:
+            self.puts += len(flat)
+        else:
+            self._count(flat)
+        if self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
+            full = bool(flat) and self.overlay.add(flat, last)
+            self.applied_lsn = last
+            if full:
+                self.flush()
+            else:
+                self.maintain_now_and_then()
+        else:
+            self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES)
+
+    def flush(self) -> None:
+        """Write the overlay to LMDB (one write transaction, one
+        ``putmulti`` call) and record its highest LSN there as applied.
+        Called when the overlay is full, by its thread, before reads of LMDB
+        as a whole, and at close; any thread may call it."""
+        overlay = self.overlay
+        if not overlay.active and overlay.frozen is None:
+            return  # (a flush in progress holds ``frozen``: wait for it below)
+        if self._failure is not None:
+            raise self._failure
+        with overlay.flush_lock:
+            if self._closed:
+                return
+            frozen = overlay.freeze()
+            if frozen is None:
+                return
+            values, lsn = frozen
+            main = self.main_db
+
+            def write(txn: lmdb.Transaction) -> None:
+                write_values(txn, values)
+                txn.put(K_APPLIED, _pack_u64(lsn), True, True, False, main)
+            self._write_applied(write, lsn)
+            overlay.thaw()
+
+    def _count(self, ops: Ops) -> None:
+        for op in ops:
+            code = op[0]
+            if code == OP_PUT:
+                self.puts += 1
+            elif code == OP_DELETE:
+                self.deletes += 1
+            else:
+                self.delete_ranges += 1
+
+    def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool) -> None:
+        """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
+        overlay holds, in one write transaction."""
+        overlay = self.overlay
+        main = self.main_db
+        with overlay.flush_lock:
+            frozen = overlay.freeze()
+            self.make_room(size_hint)
+
+            def write(txn: lmdb.Transaction) -> None:
+                if frozen is not None:
+                    write_values(txn, frozen[0])
+                if puts_only:
+                    put_run(txn, ops)
+                else:
+                    apply_ops(txn, ops)
+                txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)
+            self._write_applied(write, last)
+            if frozen is not None:
+                overlay.thaw()
+            self.applied_lsn = last
+
+    def stats(self) -> dict[str, int | float | None]:
+        """What was applied and read (counters, approximate under concurrent
+        use) and how LMDB looks now. Readers, from LMDB's reader table (every
+        process's, this call's own read transaction included):
+        ``lmdb_reader_slots`` slots in use, ``lmdb_readers_reading`` of them
+        inside a read transaction, ``lmdb_oldest_reader_lag`` how many write
+        transactions were committed since the snapshot the oldest of those
+        sees (None: no reader). Pages those commits freed cannot be reused
+        while it reads, so a lag that keeps growing means a reader holds a
+        snapshot too long (an idle iterator, a long view) or died holding one
+        (cleared within a second by the writer)."""
+        if self._failure is None:
+            self.flush()  # so that LMDB's counts include every applied write
+        data = self.data_db
+
+        def read(txn: lmdb.Transaction) -> tuple:
+            return txn.stat(data), self.env.info(), self.env.stat()["psize"], reader_table(self.env)
+        dstat, info, psize, (slots, reading, oldest) = self._read(read)
+        groups = self.applied_groups
+        return {
+            "puts": self.puts,
+            "deletes": self.deletes,
+            "delete_ranges": self.delete_ranges,
+            "gets": self.gets,
+            "applied_entries": self.applied_entries,
+            "applied_groups": groups,
+            "lmdb_commits": self.lmdb_commits,
+            "apply_avg_us": self.apply_seconds / self.lmdb_commits * 1e6 if self.lmdb_commits else 0.0,
+            "apply_max_us": self.apply_max_seconds * 1e6,
+            "overlay_keys": len(self.overlay),
+            "overlay_flushes": self.overlay.flushes,
+            "lmdb_applied_lsn": self.lmdb_applied_lsn,
+            "map_grows": self.map_grows,
+            "lmdb_map_bytes": info["map_size"],
+            "lmdb_used_bytes": (info["last_pgno"] + 1) * psize,
+            "lmdb_entries": dstat["entries"],
+            "lmdb_depth": dstat["depth"],
+            "lmdb_readers": info["num_readers"],
+            "lmdb_reader_slots": slots,
+            "lmdb_readers_reading": reading,
+            "lmdb_oldest_reader_lag": None if oldest is None else info["last_txnid"] - oldest,
+        }
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def close(self, *, sync: bool = True) -> None:
+        """Write the overlay to LMDB, wait for readers to leave, flush LMDB to
+        disk and close; with ``sync=False`` (the log failed) only close: the
+        overlay's writes are in the log, the next open replays them. A failed
+        write of the overlay is raised once LMDB is closed (not flushed)."""
+        if self._closed:
+            return
+        self.overlay.stop()
+        error: Exception | None = None
+        if sync and not self.readonly and self._failure is None:
+            try:
+                self.flush()
+            except Exception as exc:  # raised below, once closed
+                error = exc
+        gate = self.gate
+        gate.acquire_exclusive()
+        try:
+            self._close_views(every=True)
+            self._closed = True
+            try:
+                if sync and error is None and not self.readonly:
+                    self.env.sync(True)
+            finally:
+                self.env.close()
+        finally:
+            gate.release_exclusive()
+        if error is not None:
+            raise error
+
+
+class ReadOnlyState(State):
+    """A state opened beside a writer in another process: every get takes a
+    fresh read transaction (there is no local commit counter to cache
+    against), and nothing is written."""
+
+    def __init__(self, path: str, options: StateOptions = StateOptions()) -> None:
+        super().__init__(path, options, readonly=True)
+
+    get = StateReads._get_uncached

@@ -1,0 +1,167 @@
+"""The overlay: writes applied to the state machine but not yet to LMDB.
+
+LevelDB keeps recent writes in a memtable and writes them out in bulk; the
+overlay is that idea for the LMDB state machine. A small group of puts and
+deletes is *applied* by recording each key's newest value (``None``: deleted)
+in a dictionary: one dictionary operation per write instead of an LMDB write
+transaction per group. The dictionary is written to LMDB later, in one write
+transaction with one ``putmulti`` call (a *flush*), that also records the
+highest LSN it covers as LMDB's applied LSN.
+
+Two dictionaries, as LevelDB's memtable and immutable memtable: ``active``
+takes new writes; a flush swaps it for an empty one (``frozen``, the old
+one, is what it writes) so writers go on while LMDB is written. A read looks
+in ``active``, then ``frozen``, then LMDB; a flush clears ``frozen`` only
+after LMDB's commit and the read counter's bump (``gen``), so a read that
+misses both dictionaries renews its LMDB transaction and finds the value
+there (:meth:`kvstore.state.reads.StateReads.get`).
+
+When a flush happens, and why:
+
+* the overlay holds :data:`MAX_KEYS` keys or :data:`MAX_BYTES` bytes of
+  values (memory stays bounded by settings, not by the store's size);
+* :data:`FLUSH_SECONDS` after its first write, by a background thread: so a
+  read-only process beside the writer, which reads LMDB only, sees every
+  acknowledged write at most that long (plus one flush) after it returned,
+  and a process crash leaves at most that much to replay;
+* before anything that reads LMDB as a whole (a scan, a view, a count, a
+  snapshot, stats) and before a group that is not plain puts and deletes
+  (a range delete, a big batch), which is applied with the flush in one
+  transaction; at close.
+
+What it saves is the write transaction per group (begin, the applied LSN,
+commit: ~6 us, several GIL hand-offs), not LMDB's copy-on-write of each leaf
+page a write touches: random keys over a large store touch a different 4 KiB
+leaf each, whether they share a transaction or not; keys that share leaves
+(sequential, hot) gain the most. The store opened with ``overlay=False``
+applies every group in its own transaction instead.
+
+Durability is the log's: the overlay only delays LMDB, which is a cache of
+the log either way (:mod:`kvstore.store.recovery` replays from LMDB's applied LSN).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+log = logging.getLogger("walkv.state")
+
+MAX_KEYS = 16384
+"""Keys the overlay holds before it is flushed."""
+MAX_BYTES = 1 << 20
+"""Bytes of values the overlay holds before it is flushed. Small, because
+what it holds is what a reopen after a crash must find room for in LMDB (a
+disk that filled up with the overlay full needs about twice this freed), and
+a flush of 1 MiB already spreads a write transaction's cost over thousands
+of small writes."""
+FLUSH_SECONDS = 0.05
+"""A write waits at most this long in the overlay before a flush begins."""
+MISSING = object()
+"""What a lookup in the overlay returns for a key it does not hold."""
+
+Values = dict[bytes, "bytes | None"]
+
+
+class Overlay:
+    """The two dictionaries, their LSNs and the flushing thread of one state.
+
+    ``add`` is called by the one applying thread; ``freeze``/``thaw`` by a
+    flush, under :attr:`flush_lock` (one flush at a time); reads use
+    :attr:`active` and :attr:`frozen` without a lock.
+    """
+
+    def __init__(self) -> None:
+        self.active: Values = {}
+        self.frozen: Values | None = None
+        self.lsn = 0          # the highest LSN in ``active`` (when it is not empty)
+        self.bytes = 0        # bytes of values in ``active``
+        self.lock = threading.Lock()        # add vs freeze
+        self.flush_lock = threading.Lock()  # one flush (LMDB write) at a time
+        self._wake = threading.Condition(self.lock)
+        self._since = 0.0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.flushes = 0
+
+    def add(self, ops: Sequence[Sequence[Any]], last_lsn: int) -> bool:
+        """Record puts and deletes (``[1, key, value]`` / ``[2, key]``, in
+        order) that end at ``last_lsn``; True when the overlay is now full
+        and should be flushed."""
+        size = 0
+        with self.lock:
+            active = self.active
+            if not active:
+                self._since = time.monotonic()
+                self._wake.notify()
+            for op in ops:
+                if op[0] == 1:
+                    value = op[2]
+                    active[op[1]] = value
+                    size += len(value)
+                else:
+                    active[op[1]] = None
+            self.lsn = last_lsn
+            self.bytes += size
+            return len(active) >= MAX_KEYS or self.bytes >= MAX_BYTES
+
+    def freeze(self) -> tuple[Values, int] | None:
+        """With :attr:`flush_lock` held: make ``active`` the frozen
+        dictionary (to be written to LMDB) and start an empty one; return it
+        and its highest LSN, or None when there is nothing to flush."""
+        with self.lock:
+            frozen = self.active
+            if not frozen:
+                return None
+            self.frozen = frozen
+            self.active = {}
+            self.bytes = 0
+            return frozen, self.lsn
+
+    def thaw(self) -> None:
+        """With :attr:`flush_lock` held: the frozen dictionary is in LMDB."""
+        self.frozen = None
+        self.flushes += 1
+
+    def __len__(self) -> int:
+        frozen = self.frozen
+        return len(self.active) + (len(frozen) if frozen is not None else 0)
+
+    # -- the flushing thread ---------------------------------------------------
+
+    def start(self, flush: Callable[[], None]) -> None:
+        """Run ``flush()`` :data:`FLUSH_SECONDS` after each first write into
+        an empty overlay, in a daemon thread, until :meth:`stop`."""
+        self._thread = threading.Thread(target=self._run, args=(flush,), name="walkv-apply", daemon=True)
+        self._thread.start()
+
+    def _run(self, flush: Callable[[], None]) -> None:
+        with self.lock:
+            while not self._stopping:
+                if not self.active:
+                    self._wake.wait()
+                    continue
+                left = self._since + FLUSH_SECONDS - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                    continue
+                self.lock.release()
+                try:
+                    flush()
+                except Exception:  # recorded by the state; the next write reports it
+                    log.exception("flushing the overlay to LMDB failed")
+                    return
+                finally:
+                    self.lock.acquire()
+
+    def stop(self) -> None:
+        """Stop the thread (what it holds is flushed by whoever closes)."""
+        with self.lock:
+            self._stopping = True
+            self._wake.notify()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()

@@ -1,0 +1,18 @@
+"""The store: :class:`KVStore` has a log (:mod:`wal`), a state machine
+(:mod:`kvstore.state`), a watch hub (:mod:`kvstore.watch`) and, with
+``archive=``, an archiver (:mod:`kvstore.archive`), and composes them.
+
+* :mod:`kvstore.store.store`: KVStore, open, close, durability and locking;
+* :mod:`kvstore.store.write_batch`, :mod:`kvstore.store.txn`: batches and
+  conditional writes; :mod:`kvstore.store.aio`: the asyncio front;
+* :mod:`kvstore.store.recovery`: trusting or rebuilding LMDB at open, replay;
+* :mod:`kvstore.store.snapshots`: taking snapshots, retention, the base of a rebuild;
+* :mod:`kvstore.store.archiving`: the archiver a store runs for itself;
+* :mod:`kvstore.store.metrics`: stats in Prometheus' text format.
+"""
+
+from kvstore.store.store import KVStore, open
+from kvstore.store.txn import Transaction
+from kvstore.store.write_batch import WriteBatch
+
+__all__ = ["KVStore", "Transaction", "WriteBatch", "open"]

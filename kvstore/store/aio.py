@@ -1,0 +1,354 @@
+"""The asyncio front: ``kvstore.open_async(path)``.
+
+::
+
+    async with kvstore.open_async(path, sync="always") as adb:
+        lsn = await adb.put(b"k", b"v")      # durable (and applied) on return
+        await adb.get(b"k")
+        async with adb.batch() as b:
+            b.put(b"a", b"1"); b.delete(b"b")
+
+Durability is exactly the store's (:mod:`kvstore.store.store`): with
+``sync="always"`` an awaited write has been fsynced and applied to LMDB.
+
+How thousands of coroutines share each fsync without a thread each: a write
+gets a future and joins the loop's current *batch*; the first write of a batch
+schedules one ``_flush`` (``call_soon``), which runs after every coroutine that
+was ready has had its turn and queues the whole batch with the log's
+non-blocking ``append_many_nowait``: one mutex round and one callback for the
+batch, which gets consecutive LSNs and is always written in one group. The
+log's committing thread writes, fsyncs and applies the group, then calls that
+callback once per batch; it only appends ``(first_lsn, error)`` to a deque
+and, the first time since the loop last drained it, schedules one wake-up of
+the loop (``call_soon_threadsafe``). The loop then resolves every future of
+every finished batch, the i-th with ``first_lsn + i``.
+
+Queuing a turn's writes at once also keeps groups whole: N coroutines that
+write in a loop are all resumed by one drain and all queue in the next turn,
+so each group holds all N. Queued one by one, the committer starts a group
+with the first few while the rest are still being queued, and the writers
+settle into two alternating halves, each paying its own fsync (issue 15: with
+256 coroutines, groups of ~130 before, 256 after).
+
+Each write keeps a future of its own (rather than awaiting one shared per
+batch): cancelling a task cancels the future it awaits, so a shared one would
+cancel its neighbours. A cancelled write stays queued and is written; only its
+result is dropped. A batch the log refuses (closed, failed) is queued again
+write by write, so an error reaches exactly the writes it concerns.
+
+Reads answer directly from LMDB on the event loop's thread (a read is a
+few microseconds and never waits for the log). ``open`` and ``close`` run in
+the default executor, since they may replay the log or fsync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, Iterator
+
+from kvstore.entry.codec import (
+    MAX_KEY_BYTES,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_PUT,
+    _pack,
+    check_key,
+    check_range,
+    check_value,
+)
+from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
+from kvstore.store.store import KVStore
+from kvstore.store.txn import cas_outcome, decided
+from kvstore.store.write_batch import WriteBatch
+from kvstore.watch.watcher import AsyncWatcher
+from wal.errors import ClosedError, ReadOnlyError
+
+
+class AsyncKVStore:
+    """A :class:`~kvstore.store.store.KVStore` driven from one asyncio event loop.
+
+    Create with ``await kvstore.open_async(path)``. Writes must be awaited on
+    the loop that opened the store. :attr:`store` is the underlying KVStore
+    (its synchronous API may be used from other threads meanwhile).
+    """
+
+    def __init__(self, store: KVStore, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self._loop = loop
+        # The batch being collected on the loop (flushed by _flush).
+        self._payloads: list[bytes] = []
+        self._ops: list[list] = []
+        self._futures: list[asyncio.Future] = []
+        self._runs: dict[int, list[asyncio.Future]] = {}  # first LSN -> a queued batch's futures
+        self._done: deque[tuple[int, BaseException | None]] = deque()
+        self._wake_scheduled = False
+        self._closing = False
+        self._max_value = store.max_value_bytes
+        log = store._log
+        self._refusing = log is None
+        self._append_many = log.append_many_nowait if log is not None else self._refuse
+        self._create_future = loop.create_future
+        self._call_soon = loop.call_soon
+        self._callback = self._on_durable
+
+    # -- the completion path ---------------------------------------------------
+
+    def _on_durable(self, first: int, error: BaseException | None) -> None:
+        # On the log's committing thread, once per batch.
+        self._done.append((first, error))
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed; nobody is waiting
+                self._wake_scheduled = False
+
+    def _drain(self) -> None:
+        # On the loop: clear the flag first, so a callback that runs while we
+        # drain either lands in this drain or schedules the next one.
+        self._wake_scheduled = False
+        done = self._done
+        runs = self._runs
+        while done:
+            first, error = done.popleft()
+            futures = runs.pop(first, None)
+            if futures is None:
+                continue
+            if error is None:
+                for lsn, fut in enumerate(futures, first):
+                    try:
+                        fut.set_result(lsn)
+                    except asyncio.InvalidStateError:  # cancelled: written all the same
+                        pass
+            else:
+                _fail(futures, error)
+
+    def _submit(self, payload: bytes, ops: list) -> asyncio.Future:
+        if self._refusing:
+            self._refuse()
+        fut = self._create_future()
+        if not self._payloads:
+            self._call_soon(self._flush)
+        self._payloads.append(payload)
+        self._ops.append(ops)
+        self._futures.append(fut)
+        return fut
+
+    def _flush(self) -> None:
+        """Queue the batch collected on the loop with the log, as one run."""
+        payloads, ops, futures = self._payloads, self._ops, self._futures
+        if not payloads:
+            return
+        self._payloads, self._ops, self._futures = [], [], []
+        try:
+            # No await between the append and the insert: _drain runs on this
+            # same loop thread, so it cannot look the run up before it is there.
+            self._runs[self._append_many(payloads, self._callback, ops)] = futures
+        except Exception as e:
+            if len(payloads) == 1:
+                _fail(futures, e)
+                return
+            # Refused as a whole (nothing was queued): write by write, so each
+            # error reaches only the write it concerns.
+            for i, fut in enumerate(futures):
+                try:
+                    self._runs[self._append_many([payloads[i]], self._callback, [ops[i]])] = [fut]
+                except Exception as e1:
+                    _fail([fut], e1)
+
+    def _refuse(self, *_: object) -> int:
+        if self._closing:
+            raise ClosedError(f"the store {self.store.path} is closed")
+        raise ReadOnlyError(f"the store {self.store.path} was opened with "
+                            f"readonly=True; writes are refused")
+
+    # -- writes -------------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> "asyncio.Future[int]":
+        """Set ``key``; the awaited result is the LSN, once durable and applied."""
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = check_key(key)
+        if type(value) is not bytes or len(value) > self._max_value:
+            value = check_value(value, self._max_value)
+        ops = [[OP_PUT, key, value]]
+        return self._submit(_pack(ops), ops)
+
+    def delete(self, key: bytes) -> "asyncio.Future[int]":
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = check_key(key)
+        ops = [[OP_DELETE, key]]
+        return self._submit(_pack(ops), ops)
+
+    def delete_range(self, start: bytes | None, end: bytes | None) -> "asyncio.Future[int]":
+        start, end = check_range(start, end)
+        ops = [[OP_DELETE_RANGE, start, end]]
+        return self._submit(_pack(ops), ops)
+
+    def batch(self) -> "AsyncWriteBatch":
+        """``async with adb.batch() as b:`` collects ``b.put``/``b.delete``/
+        ``b.delete_range`` (plain calls) and commits them atomically, one LSN,
+        when the block ends normally (awaiting durability); nothing is written
+        when it raises."""
+        if self._closing:
+            raise ClosedError(f"the store {self.store.path} is closed")
+        return AsyncWriteBatch(self)
+
+    async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
+        """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
+        decided in log order (:mod:`kvstore.store.txn`)."""
+        outcome = cas_outcome(self._max_value, key, expected, new)
+        lsn = await self._submit(_pack(outcome), outcome)
+        return decided(outcome, lsn) is None
+
+    def watch(self, prefix: bytes | None = None, **options: Any) -> AsyncWatcher:
+        """``async for change in adb.watch(...)``: :meth:`KVStore.watch`, its
+        blocking waits run in a thread of the watcher's own."""
+        return AsyncWatcher(self.store.watch(prefix, **options))
+
+    # -- reads --------------------------------------------------------------
+
+    async def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        return self.store.get(key, default)
+
+    async def contains(self, key: bytes) -> bool:
+        return self.store.get(key) is not None
+
+    async def count(self) -> int:
+        return len(self.store)
+
+    def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
+        """A consistent read of several keys as of one LSN (``with
+        adb.view() as v:`` or ``async with``); its reads answer directly, like
+        :meth:`get`. See :meth:`kvstore.KVStore.view`."""
+        return self.store.view(max_seconds)
+
+    def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
+             prefix: bytes | None = None, reverse: bool = False
+             ) -> Iterator[tuple[bytes, bytes]]:
+        """As :meth:`KVStore.scan` (a plain iterator: each step reads LMDB
+        directly, in microseconds)."""
+        return self.store.scan(start, stop, prefix=prefix, reverse=reverse)
+
+    # -- the rest -----------------------------------------------------------
+
+    @property
+    def last_lsn(self) -> int:
+        return self.store.last_lsn
+
+    @property
+    def durable_lsn(self) -> int:
+        return self.store.durable_lsn
+
+    @property
+    def applied_lsn(self) -> int:
+        return self.store.applied_lsn
+
+    def stats(self) -> dict:
+        st = self.store.stats()
+        st["async_pending"] = len(self._payloads) + sum(len(f) for f in self._runs.values())
+        return st
+
+    async def sync(self) -> int:
+        return await self._loop.run_in_executor(None, self.store.sync)
+
+    async def flush_archive(self, timeout: float | None = 30.0) -> int:
+        """:meth:`kvstore.KVStore.flush_archive`, in the default executor."""
+        return await self._loop.run_in_executor(None, self.store.flush_archive, timeout)
+
+    async def close(self) -> None:
+        """Wait for every write in flight (each future resolves), then close
+        the store."""
+        if self._closing:
+            return
+        self._flush()  # what was asked for before close() goes to the log
+        self._closing = self._refusing = True
+        self._append_many = self._refuse
+        await self._loop.run_in_executor(None, self.store.close)
+        self._drain()
+        for futures in self._runs.values():
+            _fail(futures, ClosedError("the store was closed before this write finished"))
+        self._runs.clear()
+
+    async def __aenter__(self) -> "AsyncKVStore":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncKVStore {self.store!r}>"
+
+
+def _fail(futures: list[asyncio.Future], error: BaseException) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_exception(error)
+
+
+class AsyncWriteBatch(WriteBatch):
+    """A :class:`~kvstore.store.write_batch.WriteBatch` committed with ``async with``."""
+
+    __slots__ = ("_adb",)
+
+    def __init__(self, adb: AsyncKVStore) -> None:
+        super().__init__(self._refuse_sync_commit, adb._max_value, adb.store._max_payload)
+        self._adb = adb
+
+    @staticmethod
+    def _refuse_sync_commit(payload: bytes, ops: list) -> int:
+        raise TypeError("an async batch is committed by `async with` (or `await b.acommit()`)")
+
+    async def acommit(self) -> int | None:
+        """Commit: one log entry, awaited until durable and applied."""
+        sealed = self._seal()
+        if sealed is None:
+            return None
+        self.lsn = await self._adb._submit(sealed[0], sealed[1])
+        return self.lsn
+
+    async def __aenter__(self) -> "AsyncWriteBatch":
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            if not self._done:
+                await self.acommit()
+        else:
+            self.discard()
+
+
+class _Opening:
+    """What :func:`open_async` returns: awaitable, and an async context manager."""
+
+    __slots__ = ("_args", "_kwargs", "_adb")
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        self._args = args
+        self._kwargs = kwargs
+        self._adb: AsyncKVStore | None = None
+
+    async def _open(self) -> AsyncKVStore:
+        loop = asyncio.get_running_loop()
+        store = await loop.run_in_executor(None, lambda: KVStore(*self._args, **self._kwargs))
+        return AsyncKVStore(store, loop)
+
+    def __await__(self):
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncKVStore:
+        self._adb = await self._open()
+        return self._adb
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._adb is not None:
+            await self._adb.close()
+
+
+def open_async(path, sync: str = "always", **options: Any) -> _Opening:
+    """Open the store at ``path`` for asyncio (options as :func:`kvstore.open`)::
+
+        adb = await kvstore.open_async(path)
+        async with kvstore.open_async(path) as adb: ...
+    """
+    return _Opening((path,), dict(sync=sync, **options))

@@ -1,0 +1,193 @@
+"""Conditional writes: compare-and-set, delete-if, transactions.
+
+A conditional write is ONE log entry (one LSN) whose batch starts with
+conditions (``kvstore.entry.codec`` op codes 4..6) followed by writes. The
+conditions are decided in log order when the entry's group is written, and
+the decision is written into the log with it (:mod:`kvstore.entry.conditions`),
+never by a read before logging: two threads racing on one key are ordered by
+the log, and exactly the first one's condition sees the state it expected.
+Replay, rebuilds and every reader of the log read the decision; none takes
+it again.
+
+Durability: as any write (``kvstore.store.store``): when the call returns, the entry
+is durable per the sync mode and its outcome decided and applied. A failed
+condition applies nothing but consumes the entry's LSN; the entry stays in
+the log, marked failed (and a watcher skips it, :mod:`kvstore.watch.watcher`).
+
+The outcome reaches the caller through the operations object that travels
+with the payload through the log: an :class:`~kvstore.entry.conditions.Outcome`,
+which the group's leader fills in before the group is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from kvstore.entry.codec import (
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_PUT,
+    OP_REQUIRE_ABSENT,
+    OP_REQUIRE_EQUALS,
+    OP_REQUIRE_PRESENT,
+    _pack,
+    check_key,
+    check_range,
+    check_value,
+)
+from kvstore.entry.conditions import Outcome
+from kvstore.store.write_batch import CommitOnExit
+from wal.errors import ClosedError, RecordTooLargeError, WalkvError
+
+Append = Callable[[bytes, list], int]
+
+EQUALS = "equals"
+ABSENT = "absent"
+PRESENT = "present"
+
+
+class Condition(NamedTuple):
+    """One condition of a transaction: ``kind`` is ``"equals"`` (then
+    ``value`` is the expected value), ``"absent"`` or ``"present"``."""
+
+    key: bytes
+    kind: str
+    value: bytes | None = None
+
+    def as_op(self) -> list:
+        if self.kind == EQUALS:
+            return [OP_REQUIRE_EQUALS, self.key, self.value]
+        return [OP_REQUIRE_ABSENT if self.kind == ABSENT else OP_REQUIRE_PRESENT, self.key]
+
+
+def decided(outcome: Outcome, lsn: int) -> int | None:
+    """The index of the failed condition of the entry just logged (None:
+    it succeeded)."""
+    if not outcome.decided:  # decided before the group is written, so before the appender returns
+        raise WalkvError(f"the outcome of LSN {lsn} was not decided when it was logged; "
+                         f"close and reopen the store")
+    return outcome.failed
+
+
+def conditional_write(append: Append, conds: list[Condition], writes: list[list]) -> tuple[int, int | None]:
+    """Log one entry: ``conds`` then ``writes`` (validated ops). Returns
+    (LSN, index of the failed condition or None)."""
+    outcome = Outcome([c.as_op() for c in conds] + writes)
+    lsn = append(_pack(outcome), outcome)
+    return lsn, decided(outcome, lsn)
+
+
+def cas_outcome(max_value: int, key: bytes, expected: bytes | None, new: bytes) -> Outcome:
+    """The validated operations of a compare-and-set (see :func:`compare_and_set`)."""
+    key = check_key(key)
+    new = check_value(new, max_value)
+    cond = (Condition(key, ABSENT) if expected is None
+            else Condition(key, EQUALS, check_value(expected, max_value)))
+    return Outcome([cond.as_op(), [OP_PUT, key, new]])
+
+
+def compare_and_set(append: Append, max_value: int, key: bytes, expected: bytes | None,
+                    new: bytes) -> bool:
+    """Set ``key`` to ``new`` if its value is ``expected`` (None: if it is
+    absent), decided in log order. True when it was set."""
+    outcome = cas_outcome(max_value, key, expected, new)
+    lsn = append(_pack(outcome), outcome)
+    return decided(outcome, lsn) is None
+
+
+def delete_if(append: Append, max_value: int, key: bytes, expected: bytes) -> bool:
+    """Delete ``key`` if its value is ``expected``; True when it was deleted."""
+    key = check_key(key)
+    cond = Condition(key, EQUALS, check_value(expected, max_value))
+    return conditional_write(append, [cond], [[OP_DELETE, key]])[1] is None
+
+
+class Transaction(CommitOnExit):
+    """Conditions and writes applied atomically, as one log entry, only if
+    every condition holds at the entry's place in the log::
+
+        with db.transaction() as t:
+            t.require(b"stock:42", equals=b"3")
+            t.require(b"lock:42", absent=True)
+            t.put(b"stock:42", b"2"); t.put(b"lock:42", b"me")
+        t.lsn, t.succeeded, t.failed_condition
+
+    Committed when the ``with`` block ends normally (durable per the sync
+    mode, outcome decided), discarded when it raises. A transaction with no
+    conditions and no writes writes nothing (``lsn`` None, ``succeeded``
+    True). :attr:`failed_condition` is the first :class:`Condition` that did
+    not hold (None on success).
+    """
+
+    def __init__(self, append: Append, max_value: int, max_payload: int) -> None:
+        self._append = append
+        self._max_value = max_value
+        self._max_payload = max_payload
+        self._conds: list[Condition] = []
+        self._writes: list[list] = []
+        self._done = False
+        self.lsn: int | None = None
+        self.succeeded: bool | None = None
+        self.failed_condition: Condition | None = None
+
+    def _open(self) -> None:
+        if self._done:
+            raise ClosedError("this transaction was already committed or discarded; "
+                              "start a new one with db.transaction()")
+
+    def require(self, key: bytes, *, equals: bytes | None = None, absent: bool = False,
+                present: bool = False) -> None:
+        """Require, in log order, that ``key``'s value equals ``equals``, or that
+        ``key`` is ``absent``, or ``present`` (exactly one of the three)."""
+        self._open()
+        if (equals is not None) + bool(absent) + bool(present) != 1:
+            raise ValueError("require() takes exactly one of equals=..., absent=True, present=True")
+        key = check_key(key)
+        if equals is not None:
+            self._conds.append(Condition(key, EQUALS, check_value(equals, self._max_value)))
+        else:
+            self._conds.append(Condition(key, ABSENT if absent else PRESENT))
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Set ``key`` to ``value`` if the transaction succeeds."""
+        self._open()
+        self._writes.append([OP_PUT, check_key(key), check_value(value, self._max_value)])
+
+    def delete(self, key: bytes) -> None:
+        """Remove ``key`` if the transaction succeeds."""
+        self._open()
+        self._writes.append([OP_DELETE, check_key(key)])
+
+    def delete_range(self, start: bytes | None, end: bytes | None) -> None:
+        """Delete every key with ``start <= key < end`` (None: unbounded) if
+        the transaction succeeds."""
+        self._open()
+        self._writes.append([OP_DELETE_RANGE, *check_range(start, end)])
+
+    def commit(self) -> bool:
+        """Log the transaction; return whether it succeeded (also in
+        :attr:`succeeded`, with :attr:`lsn` and :attr:`failed_condition`).
+        Over the log's record size: RecordTooLargeError, nothing written."""
+        self._open()
+        self._done = True
+        if not self._conds and not self._writes:
+            self.succeeded = True
+            return True
+        ops = [c.as_op() for c in self._conds] + self._writes
+        outcome = Outcome(ops)
+        payload = _pack(outcome)
+        if len(payload) > self._max_payload:
+            raise RecordTooLargeError(
+                f"transaction of {len(ops)} operations is {len(payload)} bytes, over the "
+                f"log's record limit of {self._max_payload} bytes. Nothing was written.")
+        self.lsn = self._append(payload, outcome)
+        failed = decided(outcome, self.lsn) if self._conds else None
+        self.succeeded = failed is None
+        self.failed_condition = None if failed is None else self._conds[failed]
+        return self.succeeded
+
+    def discard(self) -> None:
+        """Drop everything collected; nothing is written."""
+        self._done = True
+

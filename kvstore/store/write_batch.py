@@ -1,0 +1,166 @@
+"""Collecting writes to commit as one log entry: :class:`WriteBatch` (``with
+db.batch() as b:``), and :class:`CommitOnExit`, the ``with`` rule it shares
+with transactions (commit on a normal exit, discard on an exception). The
+entry's format, and the checks each argument gets, are :mod:`kvstore.entry.codec`'s.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Iterable, Mapping, Self
+
+from kvstore.entry.codec import (
+    MAX_KEY_BYTES,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_PUT,
+    _pack,
+    check_key,
+    check_range,
+    check_value,
+)
+from wal.errors import ClosedError, RecordTooLargeError
+
+
+class _Done(list):
+    """The ops list of a committed or discarded batch: adding raises."""
+
+    __slots__ = ()
+
+    def append(self, op: object) -> None:
+        raise ClosedError("this batch was already committed or discarded; "
+                          "start a new one with db.batch()")
+
+    extend = append
+
+
+_second = operator.itemgetter(1)
+_third = operator.itemgetter(2)
+_BYTES_ONLY = {bytes}
+
+
+_DONE = _Done()
+
+
+class CommitOnExit:
+    """``with x:`` commits on a normal exit of the block and discards when it
+    raises (a batch, a transaction)."""
+
+    __slots__ = ()
+    _done: bool
+
+    def commit(self) -> object:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            if not self._done:
+                self.commit()
+        else:
+            self.discard()
+
+
+class WriteBatch(CommitOnExit):
+    """Operations collected to be written atomically, as one log entry.
+
+    Use it as a context manager (``with db.batch() as b:``): on a normal exit
+    the batch is committed (one LSN, durable per the store's sync mode when the
+    ``with`` block returns, then visible to reads); when the block raises,
+    nothing is written. Every argument is validated as it is added, so a bad
+    key raises at the call that adds it. After commit, :attr:`lsn` holds the
+    entry's LSN (``None`` for an empty batch, which writes nothing).
+
+    ``commit`` is called as ``commit(payload, ops)`` and returns the LSN: the
+    ops travel with the payload through the log, so that the store applies
+    them without decoding its own payload again.
+    """
+
+    __slots__ = ("_ops", "_commit", "_max_value", "_max_payload", "_done",
+                 "lsn")
+
+    def __init__(self, commit: Callable[[bytes, list], int], max_value: int,
+                 max_payload: int) -> None:
+        self._ops: list = []
+        self._commit = commit
+        self._max_value = max_value
+        self._max_payload = max_payload
+        self._done = False
+        self.lsn: int | None = None
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Set ``key`` to ``value`` when the batch commits."""
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = check_key(key)
+        if type(value) is not bytes or len(value) > self._max_value:
+            value = check_value(value, self._max_value)
+        self._ops.append((OP_PUT, key, value))
+
+    def update(self, pairs: "Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]") -> None:
+        """Add a put for every (key, value) of ``pairs`` (a mapping or an
+        iterable of pairs), checked as :meth:`put` checks them but in bulk:
+        the fast way to load many pairs."""
+        if isinstance(pairs, Mapping):
+            pairs = pairs.items()
+        ops = [(OP_PUT, k, v) for k, v in pairs]
+        if not ops:
+            return
+        keys = list(map(_second, ops))
+        values = list(map(_third, ops))
+        if (set(map(type, keys)) != _BYTES_ONLY or set(map(type, values)) != _BYTES_ONLY
+                or min(map(len, keys)) == 0 or max(map(len, keys)) > MAX_KEY_BYTES
+                or max(map(len, values)) > self._max_value):
+            ops = [(OP_PUT, check_key(k), check_value(v, self._max_value)) for _, k, v in ops]
+        self._ops.extend(ops)
+
+    def delete(self, key: bytes) -> None:
+        """Remove ``key`` when the batch commits."""
+        key = check_key(key)
+        self._ops.append((OP_DELETE, key))
+
+    def delete_range(self, start: bytes | None, end: bytes | None) -> None:
+        """Delete every key with ``start <= key < end`` (``None``: unbounded)."""
+        start, end = check_range(start, end)
+        self._ops.append((OP_DELETE_RANGE, start, end))
+
+    def __len__(self) -> int:
+        return 0 if self._done else len(self._ops)
+
+    def _seal(self) -> tuple[bytes, list] | None:
+        """Close the batch; return its payload and operations (None if
+        empty). Over the log's record size: RecordTooLargeError, nothing
+        written."""
+        if self._done:
+            raise ClosedError("this batch was already committed or discarded")
+        self._done = True
+        ops, self._ops = self._ops, _DONE
+        if not ops:
+            return None
+        payload = _pack(ops)
+        if len(payload) > self._max_payload:
+            raise RecordTooLargeError(
+                f"batch of {len(ops)} operations is {len(payload)} bytes, over the "
+                f"log's record limit of {self._max_payload} bytes; split it. "
+                f"Nothing was written.")
+        return payload, ops
+
+    def commit(self) -> int | None:
+        """Write the batch as one log entry; returns its LSN (None if empty).
+        A batch over the log's record size raises RecordTooLargeError here,
+        and nothing is written."""
+        sealed = self._seal()
+        if sealed is None:
+            return None
+        self.lsn = self._commit(sealed[0], sealed[1])
+        return self.lsn
+
+    def discard(self) -> None:
+        """Drop every collected operation; nothing is written."""
+        self._done = True
+        self._ops = _DONE
+
