@@ -45,7 +45,8 @@ def abandon(db: kvstore.KVStore) -> None:
         except WalkvError:
             pass
     db._state.close(sync=False)
-    db._release_lock()
+    if db._lock is not None:
+        db._lock.release()
 
 
 def fake_machine_crash(store: str, damage: str = "garbage", stale: bytes | None = None,

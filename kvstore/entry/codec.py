@@ -88,9 +88,9 @@ key and framing. LMDB itself takes values up to 4 GiB."""
 # GIL and without calling back into Python, so one shared Packer is safe with
 # the GIL. A free-threaded interpreter gets the stateless function.
 if getattr(sys, "_is_gil_enabled", lambda: True)():
-    _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+    pack_ops = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 else:  # pragma: no cover - free-threaded CPython
-    def _pack(obj: object) -> bytes:
+    def pack_ops(obj: object) -> bytes:
         return msgpack.packb(obj, use_bin_type=True)
 
 _unpackb = msgpack.unpackb
@@ -170,7 +170,7 @@ def put_payload(key: bytes, value: bytes) -> tuple[bytes, bytes]:
     value)``, whose concatenation is exactly what :func:`encode` returns: the
     log writes them without copying the value into one buffer (a 64 MiB put
     then costs about its own size in memory, not several times it)."""
-    head = _pack([[OP_PUT, key, b""]])[:-2]  # all but the empty value's bin8 header
+    head = pack_ops([[OP_PUT, key, b""]])[:-2]  # all but the empty value's bin8 header
     n = len(value)
     if n < 0x100:
         size = b"\xc4" + n.to_bytes(1, "big")
@@ -181,10 +181,39 @@ def put_payload(key: bytes, value: bytes) -> tuple[bytes, bytes]:
     return head + size, value
 
 
+def put_entry(key: object, value: object, max_value: int) -> tuple[bytes | tuple[bytes, bytes], list[list]]:
+    """``(payload, ops)`` of one put, its arguments checked: what every put
+    path logs (a value of :data:`LARGE_VALUE_BYTES` or more as pieces,
+    :func:`put_payload`). The checks cost two type tests when they pass."""
+    if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+        key = check_key(key)
+    if type(value) is not bytes or len(value) > max_value:
+        value = check_value(value, max_value)
+    ops = [[OP_PUT, key, value]]
+    if len(value) >= LARGE_VALUE_BYTES:
+        return put_payload(key, value), ops
+    return pack_ops(ops), ops
+
+
+def delete_entry(key: object) -> tuple[bytes, list[list]]:
+    """``(payload, ops)`` of one delete, its key checked."""
+    if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+        key = check_key(key)
+    ops = [[OP_DELETE, key]]
+    return pack_ops(ops), ops
+
+
+def delete_range_entry(start: object, end: object) -> tuple[bytes, list[list]]:
+    """``(payload, ops)`` of one range delete, its bounds checked
+    (:func:`check_range`)."""
+    ops = [[OP_DELETE_RANGE, *check_range(start, end)]]
+    return pack_ops(ops), ops
+
+
 def encode(ops: Iterable[list | tuple]) -> bytes:
     """The payload of a batch of already validated ops (lists or tuples of
     the shapes in the module docstring)."""
-    return _pack(list(ops))
+    return pack_ops(list(ops))
 
 
 def _bad(reason: str, lsn: int | None) -> CorruptionError:

@@ -6,7 +6,7 @@ group commit's leader, just before the group is written (the log's
 ``on_prepare`` hook, :func:`decide_group`), in LSN order, against the state
 every earlier entry leaves: LMDB holds everything of the groups before
 (applied before their writers were released, and groups are written one at a
-time), and an :class:`Overlay` holds the writes of the earlier entries of the
+time), and a :class:`GroupSoFar` holds the writes of the earlier entries of the
 same group. The decision then goes into the log with the batch
 (``kvstore.entry.codec``: a failed batch is logged as ``[[7, i], conditions...]``),
 so that:
@@ -39,7 +39,7 @@ from kvstore.entry.codec import (
     OP_PUT,
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
-    _pack,
+    pack_ops,
 )
 
 Ops = Sequence[Sequence[Any]]
@@ -60,9 +60,11 @@ class Outcome(list):  # a list of ops, as every context is
         self.decided = False
 
 
-class Overlay:
+class GroupSoFar:
     """The state as the entries decided so far in a group leave it: their
-    writes over ``read`` (LMDB as the previous group left it)."""
+    writes over ``read`` (LMDB as the previous group left it). Not the
+    state machine's overlay (:mod:`kvstore.state.overlay`): this one lives
+    for one decision of one group."""
 
     def __init__(self, read: Read) -> None:
         self._read = read
@@ -129,24 +131,24 @@ def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read) -
     first = next((i for i, ops in enumerate(contexts) if ops and ops[0][0] in CONDITION_CODES), None)
     if first is None:
         return None
-    overlay = Overlay(read)
+    so_far = GroupSoFar(read)
     for ops in contexts[:first]:
-        overlay.write(ops)
+        so_far.write(ops)
     out = list(payloads)
     for i in range(first, len(contexts)):
         ops = contexts[i]
         if not ops or ops[0][0] not in CONDITION_CODES:
-            overlay.write(ops)
+            so_far.write(ops)
             continue
         n = count_conditions(ops)
-        failed = first_failing(ops[:n], overlay.get)
+        failed = first_failing(ops[:n], so_far.get)
         if isinstance(ops, Outcome):
             ops.failed, ops.decided = failed, True
         if failed is None:
-            overlay.write(ops[n:])
+            so_far.write(ops[n:])
         else:
             logged = [[OP_FAILED, failed], *ops[:n]]
-            out[i] = _pack(logged)
+            out[i] = pack_ops(logged)
             contexts[i] = logged
     return out
 

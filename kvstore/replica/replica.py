@@ -16,29 +16,16 @@ state as of some LSN it had: whole entries, never half a batch, never an
 entry a crash of the source could take back. Conditional writes apply as the
 log decided them (:mod:`kvstore.entry.conditions`).
 
-The directory (``PATH``) is laid out like a store's (:mod:`kvstore.layout`):
-``LOCK`` (one process follows a replica directory), ``lmdb/`` (with its
-SESSION record, so a replica's LMDB is trusted or rebuilt after crashes
-exactly like a store's, :mod:`kvstore.store.recovery`) and ``REPLICA``, which
-names the source's store id. LMDB records the same store id: a replica of
-another store is refused (:class:`~wal.errors.ReplicaError`), and a writer
-refuses to open the directory until :meth:`Replica.promote`.
-
-Starting: from the LMDB it has when that is trusted and the source's log
-still reaches it; otherwise (the first open, a machine crash, the source's
-retention trimmed past it, the source lost entries it had applied) it is
-rebuilt from the source's newest snapshot that verifies plus the log after
-it (:func:`kvstore.store.recovery.rebuild_state`).
+A replica has its directory (:mod:`kvstore.replica.directory`: the
+``REPLICA`` record, and the LMDB state it starts from, trusted or rebuilt),
+the state it serves reads from (:class:`~kvstore.replica.served.ServedState`)
+and a thread that follows the source.
 
 Falling behind retention while running (:class:`~wal.errors.LogGapError`):
 the replica builds a new LMDB beside the old one (``lmdb.rebuild``) from the
 newest snapshot plus the log, while reads go on serving the OLD state; then
-it swaps them: reads arriving during the swap (closing one environment,
-renaming, opening the other: milliseconds) block until it is done and then
-read the new state. A scan in progress goes on after its last key from the
-new state (each key once, in order, as scans already do); a ``view()`` open
-across the swap is closed (:class:`~wal.errors.ClosedError`: take a new
-one). ``rebuilds`` counts them.
+it swaps them (milliseconds; what reads see meanwhile:
+:mod:`kvstore.replica.served`). ``rebuilds`` counts them.
 
 Lag: :attr:`Replica.lag` is ``(lsns, seconds)``: how many durable LSNs of
 the source it has not applied, and for how long it has not shown everything
@@ -54,35 +41,33 @@ backoff up to a second; reads go on serving what was applied;
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Generator, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from kvstore.entry.codec import decode
-from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
+from kvstore.layout import LMDB_DIR
+from kvstore.replica import directory
 from kvstore.replica.promote import promote
-from kvstore.replica.reads import ReplicaReads
+from kvstore.replica.served import ServedState
 from kvstore.replica.source import ReplicaSource, open_source
-from kvstore.state.machine import DEFAULT_MAP_SIZE, State, StateOptions
+from kvstore.state import DEFAULT_MAP_SIZE, State, StateOptions, View
+from kvstore.state.readers import Lookups
+from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery
 from kvstore.watch import watcher as watching
-from wal.errors import ClosedError, CorruptionError, LogGapError, ReplicaError, ReplicaLagError, WalkvError
+from wal.errors import ClosedError, LogGapError, ReplicaError, ReplicaLagError, WalkvError
 from wal.fs import OS_FS
 from wal.lock import DirectoryLock
 
 log = logging.getLogger("walkv.replica")
 
-REPLICA_FORMAT = 1
-REBUILD_DIR = "lmdb.rebuild"
 GROUP_ENTRIES = recovery.REPLAY_CHUNK_ENTRIES
 GROUP_BYTES = recovery.REPLAY_CHUNK_BYTES
 MAX_BACKOFF = 1.0
-T = TypeVar("T")
 
 
 class Lag(NamedTuple):
@@ -92,7 +77,7 @@ class Lag(NamedTuple):
     seconds: float
 
 
-class Replica(ReplicaReads):
+class Replica(Lookups):
     """A read replica (module docstring). Create with :func:`open_replica`."""
 
     def __init__(self, source: ReplicaSource, path: str | os.PathLike[str], *,
@@ -109,85 +94,19 @@ class Replica(ReplicaReads):
         self._source_lsn = 0
         self._caught_up_at = time.time()
         self._applied = threading.Condition()  # notified after every group applied
-        self._swap = threading.Condition()     # held while the state is swapped after a rebuild
-        self._swapping = False
         self._hub = watching.WatchHub()
         self._stop = threading.Event()
         OS_FS.makedirs(self.path)
         self._lock: DirectoryLock | None = DirectoryLock(self.path, f"the replica {self.path}")
         try:
-            self._claim_directory()
-            self._state = self._open_state()
+            directory.claim(self.path, source)
+            self._served = ServedState(directory.open_state(self.path, source, self._options), self.path)
         except BaseException:
             self._lock.release()
             raise
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="walkv-replica", daemon=True)
         self._thread.start()
-
-    # -- opening ---------------------------------------------------------------
-
-    def _claim_directory(self) -> None:
-        """Check (or write) ``REPLICA``; clear what an interrupted promote or
-        rebuild left."""
-        marker = os.path.join(self.path, REPLICA_NAME)
-        sid = self.source.store_id
-        try:
-            with open(marker, "rb") as f:
-                rec: Any = json.loads(f.read(1 << 16))
-        except FileNotFoundError:
-            if os.path.exists(os.path.join(self.path, WAL_DIR)) or os.path.exists(self._lmdb_dir):
-                raise ReplicaError(f"{self.path} is a store, not a replica (it has no {REPLICA_NAME} record); "
-                                   "a replica needs a directory of its own") from None
-            data = json.dumps({"format": REPLICA_FORMAT, "store_id": sid, "source": self.source.name})
-            OS_FS.write_file(marker + ".tmp", data.encode() + b"\n")
-            OS_FS.rename(marker + ".tmp", marker)
-            OS_FS.fsync_dir(self.path)
-            return
-        except ValueError:
-            rec = None
-        if not isinstance(rec, dict) or rec.get("format") != REPLICA_FORMAT:
-            raise ReplicaError(f"{marker} is not a walkv replica record; move the directory aside")
-        if rec.get("store_id") != sid:
-            raise ReplicaError(f"{self.path} is a replica of store {rec.get('store_id')}, and {self.source.name} "
-                               f"is store {sid}: a replica follows one store; use another directory")
-        for leftover in (WAL_DIR, SNAPSHOTS_DIR, REBUILD_DIR):  # an interrupted promote or rebuild
-            shutil.rmtree(os.path.join(self.path, leftover), ignore_errors=True)
-
-    def _open_state(self) -> State:
-        sid = self.source.store_id
-        session = recovery.read_session(self._lmdb_dir)
-        reason = recovery.distrust_reason(self._lmdb_dir, session, sid)
-        if reason is None:
-            try:
-                state = State(self._lmdb_dir, self._options)
-            except CorruptionError as exc:
-                reason = f"LMDB will not open ({exc})"
-            else:
-                reason = recovery.check_state(state, sid, self.source.first_lsn(), self.source.durable_lsn())
-                if reason is None:
-                    try:
-                        recovery.write_session(self._lmdb_dir, sid, clean=False)
-                    except BaseException:
-                        state.close(sync=False)
-                        raise
-                    return state
-                state.close(sync=False)
-        if os.path.exists(self._lmdb_dir):
-            log.warning("rebuilding replica %s from %s: %s", self.path, self.source.name, reason)
-        return self._build(self._lmdb_dir)
-
-    def _build(self, lmdb_dir: str) -> State:
-        """A new LMDB at ``lmdb_dir``: the source's newest usable snapshot plus its log."""
-        durable = self.source.durable_lsn()
-        snap = self.source.base(durable)
-        self.source.reset()
-        state = recovery.rebuild_state(
-            lmdb_dir, self.source.log_source(durable), store_id=self.source.store_id,
-            base=iter(snap) if snap is not None else None, base_lsn=snap.lsn if snap is not None else 0,
-            state_options=self._options)
-        self._note_applied(state.applied_lsn, durable, time.time())
-        return state
 
     # -- following -------------------------------------------------------------
 
@@ -229,7 +148,7 @@ class Replica(ReplicaReads):
         """Apply one group of newly durable entries; False when there was none."""
         seen = time.time()
         durable = self.source.durable_lsn()
-        state = self._state
+        state = self._served.current
         applied = state.applied_lsn
         self._source_lsn = durable
         if durable < applied:
@@ -262,27 +181,55 @@ class Replica(ReplicaReads):
     def _rebuild_live(self, reason: str) -> None:
         """Rebuild beside the served state, then swap (module docstring)."""
         log.warning("replica %s starts again from %s's newest snapshot: %s", self.path, self.source.name, reason)
-        new_dir = os.path.join(self.path, REBUILD_DIR)
-        new = self._build(new_dir)
+        new_dir = os.path.join(self.path, directory.REBUILD_DIR)
+        new = directory.build(new_dir, self.source, self._options)
         new.close(sync=True)
         recovery.write_session(new_dir, self.source.store_id, clean=True)
-        with self._swap:
-            self._swapping = True
-        try:
-            self._state.close(sync=False)  # waits for reads in flight; later ones wait for the swap
+
+        def replace() -> State:
             recovery.remove_state(self._lmdb_dir)
             OS_FS.rename(new_dir, self._lmdb_dir)
             OS_FS.fsync_dir(self.path)
             state = State(self._lmdb_dir, self._options)
             recovery.write_session(self._lmdb_dir, self.source.store_id, clean=False)
-            with self._swap:
-                self._state = state
-        finally:
-            with self._swap:
-                self._swapping = False
-                self._swap.notify_all()
+            return state
+        state = self._served.swap(replace)
         self.rebuilds += 1
         self._note_applied(state.applied_lsn, self._source_lsn, time.time())
+
+    # -- reads (of the served state, across swaps) ----------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the replica {self.path} is closed")
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key`` as of :attr:`applied_lsn`, or ``default``."""
+        return self._served.get(key, default)
+
+    def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        """The values of ``keys`` (:meth:`kvstore.KVStore.get_many`)."""
+        self._check_open()
+        keys = list(keys)
+        return self._served.read(lambda s: s.get_many(keys, default))
+
+    def __len__(self) -> int:
+        self._check_open()
+        return self._served.read(lambda s: s.count())
+
+    def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
+             prefix: bytes | None = None, reverse: bool = False) -> Generator[tuple[bytes, bytes], None, None]:
+        """Like :meth:`kvstore.KVStore.scan` (each key once, in order, with a
+        value it had at some moment during the scan)."""
+        lo, hi = scan_bounds(start, stop, prefix)
+        self._check_open()
+        return self._served.scan(lo, hi, reverse)
+
+    def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
+        """Several keys as of one LSN (:meth:`kvstore.KVStore.view`); closed
+        by a rebuild's swap (:mod:`kvstore.replica.served`)."""
+        self._check_open()
+        return self._served.read(lambda s: s.view(max_seconds))
 
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,
@@ -312,7 +259,7 @@ class Replica(ReplicaReads):
     @property
     def applied_lsn(self) -> int:
         """The source's LSN that reads show."""
-        return self._state.applied_lsn
+        return self._served.current.applied_lsn
 
     @property
     def lag(self) -> Lag:
@@ -349,7 +296,7 @@ class Replica(ReplicaReads):
                                "applied_lsn": self.applied_lsn, "source_durable_lsn": self._source_lsn,
                                "lag_lsns": lag.lsns, "lag_seconds": lag.seconds, "rebuilds": self.rebuilds,
                                "last_error": None if self.last_error is None else str(self.last_error)}
-        out.update(self._read(lambda s: s.stats()))
+        out.update(self._served.read(lambda s: s.stats()))
         return out
 
     # -- promote, close ----------------------------------------------------------
@@ -383,13 +330,13 @@ class Replica(ReplicaReads):
         self._stop_following()
         self._closed = True
         self._hub.close()
-        for cond in (self._swap, self._applied):
-            with cond:
-                cond.notify_all()
+        state = self._served.close()
+        with self._applied:
+            self._applied.notify_all()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-        return self._state
+        return state
 
     @property
     def closed(self) -> bool:

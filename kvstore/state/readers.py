@@ -104,13 +104,27 @@ class ReadGate:
 
 
 class Lookups:
-    """``x[key]`` and ``key in x`` from ``x.get``: the dict face the store,
-    its views and replicas share."""
+    """The dict face the store, its views and replicas share: ``x[key]`` and
+    ``key in x`` from ``x.get``; ``iter(x)``, ``keys()`` and ``items()`` from
+    ``x.scan()``."""
 
     __slots__ = ()
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         raise NotImplementedError
+
+    def scan(self) -> Iterator[tuple[bytes, bytes]]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[bytes]:
+        for key, _value in self.scan():
+            yield key
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(self)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        return self.scan()
 
     def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
         """``[self.get(k, default) for k in keys]``, in one call (the store

@@ -45,24 +45,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
-from kvstore.entry.codec import (
-    MAX_KEY_BYTES,
-    OP_DELETE,
-    OP_DELETE_RANGE,
-    OP_PUT,
-    _pack,
-    check_key,
-    check_range,
-    check_value,
-)
+from kvstore.entry.codec import delete_entry, delete_range_entry, encode, put_entry
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
 from kvstore.store.store import KVStore
 from kvstore.store.txn import cas_outcome, decided
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch.watcher import AsyncWatcher
 from wal.errors import ClosedError, ReadOnlyError
+from wal.segment import Payload
 
 
 class AsyncKVStore:
@@ -77,7 +69,7 @@ class AsyncKVStore:
         self.store = store
         self._loop = loop
         # The batch being collected on the loop (flushed by _flush).
-        self._payloads: list[bytes] = []
+        self._payloads: list[Payload] = []
         self._ops: list[list] = []
         self._futures: list[asyncio.Future] = []
         self._runs: dict[int, list[asyncio.Future]] = {}  # first LSN -> a queued batch's futures
@@ -85,9 +77,8 @@ class AsyncKVStore:
         self._wake_scheduled = False
         self._closing = False
         self._max_value = store.max_value_bytes
-        log = store._log
-        self._refusing = log is None
-        self._append_many = log.append_many_nowait if log is not None else self._refuse
+        self._log = store._log  # the store's log (None: read-only, every write refused)
+        self._refusing = self._log is None
         self._create_future = loop.create_future
         self._call_soon = loop.call_soon
         self._callback = self._on_durable
@@ -124,7 +115,7 @@ class AsyncKVStore:
             else:
                 _fail(futures, error)
 
-    def _submit(self, payload: bytes, ops: list) -> asyncio.Future:
+    def _submit(self, payload: Payload, ops: list) -> asyncio.Future:
         if self._refusing:
             self._refuse()
         fut = self._create_future()
@@ -144,7 +135,7 @@ class AsyncKVStore:
         try:
             # No await between the append and the insert: _drain runs on this
             # same loop thread, so it cannot look the run up before it is there.
-            self._runs[self._append_many(payloads, self._callback, ops)] = futures
+            self._runs[self._append_many(payloads, ops)] = futures
         except Exception as e:
             if len(payloads) == 1:
                 _fail(futures, e)
@@ -153,11 +144,18 @@ class AsyncKVStore:
             # error reaches only the write it concerns.
             for i, fut in enumerate(futures):
                 try:
-                    self._runs[self._append_many([payloads[i]], self._callback, [ops[i]])] = [fut]
+                    self._runs[self._append_many([payloads[i]], [ops[i]])] = [fut]
                 except Exception as e1:
                     _fail([fut], e1)
 
-    def _refuse(self, *_: object) -> int:
+    def _append_many(self, payloads: list[Payload], ops: list[list]) -> int:
+        """Queue one run with the log (its first LSN); refused once closing,
+        and always when read-only."""
+        if self._refusing or self._log is None:
+            self._refuse()
+        return self._log.append_many_nowait(payloads, self._callback, ops)
+
+    def _refuse(self) -> NoReturn:
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
         raise ReadOnlyError(f"the store {self.store.path} was opened with "
@@ -167,23 +165,16 @@ class AsyncKVStore:
 
     def put(self, key: bytes, value: bytes) -> "asyncio.Future[int]":
         """Set ``key``; the awaited result is the LSN, once durable and applied."""
-        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-            key = check_key(key)
-        if type(value) is not bytes or len(value) > self._max_value:
-            value = check_value(value, self._max_value)
-        ops = [[OP_PUT, key, value]]
-        return self._submit(_pack(ops), ops)
+        payload, ops = put_entry(key, value, self._max_value)
+        return self._submit(payload, ops)
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
-        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-            key = check_key(key)
-        ops = [[OP_DELETE, key]]
-        return self._submit(_pack(ops), ops)
+        payload, ops = delete_entry(key)
+        return self._submit(payload, ops)
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> "asyncio.Future[int]":
-        start, end = check_range(start, end)
-        ops = [[OP_DELETE_RANGE, start, end]]
-        return self._submit(_pack(ops), ops)
+        payload, ops = delete_range_entry(start, end)
+        return self._submit(payload, ops)
 
     def batch(self) -> "AsyncWriteBatch":
         """``async with adb.batch() as b:`` collects ``b.put``/``b.delete``/
@@ -198,7 +189,7 @@ class AsyncKVStore:
         """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
         decided in log order (:mod:`kvstore.store.txn`)."""
         outcome = cas_outcome(self._max_value, key, expected, new)
-        lsn = await self._submit(_pack(outcome), outcome)
+        lsn = await self._submit(encode(outcome), outcome)
         return decided(outcome, lsn) is None
 
     def watch(self, prefix: bytes | None = None, **options: Any) -> AsyncWatcher:
@@ -263,7 +254,6 @@ class AsyncKVStore:
             return
         self._flush()  # what was asked for before close() goes to the log
         self._closing = self._refusing = True
-        self._append_many = self._refuse
         await self._loop.run_in_executor(None, self.store.close)
         self._drain()
         for futures in self._runs.values():

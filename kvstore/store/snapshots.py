@@ -14,6 +14,7 @@ is what ties them to a store's LMDB state and log.
   free more, but keeping the log back to the oldest kept snapshot is what
   makes falling back past a damaged newest snapshot, and point-in-time
   restore to any LSN since the oldest kept snapshot, possible.)
+* :class:`StoreSnapshots` is the writer's: it takes one snapshot at a time.
 * A rebuild (after a machine crash, or any sign of damage in LMDB) loads the
   newest snapshot that verifies and that the log still reaches back to, then
   replays the log after it.
@@ -52,6 +53,37 @@ Progress = Callable[[int, "int | None"], None]
 
 def snapshots_dir(store_path: str) -> str:
     return os.path.join(store_path, SNAPSHOTS_DIR)
+
+
+class StoreSnapshots:
+    """The snapshots a store's writer takes: one at a time, each followed by
+    retention (the newest ``keep`` kept, the log back to the oldest of them,
+    and never past what an archive holds yet); ``log_bytes_trimmed`` counts
+    what retention freed."""
+
+    def __init__(self, store_path: str, fs: FileSystem, *, keep: int, chunk_bytes: int | None) -> None:
+        if type(keep) is not int or keep < 1:
+            raise ValueError(f"keep_snapshots must be an int >= 1, not {keep!r}")
+        self.parent = snapshots_dir(store_path)
+        self.keep = keep
+        self.chunk_bytes = chunk_bytes
+        self.log_bytes_trimmed = 0
+        self._fs = fs
+        self._lock = threading.Lock()  # one snapshot (and its retention) at a time
+
+    def take(self, state: State, log: wal.Log, archived: Callable[[], int | None], *, keep: int | None = None,
+             chunk_bytes: int | None = None, progress: Progress | None = None) -> snapshot.SnapshotInfo:
+        """:func:`take`, then :func:`retain` bounded by ``archived()`` (the
+        LSN the store's archive holds up to, None: no archive)."""
+        with self._lock:
+            info = take(state, log, self.parent, store_id=log.store_id, fs=self._fs,
+                        chunk_bytes=chunk_bytes or self.chunk_bytes, progress=progress)
+            self.log_bytes_trimmed += retain(self.parent, log, keep or self.keep, self._fs, archived())
+        return info
+
+    def list(self) -> list[snapshot.SnapshotInfo]:
+        """The valid snapshots, oldest first."""
+        return snapshot.list_snapshots(self.parent)
 
 
 def own_snapshots(parent: str, store_id: str | None) -> list[snapshot.SnapshotInfo]:

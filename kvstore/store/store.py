@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
+from collections.abc import Generator, Iterable, Mapping
 from typing import Any, Callable, cast
 
-import snapshot
 import wal
 from kvstore.archive import Archiver
 from kvstore.archive.target import Location
@@ -53,15 +52,21 @@ from kvstore.entry.codec import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
     MAX_KEY_BYTES,
+    as_bytes,
+    delete_entry,
+    delete_range_entry,
+    parse,
+    put_entry,
 )
-from kvstore.layout import LMDB_DIR, REPLICA_NAME, WAL_DIR
-from kvstore.state.machine import DEFAULT_MAP_SIZE, Ops, State, StateOptions
-from kvstore.store import archiving, recovery, snapshots
-from kvstore.store.reads import StoreReads
-from kvstore.store.writes import StoreWrites
+from kvstore.layout import LMDB_DIR, WAL_DIR
+from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions, View
+from kvstore.state.readers import Lookups
+from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
+from kvstore.store import archiving, lifecycle, recovery, snapshots, txn
+from kvstore.store.write_batch import WriteBatch
 from kvstore.watch import watcher as watching
 from snapshot import SnapshotInfo
-from wal.errors import ArchiveError, ClosedError, ReplicaError, SnapshotError, WalkvError
+from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.lock import DirectoryLock
@@ -72,8 +77,15 @@ log = logging.getLogger("walkv.store")
 
 Progress = Callable[[int, "int | None"], None]
 
-class KVStore(StoreWrites, StoreReads):
+
+class KVStore(Lookups):
     """An open store. Create with :func:`kvstore.open`.
+
+    A store has a log (:class:`wal.Log`; none when ``readonly``), a state
+    machine (:class:`kvstore.state.State`), a hub that wakes its watchers,
+    its snapshots (:class:`kvstore.store.snapshots.StoreSnapshots`) and, with
+    ``archive=``, an archiver; its methods delegate to them. Every write
+    goes through :meth:`_append`, the one place that refuses writes.
 
     Thread-safe: any number of threads may read and write; concurrent writers
     share fsyncs (group commit). Use as a context manager, or call
@@ -97,8 +109,7 @@ class KVStore(StoreWrites, StoreReads):
         self.readonly = bool(readonly)
         self._fs = fs or OS_FS
         self._closed = True
-        if type(keep_snapshots) is not int or keep_snapshots < 1:
-            raise ValueError(f"keep_snapshots must be an int >= 1, not {keep_snapshots!r}")
+        self._forked = False
         if max_record_bytes < 4096:
             raise ValueError(f"max_record_bytes must be at least 4096, not {max_record_bytes!r}")
         self.max_value_bytes = min(int(max_value_bytes), max_record_bytes - ENTRY_OVERHEAD - MAX_KEY_BYTES)
@@ -107,32 +118,33 @@ class KVStore(StoreWrites, StoreReads):
         if self.readonly and archive is not None:
             raise TypeError("a store opened with readonly=True does not archive; its writer does "
                             "(or run `walkv archive STORE URI` beside it)")
-        self._archiver: Archiver | None = None
         if self.readonly and log_options:
             raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
-        self.keep_snapshots = keep_snapshots
-        self.snapshot_chunk_bytes = snapshot_chunk_bytes
-        self.snapshot_lock = threading.Lock()  # one snapshot (and its retention) at a time
-        self.log_bytes_trimmed = 0
-        self._auto: snapshots.AutoSnapshot | None = None
+        self._snapshots = snapshots.StoreSnapshots(self.path, self._fs, keep=keep_snapshots,
+                                                   chunk_bytes=snapshot_chunk_bytes)
         self._max_payload = max_record_bytes - ENTRY_OVERHEAD
         self._wal_dir = os.path.join(self.path, WAL_DIR)
-        self._lmdb_dir = os.path.join(self.path, LMDB_DIR)
-        self._log: wal.Log | None = None
+        self._log: wal.Log | None = None       # None: read-only (another process writes)
         self._lock: DirectoryLock | None = None
-        self.replayed = 0                 # log entries replayed (or rebuilt from) at open
-        self.rebuilt: str | None = None   # why LMDB was rebuilt at open, if it was
-        options = StateOptions(map_size, writemap, max_readers, overlay=bool(overlay))
+        self._archiver: Archiver | None = None
+        self._auto: snapshots.AutoSnapshot | None = None
         self._watch_hub = watching.WatchHub()  # wakes watchers, once per group commit
+        self.max_record_bytes: int | None = None if self.readonly else max_record_bytes
+        self.replayed = 0                      # log entries replayed (or rebuilt from) at open
+        self.rebuilt: str | None = None        # why LMDB was rebuilt at open, if it was
+        options = StateOptions(map_size, writemap, max_readers, overlay=bool(overlay))
         t0 = time.monotonic()
         try:
             if self.readonly:
-                self._state: State = recovery.open_readonly_state(self.path, self._lmdb_dir, options)
-                self.max_record_bytes: int | None = None
-                self._append: Callable[[Payload, Ops], int] = self._refuse_write
+                self._state: State = recovery.open_readonly_state(self.path, os.path.join(self.path, LMDB_DIR),
+                                                                  options)
             else:
-                self._open_writer(options, sync=sync, segment_bytes=segment_bytes,
-                                  max_record_bytes=max_record_bytes, progress=progress, log_options=log_options)
+                files = lifecycle.open_writer(
+                    self.path, self._fs, options, progress=progress, on_commit=self._on_commit,
+                    on_prepare=self._on_prepare,
+                    log_options=dict(log_options, sync=sync, segment_bytes=segment_bytes,
+                                     max_record_bytes=max_record_bytes))
+                self._lock, self._log, self._state, self.replayed, self.rebuilt = files
                 if snapshot_every_bytes:
                     self._auto = snapshots.AutoSnapshot(self.snapshot, self.path, int(snapshot_every_bytes))
         except OSError as exc:
@@ -151,63 +163,7 @@ class KVStore(StoreWrites, StoreReads):
                 self.close()
                 raise
 
-    _forked = False
-
-    def _after_fork_in_child(self) -> None:
-        """In a forked child (:mod:`wal.forkguard`): writes and reads raise
-        ForkedError (its log and LMDB refuse too), close() does nothing."""
-        if self._closed:
-            return
-        self._forked = True
-        self._append = self._refuse_forked
-        self._lock = None  # the lock closed its inherited descriptor itself
-        self.snapshot_lock = threading.Lock()  # a thread of the parent may have held it
-
-    def _refuse_forked(self, payload: Payload, ops: Ops) -> int:
-        raise forked_error(f"the store {self.path}", self._pid)
-
-    # -- opening -------------------------------------------------------------
-
-    def _open_writer(self, options: StateOptions, *, sync: str, segment_bytes: int, max_record_bytes: int,
-                     progress: Progress | None, log_options: dict[str, Any]) -> None:
-        """Take the store's lock, open the log, open (replay or rebuild) the
-        state; on any failure let go of everything taken."""
-        self._fs.makedirs(self.path)
-        self._lock = DirectoryLock(self.path, f"the store {self.path}")
-        if os.path.exists(os.path.join(self.path, REPLICA_NAME)):
-            self._release_lock()
-            raise ReplicaError(f"{self.path} is a read replica (kvstore.replica.replica): open it with "
-                               f"kvstore.open_replica, or promote() it to write to it")
-        try:
-            self._log = wal.open(self._wal_dir, sync=sync, segment_bytes=segment_bytes,
-                                 max_record_bytes=max_record_bytes,
-                                 on_commit=self._on_commit, on_prepare=self._on_prepare, fs=self._fs,
-                                 **log_options)
-            try:
-                opened = recovery.open_state(self.path, self._lmdb_dir, self._log, fs=self._fs,
-                                             options=options, progress=progress)
-                self._state, self.replayed, self.rebuilt = opened
-                try:
-                    snapshot.cleanup_incomplete(snapshots.snapshots_dir(self.path), fs=self._fs)
-                except BaseException:
-                    self._state.close(sync=False)
-                    raise
-            except BaseException:
-                try:
-                    self._log.close()
-                except WalkvError:
-                    pass
-                raise
-        except BaseException:
-            self._release_lock()
-            raise
-        self.max_record_bytes = max_record_bytes
-        self._append = self._log.append
-
-    def _release_lock(self) -> None:
-        if self._lock is not None:
-            lock, self._lock = self._lock, None
-            lock.release()
+    # -- the log's hooks ---------------------------------------------------------
 
     def _on_prepare(self, group: wal.Group) -> list[Payload] | None:
         # Called by the group's leader before it is written: decide its
@@ -223,6 +179,51 @@ class KVStore(StoreWrites, StoreReads):
         if self._auto is not None and self._log is not None:
             self._auto.poke(self._log.appended_bytes)
 
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (:mod:`wal.forkguard`): writes and reads raise
+        ForkedError (its log and LMDB refuse too), close() does nothing."""
+        if self._closed:
+            return
+        self._forked = True
+        self._lock = None  # the lock closed its inherited descriptor itself
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the store {self.path} is closed")
+        if self._forked:
+            raise forked_error(f"the store {self.path}", self._pid)
+
+    # -- writes ------------------------------------------------------------------
+    # Every write is one log entry (one LSN) submitted through _append: its
+    # operations travel with the payload through the log to the state machine
+    # (docs/architecture.md, "The path of a put").
+
+    def _append(self, payload: Payload, ops: Ops) -> int:
+        """The one way into the log, and the one check that refuses a write:
+        read-only (no log) or forked. A closed log raises ClosedError itself."""
+        if self._log is None or self._forked:
+            self._check_open()
+            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; writes are refused")
+        return self._log.append(payload, ops)
+
+    def put(self, key: bytes, value: bytes) -> int:
+        """Set ``key`` to ``value``; return the write's LSN. Durable per the
+        sync mode when it returns, and visible to every later read."""
+        payload, ops = put_entry(key, value, self.max_value_bytes)
+        return self._append(payload, ops)
+
+    def delete(self, key: bytes) -> int:
+        """Remove ``key`` (absent keys too: the delete is logged anyway);
+        return the LSN."""
+        payload, ops = delete_entry(key)
+        return self._append(payload, ops)
+
+    def delete_range(self, start: bytes | None, end: bytes | None) -> int:
+        """Remove every key with ``start <= key < end`` (None: unbounded), as
+        one atomic write; return its LSN."""
+        payload, ops = delete_range_entry(start, end)
+        return self._append(payload, ops)
+
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.put(key, value)
 
@@ -233,23 +234,133 @@ class KVStore(StoreWrites, StoreReads):
             raise KeyError(key)
         self.delete(key)
 
+    def batch(self) -> WriteBatch:
+        """A batch of writes applied atomically as one log entry (one LSN)::
+
+            with db.batch() as b:
+                b.put(b"a", b"1"); b.delete(b"b"); b.delete_range(b"c", b"d")
+
+        Committed when the ``with`` block ends normally (durable per the sync
+        mode, then visible), discarded when it raises. ``b.lsn`` is the LSN.
+        """
+        self._check_writable()
+        return WriteBatch(self._append, self.max_value_bytes, self._max_payload)
+
+    def update(self, pairs: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> int | None:
+        """Put every (key, value) of ``pairs`` (a mapping or an iterable of
+        pairs) as ONE atomic batch; return its LSN (None if empty). The
+        fastest way to load many pairs."""
+        with self.batch() as b:
+            b.update(pairs)
+        return b.lsn
+
+    def write(self, payload: bytes) -> int:
+        """Append a pre-encoded batch payload (:mod:`kvstore.entry.codec`'s
+        format) after validating it; return its LSN. For tools that copy
+        batches. Not bytes-like: TypeError; not a valid batch: ValueError
+        (nothing is written either way)."""
+        payload = as_bytes(payload, "payload")
+        return self._append(payload, parse(payload))
+
+    def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
+        """Set ``key`` to ``new`` only if its value is ``expected`` (None: only
+        if it is absent), decided in log order (:mod:`kvstore.store.txn`).
+        True when it was set; either way the attempt is durable (one LSN)."""
+        return txn.compare_and_set(self._append, self.max_value_bytes, key, expected, new)
+
+    def delete_if(self, key: bytes, expected: bytes) -> bool:
+        """Delete ``key`` only if its value is ``expected``; True when deleted."""
+        return txn.delete_if(self._append, self.max_value_bytes, key, expected)
+
+    def transaction(self) -> txn.Transaction:
+        """Conditions plus writes, applied atomically only if every condition
+        holds in log order (:class:`kvstore.store.txn.Transaction`)."""
+        self._check_writable()
+        return txn.Transaction(self._append, self.max_value_bytes, self._max_payload)
+
+    def _check_writable(self) -> None:
+        """Before handing out a batch or transaction: refuse at once what
+        :meth:`_append` would refuse at commit."""
+        self._check_open()
+        if self._log is None:
+            self._append(b"", [])
+
+    # -- reads -------------------------------------------------------------------
+    # Served by the state machine; what a read sees is stated on each method and
+    # in the module docstring.
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key``, or ``default``. Sees every write that returned
+        before it was called (in any thread). After :meth:`close`:
+        :class:`ClosedError`."""
+        return self._state.get(key, default)
+
+    def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        """The values of ``keys`` (``default`` for absent ones), in order,
+        each as :meth:`get` would return it: the fast way to read many keys
+        (one Python call per 1,024 keys, not one per key). Not one snapshot:
+        for that, :meth:`view`."""
+        self._check_open()
+        return self._state.get_many(keys, default)
+
+    def __len__(self) -> int:
+        """The number of keys (LMDB keeps the count; O(1))."""
+        self._check_open()
+        return self._state.count()
+
+    def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
+             prefix: bytes | None = None, reverse: bool = False
+             ) -> Generator[tuple[bytes, bytes], None, None]:
+        """Yield ``(key, value)`` pairs in key order (descending when
+        ``reverse``), with range() semantics: ``start <= key < stop``, and
+        ``key.startswith(prefix)`` when a prefix is given (all three combine).
+
+        Each key comes once, in order, with a value it had at some moment
+        during the scan. A scan that takes under half a second is one LMDB
+        snapshot taken at the first ``next()``; a longer one (or one that
+        meets a growth of LMDB's map) goes on from a newer snapshot after the
+        last key yielded, so that it never pins old pages for long (see
+        :func:`kvstore.state.readers.scan`). For several keys as of one LSN use
+        :meth:`view`. Close the iterator (or exhaust it) promptly: a paused
+        one still holds its snapshot.
+        """
+        lo, hi = scan_bounds(start, stop, prefix)
+        self._check_open()
+        return self._state.scan(lo, hi, reverse)
+
+    def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
+        """A consistent read of several keys: everything as of one LSN::
+
+            with db.view() as v:
+                v.get(b"a"), v[b"b"], b"c" in v, len(v), v.lsn
+                for key, value in v.scan(prefix=b"user/"): ...
+
+        One LMDB read transaction, safe beside writers and growth of the
+        map; on read-only stores too. Bounded lifetime: an open view pins
+        LMDB's pages and holds off growth of the map, so once older than
+        ``max_seconds`` it is closed and raises
+        :class:`~kvstore.ViewExpiredError`; a writer that must grow the map
+        waits for younger views. After the ``with`` block: ClosedError. See
+        :mod:`kvstore.state.view`."""
+        self._check_open()
+        return self._state.view(max_seconds)
+
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,
               progress_every: float | None = None, on_gap: str = "error") -> watching.Watcher:
         """Follow the store's durable changes in log order, from ``from_lsn``
         (default: only new ones), for keys under ``prefix`` and in
         ``[start, stop)``: an iterator (and context manager) of
-        :class:`kvstore.watch.watcher.Change`. See :mod:`kvstore.watch.watcher`."""
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
-        source = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
+        :class:`kvstore.watch.Change`. See :mod:`kvstore.watch.watcher`."""
+        self._check_open()
+        source = watching.Source(self._wal_dir, self._snapshots.parent, lambda: self.durable_lsn,
                                  self._watch_hub, polls=self._log is None)
         lo, hi = watching.key_bounds(prefix, start, stop)
         first = self.durable_lsn + 1 if from_lsn is None else from_lsn
         return watching.Watcher(source, lo, hi, first, timeout=timeout, progress_every=progress_every,
-                             on_gap=on_gap)
+                                on_gap=on_gap)
 
-    # -- LSNs, sync, stats, close ---------------------------------------------
+    # -- LSNs --------------------------------------------------------------------
 
     @property
     def last_lsn(self) -> int:
@@ -277,6 +388,8 @@ class KVStore(StoreWrites, StoreReads):
     def closed(self) -> bool:
         return self._closed
 
+    # -- snapshots, sync, archive, stats -----------------------------------------
+
     def snapshot(self, *, keep: int | None = None, progress: Progress | None = None,
                  chunk_bytes: int | None = None) -> SnapshotInfo:
         """Write a snapshot of the store at its applied LSN (``.lsn``,
@@ -287,21 +400,16 @@ class KVStore(StoreWrites, StoreReads):
         is returned. ``chunk_bytes`` (default: the store's
         ``snapshot_chunk_bytes``) sizes the chunk files. See
         :mod:`kvstore.store.snapshots`."""
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
+        self._check_open()
         if self._log is None:
             raise SnapshotError(f"the store {self.path} is open read-only; snapshots are taken by its writer")
-        parent = snapshots.snapshots_dir(self.path)
-        with self.snapshot_lock:
-            info = snapshots.take(self._state, self._log, parent, store_id=self._log.store_id, fs=self._fs,
-                                  chunk_bytes=chunk_bytes or self.snapshot_chunk_bytes, progress=progress)
-            self.log_bytes_trimmed += snapshots.retain(parent, self._log, keep or self.keep_snapshots, self._fs,
-                                                       archiving.retention_limit(self.path, self._archiver))
-        return info
+        return self._snapshots.take(self._state, self._log,
+                                    lambda: archiving.retention_limit(self.path, self._archiver),
+                                    keep=keep, chunk_bytes=chunk_bytes, progress=progress)
 
     def list_snapshots(self) -> list[SnapshotInfo]:
         """The store's valid snapshots, oldest first."""
-        return snapshot.list_snapshots(snapshots.snapshots_dir(self.path))
+        return self._snapshots.list()
 
     def wait_for_snapshots(self, timeout: float | None = None) -> None:
         """Wait for an automatic snapshot in progress (``snapshot_every_bytes``)."""
@@ -312,8 +420,7 @@ class KVStore(StoreWrites, StoreReads):
         """Make every write so far durable (for ``sync="batch"``/``"none"``);
         return the durable LSN."""
         if self._log is None:
-            if self._closed:
-                raise ClosedError(f"the store {self.path} is closed")
+            self._check_open()
             return self.durable_lsn
         return self._log.sync()
 
@@ -321,20 +428,18 @@ class KVStore(StoreWrites, StoreReads):
         """Return the archived LSN once every write durable when called is in
         the archive (``archive=`` at open); :class:`ArchiveLagError` naming the
         lag and the last error after ``timeout`` seconds."""
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
+        self._check_open()
         if self._archiver is None:
             raise ArchiveError(f"the store {self.path} was opened without archive=; there is no archive to flush")
         return self._archiver.flush(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counters and latencies of the open store: its LSNs, what open did,
-        the state machine's counters (:meth:`kvstore.state.machine.State.stats`) and
+        the state machine's counters (:meth:`kvstore.state.State.stats`) and
         the log's under ``"log"`` (:meth:`wal.Log.stats`), the archive's
         under ``"archive"`` (with ``archive=``; its URI redacted). Counters are
         approximate under concurrent use."""
-        if self._closed:
-            raise ClosedError(f"the store {self.path} is closed")
+        self._check_open()
         out: dict[str, Any] = {
             "path": self.path,
             "readonly": self.readonly,
@@ -344,7 +449,7 @@ class KVStore(StoreWrites, StoreReads):
             "replayed_at_open": self.replayed,
             "rebuilt_at_open": self.rebuilt,
             "auto_snapshots": self._auto.taken if self._auto is not None else 0,
-            "log_bytes_trimmed": self.log_bytes_trimmed,
+            "log_bytes_trimmed": self._snapshots.log_bytes_trimmed,
             "open_seconds": self.open_seconds,
         }
         out.update(self._state.stats())
@@ -354,10 +459,13 @@ class KVStore(StoreWrites, StoreReads):
             out["archive"] = archiving.archive_stats(self._archiver)
         return out
 
+    # -- closing -----------------------------------------------------------------
+
     def close(self) -> None:
         """Finish every write in flight, flush LMDB, record a clean close and
-        release the store. Idempotent. In a process forked from the one that
-        opened the store it does nothing (see :mod:`wal.forkguard`)."""
+        release the store (:mod:`kvstore.store.lifecycle`). Idempotent. In a
+        process forked from the one that opened the store it does nothing
+        (see :mod:`wal.forkguard`)."""
         if self._closed or self._forked:
             return
         self.wait_for_snapshots()
@@ -366,26 +474,14 @@ class KVStore(StoreWrites, StoreReads):
         if self._log is None:
             self._state.close(sync=False)
             return
-        clean = self._log.failure is None  # a failed log: LMDB is left as it is, the next open replays
         try:
-            try:
-                self._log.close()
-            except WalkvError:
-                clean = False
-                raise
-            finally:
-                self._state.close(sync=clean)
-            if clean:
-                try:
-                    recovery.write_session(self._lmdb_dir, self._log.store_id, clean=True, fs=self._fs)
-                except OSError as exc:
-                    raise WalkvError(
-                        f"closing {self.path}: could not record the clean close ({exc}); "
-                        f"nothing is lost, the next open replays the log") from exc
+            lifecycle.close_writer(self.path, self._log, self._state, self._fs)
         finally:
             if self._archiver is not None:  # after the log: it ships everything durable
                 archiving.stop_archiver(self._archiver, self._log.durable_lsn)
-            self._release_lock()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def __enter__(self) -> "KVStore":
         return self
@@ -408,7 +504,9 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
     (default True), ``max_value_bytes``, ``max_record_bytes``, ``max_readers``,
     ``overlay`` (default True: small writes reach LMDB in bulk, up to 50 ms
     later, so ``readonly=True`` processes may lag that much; False: each
-    group is written to LMDB before it returns),
+    group is written to LMDB before it returns), ``keep_snapshots``,
+    ``snapshot_every_bytes`` (take a snapshot in the background whenever
+    that much log was written since the last one), ``snapshot_chunk_bytes``,
     ``progress`` (callback(done, total) during replay), ``fs``, and the log's
     ``sync_interval``, ``sync_bytes``, ``recovery``.
 
@@ -420,4 +518,3 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
     """
     return KVStore(path, sync=sync, segment_bytes=segment_bytes, readonly=readonly,
                    **options)  # type: ignore[arg-type]
-

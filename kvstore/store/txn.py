@@ -31,10 +31,10 @@ from kvstore.entry.codec import (
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
     OP_REQUIRE_PRESENT,
-    _pack,
     check_key,
     check_range,
     check_value,
+    pack_ops,
 )
 from kvstore.entry.conditions import Outcome
 from kvstore.store.write_batch import CommitOnExit
@@ -74,7 +74,7 @@ def conditional_write(append: Append, conds: list[Condition], writes: list[list]
     """Log one entry: ``conds`` then ``writes`` (validated ops). Returns
     (LSN, index of the failed condition or None)."""
     outcome = Outcome([c.as_op() for c in conds] + writes)
-    lsn = append(_pack(outcome), outcome)
+    lsn = append(pack_ops(outcome), outcome)
     return lsn, decided(outcome, lsn)
 
 
@@ -92,7 +92,7 @@ def compare_and_set(append: Append, max_value: int, key: bytes, expected: bytes 
     """Set ``key`` to ``new`` if its value is ``expected`` (None: if it is
     absent), decided in log order. True when it was set."""
     outcome = cas_outcome(max_value, key, expected, new)
-    lsn = append(_pack(outcome), outcome)
+    lsn = append(pack_ops(outcome), outcome)
     return decided(outcome, lsn) is None
 
 
@@ -176,7 +176,7 @@ class Transaction(CommitOnExit):
             return True
         ops = [c.as_op() for c in self._conds] + self._writes
         outcome = Outcome(ops)
-        payload = _pack(outcome)
+        payload = pack_ops(outcome)
         if len(payload) > self._max_payload:
             raise RecordTooLargeError(
                 f"transaction of {len(ops)} operations is {len(payload)} bytes, over the "

@@ -14,10 +14,10 @@ from kvstore.entry.codec import (
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_PUT,
-    _pack,
     check_key,
     check_range,
     check_value,
+    pack_ops,
 )
 from wal.errors import ClosedError, RecordTooLargeError
 
@@ -141,7 +141,7 @@ class WriteBatch(CommitOnExit):
         ops, self._ops = self._ops, _DONE
         if not ops:
             return None
-        payload = _pack(ops)
+        payload = pack_ops(ops)
         if len(payload) > self._max_payload:
             raise RecordTooLargeError(
                 f"batch of {len(ops)} operations is {len(payload)} bytes, over the "

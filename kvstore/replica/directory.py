@@ -1,0 +1,104 @@
+"""A replica's directory: claiming it, and the LMDB state it starts from.
+
+The directory (``PATH``) is laid out like a store's (:mod:`kvstore.layout`):
+``LOCK`` (one process follows a replica directory), ``lmdb/`` (with its
+SESSION record, so a replica's LMDB is trusted or rebuilt after crashes
+exactly like a store's, :mod:`kvstore.store.recovery`) and ``REPLICA``, a
+JSON record ``{"format", "store_id", "source"}`` naming the source's store id
+(written once, by a rename, then fsync of the directory). LMDB records the
+same store id: a replica of another store is refused
+(:class:`~wal.errors.ReplicaError`), and a writer refuses to open the
+directory until the replica is promoted.
+
+Starting: from the LMDB it has when that is trusted and the source's log
+still reaches it; otherwise (the first open, a machine crash, the source's
+retention trimmed past it, the source lost entries it had applied) it is
+rebuilt from the source's newest snapshot that verifies plus the log after
+it (:func:`kvstore.store.recovery.rebuild_state`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from typing import Any
+
+from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
+from kvstore.replica.source import ReplicaSource
+from kvstore.state import State, StateOptions
+from kvstore.store import recovery
+from wal.errors import CorruptionError, ReplicaError
+from wal.fs import OS_FS
+
+log = logging.getLogger("walkv.replica")
+
+REPLICA_FORMAT = 1
+REBUILD_DIR = "lmdb.rebuild"
+"""Where a rebuild while running builds the new LMDB (then renamed over ``lmdb/``)."""
+
+
+def claim(path: str, source: ReplicaSource) -> None:
+    """Check (or write) ``REPLICA``; clear what an interrupted promote or
+    rebuild left."""
+    marker = os.path.join(path, REPLICA_NAME)
+    sid = source.store_id
+    try:
+        with open(marker, "rb") as f:
+            rec: Any = json.loads(f.read(1 << 16))
+    except FileNotFoundError:
+        if os.path.exists(os.path.join(path, WAL_DIR)) or os.path.exists(os.path.join(path, LMDB_DIR)):
+            raise ReplicaError(f"{path} is a store, not a replica (it has no {REPLICA_NAME} record); "
+                               "a replica needs a directory of its own") from None
+        data = json.dumps({"format": REPLICA_FORMAT, "store_id": sid, "source": source.name})
+        OS_FS.write_file(marker + ".tmp", data.encode() + b"\n")
+        OS_FS.rename(marker + ".tmp", marker)
+        OS_FS.fsync_dir(path)
+        return
+    except ValueError:
+        rec = None
+    if not isinstance(rec, dict) or rec.get("format") != REPLICA_FORMAT:
+        raise ReplicaError(f"{marker} is not a walkv replica record; move the directory aside")
+    if rec.get("store_id") != sid:
+        raise ReplicaError(f"{path} is a replica of store {rec.get('store_id')}, and {source.name} "
+                           f"is store {sid}: a replica follows one store; use another directory")
+    for leftover in (WAL_DIR, SNAPSHOTS_DIR, REBUILD_DIR):  # an interrupted promote or rebuild
+        shutil.rmtree(os.path.join(path, leftover), ignore_errors=True)
+
+
+def open_state(path: str, source: ReplicaSource, options: StateOptions) -> State:
+    """The replica's LMDB state: trusted as it is, or rebuilt (module docstring)."""
+    lmdb_dir = os.path.join(path, LMDB_DIR)
+    sid = source.store_id
+    session = recovery.read_session(lmdb_dir)
+    reason = recovery.distrust_reason(lmdb_dir, session, sid)
+    if reason is None:
+        try:
+            state = State(lmdb_dir, options)
+        except CorruptionError as exc:
+            reason = f"LMDB will not open ({exc})"
+        else:
+            reason = recovery.check_state(state, sid, source.first_lsn(), source.durable_lsn())
+            if reason is None:
+                try:
+                    recovery.write_session(lmdb_dir, sid, clean=False)
+                except BaseException:
+                    state.close(sync=False)
+                    raise
+                return state
+            state.close(sync=False)
+    if os.path.exists(lmdb_dir):
+        log.warning("rebuilding replica %s from %s: %s", path, source.name, reason)
+    return build(lmdb_dir, source, options)
+
+
+def build(lmdb_dir: str, source: ReplicaSource, options: StateOptions) -> State:
+    """A new LMDB at ``lmdb_dir``: the source's newest usable snapshot plus its log."""
+    durable = source.durable_lsn()
+    snap = source.base(durable)
+    source.reset()
+    return recovery.rebuild_state(
+        lmdb_dir, source.log_source(durable), store_id=source.store_id,
+        base=iter(snap) if snap is not None else None, base_lsn=snap.lsn if snap is not None else 0,
+        state_options=options)
