@@ -39,14 +39,14 @@ def abandon(db: kvstore.KVStore) -> None:
     if db.closed:
         return
     db._closed = True
-    if db._log is not None:
+    if db._writer is not None:
         try:
-            db._log.close()  # acknowledged entries are durable anyway
+            db._writer.log.close()  # acknowledged entries are durable anyway
         except WalkvError:
             pass
     db._state.close(sync=False)
-    if db._lock is not None:
-        db._lock.release()
+    if db._writer is not None:
+        db._writer._lock.release()
 
 
 def fake_machine_crash(store: str, damage: str = "garbage", stale: bytes | None = None,

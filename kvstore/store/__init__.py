@@ -1,13 +1,15 @@
-"""The store: :class:`KVStore` has a log (:mod:`wal`), a state machine
-(:mod:`kvstore.state`), a watch hub (:mod:`kvstore.watch`) and, with
-``archive=``, an archiver (:mod:`kvstore.archive`), and composes them.
+"""The store: :class:`KVStore` has a state machine (:mod:`kvstore.state`), a
+watch hub (:mod:`kvstore.watch`) and, unless read-only, a writer (the lock,
+the log (:mod:`wal`), the snapshots and, with ``archive=``, an archiver
+(:mod:`kvstore.archive`)), and composes them.
 
 * :mod:`kvstore.store.store`: KVStore, open, close, durability and locking;
+* :mod:`kvstore.store.writer`: what only the writing process has, opened and
+  closed in order;
 * :mod:`kvstore.store.write_batch`, :mod:`kvstore.store.txn`: batches and
   conditional writes; :mod:`kvstore.store.aio`: the asyncio front;
 * :mod:`kvstore.store.recovery`: trusting or rebuilding LMDB at open, replay;
 * :mod:`kvstore.store.snapshots`: taking snapshots, retention, the base of a rebuild;
-* :mod:`kvstore.store.archiving`: the archiver a store runs for itself;
 * :mod:`kvstore.store.metrics`: stats in Prometheus' text format.
 """
 

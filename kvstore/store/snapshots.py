@@ -81,10 +81,6 @@ class StoreSnapshots:
             self.log_bytes_trimmed += retain(self.parent, log, keep or self.keep, self._fs, archived())
         return info
 
-    def list(self) -> list[snapshot.SnapshotInfo]:
-        """The valid snapshots, oldest first."""
-        return snapshot.list_snapshots(self.parent)
-
 
 def own_snapshots(parent: str, store_id: str | None) -> list[snapshot.SnapshotInfo]:
     """The valid snapshots in ``parent`` (oldest first) that belong to the

@@ -44,8 +44,8 @@ import time
 from collections.abc import Generator, Iterable, Mapping
 from typing import Any, Callable, cast
 
+import snapshot
 import wal
-from kvstore.archive import Archiver
 from kvstore.archive.target import Location
 from kvstore.entry import conditions
 from kvstore.entry.codec import (
@@ -62,14 +62,14 @@ from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions, View
 from kvstore.state.readers import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
-from kvstore.store import archiving, lifecycle, recovery, snapshots, txn
+from kvstore.store import recovery, snapshots, txn
 from kvstore.store.write_batch import WriteBatch
+from kvstore.store.writer import StoreWriter
 from kvstore.watch import watcher as watching
 from snapshot import SnapshotInfo
 from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
-from wal.lock import DirectoryLock
 from wal.record import DEFAULT_MAX_RECORD_BYTES
 from wal.segment import Payload
 
@@ -81,11 +81,11 @@ Progress = Callable[[int, "int | None"], None]
 class KVStore(Lookups):
     """An open store. Create with :func:`kvstore.open`.
 
-    A store has a log (:class:`wal.Log`; none when ``readonly``), a state
-    machine (:class:`kvstore.state.State`), a hub that wakes its watchers,
-    its snapshots (:class:`kvstore.store.snapshots.StoreSnapshots`) and, with
-    ``archive=``, an archiver; its methods delegate to them. Every write
-    goes through :meth:`_append`, the one place that refuses writes.
+    A store has a state machine (:class:`kvstore.state.State`), a hub that
+    wakes its watchers and, unless ``readonly``, a writer
+    (:class:`kvstore.store.writer.StoreWriter`: the lock, the log, the
+    snapshots, the archiver); its methods delegate to them. Every write goes
+    through :meth:`_append`, the one place that refuses writes.
 
     Thread-safe: any number of threads may read and write; concurrent writers
     share fsyncs (group commit). Use as a context manager, or call
@@ -120,14 +120,12 @@ class KVStore(Lookups):
                             "(or run `walkv archive STORE URI` beside it)")
         if self.readonly and log_options:
             raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
-        self._snapshots = snapshots.StoreSnapshots(self.path, self._fs, keep=keep_snapshots,
-                                                   chunk_bytes=snapshot_chunk_bytes)
+        snapshots_ = snapshots.StoreSnapshots(self.path, self._fs, keep=keep_snapshots,
+                                              chunk_bytes=snapshot_chunk_bytes)
         self._max_payload = max_record_bytes - ENTRY_OVERHEAD
         self._wal_dir = os.path.join(self.path, WAL_DIR)
-        self._log: wal.Log | None = None       # None: read-only (another process writes)
-        self._lock: DirectoryLock | None = None
-        self._archiver: Archiver | None = None
-        self._auto: snapshots.AutoSnapshot | None = None
+        self._writer: StoreWriter | None = None  # None: read-only (another process writes)
+        self._log: wal.Log | None = None          # the writer's log (for the write path)
         self._watch_hub = watching.WatchHub()  # wakes watchers, once per group commit
         self.max_record_bytes: int | None = None if self.readonly else max_record_bytes
         self.replayed = 0                      # log entries replayed (or rebuilt from) at open
@@ -139,14 +137,15 @@ class KVStore(Lookups):
                 self._state: State = recovery.open_readonly_state(self.path, os.path.join(self.path, LMDB_DIR),
                                                                   options)
             else:
-                files = lifecycle.open_writer(
-                    self.path, self._fs, options, progress=progress, on_commit=self._on_commit,
+                self._writer, opened = StoreWriter.open(
+                    self.path, self._fs, options, snapshots_, progress=progress, on_commit=self._on_commit,
                     on_prepare=self._on_prepare,
                     log_options=dict(log_options, sync=sync, segment_bytes=segment_bytes,
                                      max_record_bytes=max_record_bytes))
-                self._lock, self._log, self._state, self.replayed, self.rebuilt = files
+                self._log = self._writer.log
+                self._state, self.replayed, self.rebuilt = opened
                 if snapshot_every_bytes:
-                    self._auto = snapshots.AutoSnapshot(self.snapshot, self.path, int(snapshot_every_bytes))
+                    self._writer.take_snapshots_every(self.snapshot, int(snapshot_every_bytes))
         except OSError as exc:
             raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
@@ -154,11 +153,10 @@ class KVStore(Lookups):
         self._closed = False
         self._pid = os.getpid()
         track(self)
-        if archive is not None:
+        if self._writer is not None and archive is not None:
             try:
-                self._archiver = archiving.start_archiver(self.path, archive, interval=archive_interval,
-                                                          keep_snapshots=archive_keep_snapshots,
-                                                          keep_seconds=archive_keep_seconds)
+                self._writer.start_archiver(archive, interval=archive_interval, keep_snapshots=archive_keep_snapshots,
+                                            keep_seconds=archive_keep_seconds)
             except BaseException:
                 self.close()
                 raise
@@ -176,8 +174,8 @@ class KVStore(Lookups):
         # its log's one appender, and passes every entry's operations along.
         self._state.apply(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
         self._watch_hub.committed()
-        if self._auto is not None and self._log is not None:
-            self._auto.poke(self._log.appended_bytes)
+        if self._writer is not None:
+            self._writer.committed()
 
     def _after_fork_in_child(self) -> None:
         """In a forked child (:mod:`wal.forkguard`): writes and reads raise
@@ -185,7 +183,6 @@ class KVStore(Lookups):
         if self._closed:
             return
         self._forked = True
-        self._lock = None  # the lock closed its inherited descriptor itself
 
     def _check_open(self) -> None:
         if self._closed:
@@ -353,8 +350,8 @@ class KVStore(Lookups):
         ``[start, stop)``: an iterator (and context manager) of
         :class:`kvstore.watch.Change`. See :mod:`kvstore.watch.watcher`."""
         self._check_open()
-        source = watching.Source(self._wal_dir, self._snapshots.parent, lambda: self.durable_lsn,
-                                 self._watch_hub, polls=self._log is None)
+        source = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
+                                 self._watch_hub, polls=self._writer is None)
         lo, hi = watching.key_bounds(prefix, start, stop)
         first = self.durable_lsn + 1 if from_lsn is None else from_lsn
         return watching.Watcher(source, lo, hi, first, timeout=timeout, progress_every=progress_every,
@@ -401,20 +398,18 @@ class KVStore(Lookups):
         ``snapshot_chunk_bytes``) sizes the chunk files. See
         :mod:`kvstore.store.snapshots`."""
         self._check_open()
-        if self._log is None:
+        if self._writer is None:
             raise SnapshotError(f"the store {self.path} is open read-only; snapshots are taken by its writer")
-        return self._snapshots.take(self._state, self._log,
-                                    lambda: archiving.retention_limit(self.path, self._archiver),
-                                    keep=keep, chunk_bytes=chunk_bytes, progress=progress)
+        return self._writer.snapshot(self._state, keep=keep, chunk_bytes=chunk_bytes, progress=progress)
 
     def list_snapshots(self) -> list[SnapshotInfo]:
         """The store's valid snapshots, oldest first."""
-        return self._snapshots.list()
+        return snapshot.list_snapshots(snapshots.snapshots_dir(self.path))
 
     def wait_for_snapshots(self, timeout: float | None = None) -> None:
         """Wait for an automatic snapshot in progress (``snapshot_every_bytes``)."""
-        if self._auto is not None:
-            self._auto.join(timeout)
+        if self._writer is not None:
+            self._writer.wait_for_snapshots(timeout)
 
     def sync(self) -> int:
         """Make every write so far durable (for ``sync="batch"``/``"none"``);
@@ -429,9 +424,9 @@ class KVStore(Lookups):
         the archive (``archive=`` at open); :class:`ArchiveLagError` naming the
         lag and the last error after ``timeout`` seconds."""
         self._check_open()
-        if self._archiver is None:
-            raise ArchiveError(f"the store {self.path} was opened without archive=; there is no archive to flush")
-        return self._archiver.flush(timeout)
+        if self._writer is None:
+            raise ArchiveError(f"the store {self.path} is open read-only; its writer archives it")
+        return self._writer.flush_archive(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counters and latencies of the open store: its LSNs, what open did,
@@ -448,22 +443,20 @@ class KVStore(Lookups):
             "applied_lsn": self.applied_lsn,
             "replayed_at_open": self.replayed,
             "rebuilt_at_open": self.rebuilt,
-            "auto_snapshots": self._auto.taken if self._auto is not None else 0,
-            "log_bytes_trimmed": self._snapshots.log_bytes_trimmed,
+            "auto_snapshots": 0,
+            "log_bytes_trimmed": 0,
             "open_seconds": self.open_seconds,
         }
         out.update(self._state.stats())
-        if self._log is not None:
-            out["log"] = self._log.stats()
-        if self._archiver is not None:
-            out["archive"] = archiving.archive_stats(self._archiver)
+        if self._writer is not None:
+            out.update(self._writer.stats())
         return out
 
     # -- closing -----------------------------------------------------------------
 
     def close(self) -> None:
         """Finish every write in flight, flush LMDB, record a clean close and
-        release the store (:mod:`kvstore.store.lifecycle`). Idempotent. In a
+        release the store (:mod:`kvstore.store.writer`). Idempotent. In a
         process forked from the one that opened the store it does nothing
         (see :mod:`wal.forkguard`)."""
         if self._closed or self._forked:
@@ -471,17 +464,10 @@ class KVStore(Lookups):
         self.wait_for_snapshots()
         self._closed = True
         self._watch_hub.close()
-        if self._log is None:
+        if self._writer is None:
             self._state.close(sync=False)
-            return
-        try:
-            lifecycle.close_writer(self.path, self._log, self._state, self._fs)
-        finally:
-            if self._archiver is not None:  # after the log: it ships everything durable
-                archiving.stop_archiver(self._archiver, self._log.durable_lsn)
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+        else:
+            self._writer.close(self._state)
 
     def __enter__(self) -> "KVStore":
         return self
@@ -514,7 +500,7 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
     understands, ``s3://...``, ``file://...``, a local directory, or a
     ``(filesystem, path)`` pair) every ``archive_interval`` seconds, in a
     thread of this process; ``archive_keep_snapshots``/``archive_keep_seconds``:
-    the archive's retention. See :mod:`kvstore.store.archiving`.
+    the archive's retention. See :mod:`kvstore.store.writer`.
     """
     return KVStore(path, sync=sync, segment_bytes=segment_bytes, readonly=readonly,
                    **options)  # type: ignore[arg-type]

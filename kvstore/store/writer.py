@@ -1,0 +1,196 @@
+"""What a store has only in the process that writes it: :class:`StoreWriter`,
+its lock, its log, its snapshots and its archiver.
+
+Opening (:meth:`StoreWriter.open`), in this order, each step undone in reverse
+when a later one fails:
+
+1. ``STORE/LOCK`` (:class:`wal.lock.DirectoryLock`): one writing process per
+   store; a second one gets :class:`~wal.errors.LockedError`. A replica
+   directory (``STORE/REPLICA``) is refused: it is written by its replica.
+2. The log (:func:`wal.open`), which takes its own lock and recovers its tail.
+3. The LMDB state, trusted and replayed or rebuilt
+   (:func:`kvstore.store.recovery.open_state`).
+4. Snapshot directories an interrupted snapshot left are removed.
+
+The archiver (``kvstore.open(path, archive=LOCATION)``) starts once the store
+is open. Local log retention never deletes a segment the archive does not
+hold yet: it is bounded by the archiver's archived LSN and by a sidecar's
+(``walkv archive STORE URI`` in another process) published one
+(``STORE/ARCHIVED``, :mod:`kvstore.archive.marker`), whichever is lower.
+
+Closing (:meth:`StoreWriter.close`): the log first, so every write in flight
+finishes; then LMDB is flushed and closed, and the clean close is recorded in
+``lmdb/SESSION`` (the next open trusts LMDB as it is). When the log failed
+(an fsync error, a full disk), LMDB is closed without a flush and no clean
+close is recorded: the next open replays the log, which holds every
+acknowledged write. Then the archiver makes one last round, so that after a
+clean close with the archive reachable every acknowledged write is in the
+archive; when that round fails the close still succeeds, with a warning
+naming the lag (the next open with the same ``archive=`` resumes from what
+the archive holds). Last, the lock is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import snapshot
+import wal
+from kvstore.archive import Archiver
+from kvstore.archive.marker import read_archived
+from kvstore.archive.target import Location
+from kvstore.layout import LMDB_DIR, REPLICA_NAME, WAL_DIR
+from kvstore.state import State, StateOptions
+from kvstore.store import recovery, snapshots
+from wal.errors import ArchiveError, ReplicaError, WalkvError
+from wal.fs import FileSystem
+from wal.lock import DirectoryLock
+
+log = logging.getLogger("walkv.store")
+
+Progress = Callable[[int, "int | None"], None]
+
+
+class StoreWriter:
+    """A store's lock, log, snapshots and archiver (module docstring). Use
+    :meth:`open`."""
+
+    def __init__(self, path: str, fs: FileSystem, lock: DirectoryLock, log: wal.Log,
+                 snapshots_: snapshots.StoreSnapshots) -> None:
+        self.path = path
+        self.log = log
+        self.snapshots = snapshots_
+        self.archiver: Archiver | None = None
+        self.auto: snapshots.AutoSnapshot | None = None
+        self._fs = fs
+        self._lock = lock
+
+    @classmethod
+    def open(cls, path: str, fs: FileSystem, options: StateOptions, snapshots_: snapshots.StoreSnapshots, *,
+             progress: Progress | None, on_commit: Callable[[wal.Group], None],
+             on_prepare: Callable[[wal.Group], list[Any] | None], log_options: dict[str, Any]
+             ) -> tuple[StoreWriter, recovery.Opened]:
+        """Take the store at ``path`` as its writer and open its state (module
+        docstring); on any failure let go of everything taken."""
+        fs.makedirs(path)
+        lock = DirectoryLock(path, f"the store {path}")
+        try:
+            if os.path.exists(os.path.join(path, REPLICA_NAME)):
+                raise ReplicaError(f"{path} is a read replica (kvstore.replica): open it with "
+                                   f"kvstore.open_replica, or promote() it to write to it")
+            log_ = wal.open(os.path.join(path, WAL_DIR), on_commit=on_commit, on_prepare=on_prepare, fs=fs,
+                            **log_options)
+            try:
+                opened = recovery.open_state(path, os.path.join(path, LMDB_DIR), log_, fs=fs, options=options,
+                                             progress=progress)
+                try:
+                    snapshot.cleanup_incomplete(snapshots_.parent, fs=fs)
+                except BaseException:
+                    opened.state.close(sync=False)
+                    raise
+            except BaseException:
+                try:
+                    log_.close()
+                except WalkvError:
+                    pass
+                raise
+        except BaseException:
+            lock.release()
+            raise
+        return cls(path, fs, lock, log_, snapshots_), opened
+
+    def start_archiver(self, location: Location, *, interval: float, keep_snapshots: int | None,
+                       keep_seconds: float | None) -> None:
+        """Ship the store to ``location`` from a thread of this process."""
+        self.archiver = Archiver(self.path, location, interval=interval, keep_snapshots=keep_snapshots,
+                                 keep_seconds=keep_seconds)
+        self.archiver.start()
+
+    def take_snapshots_every(self, take: Callable[[], object], every_bytes: int) -> None:
+        """Call ``take`` in the background whenever ``every_bytes`` of log
+        were written since the last snapshot (:class:`snapshots.AutoSnapshot`)."""
+        self.auto = snapshots.AutoSnapshot(take, self.path, every_bytes)
+
+    def committed(self) -> None:
+        """After each group (the log's committing thread): start an automatic
+        snapshot when one is due."""
+        if self.auto is not None:
+            self.auto.poke(self.log.appended_bytes)
+
+    # -- snapshots and the archive ----------------------------------------------
+
+    def snapshot(self, state: State, **options: Any) -> snapshot.SnapshotInfo:
+        """Take a snapshot of ``state`` and apply retention, bounded by what
+        the archive holds (:meth:`snapshots.StoreSnapshots.take`)."""
+        return self.snapshots.take(state, self.log, self.archived_lsn, **options)
+
+    def archived_lsn(self) -> int | None:
+        """The highest LSN local log retention may delete (None: no archive
+        bounds it): the in-process archiver's and a sidecar's, whichever is lower."""
+        limits = [self.archiver.archived_lsn] if self.archiver is not None else []
+        published = read_archived(self.path)
+        if published is not None:
+            limits.append(published)
+        return min(limits) if limits else None
+
+    def flush_archive(self, timeout: float | None) -> int:
+        if self.archiver is None:
+            raise ArchiveError(f"the store {self.path} was opened without archive=; there is no archive to flush")
+        return self.archiver.flush(timeout)
+
+    def wait_for_snapshots(self, timeout: float | None) -> None:
+        if self.auto is not None:
+            self.auto.join(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        """The log's stats under ``"log"``, the archive's under ``"archive"``
+        (no credentials; ``stopped``: it stopped for good, as after another
+        archiver's lease or an archive of another store), snapshot counters."""
+        out: dict[str, Any] = {
+            "auto_snapshots": self.auto.taken if self.auto is not None else 0,
+            "log_bytes_trimmed": self.snapshots.log_bytes_trimmed,
+            "log": self.log.stats(),
+        }
+        if self.archiver is not None:
+            out["archive"] = self.archiver.stats()
+            out["archive"]["stopped"] = self.archiver.failed is not None
+        return out
+
+    # -- closing ---------------------------------------------------------------
+
+    def close(self, state: State) -> None:
+        """The log, then ``state``, then the archiver's last round, then the
+        lock (module docstring). The caller waited for automatic snapshots."""
+        clean = self.log.failure is None
+        try:
+            try:
+                self.log.close()
+            except WalkvError:
+                clean = False
+                raise
+            finally:
+                state.close(sync=clean)
+            if clean:
+                try:
+                    recovery.write_session(os.path.join(self.path, LMDB_DIR), self.log.store_id, clean=True,
+                                           fs=self._fs)
+                except OSError as exc:
+                    raise WalkvError(
+                        f"closing {self.path}: could not record the clean close ({exc}); "
+                        f"nothing is lost, the next open replays the log") from exc
+        finally:
+            if self.archiver is not None:  # after the log: it ships everything durable
+                self._stop_archiver()
+            self._lock.release()
+
+    def _stop_archiver(self) -> None:
+        assert self.archiver is not None
+        archiver, durable = self.archiver, self.log.durable_lsn
+        archiver.stop()
+        if archiver.archived_lsn < durable:
+            why = f": {archiver.last_error}" if archiver.last_error else ""
+            log.warning("closed %s with the archive %s at LSN %d of %d durable%s; the next open with this "
+                        "archive ships the rest", self.path, archiver.uri, archiver.archived_lsn, durable, why)
