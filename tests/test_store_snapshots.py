@@ -13,7 +13,7 @@ import pytest
 import kvstore
 import snapshot
 from kvstore.entry.codec import decode
-from kvstore.replica.restore import restore
+from kvstore.replica.restore import restore_store as restore
 from wal import list_segments, read_log
 from wal.errors import CorruptionError, SnapshotError, WalkvError
 

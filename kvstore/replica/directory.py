@@ -67,7 +67,7 @@ def claim(path: str, source: ReplicaSource) -> None:
         shutil.rmtree(os.path.join(path, leftover), ignore_errors=True)
 
 
-def open_state(path: str, source: ReplicaSource, options: StateOptions) -> State:
+def starting_state(path: str, source: ReplicaSource, options: StateOptions) -> State:
     """The replica's LMDB state: trusted as it is, or rebuilt (module docstring)."""
     lmdb_dir = os.path.join(path, LMDB_DIR)
     sid = source.store_id
@@ -90,10 +90,10 @@ def open_state(path: str, source: ReplicaSource, options: StateOptions) -> State
             state.close(sync=False)
     if os.path.exists(lmdb_dir):
         log.warning("rebuilding replica %s from %s: %s", path, source.name, reason)
-    return build(lmdb_dir, source, options)
+    return rebuild(lmdb_dir, source, options)
 
 
-def build(lmdb_dir: str, source: ReplicaSource, options: StateOptions) -> State:
+def rebuild(lmdb_dir: str, source: ReplicaSource, options: StateOptions) -> State:
     """A new LMDB at ``lmdb_dir``: the source's newest usable snapshot plus its log."""
     durable = source.durable_lsn()
     snap = source.base(durable)

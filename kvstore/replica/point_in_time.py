@@ -1,6 +1,6 @@
 """``kvstore.restore``: a new store from any source, at an LSN or a time.
 
-The source is a store or snapshot directory (:func:`kvstore.replica.restore.restore`)
+The source is a store or snapshot directory (:func:`kvstore.replica.restore.restore_store`)
 or an archive (:func:`kvstore.replica.archive_restore.restore_from_archive`): a
 URI, a ``(filesystem, path)`` pair, or a local directory holding an ``ARCHIVE``
 identity object. ``to_time`` works for both, from the log's commit timestamps.
@@ -16,8 +16,7 @@ from kvstore.archive.layout import ARCHIVE_NAME
 from kvstore.archive.reader import time_to_us
 from kvstore.layout import StoreLayout
 from kvstore.replica.archive_restore import restore_from_archive
-from kvstore.replica.restore import Progress, RestoreInfo
-from kvstore.replica.restore import restore as restore_store
+from kvstore.replica.restore import Progress, RestoreInfo, restore_store
 from wal import list_segments, read_durable_lsn, read_log
 from wal.errors import LogGapError, WalkvError
 from wal.fs import OS_FS

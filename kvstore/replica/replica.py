@@ -100,7 +100,7 @@ class Replica(Lookups):
         self._lock: DirectoryLock | None = DirectoryLock(self.path, f"the replica {self.path}")
         try:
             directory.claim(self.path, source)
-            self._served = ServedState(directory.open_state(self.path, source, self._options), self.path)
+            self._served = ServedState(directory.starting_state(self.path, source, self._options), self.path)
         except BaseException:
             self._lock.release()
             raise
@@ -182,7 +182,7 @@ class Replica(Lookups):
         """Rebuild beside the served state, then swap (module docstring)."""
         log.warning("replica %s starts again from %s's newest snapshot: %s", self.path, self.source.name, reason)
         new_dir = os.path.join(self.path, directory.REBUILD_DIR)
-        new = directory.build(new_dir, self.source, self._options)
+        new = directory.rebuild(new_dir, self.source, self._options)
         new.close(sync=True)
         recovery.write_session(new_dir, self.source.store_id, clean=True)
 

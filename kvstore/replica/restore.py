@@ -94,7 +94,7 @@ def _locate(source: str) -> tuple[str | None, list[str]]:
     return (wal_dir if os.path.isdir(wal_dir) else None), found
 
 
-def restore(source: str | os.PathLike[str] | OpenStore, target: str | os.PathLike[str],
+def restore_store(source: str | os.PathLike[str] | OpenStore, target: str | os.PathLike[str],
             to_lsn: int | None = None, *, progress: Progress | None = None) -> RestoreInfo:
     """Build a new store at ``target`` equal to ``source`` at ``to_lsn``
     (default: its last durable LSN). ``source`` is a store (path or open
