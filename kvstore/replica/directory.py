@@ -29,7 +29,7 @@ from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.replica.source import ReplicaSource
 from kvstore.state import State, StateOptions
 from kvstore.store import recovery
-from wal.errors import CorruptionError, ReplicaError
+from wal.errors import ReplicaError
 from wal.fs import OS_FS
 
 log = logging.getLogger("walkv.replica")
@@ -70,24 +70,10 @@ def claim(path: str, source: ReplicaSource) -> None:
 def starting_state(path: str, source: ReplicaSource, options: StateOptions) -> State:
     """The replica's LMDB state: trusted as it is, or rebuilt (module docstring)."""
     lmdb_dir = os.path.join(path, LMDB_DIR)
-    sid = source.store_id
-    session = recovery.read_session(lmdb_dir)
-    reason = recovery.distrust_reason(lmdb_dir, session, sid)
-    if reason is None:
-        try:
-            state = State(lmdb_dir, options)
-        except CorruptionError as exc:
-            reason = f"LMDB will not open ({exc})"
-        else:
-            reason = recovery.check_state(state, sid, source.first_lsn(), source.durable_lsn())
-            if reason is None:
-                try:
-                    recovery.write_session(lmdb_dir, sid, clean=False)
-                except BaseException:
-                    state.close(sync=False)
-                    raise
-                return state
-            state.close(sync=False)
+    state, reason = recovery.trusted_state(lmdb_dir, source.store_id, source.first_lsn(), source.durable_lsn(),
+                                           options)
+    if state is not None:
+        return state
     if os.path.exists(lmdb_dir):
         log.warning("rebuilding replica %s from %s: %s", path, source.name, reason)
     return rebuild(lmdb_dir, source, options)

@@ -244,10 +244,8 @@ class Replica(Lookups):
                                "watch a replica of a store directory (or the store itself)")
         src = watching.Source(self.source.wal_dir, self.source.snapshots_dir, lambda: self.applied_lsn,
                               self._hub, polls=False)
-        lo, hi = watching.key_bounds(prefix, start, stop)
-        first = self.applied_lsn + 1 if from_lsn is None else from_lsn
-        return watching.Watcher(src, lo, hi, first, timeout=timeout, progress_every=progress_every,
-                                on_gap=on_gap)
+        return watching.Watcher(src, prefix, start=start, stop=stop, from_lsn=from_lsn, timeout=timeout,
+                                progress_every=progress_every, on_gap=on_gap)
 
     # -- LSNs, lag, waiting ------------------------------------------------------
 

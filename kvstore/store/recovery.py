@@ -324,29 +324,44 @@ class Opened(NamedTuple):
     rebuilt: str | None
 
 
+def trusted_state(lmdb_dir: str, store_id: str, first_lsn: int, last_lsn: int, options: StateOptions,
+                  fs: FileSystem = OS_FS) -> tuple[State | None, str | None]:
+    """``(state, None)``: the LMDB state at ``lmdb_dir``, trusted as it is
+    (:func:`distrust_reason`, :func:`check_state` against a log holding
+    ``first_lsn..last_lsn``) and its session marked open; ``(None, why)``
+    when it must be rebuilt."""
+    reason = distrust_reason(lmdb_dir, read_session(lmdb_dir), store_id)
+    if reason is not None:
+        return None, reason
+    try:
+        state = State(lmdb_dir, options)
+    except CorruptionError as exc:
+        return None, f"LMDB will not open ({exc})"
+    reason = check_state(state, store_id, first_lsn, last_lsn)
+    try:
+        if reason is None:
+            write_session(lmdb_dir, store_id, clean=False, fs=fs)
+            return state, None
+    except BaseException:
+        state.close(sync=False)
+        raise
+    state.close(sync=False)
+    return None, reason
+
+
 def open_state(store_path: str, lmdb_dir: str, wal_log: wal.Log, *, fs: FileSystem,
                options: StateOptions, progress: Progress | None = None) -> Opened:
-    """Open a writer's LMDB state: trust it (:func:`distrust_reason`,
-    :func:`check_state`) and replay the log after its applied LSN, or rebuild
-    it from the newest usable snapshot plus the log."""
+    """Open a writer's LMDB state: trust it (:func:`trusted_state`) and
+    replay the log after its applied LSN, or rebuild it from the newest
+    usable snapshot plus the log."""
     store_id = wal_log.store_id
-    session = read_session(lmdb_dir)
-    reason = distrust_reason(lmdb_dir, session, store_id)
-    if reason is None:
+    state, reason = trusted_state(lmdb_dir, store_id, wal_log.first_lsn, wal_log.last_lsn, options, fs)
+    if state is not None:
         try:
-            state = State(lmdb_dir, options)
-        except CorruptionError as exc:
-            reason = f"LMDB will not open ({exc})"
-        else:
-            reason = check_state(state, store_id, wal_log.first_lsn, wal_log.last_lsn)
-            if reason is None:
-                try:
-                    write_session(lmdb_dir, store_id, clean=False, fs=fs)
-                    return Opened(state, replay(state, wal_log, progress=progress), None)
-                except BaseException:
-                    state.close(sync=False)
-                    raise
+            return Opened(state, replay(state, wal_log, progress=progress), None)
+        except BaseException:
             state.close(sync=False)
+            raise
     fresh = reason == "there is no LMDB state yet" and wal_log.last_lsn == 0
     if not fresh:
         log.warning("rebuilding the LMDB state of %s from the log: %s", store_path, reason)

@@ -352,10 +352,8 @@ class KVStore(Lookups):
         self._check_open()
         source = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
                                  self._watch_hub, polls=self._writer is None)
-        lo, hi = watching.key_bounds(prefix, start, stop)
-        first = self.durable_lsn + 1 if from_lsn is None else from_lsn
-        return watching.Watcher(source, lo, hi, first, timeout=timeout, progress_every=progress_every,
-                                on_gap=on_gap)
+        return watching.Watcher(source, prefix, start=start, stop=stop, from_lsn=from_lsn, timeout=timeout,
+                                progress_every=progress_every, on_gap=on_gap)
 
     # -- LSNs --------------------------------------------------------------------
 

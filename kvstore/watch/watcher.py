@@ -149,15 +149,19 @@ class Watcher:
     """An iterator of :class:`Change` (module docstring); a context manager
     too: leaving it, or :meth:`close` (from any thread), stops it."""
 
-    def __init__(self, source: Source, lo: bytes, hi: bytes | None, from_lsn: int, *,
-                 timeout: float | None = None, progress_every: float | None = None,
-                 on_gap: str = "error") -> None:
+    def __init__(self, source: Source, prefix: bytes | None = None, *, start: bytes | None = None,
+                 stop: bytes | None = None, from_lsn: int | None = None, timeout: float | None = None,
+                 progress_every: float | None = None, on_gap: str = "error") -> None:
+        """Changes of keys under ``prefix`` and in ``[start, stop)``, from
+        ``from_lsn`` (None: the first LSN after ``source.durable_lsn()``)."""
         if on_gap not in ON_GAP:
             raise ValueError(f"on_gap must be one of {ON_GAP}, not {on_gap!r}")
+        self._lo, self._hi = key_bounds(prefix, start, stop)
+        if from_lsn is None:
+            from_lsn = source.durable_lsn() + 1
         if type(from_lsn) is not int or from_lsn < 1:
             raise ValueError(f"from_lsn must be an int >= 1, not {from_lsn!r}")
         self._src = source
-        self._lo, self._hi = lo, hi
         self.next_lsn = from_lsn
         """Every change before this LSN has been delivered."""
         self._timeout = timeout
