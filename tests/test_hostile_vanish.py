@@ -15,7 +15,7 @@ import pytest
 
 import kvstore
 import snapshot
-import wal.log
+import wal.log_writer
 from kvstore.cli.files import verify_store
 from kvstore.cli.progress import Reporter
 from wal.errors import StoreVanishedError
@@ -93,7 +93,7 @@ def test_rm_rf_then_sync_snapshot_or_close_fails_without_recreating(tmp_path, sy
 def test_rm_rf_is_noticed_by_the_periodic_check_between_rolls(tmp_path, monkeypatch):
     # Appends check the directory every DIRECTORY_CHECK_US (about a second);
     # with 0 every group checks, which shows the check without timing.
-    monkeypatch.setattr(wal.log, "DIRECTORY_CHECK_US", 0)
+    monkeypatch.setattr(wal.log_writer, "DIRECTORY_CHECK_US", 0)
     path = str(tmp_path / "store")
     db = kvstore.open(path)
     db.put(b"a", b"1")

@@ -79,7 +79,8 @@ class GroupCommit:
     ``write_group(group)`` does the I/O for a :class:`Group` (called by one
     leader at a time, without the mutex); when it raises,
     ``on_failure(error, first_lsn)`` returns the exception every later caller
-    gets. ``check()`` raises when the log is closed or failed.
+    gets. ``check()`` raises when the log is closed or failed. ``mutex`` is
+    the log's: what the writer changes for readers is changed under it too.
     """
 
     def __init__(
@@ -88,8 +89,9 @@ class GroupCommit:
         on_failure: Callable[[BaseException, int], BaseException],
         check: Callable[[], None],
         next_lsn: int,
+        mutex: threading.Lock,
     ) -> None:
-        self.mutex = threading.Lock()
+        self.mutex = mutex
         self._work = threading.Condition(self.mutex)
         self._write_group = write_group
         self._on_failure = on_failure

@@ -36,53 +36,40 @@ files: the lock's device and inode are checked (:meth:`DirectoryLock.check`)
 at each segment roll, each :meth:`Log.sync` (so every flush of
 ``sync="batch"``), at :meth:`Log.close`, when a snapshot is taken
 (:meth:`Log.check_directory`), and at most every
-:data:`DIRECTORY_CHECK_US` microseconds of appends; so appends are refused
-at the latest about a second after the directory vanished, or at the next
-roll or sync. Nothing recreates it.
+:data:`~wal.log_writer.DIRECTORY_CHECK_US` microseconds of appends; so
+appends are refused at the latest about a second after the directory
+vanished, or at the next roll or sync. Nothing recreates it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Self, cast
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
+from typing import Self
 
-from wal.commit import Callback, Group, GroupCommit
-from wal.durable import DurableMarker
-from wal.errors import (
-    ClosedError,
-    LogFailedError,
-    RecordTooLargeError,
-    file_error,
-    log_failed,
-)
+from wal.commit import Callback, GroupCommit
+from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_error, log_failed
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
-from wal.index import SparseIndex
-from wal.lock import DirectoryLock
-from wal.log_sync import LogSync
-from wal.reader import LogReading
+from wal.log_writer import CommitHook, LogWriter, PrepareHook
+from wal.reader import entries_of
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
-from wal.recovery import recover
-from wal.segment import ENTRY_HEADER_SIZE, Payload, SegmentFile, payload_size
-from wal.segment_writer import ActiveSegment, gathered, round_block
-from wal.stats import LogStats
-from wal.truncation import LogTruncation
+from wal.segment import ENTRY_HEADER_SIZE, Entry, EntryBatch, Payload
+from wal.segment_writer import check_payload
+from wal.truncation import delete_segments
 
 logger = logging.getLogger("walkv.wal")
 
 SYNC_MODES = ("always", "batch", "none")
 DEFAULT_SEGMENT_BYTES = 64 << 20
-PREALLOC_STEP = 8 << 20
-DIRECTORY_CHECK_US = 1_000_000  # appends check that the directory is still there at least this often
-CommitHook = Callable[[Group], None]
-PrepareHook = Callable[[Group], "list[Payload] | None"]
+_LSN_AND_PAYLOAD = itemgetter(0, 2)
 
 
-class Log(LogReading, LogTruncation, LogSync):
+class Log:
     """One log directory, opened by its one writer. Use :func:`wal.open`.
 
     Options: ``sync`` (see the module docstring); ``segment_bytes``, the size
@@ -101,6 +88,10 @@ class Log(LogReading, LogTruncation, LogSync):
     what readers go by); ``start_lsn``, the first LSN of a log created empty
     (a restored store continues its LSNs); ``fs``, the file-system seam
     (tests inject faults through it).
+
+    It has a :class:`~wal.commit.GroupCommit`, the appenders' queue, whose
+    leader writes through the :class:`~wal.log_writer.LogWriter` (the lock,
+    the segments, what is durable), and with ``sync="batch"`` a flusher.
     """
 
     def __init__(
@@ -128,6 +119,8 @@ class Log(LogReading, LogTruncation, LogSync):
                 raise ValueError(f"{name} must be a number of at least {low}, not {value!r}")
         if max_record_bytes > MAX_RECORD_LIMIT:
             raise ValueError(f"max_record_bytes must be at most {MAX_RECORD_LIMIT} (1 GiB), not {max_record_bytes!r}")
+        if not isinstance(start_lsn, int) or start_lsn < 1:
+            raise ValueError(f"start_lsn must be a positive int, not {start_lsn!r}")
         self.directory = os.fspath(directory)
         self.sync_mode = sync
         self.segment_bytes = segment_bytes
@@ -135,37 +128,18 @@ class Log(LogReading, LogTruncation, LogSync):
         self.sync_bytes = sync_bytes
         self.max_record_bytes = max_record_bytes
         self._max_payload = max_record_bytes - ENTRY_HEADER_SIZE
-        self._on_commit = on_commit
-        self._on_prepare = on_prepare
-        self._fs = fs or OS_FS
-        self._prealloc_step = min(PREALLOC_STEP, round_block(segment_bytes))
-        if not isinstance(start_lsn, int) or start_lsn < 1:
-            raise ValueError(f"start_lsn must be a positive int, not {start_lsn!r}")
-        self._start_lsn = start_lsn
-
+        mutex = threading.Lock()  # the group commit's; readers copy the writer's state under it
         try:
-            self._fs.makedirs(self.directory)
-            self._lock = DirectoryLock(self.directory, f"the log at {self.directory}")
+            self._writer = w = LogWriter(
+                self.directory, fs or OS_FS, mutex, recovery=recovery, sync_mode=sync, segment_bytes=segment_bytes,
+                sync_bytes=sync_bytes, max_record_bytes=max_record_bytes, start_lsn=start_lsn, on_prepare=on_prepare,
+                on_commit=on_commit)
         except OSError as e:
             raise file_error(e, f"opening the log at {self.directory}") from None
-        try:
-            self._open_state(recovery)
-        except OSError as e:
-            self._lock.release()
-            raise file_error(e, f"opening the log at {self.directory}") from None
-        except BaseException:
-            self._lock.release()
-            raise
-
         self._closed = False
         self._failure: LogFailedError | None = None
-        self._checked_us = time.time_ns() // 1000  # when the directory was last found in place
-        self._gc = GroupCommit(self._write_group, self._fail, self._refuse, self._last_at_open + 1)
-        self._flusher: BatchFlusher | None = None
-        self._unsynced_bytes = 0
-        self._stats = LogStats()
-        if sync == "batch":
-            self._flusher = BatchFlusher(self._gc.mutex, sync_interval / 1000.0, self.sync)
+        self._gc = GroupCommit(w.write_group, self._fail, self._refuse, w.written[0] + 1, mutex)
+        self._flusher = w.flusher = BatchFlusher(mutex, sync_interval / 1000.0, self.sync) if sync == "batch" else None
         self._pid = os.getpid()
         track(self)
 
@@ -177,35 +151,22 @@ class Log(LogReading, LogTruncation, LogSync):
         self._closed = True
         self._gc = Refusing(f"the log at {self.directory}", self._pid)  # type: ignore[assignment]
 
-    # -- opening -------------------------------------------------------------
-
-    def _open_state(self, recovery: str) -> None:
-        rec = recover(self.directory, fs=self._fs, mode=recovery, prealloc=self._prealloc_step,
-                      max_record_bytes=self.max_record_bytes, start_lsn=self._start_lsn)
-        self.store_id = rec.store_id
-        self.dropped_bytes_at_open = rec.dropped_bytes
-        self._sealed: list[SegmentFile] = [s.file for s in rec.sealed]
-        self._indexes: dict[int, SparseIndex] = {s.file.first_lsn: s.index for s in rec.sealed}
-        self._active = rec.active
-        self._active.open(self._fs, self._prealloc_step)
-        self._active.sync_full()  # what a crashed process left in the page cache
-        last = rec.active.last_lsn
-        self._last_at_open = last
-        self._written = (last, rec.active.data_end)
-        self._durable = self._written
-        self._first_lsn = self._sealed[0].first_lsn if self._sealed else rec.active.file.first_lsn
-        self._durable_marker = DurableMarker(self.directory)
-        self._publish_durable()
-
-    def _publish_durable(self) -> None:
-        self._durable_marker.publish(self._durable[0])
-
     # -- properties ----------------------------------------------------------
+
+    @property
+    def store_id(self) -> str:
+        """The id every segment of this log carries."""
+        return self._writer.files.store_id
+
+    @property
+    def dropped_bytes_at_open(self) -> int:
+        """The bytes of a torn tail the last open cut."""
+        return self._writer.files.dropped_bytes
 
     @property
     def first_lsn(self) -> int:
         """The first LSN the log still holds (1 until truncate_before)."""
-        return self._first_lsn
+        return self._writer.files.first_lsn
 
     @property
     def last_lsn(self) -> int:
@@ -215,7 +176,7 @@ class Log(LogReading, LogTruncation, LogSync):
     @property
     def durable_lsn(self) -> int:
         """The last LSN known to be on disk (fsynced)."""
-        return self._durable[0]
+        return self._writer.durable[0]
 
     @property
     def closed(self) -> bool:
@@ -230,24 +191,9 @@ class Log(LogReading, LogTruncation, LogSync):
     def appended_bytes(self) -> int:
         """Bytes of log written since this log object was opened (cheap: for
         policies such as "snapshot every N bytes of log")."""
-        return self._stats.bytes
+        return self._writer.stats.bytes
 
     # -- appending -------------------------------------------------------------
-
-    def _check(self, payload: object) -> Payload:
-        if type(payload) is tuple and all(type(p) is bytes for p in payload):
-            payload = cast("tuple[bytes, ...]", payload)  # pieces, logged without being joined
-        elif type(payload) is not bytes:
-            if not isinstance(payload, (bytearray, memoryview)):
-                raise TypeError(f"log payload must be bytes (or a tuple of bytes), not {type(payload).__name__}")
-            payload = bytes(payload)
-        size = payload_size(payload)
-        if size > self._max_payload:
-            raise RecordTooLargeError(
-                f"log entry of {size} bytes is over the limit of {self._max_payload} bytes "
-                f"(max_record_bytes={self.max_record_bytes}); nothing was written"
-            )
-        return payload
 
     def _refuse(self) -> None:
         if self._closed:
@@ -263,14 +209,14 @@ class Log(LogReading, LogTruncation, LogSync):
         payload: a large value is then logged without being copied into one
         buffer (``on_commit`` gets the tuple)."""
         if type(payload) is not bytes or len(payload) > self._max_payload:
-            payload = self._check(payload)
+            payload = check_payload(payload, self.max_record_bytes)
         return self._gc.submit([payload], [context])
 
     def append_batch(self, payloads: Iterable[bytes]) -> tuple[int, int]:
         """Append several entries, written as one group; return ``(first,
         last)`` LSNs. Durability as :meth:`append`, for all of them at once
         (a crash may keep a prefix of them)."""
-        items = [self._check(p) for p in payloads]
+        items = [check_payload(p, self.max_record_bytes) for p in payloads]
         if not items:
             raise ValueError("append_batch needs at least one payload")
         first = self._gc.submit(items, [None] * len(items))
@@ -282,7 +228,7 @@ class Log(LogReading, LogTruncation, LogSync):
         (durable when ``sync="always"``), or with the error that failed it. It
         must be quick and must not call back into the log. ``context`` as for
         :meth:`append`."""
-        return self._gc.submit_nowait([self._check(payload)], [context], callback)
+        return self._gc.submit_nowait([check_payload(payload, self.max_record_bytes)], [context], callback)
 
     def append_many_nowait(self, payloads: Sequence[Payload], callback: Callback,
                            contexts: Sequence[object]) -> int:
@@ -293,75 +239,137 @@ class Log(LogReading, LogTruncation, LogSync):
         failed together. Nothing is queued when one payload is refused."""
         if len(payloads) != len(contexts) or not payloads:
             raise ValueError("append_many_nowait needs as many contexts as payloads, and at least one")
-        check, limit = self._check, self._max_payload
-        items = [p if type(p) is bytes and len(p) <= limit else check(p) for p in payloads]
+        limit, record_limit = self._max_payload, self.max_record_bytes
+        items = [p if type(p) is bytes and len(p) <= limit else check_payload(p, record_limit) for p in payloads]
         return self._gc.submit_nowait(items, contexts, callback)
 
     def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:
             return self._failure
-        self._failure = log_failed(self.directory, error, first_lsn, self._durable[0], self._written[0])
+        w = self._writer
+        self._failure = log_failed(self.directory, error, first_lsn, w.durable[0], w.written[0])
         self._failure.__cause__ = error
         logger.error("%s", self._failure)
         return self._failure
 
-    def _write_group(self, group: Group) -> None:
-        """Frame, write and (when ``sync="always"``) sync one group, then hand
-        it to ``on_commit``. Called by the leader only, without the mutex."""
-        if self._on_prepare is not None:
-            prepared = self._on_prepare(group)
-            if prepared is not None:
-                group = group._replace(payloads=[self._check(p) for p in prepared])
-        first, payloads = group.first_lsn, group.payloads
-        active = self._active
-        now_us = time.time_ns() // 1000
-        if active.data_end >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
-            self._roll(first)
-            active = self._active
-        elif abs(now_us - self._checked_us) >= DIRECTORY_CHECK_US:
-            self._lock.check()
-            self._checked_us = now_us
-        written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
-        lsn = first + len(payloads)
-        self._written = (lsn - 1, active.data_end)
-        if self.sync_mode == "always":
-            self._timed_sync(full=grew)
-            self._durable = self._written
-            self._durable_marker.publish(lsn - 1)
-        else:
-            self._unsynced_bytes += written
-            if self._flusher is not None and self._unsynced_bytes >= self.sync_bytes:
-                with self._gc.mutex:
-                    self._flusher.poke()
-        self._stats.group(len(payloads), written)
-        if self._on_commit is not None:
-            self._on_commit(group)
+    # -- reading ---------------------------------------------------------------
 
-    def _timed_sync(self, full: bool = False) -> None:
-        self._stats.timed(self._active.sync_full if full else self._active.sync)
-        self._unsynced_bytes = 0
+    def read(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
+             ) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(lsn, payload)`` from ``from_lsn`` to ``to_lsn`` (inclusive),
+        up to the durable LSN (or everything written, ``durable_only=False``)."""
+        return map(_LSN_AND_PAYLOAD, self.read_entries(from_lsn, to_lsn, durable_only=durable_only))
 
-    def _roll(self, first: int) -> None:
-        """Seal the active segment (cut its zeros, fsync, write its index) and
-        start a new one whose first LSN is ``first`` (never in a directory
-        that is not the one opened: :class:`StoreVanishedError`)."""
-        self._lock.check()
-        self._checked_us = time.time_ns() // 1000
-        old = self._active
-        index = old.seal(self._fs, self._timed_sync)
-        new = ActiveSegment.create(self.directory, self.store_id, first, self._prealloc_step, self._fs,
-                                   self.max_record_bytes)
-        new.open(self._fs, self._prealloc_step)
-        with self._gc.mutex:  # readers copy the segment list under it
-            self._sealed.append(old.file)
-            self._indexes[old.file.first_lsn] = index
-            self._active = new
-            self._written = self._durable = (first - 1, new.data_end)
-        old.close()
-        self._publish_durable()
-        self._stats.rolls += 1
+    def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
+                     ) -> Iterator[Entry]:
+        """As :meth:`read`, yielding :class:`wal.Entry` (lsn, timestamp_us, payload)."""
+        return entries_of(self._read_batches(from_lsn, to_lsn, durable_only))
 
-    # -- stats -------------------------------------------------------------------
+    def _read_batches(self, from_lsn: int, to_lsn: int | None, durable_only: bool) -> Iterator[EntryBatch]:
+        """:meth:`read_entries`, a block of entries at a time: the segments are
+        copied under the mutex (:meth:`SegmentSet.copy`), then read without it."""
+        with self._gc.mutex:
+            if self._closed:
+                raise ClosedError(f"the log at {self.directory} is closed")
+            w = self._writer
+            limit = w.durable if durable_only else w.written
+            view = w.files.copy()
+        yield from view.batches(from_lsn, to_lsn, limit, self.directory)
+
+    # -- truncating (crash-safe as :mod:`wal.truncation` says) ------------------
+
+    def truncate_before(self, lsn: int) -> int:
+        """Delete whole segments all of whose LSNs are below ``lsn`` (never the
+        active one); return the bytes freed. Oldest first, index before
+        segment, then a directory fsync: a crash leaves a gap-free suffix."""
+        with self._gc.mutex:
+            self._refuse()
+            doomed = self._writer.files.drop_before(lsn)
+        return delete_segments(self.directory, doomed, self._writer.fs) if doomed else 0
+
+    def truncate_after(self, lsn: int) -> None:
+        """Drop every entry after ``lsn``; the next append gets ``lsn + 1``.
+        Crash-safe: a ``TRUNCATE`` marker is made durable first, and an
+        interrupted truncation is finished by the next open."""
+        first = self.first_lsn
+        if lsn < first - 1 or lsn < 0:
+            raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {first}")
+        with self._gc.exclusive(freeze=True):
+            if lsn >= self._gc.next_lsn - 1:
+                return
+            try:
+                self._writer.cut_after(lsn)
+            except OSError as e:
+                raise self._gc.fail(e, lsn + 1) from e
+            self._gc.renumber(lsn + 1)
+
+    # -- syncing and closing: each waits its turn behind the group being written
+
+    def _check_lock(self, first_lsn: int) -> None:
+        """Fail the log (from ``first_lsn``) if its directory vanished: nothing
+        is made "durable" in files that are no longer at the log's path."""
+        try:
+            self._writer.lock.check()
+        except StoreVanishedError as e:
+            raise self._gc.fail(e, first_lsn) from e
+
+    def check_directory(self) -> None:
+        """Raise :class:`StoreVanishedError` (and fail the log) when its
+        directory or lock file was deleted or replaced since it was opened;
+        raise the log's failure if it already failed that way. For callers
+        about to write beside the log (snapshots)."""
+        if isinstance(self._failure, StoreVanishedError):
+            raise self._failure
+        self._check_lock(self._writer.written[0] + 1)
+
+    def sync(self) -> int:
+        """Make everything appended so far durable; return the durable LSN.
+        Checks first that the directory is still the one opened."""
+        w = self._writer
+        with self._gc.exclusive():
+            self._check_lock(w.durable[0] + 1)
+            try:
+                w.sync()
+            except OSError as e:
+                raise self._gc.fail(e, w.durable[0] + 1) from e
+        return w.durable[0]
+
+    def close(self) -> None:
+        """Write what is queued, sync everything, write the active segment's
+        index (so the next open scans little) and release the lock.
+        Idempotent. After a failure it only releases, except that a log
+        whose directory vanished (found now or before) raises
+        :class:`StoreVanishedError`: nothing of it could be made durable."""
+        if self._closed:
+            return
+        w = self._writer
+        error: OSError | None = None
+        vanished: BaseException | None = self._failure if isinstance(self._failure, StoreVanishedError) else None
+        try:
+            if self._failure is None:
+                with self._gc.exclusive():
+                    self._closed = True  # refuses appends from here on
+                    try:
+                        w.lock.check()
+                    except StoreVanishedError as e:
+                        vanished = self._gc.fail(e, w.written[0] + 1)
+                        raise vanished from e
+                    w.finish()
+        except OSError as e:
+            error = e
+        except StoreVanishedError:
+            pass  # raised below, once everything is released
+        finally:
+            with self._gc.mutex:
+                self._closed = True
+            if self._flusher is not None:
+                self._flusher.stop()
+            self._gc.stop(self._failure or ClosedError("the log was closed before this entry was written"))
+            w.close()
+        if vanished is not None:
+            raise vanished
+        if error is not None:
+            raise w.close_failed(error) from error
 
     def __enter__(self) -> Self:
         return self
@@ -369,14 +377,16 @@ class Log(LogReading, LogTruncation, LogSync):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- stats -------------------------------------------------------------------
+
     def stats(self) -> dict[str, float | int | str]:
         """Counters and latencies: appends, bytes, groups, fsyncs, fsync
         latency p50/p99 (ms, over the last 4096), group sizes, segments."""
+        w = self._writer
         with self._gc.mutex:
-            st = self._stats.report()
-            st.update(first_lsn=self._first_lsn, last_lsn=self._gc.next_lsn - 1, durable_lsn=self._durable[0],
-                      segments=len(self._sealed) + 1, sync=self.sync_mode,
-                      dropped_bytes_at_open=self.dropped_bytes_at_open)
+            st = w.stats.report()
+            st.update(first_lsn=w.files.first_lsn, last_lsn=self._gc.next_lsn - 1, durable_lsn=w.durable[0],
+                      segments=w.files.count, sync=self.sync_mode, dropped_bytes_at_open=w.files.dropped_bytes)
         return st
 
     def __repr__(self) -> str:

@@ -1,23 +1,21 @@
-"""Reading entries across segments, from a live log (:class:`LogReading`, the
-reads of :class:`wal.Log`) or straight from a directory's files
-(:func:`read_log`: no lock, safe beside a writer in another process and after
-it is gone)."""
+"""Reading entries across segments: from a live log (:class:`SegmentView`, a
+copy of its segment list that :meth:`wal.Log.read` reads) or straight from a
+directory's files (:func:`read_log`: no lock, safe beside a writer in another
+process and after it is gone); both through :func:`read_segments`'s loop."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
-from wal.commit import GroupCommit
 from wal.durable import read_durable_lsn
-from wal.errors import REPAIR_HINT, ClosedError, CorruptionError, Damage, LogGapError
+from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError
 from wal.fs import OS_FS
 from wal.index import SparseIndex, read_index
 from wal.readfs import ReadFS
 from wal.segment import Entry, EntryBatch, SegmentFile, SegmentScan, find_segment, list_segments
-from wal.segment_writer import ActiveSegment
 
 
 def read_segments(
@@ -36,8 +34,13 @@ def read_segments(
     sparse index); ``active_end`` bounds the bytes read of the last segment
     (the durable part of a segment still being written). Each segment's
     records are bounded by the limit its own header states."""
-    batches = _read_batches(segments, from_lsn, last, start_offset, active_end, fs)
-    return chain.from_iterable(map(_ENTRIES, batches))  # no step per entry: the hot path of replay
+    return entries_of(_read_batches(segments, from_lsn, last, start_offset, active_end, fs))
+
+
+def entries_of(batches: Iterable[EntryBatch]) -> Iterator[Entry]:
+    """The entries of ``batches``, one by one (with no Python step per
+    entry: the hot path of replay)."""
+    return chain.from_iterable(map(_ENTRIES, batches))
 
 
 _ENTRIES = attrgetter("entries")
@@ -90,7 +93,7 @@ def read_log(directory: str, from_lsn: int = 1, to_lsn: int | None = None, *,
     before the first segment (retention deleted it) and :class:`CorruptionError`
     when entries are missing in the middle. ``fs`` is the read-only file seam
     (:mod:`wal.readfs`) the files are read through."""
-    return chain.from_iterable(map(_ENTRIES, _log_batches(directory, from_lsn, to_lsn, durable_only, fs)))
+    return entries_of(_log_batches(directory, from_lsn, to_lsn, durable_only, fs))
 
 
 def _log_batches(directory: str, from_lsn: int, to_lsn: int | None, durable_only: bool,
@@ -116,61 +119,42 @@ def _log_batches(directory: str, from_lsn: int, to_lsn: int | None, durable_only
     yield from _read_batches(segments, from_lsn, last, start_offset, None, fs)
 
 
-_LSN_AND_PAYLOAD = itemgetter(0, 2)
+class SegmentView:
+    """A live log's segments as one reader sees them: copied under the log's
+    mutex (:meth:`wal.segments.SegmentSet.copy`: the segment list, the sealed
+    ones' sparse indexes, the active one's index points so far, the first LSN
+    held), then read without it, so the writer may roll or truncate meanwhile."""
 
+    def __init__(self, segments: list[SegmentFile], indexes: dict[int, SparseIndex],
+                 active_points: list[tuple[int, int]], first_lsn: int) -> None:
+        self.segments = segments
+        self.indexes = indexes
+        self.active_points = active_points
+        self.first_lsn = first_lsn
 
-class LogReading:
-    """The reads of :class:`wal.Log` (a base class of it): a consistent copy
-    of the segment list is taken under the group commit's mutex, then read
-    without it."""
-
-    directory: str
-    _closed: bool
-    _durable: tuple[int, int]
-    _written: tuple[int, int]
-    _sealed: list[SegmentFile]
-    _indexes: dict[int, SparseIndex]
-    _first_lsn: int
-    _active: ActiveSegment
-    _gc: GroupCommit
-
-    def read(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
-             ) -> Iterator[tuple[int, bytes]]:
-        """Yield ``(lsn, payload)`` from ``from_lsn`` to ``to_lsn`` (inclusive),
-        up to the durable LSN (or everything written, ``durable_only=False``)."""
-        return map(_LSN_AND_PAYLOAD, self.read_entries(from_lsn, to_lsn, durable_only=durable_only))
-
-    def read_entries(self, from_lsn: int = 1, to_lsn: int | None = None, *, durable_only: bool = True
-                     ) -> Iterator[Entry]:
-        """As :meth:`read`, yielding :class:`wal.Entry` (lsn, timestamp_us, payload)."""
-        return chain.from_iterable(map(_ENTRIES, self._read_batches(from_lsn, to_lsn, durable_only)))
-
-    def _read_batches(self, from_lsn: int, to_lsn: int | None, durable_only: bool) -> Iterator[EntryBatch]:
-        """:meth:`read_entries`, a block of entries at a time."""
-        with self._gc.mutex:
-            if self._closed:
-                raise ClosedError(f"the log at {self.directory} is closed")
-            limit_lsn, limit_off = self._durable if durable_only else self._written
-            segments = self._sealed + [self._active.file]
-            indexes = dict(self._indexes)
-            active_points = list(self._active.points)
-            first_held = self._first_lsn
+    def batches(self, from_lsn: int, to_lsn: int | None, limit: tuple[int, int], directory: str
+                ) -> Iterator[EntryBatch]:
+        """Entries ``from_lsn..to_lsn`` (None: to the end), a block at a
+        time, up to ``limit``: the last LSN to read and the offset in the
+        active segment just after it."""
         if from_lsn < 1:
             raise ValueError(f"LSNs start at 1; cannot read from LSN {from_lsn}")
+        first_held = self.first_lsn
         if from_lsn < first_held:
             raise LogGapError(
-                f"LSN {from_lsn} is no longer in the log at {self.directory} (it starts at LSN {first_held}; "
+                f"LSN {from_lsn} is no longer in the log at {directory} (it starts at LSN {first_held}; "
                 "older entries were truncated after a snapshot covered them)",
                 first_missing=from_lsn, last_missing=first_held - 1, first_available=first_held,
             )
+        limit_lsn, limit_off = limit
         last = limit_lsn if to_lsn is None else min(to_lsn, limit_lsn)
         if from_lsn > last:
-            return
+            return iter(())
+        return _read_batches(self.segments, from_lsn, last, self._start_offset, limit_off, OS_FS)
 
-        def start_offset(i: int, seg: SegmentFile, lsn: int) -> int:
-            if i < len(segments) - 1:
-                return indexes[seg.first_lsn].offset_for(lsn)
-            j = bisect.bisect_right(active_points, (lsn, 1 << 64)) - 1
-            return active_points[j][1] if j >= 0 else 0
-
-        yield from _read_batches(segments, from_lsn, last, start_offset, limit_off, OS_FS)
+    def _start_offset(self, i: int, seg: SegmentFile, lsn: int) -> int:
+        if i < len(self.segments) - 1:
+            return self.indexes[seg.first_lsn].offset_for(lsn)
+        points = self.active_points
+        j = bisect.bisect_right(points, (lsn, 1 << 64)) - 1
+        return points[j][1] if j >= 0 else 0

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
+from wal.errors import RecordTooLargeError
 from wal.fs import OS_FS, File, FileSystem
 from wal.index import INDEX_INTERVAL, IndexPoints, SparseIndex, write_index
 from wal.record import (
@@ -36,12 +37,14 @@ from wal.record import (
     frame_pieces,
 )
 from wal.segment import (
+    ENTRY_HEADER_SIZE,
     FORMAT_VERSION,
     Payload,
     SegmentFile,
     SegmentHeader,
     encode_header,
     pack_entry_header,
+    payload_size,
     segment_name,
 )
 
@@ -49,6 +52,23 @@ GATHER_BYTES = 1 << 20
 """A group this large (or holding a payload given as pieces) is written
 without being copied into one buffer."""
 _BYTES_ONLY = {bytes}
+
+def check_payload(payload: object, max_record_bytes: int) -> Payload:
+    """``payload`` as the log writes it (bytes, or a tuple of bytes: pieces
+    logged without being joined), or :class:`RecordTooLargeError` when its
+    entry would not fit in ``max_record_bytes``."""
+    if type(payload) is tuple and all(type(p) is bytes for p in payload):
+        payload = cast("tuple[bytes, ...]", payload)
+    elif type(payload) is not bytes:
+        if not isinstance(payload, (bytearray, memoryview)):
+            raise TypeError(f"log payload must be bytes (or a tuple of bytes), not {type(payload).__name__}")
+        payload = bytes(payload)
+    size, limit = payload_size(payload), max_record_bytes - ENTRY_HEADER_SIZE
+    if size > limit:
+        raise RecordTooLargeError(f"log entry of {size} bytes is over the limit of {limit} bytes "
+                                  f"(max_record_bytes={max_record_bytes}); nothing was written")
+    return payload
+
 
 def gathered(payloads: list[Payload]) -> bool:
     """Is a group written from views into its payloads (large, or pieces)?"""

@@ -1,6 +1,9 @@
-"""Cutting a log: zeroing what follows a point in a segment, dropping the
-entries after an LSN (``truncate_after``) and deleting old segments
-(``truncate_before``), each safe against a crash at any step.
+"""Cutting a log's files: zeroing what follows a point in a segment, dropping
+the entries after an LSN (``truncate_after``: :func:`mark_truncate`, then
+:func:`cut_marked`; :func:`finish_truncate` at open) and deleting old
+segments (``truncate_before``: :func:`delete_segments`, once
+:meth:`wal.segments.SegmentSet.drop_before` took them out of the open log),
+each safe against a crash at any step.
 
 * A cut zeroes bytes rather than shortening the file: the active segment is
   preallocated, and zeros read as the end of the data, so no stale fragment
@@ -15,17 +18,13 @@ entries after an LSN (``truncate_after``) and deleting old segments
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 
-from wal.commit import GroupCommit
-from wal.durable import DurableMarker
 from wal.errors import CorruptionError, file_error
 from wal.fs import OS_FS, File, FileSystem
-from wal.index import SparseIndex, read_index
+from wal.index import read_index
 from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header
-from wal.segment_writer import ActiveSegment
 
 log = logging.getLogger("walkv.wal")
 
@@ -99,7 +98,8 @@ def _entry_end(path: str, lsn: int, start: int) -> int:
 def cut_after(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
     """Drop every entry after ``lsn``. Idempotent, so that recovery can finish
     it after a crash: :meth:`Log.truncate_after` first writes a ``TRUNCATE``
-    marker naming ``lsn`` and removes it only when this has returned."""
+    marker naming ``lsn`` (:func:`mark_truncate`) and removes it only when
+    this has returned (:func:`cut_marked`)."""
     segments = list_segments(directory, fs)
     keep = max((i for i, s in enumerate(segments) if s.first_lsn <= lsn + 1), default=0)
     for seg in reversed(segments[keep + 1 :]):
@@ -141,74 +141,22 @@ def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> None:
     if not text.isdigit():
         raise CorruptionError(f"unreadable {TRUNCATE_MARKER} marker {text!r}", path=marker, offset=0,
                               hint="delete the marker if no truncate_after was running")
-    cut_after(directory, int(text), fs)
-    fs.unlink(marker)
+    cut_marked(directory, int(text), fs)
+
+
+def mark_truncate(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
+    """Make a ``TRUNCATE`` marker naming ``lsn`` durable (temp file, fsync,
+    rename, directory fsync): from here on a crash leaves the cut to the
+    next open (:func:`finish_truncate`). :func:`cut_marked` then cuts."""
+    marker = os.path.join(directory, TRUNCATE_MARKER)
+    fs.write_file(marker + ".tmp", str(lsn).encode())
+    fs.rename(marker + ".tmp", marker)
     fs.fsync_dir(directory)
 
 
-class LogTruncation:
-    """The truncations of :class:`wal.Log` (a base class of it), crash-safe
-    as the module docstring says."""
-
-    directory: str
-    _fs: FileSystem
-    _durable: tuple[int, int]
-    _sealed: list[SegmentFile]
-    _indexes: dict[int, SparseIndex]
-    _first_lsn: int
-    _active: ActiveSegment
-    _durable_marker: DurableMarker
-    _gc: GroupCommit
-
-    def _refuse(self) -> None:
-        raise NotImplementedError  # Log's
-
-    def _publish_durable(self) -> None:
-        raise NotImplementedError  # Log's
-
-    def _open_state(self, recovery: str) -> None:
-        raise NotImplementedError  # Log's
-
-    def truncate_before(self, lsn: int) -> int:
-        """Delete whole segments all of whose LSNs are below ``lsn`` (never the
-        active one); return the bytes freed. Oldest first, index before
-        segment, then a directory fsync: a crash leaves a gap-free suffix."""
-        with self._gc.mutex:
-            self._refuse()
-            segments = self._sealed + [self._active.file]
-            doomed = [seg for seg, nxt in itertools.pairwise(segments) if nxt.first_lsn <= lsn]
-            if not doomed:
-                return 0
-            self._sealed = self._sealed[len(doomed):]
-            for seg in doomed:
-                del self._indexes[seg.first_lsn]
-            self._first_lsn = segments[len(doomed)].first_lsn
-        return delete_segments(self.directory, doomed, self._fs)
-
-    def truncate_after(self, lsn: int) -> None:
-        """Drop every entry after ``lsn``; the next append gets ``lsn + 1``.
-        Crash-safe: a ``TRUNCATE`` marker is made durable first, and an
-        interrupted truncation is finished by the next open."""
-        if lsn < self._first_lsn - 1 or lsn < 0:
-            raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {self._first_lsn}")
-        with self._gc.exclusive(freeze=True):
-            if lsn >= self._gc.next_lsn - 1:
-                return
-            try:
-                if self._durable[0] > lsn:
-                    # (The offset bounds reads of the active segment; those stop at ``lsn`` anyway.)
-                    self._durable = (lsn, self._durable[1])
-                    self._publish_durable()
-                marker = os.path.join(self.directory, TRUNCATE_MARKER)
-                self._fs.write_file(marker + ".tmp", str(lsn).encode())
-                self._fs.rename(marker + ".tmp", marker)
-                self._fs.fsync_dir(self.directory)
-                self._active.close()
-                self._durable_marker.close()
-                cut_after(self.directory, lsn, self._fs)
-                self._fs.unlink(marker)
-                self._fs.fsync_dir(self.directory)
-                self._open_state("strict")
-            except OSError as e:
-                raise self._gc.fail(e, lsn + 1) from e
-            self._gc.renumber(lsn + 1)
+def cut_marked(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
+    """Drop every entry after ``lsn`` (:func:`cut_after`), then remove the
+    ``TRUNCATE`` marker naming it, durably."""
+    cut_after(directory, lsn, fs)
+    fs.unlink(os.path.join(directory, TRUNCATE_MARKER))
+    fs.fsync_dir(directory)

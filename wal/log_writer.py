@@ -1,0 +1,183 @@
+"""The I/O of an open log (:class:`LogWriter`): what the group commit's
+leader does with each group, and what the operations holding the log
+exclusively (sync, truncate_after, close) do to its files. Durability as
+:mod:`wal.log` states it.
+
+It owns the log's segments (:class:`wal.segments.SegmentSet`), how far they
+are written and how far synced (``written`` and ``durable``: an LSN and the
+offset just after it in the active segment), the ``DURABLE`` marker that
+publishes the latter to other processes, the counters, and the checks that
+the log's directory is still the one locked (at each roll, and at most every
+:data:`DIRECTORY_CHECK_US` microseconds of groups). One thread at a time
+writes through it; it changes what readers copy (the segments, the
+positions) only under ``mutex``, the group commit's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from wal.commit import Group
+from wal.durable import DurableMarker
+from wal.errors import LogFailedError
+from wal.flusher import BatchFlusher
+from wal.fs import FileSystem
+from wal.lock import DirectoryLock
+from wal.segment import Payload
+from wal.segment_writer import ActiveSegment, check_payload, gathered, round_block
+from wal.segments import SegmentSet
+from wal.stats import LogStats
+from wal.truncation import cut_marked, mark_truncate
+
+PREALLOC_STEP = 8 << 20  # the active segment grows by this much (at most) at a time
+DIRECTORY_CHECK_US = 1_000_000  # groups check that the directory is still there at least this often
+CommitHook = Callable[[Group], None]
+PrepareHook = Callable[[Group], "list[Payload] | None"]
+
+
+class LogWriter:
+    """The writer of the log in ``directory``: opening it creates the
+    directory, takes its lock (:class:`~wal.lock.DirectoryLock`, released
+    if the rest fails) and recovers the segments; it then writes groups into
+    them, rolling at ``segment_bytes`` and syncing as ``sync_mode`` says.
+    ``on_prepare`` and ``on_commit`` as :class:`wal.Log` describes them."""
+
+    def __init__(self, directory: str, fs: FileSystem, mutex: threading.Lock, *, recovery: str, sync_mode: str,
+                 segment_bytes: int, sync_bytes: int, max_record_bytes: int, start_lsn: int,
+                 on_prepare: PrepareHook | None, on_commit: CommitHook | None) -> None:
+        self.directory = directory
+        self.fs = fs
+        self.mutex = mutex
+        self.sync_mode = sync_mode
+        self.segment_bytes = segment_bytes
+        self.sync_bytes = sync_bytes
+        self.prealloc_step = min(PREALLOC_STEP, round_block(segment_bytes))
+        self.max_record_bytes = max_record_bytes
+        self.start_lsn = start_lsn
+        self._on_prepare = on_prepare
+        self._on_commit = on_commit
+        self.flusher: BatchFlusher | None = None  # sync="batch": set by the log once its flusher runs
+        self.stats = LogStats()
+        self._unsynced_bytes = 0
+        fs.makedirs(directory)
+        self.lock = DirectoryLock(directory, f"the log at {directory}")
+        try:
+            self.files = self._open_segments(recovery)
+            self.written = self.durable = self.files.end
+            self._durable_marker = DurableMarker(directory)
+            self.publish_durable()
+        except BaseException:
+            self.lock.release()
+            raise
+        self._checked_us = time.time_ns() // 1000  # when the directory was last found in place
+
+    def _open_segments(self, recovery: str) -> SegmentSet:
+        return SegmentSet.open(self.directory, fs=self.fs, recovery=recovery, prealloc=self.prealloc_step,
+                               max_record_bytes=self.max_record_bytes, start_lsn=self.start_lsn)
+
+    def publish_durable(self) -> None:
+        self._durable_marker.publish(self.durable[0])
+
+    def write_group(self, group: Group) -> None:
+        """Frame, write and (when ``sync="always"``) sync one group, then hand
+        it to ``on_commit``. Called by the leader only, without the mutex."""
+        if self._on_prepare is not None:
+            prepared = self._on_prepare(group)
+            if prepared is not None:
+                limit = self.max_record_bytes
+                group = group._replace(payloads=[check_payload(p, limit) for p in prepared])
+        first, payloads = group.first_lsn, group.payloads
+        active = self.files.active
+        now_us = time.time_ns() // 1000
+        if active.data_end >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
+            self._roll(first)
+            active = self.files.active
+        elif abs(now_us - self._checked_us) >= DIRECTORY_CHECK_US:
+            self.lock.check()
+            self._checked_us = now_us
+        written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
+        lsn = first + len(payloads)
+        self.written = (lsn - 1, active.data_end)
+        if self.sync_mode == "always":
+            self.timed_sync(full=grew)
+            self.durable = self.written
+            self._durable_marker.publish(lsn - 1)
+        else:
+            self._unsynced_bytes += written
+            if self.flusher is not None and self._unsynced_bytes >= self.sync_bytes:
+                with self.mutex:
+                    self.flusher.poke()
+        self.stats.group(len(payloads), written)
+        if self._on_commit is not None:
+            self._on_commit(group)
+
+    def timed_sync(self, full: bool = False) -> None:
+        active = self.files.active
+        self.stats.timed(active.sync_full if full else active.sync)
+        self._unsynced_bytes = 0
+
+    def _roll(self, first: int) -> None:
+        """Seal the active segment (cut its zeros, fsync, write its index) and
+        start a new one whose first LSN is ``first`` (never in a directory
+        that is not the one opened: :class:`StoreVanishedError`)."""
+        self.lock.check()
+        self._checked_us = time.time_ns() // 1000
+        index = self.files.active.seal(self.fs, self.timed_sync)
+        new = ActiveSegment.create(self.directory, self.files.store_id, first, self.prealloc_step, self.fs,
+                                   self.max_record_bytes)
+        new.open(self.fs, self.prealloc_step)
+        with self.mutex:  # readers copy the segment list under it
+            old = self.files.replace_active(index, new)
+            self.written = self.durable = (first - 1, new.data_end)
+        old.close()
+        self.publish_durable()
+        self.stats.rolls += 1
+
+    # -- with the log held exclusively ---------------------------------------------
+
+    def sync(self) -> None:
+        """Make everything written durable and publish it."""
+        target = self.written
+        if self.durable[0] < target[0]:
+            self.timed_sync()
+            self.durable = target
+            self.publish_durable()
+
+    def finish(self) -> None:
+        """Before closing: sync everything, write the active segment's index
+        (so the next open scans little) and fsync the directory."""
+        self.sync()
+        self.files.active.write_index(self.fs)
+        self.fs.fsync_dir(self.directory)
+
+    def close_failed(self, error: OSError) -> LogFailedError:
+        """What closing raises when :meth:`finish` failed with ``error``."""
+        return LogFailedError(
+            f"closing the log at {self.directory} failed: {error.strerror} "
+            f"({error.filename or self.files.active.file.path}). "
+            f"Entries up to LSN {self.durable[0]} are durable; those written after it may not be. "
+            "The next open recovers the log."
+        )
+
+    def cut_after(self, lsn: int) -> None:
+        """Drop every entry after ``lsn`` (crash-safe: :func:`mark_truncate`
+        first) and open the segments again; the log is frozen meanwhile."""
+        if self.durable[0] > lsn:
+            # (The offset bounds reads of the active segment; those stop at ``lsn`` anyway.)
+            self.durable = (lsn, self.durable[1])
+            self.publish_durable()
+        mark_truncate(self.directory, lsn, self.fs)
+        self.files.active.close()
+        cut_marked(self.directory, lsn, self.fs)
+        self.files = self._open_segments("strict")
+        self.written = self.durable = self.files.end
+        self.publish_durable()
+
+    def close(self) -> None:
+        """Close the files and release the lock (after :meth:`finish`, or
+        after a failure)."""
+        self.files.active.close()
+        self._durable_marker.close()
+        self.lock.release()
