@@ -6,7 +6,7 @@ Everything is read through the read-only seam (:mod:`wal.readfs`) with the
 id in every object's header. An archive object is read whole into memory
 before it is scanned (one request, not one per 32 KiB block, on an object
 store); objects are at most a segment, or a piece of at most
-:data:`kvstore.archive.shipper.PIECE_BYTES`.
+:data:`kvstore.archive.upload.PIECE_BYTES`.
 """
 
 from __future__ import annotations
