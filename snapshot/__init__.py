@@ -4,7 +4,8 @@ Knows nothing of LMDB or the store; uses ``wal.record`` for framing,
 ``wal.fs`` for every durable write and ``wal.readfs`` (the read-only file
 seam) for every read. On-disk formats: :mod:`snapshot.layout`
 (the directory and its commit protocol), :mod:`snapshot.chunk` (chunk
-files), :mod:`snapshot.manifest` (the MANIFEST).
+files; read by :mod:`snapshot.chunk_reader`, written by
+:mod:`snapshot.chunk_writer`), :mod:`snapshot.manifest` (the MANIFEST).
 
 ::
 
@@ -29,7 +30,8 @@ from __future__ import annotations
 import os
 
 from snapshot.catalog import cleanup_incomplete, list_snapshots, newest, prune
-from snapshot.chunk import MAX_RECORD_BYTES, ChunkInfo, read_chunk, read_chunk_columns
+from snapshot.chunk import MAX_RECORD_BYTES, ChunkInfo
+from snapshot.chunk_reader import read_chunk, read_chunk_columns
 from snapshot.layout import chunk_file_name, parse_snapshot_dir_name, snapshot_dir_name
 from snapshot.manifest import SnapshotInfo
 from snapshot.reader import Snapshot, open_snapshot, read_chunk_file, verify

@@ -6,7 +6,7 @@ way as a local one. Opening lists the directory and reads and checks the
 MANIFEST: every chunk it names must be there, a file, the size it gives; no
 chunk data is read. Iteration streams one record at a time and checks each
 record as it goes and each chunk as a whole when it reaches the chunk's end
-(see :func:`snapshot.chunk.read_chunk_columns`). A Snapshot holds no open
+(see :func:`snapshot.chunk_reader.read_chunk_columns`). A Snapshot holds no open
 files, so it needs no closing and can be used from several threads; it
 pickles (with its file seam) for another process.
 """
@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from itertools import chain, starmap
 from typing import BinaryIO
 
-from snapshot.chunk import ChunkInfo, read_chunk_columns
+from snapshot.chunk import ChunkInfo
+from snapshot.chunk_reader import read_chunk_columns
 from snapshot.layout import MANIFEST_NAME, parse_snapshot_dir_name
 from snapshot.manifest import Manifest, SnapshotInfo, read_manifest
 from wal.errors import SNAPSHOT_HINT, CorruptionError, Damage, SnapshotError
@@ -138,7 +139,7 @@ def read_chunk_file(fs: ReadFS, directory: str, chunk: ChunkInfo, *, start: byte
                     stop: bytes | None = None) -> Iterator[Columns]:
     """``chunk`` of the snapshot ``directory`` as ``(keys, values)`` columns
     for ``start <= key < stop``, read through ``fs`` and checked as
-    :func:`snapshot.chunk.read_chunk_columns` does. What an executor given one
+    :func:`snapshot.chunk_reader.read_chunk_columns` does. What an executor given one
     :class:`ChunkInfo` reads."""
     with open_chunk(fs, directory, chunk) as f:
         yield from read_chunk_columns(f, chunk, path=fs.display(fs.join(directory, chunk.name)),

@@ -25,7 +25,8 @@ from typing import Any
 
 import msgpack
 
-from snapshot.chunk import HEADER_SIZE, MAX_RECORD_BYTES, ChunkInfo, ChunkWriter
+from snapshot.chunk import HEADER_SIZE, MAX_RECORD_BYTES, ChunkInfo
+from snapshot.chunk_writer import ChunkWriter
 from snapshot.layout import (
     MANIFEST_NAME,
     MAX_LSN,

@@ -211,7 +211,7 @@ def test_damaged_object_named_by_verify_and_refused_by_restore(store, tmp_path):
         f.seek(victim.size // 2)
         f.write(bytes([b[0] ^ 0x40]))
     problems = r.verify()
-    assert len(problems) == 1 and os.path.basename(victim.path) in problems[0].object
+    assert len(problems) == 1 and os.path.basename(victim.path) in problems[0].path
     assert problems[0].offset > 0
     with pytest.raises(CorruptionError) as ei:
         restore_from_archive(str(loc), tmp_path / "r1")

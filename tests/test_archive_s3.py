@@ -159,8 +159,8 @@ def test_damage_restore_to_lsn_and_time_equal_local(s3server, tmp_path):
         f.seek(victim.size - 40)
         f.write(b"\xff\xfe")
     problems = ArchiveReader(uri).verify()
-    assert len(problems) == 1 and os.path.basename(victim.path) in problems[0].object
-    assert SECRET not in problems[0].object and KEY not in problems[0].object
+    assert len(problems) == 1 and os.path.basename(victim.path) in problems[0].path
+    assert SECRET not in problems[0].path and KEY not in problems[0].path
     with pytest.raises(CorruptionError) as ei:
         restore_from_archive(uri, tmp_path / "bad")
     assert os.path.basename(victim.path) in str(ei.value) and SECRET not in str(ei.value)

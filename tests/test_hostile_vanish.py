@@ -174,8 +174,8 @@ def test_verify_reports_another_stores_snapshot(tmp_path):
     path, old_id, new_id = _store_with_stale_snapshot(tmp_path, 3, 10)
     result = verify_store(path, Reporter(enabled=False))
     [problem] = result["problems"]
-    assert problem["severity"] == "problem"
-    assert old_id in problem["message"] and new_id in problem["message"]
+    assert problem.severity == "problem"
+    assert old_id in problem.message and new_id in problem.message
     assert result["checked"]["snapshot_lsns"] == []
 
 

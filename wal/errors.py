@@ -1,4 +1,5 @@
-"""The exceptions walkv raises, rooted at :class:`WalkvError`.
+"""The exceptions walkv raises, rooted at :class:`WalkvError`, and the one
+report of damage a check finds (:class:`DamageReport`).
 
 This is the lowest layer, so every package (``wal``, ``snapshot``, ``kvstore``)
 raises these and ``kvstore`` re-exports them. Only these, plus ``TypeError`` and
@@ -14,6 +15,7 @@ from __future__ import annotations
 import enum
 import errno
 import os
+from typing import Literal, NamedTuple
 
 REPAIR_HINT = "run `walkv repair STORE` (or wal.repair(DIR)) to cut the log at the first bad record"
 """What to do about damage in a log: the one wording every layer uses."""
@@ -86,6 +88,45 @@ class CorruptionError(WalkvError):
         """The same damage with another hint (a layer above knows better what to do)."""
         return CorruptionError(self.reason, kind=self.kind, path=self.path, offset=self.offset,
                                lsn=self.lsn, hint=hint)
+
+
+Severity = Literal["corrupt", "problem"]
+"""How bad a :class:`DamageReport` is: "corrupt" (stored bytes are damaged;
+the check commands exit 4) or "problem" (something the next open rebuilds,
+or a person decides: a damaged sparse index, a whole record over the limit
+this walkv reads, a snapshot of another store; exit 1)."""
+
+
+class DamageReport(NamedTuple):
+    """One thing a check found wrong (``walkv verify``, ``walkv
+    archive-verify``, :meth:`kvstore.archive.ArchiveReader.verify`).
+
+    Where: ``path`` (a file, or an archive object as shown to people),
+    ``offset`` in it and ``lsn``, each when known. What: ``kind`` and
+    ``message`` (without location or hint). How bad: ``severity``.
+    ``str()`` is the one way it is printed:
+    ``CORRUPT: PATH, offset N, LSN L: MESSAGE``.
+    """
+
+    path: str | None
+    offset: int | None
+    lsn: int | None
+    kind: Damage
+    message: str
+    severity: Severity = "corrupt"
+
+    def __str__(self) -> str:
+        where = [] if self.path is None else [self.path]
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        if self.lsn is not None:
+            where.append(f"LSN {self.lsn}")
+        return f"{self.severity.upper()}: {', '.join(where)}: {self.message}"
+
+    @classmethod
+    def of(cls, error: CorruptionError, path: str | None = None, severity: Severity = "corrupt") -> DamageReport:
+        """The report of ``error``; ``path`` names the file when the error does not."""
+        return cls(error.path or path, error.offset, error.lsn, error.kind, error.reason, severity)
 
 
 class LogGapError(WalkvError):

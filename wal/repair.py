@@ -49,16 +49,20 @@ class RepairReport:
     last_good_lsn: int | None = None
     broken_files: list[str] = field(default_factory=list)
     dropped_bytes: int = 0
+    kind: Damage | None = None  # what is wrong at the cut
 
 
-class Problem(NamedTuple):
-    """The first bad record of a log: in ``segments[segment]``, whose valid
-    data ends at ``good_end`` (0: the whole file is bad)."""
+class CutPoint(NamedTuple):
+    """Where :func:`repair` cuts a log: at its first bad record, in
+    ``segments[segment]``, whose valid data ends at ``good_end`` (0: the
+    whole file is bad). ``reason`` and ``kind`` say what is wrong there;
+    ``store_id`` is the log's (for a segment that replaces a bad one)."""
 
     segment: int
     good_end: int
     last_good_lsn: int
     reason: str
+    kind: Damage
     store_id: str | None
 
 
@@ -98,9 +102,9 @@ def over_limit(path: str, offset: int, limit: int) -> RecordOverLimitError | Non
         path=path, offset=offset, size=size, limit=limit)
 
 
-def _first_problem(segments: list[SegmentFile], progress: Progress | None) -> Problem | None:
-    """Scan every segment strictly; the first bad record, or ``None``. A torn
-    tail of the newest segment is not a problem (open cuts it)."""
+def _cut_point(segments: list[SegmentFile], progress: Progress | None) -> CutPoint | None:
+    """Scan every segment strictly; where the first bad record is, or
+    ``None``. A torn tail of the newest segment is not damage (open cuts it)."""
     store_id: str | None = None
     expected: int | None = None
     last_good = 0
@@ -110,13 +114,14 @@ def _first_problem(segments: list[SegmentFile], progress: Progress | None) -> Pr
             try:
                 header, header_end = read_header(fh, seg.path)
             except CorruptionError as e:
-                return Problem(i, 0, last_good, e.reason, store_id)
+                return CutPoint(i, 0, last_good, e.reason, e.kind, store_id)
             if store_id is None:
                 store_id = header.store_id
             if header.store_id != store_id:
-                return Problem(i, 0, last_good, "segment belongs to another store", store_id)
+                return CutPoint(i, 0, last_good, "segment belongs to another store", Damage.HEADER, store_id)
             if expected is not None and header.first_lsn != expected:
-                return Problem(i, 0, last_good, f"LSNs {expected}..{header.first_lsn - 1} are missing", store_id)
+                return CutPoint(i, 0, last_good, f"LSNs {expected}..{header.first_lsn - 1} are missing",
+                                Damage.SEQUENCE, store_id)
             scan = SegmentScan(fh, seg.path, header_end, header.first_lsn)
             try:
                 for _ in scan.entries():
@@ -128,19 +133,19 @@ def _first_problem(segments: list[SegmentFile], progress: Progress | None) -> Pr
                     if over is not None:
                         raise over from None
                 if not newest or e.kind is Damage.SEQUENCE or e.offset is None:
-                    return Problem(i, scan.data_end, last_good, e.reason, store_id)
+                    return CutPoint(i, scan.data_end, last_good, e.reason, e.kind, store_id)
                 f = OS_FS.open(seg.path, readonly=True)
                 try:
                     torn, _ = is_torn(f, seg.path, e.offset, last_good + 1, header.max_record_bytes)
                 finally:
                     f.close()
                 if not torn:
-                    return Problem(i, scan.data_end, last_good, e.reason, store_id)
+                    return CutPoint(i, scan.data_end, last_good, e.reason, e.kind, store_id)
                 # else: a crash's torn tail, which open cuts: not damage
             last_good = (scan.next_lsn or header.first_lsn) - 1
             torn_tail = scan.torn_tail()
             if torn_tail is not None and not newest:
-                return Problem(i, scan.data_end, last_good, torn_tail.reason, store_id)
+                return CutPoint(i, scan.data_end, last_good, torn_tail.reason, torn_tail.kind, store_id)
             expected = last_good + 1
         if progress:
             progress(i + 1, len(segments))
@@ -156,7 +161,7 @@ def verify(directory: str, progress: Progress | None = None) -> list[str]:
     segments = list_segments(directory)
     problems = []
     try:
-        found = _first_problem(segments, progress)
+        found = _cut_point(segments, progress)
     except RecordOverLimitError as e:
         problems.append(str(e))
         found = None
@@ -204,12 +209,12 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
         with DirectoryLock(directory, f"the log at {directory}"):
             return repair(directory, fs=fs, dry_run=dry_run, lock=False)
     segments = list_segments(directory, fs)
-    found = _first_problem(segments, None)
+    found = _cut_point(segments, None)
     if found is None:
         return RepairReport(cut=False)
-    i, good_end, last_good, reason, store_id = found
+    i, good_end, last_good, reason, kind, store_id = found
     bad = segments[i]
-    report = RepairReport(True, bad.path, good_end, reason, last_good)
+    report = RepairReport(True, bad.path, good_end, reason, last_good, kind=kind)
     later = segments[i + 1 :]
     report.dropped_bytes = sum(os.path.getsize(s.path) for s in later)
     if dry_run:

@@ -6,7 +6,7 @@ Everything is read through the read-only seam (:mod:`wal.readfs`) with the
 id in every object's header. An archive object is read whole into memory
 before it is scanned (one request, not one per 32 KiB block, on an object
 store); objects are at most a segment, or a piece of at most
-:data:`kvstore.archive.shipper.PIECE_BYTES`.
+:data:`kvstore.archive.upload.PIECE_BYTES`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import io
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 import snapshot
 from kvstore.archive.layout import ARCHIVE_NAME, SNAPSHOTS_DIR, LogObject, decode_identity
 from kvstore.archive.objects import Chain, chain, list_log_objects
 from kvstore.archive.retention import archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
-from wal.errors import ArchiveError, CorruptionError, Damage, LogGapError, SnapshotError
+from wal.errors import ArchiveError, CorruptionError, Damage, DamageReport, LogGapError, SnapshotError
 from wal.fs import FileInfo, FileSystem
 from wal.reader import read_segments
 from wal.readfs import ReadFS
@@ -34,24 +34,6 @@ log = logging.getLogger("walkv.archive")
 
 ARCHIVE_HINT = ("the archive object is damaged: restore to an LSN before it (to_lsn), and archive the store "
                 "again if its log still holds these LSNs")
-
-
-class Problem(NamedTuple):
-    """One thing :meth:`ArchiveReader.verify` found wrong."""
-
-    object: str
-    offset: int
-    lsn: int | None
-    kind: Damage
-    message: str
-
-    def __str__(self) -> str:
-        at = f" LSN {self.lsn}" if self.lsn is not None else ""
-        return f"{self.object} offset {self.offset}{at}: {self.message}"
-
-    @classmethod
-    def of(cls, e: CorruptionError, shown: str) -> Problem:
-        return cls(e.path or shown, e.offset or 0, e.lsn, e.kind, e.reason)
 
 
 class _ObjectFS:
@@ -218,12 +200,13 @@ class ArchiveReader:
             found = e.lsn
         return found
 
-    def verify(self, progress: Callable[[int, int | None], None] | None = None) -> list[Problem]:
+    def verify(self, progress: Callable[[int, int | None], None] | None = None) -> list[DamageReport]:
         """Check everything: the identity, every log object (header, store id,
         CRCs, exactly the LSNs its name says), the chain's continuity, every
         snapshot (manifest, chunks, checksums, store id). Returns the problems
-        found (empty: all is well), each naming the object and offset."""
-        problems: list[Problem] = []
+        found (empty: all is well), each naming the object (``path``, as shown
+        to people) and offset."""
+        problems: list[DamageReport] = []
         objects = self.log_objects()
         snaps = sorted(archived_snapshot_lsns(self.target))
         total = sum(o.size for o in objects)
@@ -248,16 +231,16 @@ class ArchiveReader:
                                               "(truncated)", kind=Damage.SEQUENCE, path=shown,
                                               offset=scan.data_end, lsn=expected)
             except CorruptionError as e:
-                problems.append(Problem.of(e, shown))
+                problems.append(DamageReport.of(e, shown))
             except OSError as e:
-                problems.append(Problem(shown, 0, None, Damage.MISSING, self.target.scrub(str(e))))
+                problems.append(DamageReport(shown, 0, None, Damage.MISSING, self.target.scrub(str(e))))
             done += o.size
             if progress is not None:
                 progress(done, total)
         c = chain(objects)
         if c.gap_after is not None:
-            problems.append(Problem(self.target.display(c.gap_after.path), 0, c.last + 1, Damage.MISSING,
-                                    f"LSNs {c.last + 1}..{(c.next_first or 0) - 1} are in no archive object"))
+            problems.append(DamageReport(self.target.display(c.gap_after.path), 0, c.last + 1, Damage.MISSING,
+                                         f"LSNs {c.last + 1}..{(c.next_first or 0) - 1} are in no archive object"))
         for lsn in snaps:
             path = self.target.path(SNAPSHOTS_DIR, snapshot.snapshot_dir_name(lsn))
             shown = self.target.display(path)
@@ -268,9 +251,9 @@ class ArchiveReader:
                                           kind=Damage.HEADER, path=shown, offset=0)
                 snap.verify()
             except CorruptionError as e:
-                problems.append(Problem.of(e, shown))
+                problems.append(DamageReport.of(e, shown))
             except SnapshotError as e:
-                problems.append(Problem(shown, 0, lsn, Damage.CONTENT, self.target.scrub(str(e))))
+                problems.append(DamageReport(shown, 0, lsn, Damage.CONTENT, self.target.scrub(str(e))))
         return problems
 
 

@@ -7,17 +7,15 @@ runs in the writer's process or as a sidecar (``walkv archive STORE URI``)
 and produces the same archive either way. Layout and rules:
 :mod:`kvstore.archive.layout`.
 
-Each :meth:`Archiver.ship_once`, under the writer's lease:
+Each :meth:`Archiver.ship_once`, under the writer's lease (each upload,
+and what it checks first: :mod:`kvstore.archive.upload`):
 
-1. every sealed local segment the archive's chain reaches is uploaded whole
-   (after checking its header, store id, CRCs and LSNs), then the pieces it
-   covers are deleted (compaction);
+1. every sealed local segment the archive's chain reaches is uploaded whole,
+   then the pieces it covers are deleted (compaction);
 2. the durable tail after the archived LSN is uploaded as pieces, each within
-   one local segment (at most :data:`PIECE_BYTES` each), read from the offset
-   where the previous piece of that segment ended and framed in memory;
+   one local segment;
 3. local snapshots newer than the archive's newest, at or below the archived
-   LSN, are uploaded chunk by chunk (each chunk's CRC checked first), the
-   MANIFEST last;
+   LSN, are uploaded;
 4. retention (``keep_snapshots``, ``keep_seconds``): the archive's snapshots
    older than the oldest kept one are deleted (MANIFEST first), then the log
    objects that snapshot wholly covers, oldest first.
@@ -38,7 +36,6 @@ thread (``failed``): retrying cannot help.
 from __future__ import annotations
 
 import collections
-import io
 import logging
 import os
 import threading
@@ -48,30 +45,22 @@ from typing import Any, Callable
 import snapshot
 from kvstore.archive.layout import (
     ARCHIVE_NAME,
-    SNAPSHOTS_DIR,
     WAL_DIR,
-    LogObject,
     decode_identity,
     encode_identity,
-    log_object_name,
 )
 from kvstore.archive.lease import DEFAULT_LEASE_SECONDS, LeaseHolder
-from kvstore.archive.objects import chain, encode_segment, list_log_objects, read_piece
+from kvstore.archive.objects import chain, list_log_objects
 from kvstore.archive.retention import apply_retention, archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
+from kvstore.archive.upload import Uploader
 from kvstore.layout import StoreLayout
-from snapshot.layout import MANIFEST_NAME
-from wal.crc import crc32c
 from wal.durable import read_durable_lsn
-from wal.errors import ArchiveError, ArchiveLagError, CorruptionError, Damage, LockedError, LogGapError, WalkvError
+from wal.errors import ArchiveError, ArchiveLagError, LockedError, LogGapError, WalkvError
 from wal.fs import OS_FS
-from wal.index import read_index
-from wal.segment import SegmentFile, SegmentScan, list_segments, read_store_id
+from wal.segment import list_segments, read_store_id
 
 log = logging.getLogger("walkv.archive")
-
-PIECE_BYTES = 16 << 20
-"""Largest tail piece (payload bytes) uploaded at once."""
 
 
 class Archiver:
@@ -99,6 +88,7 @@ class Archiver:
         self.keep_seconds = keep_seconds
         self.max_backoff = max(max_backoff, interval)
         self._lease = LeaseHolder(self.target, lease_seconds)
+        self._uploader = Uploader(self.target, self._count_upload)
         self._store_id: str | None = None
         self._ship_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -111,7 +101,6 @@ class Archiver:
         self._durable = 0
         self._seen: collections.deque[tuple[int, float]] = collections.deque()
         self._snap_lsns: set[int] | None = None
-        self._resume: tuple[str, int, int] | None = None  # (segment, next LSN, its record offset)
         self._retention_due = True
         self.uploads = 0
         self.bytes = 0
@@ -187,10 +176,9 @@ class Archiver:
             self._seen.append((durable, now))
             self._durable = durable
 
-    def _put(self, data: bytes, *names: str) -> None:
-        self.target.put(data, *names)
+    def _count_upload(self, size: int) -> None:
         self.uploads += 1
-        self.bytes += len(data)
+        self.bytes += size
 
     def _ship_log(self, durable: int) -> None:
         assert self._store_id is not None
@@ -222,64 +210,18 @@ class Archiver:
                 break  # segments are consecutive: never leave a gap behind
             if sealed and seg_last <= durable and not any(o.first == seg.first_lsn and o.last == seg_last
                                                           for o in objects):
-                self._upload_segment(seg, seg_last, objects)
+                self._uploader.segment(self._store_id, seg, seg_last, objects)
+                self._set_archived(chain(objects).last)
                 nxt = max(nxt, seg_last + 1)
             while nxt <= min(seg_last, durable):
                 limit = min(seg_last, durable)
                 later = [o.first for o in objects if o.first > nxt]
                 if later:
                     limit = min(limit, min(later) - 1)
-                last = self._upload_piece(seg, nxt, limit)
-                objects.append(LogObject(nxt, last, self.target.path(WAL_DIR, log_object_name(nxt, last))))
-                objects.sort(key=lambda o: (o.first, -o.last))
+                last = self._uploader.piece(self._store_id, seg, nxt, limit, objects)
                 nxt = max(last + 1, chain(objects).last + 1)
                 self._set_archived(chain(objects).last)
         self._set_archived(chain(objects).last)
-
-    def _upload_segment(self, seg: SegmentFile, last: int, objects: list[LogObject]) -> None:
-        assert self._store_id is not None
-        data = OS_FS.read_file(seg.path)
-        if data is None:
-            raise LogGapError(f"segment {seg.path} was deleted before it was archived",
-                              first_missing=seg.first_lsn, last_missing=last)
-        scan = SegmentScan(io.BytesIO(data), seg.path)
-        n = 0
-        for _ in scan.entries(seg.first_lsn, last):
-            n += 1
-        if scan.header is None or scan.header.store_id != self._store_id or n != last - seg.first_lsn + 1:
-            raise CorruptionError(f"sealed segment does not hold LSNs {seg.first_lsn}..{last} of store "
-                                  f"{self._store_id}; not archived", kind=Damage.SEQUENCE, path=seg.path,
-                                  offset=scan.data_end, lsn=seg.first_lsn + n)
-        self._put(data[: scan.data_end], WAL_DIR, log_object_name(seg.first_lsn, last))
-        log.debug("archived segment %s as LSNs %d..%d", seg.path, seg.first_lsn, last)
-        replaced = [o for o in objects if seg.first_lsn <= o.first and o.last <= last]
-        objects[:] = [o for o in objects if o not in replaced]
-        objects.append(LogObject(seg.first_lsn, last, self.target.path(WAL_DIR, log_object_name(seg.first_lsn, last))))
-        objects.sort(key=lambda o: (o.first, -o.last))
-        for o in replaced:  # the pieces it replaces: only once it is there
-            if (o.first, o.last) != (seg.first_lsn, last):
-                self.target.delete(WAL_DIR, log_object_name(o.first, o.last))
-        self._set_archived(chain(objects).last)
-
-    def _upload_piece(self, seg: SegmentFile, first: int, limit: int) -> int:
-        """Upload LSNs ``first..`` (up to ``limit`` and :data:`PIECE_BYTES`)
-        of ``seg`` as one piece; return its last LSN. Reading resumes at the
-        offset where the previous piece of the segment ended (the active
-        segment has no index: without it every round would decode the
-        segment from its start)."""
-        assert self._store_id is not None
-        resume = self._resume
-        if resume is not None and resume[0] == seg.path and resume[1] == first:
-            start = resume[2]
-        else:
-            index = read_index(seg.path)
-            start = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
-        piece = read_piece(seg.path, first, limit, start, PIECE_BYTES)
-        data, last = encode_segment(self._store_id, first, piece.entries, max_record_bytes=piece.max_record_bytes)
-        self._put(data, WAL_DIR, log_object_name(first, last))
-        self._resume = (seg.path, last + 1, piece.end)
-        log.debug("archived LSNs %d..%d to %s", first, last, self.target.uri)
-        return last
 
     def _set_archived(self, lsn: int) -> None:
         if lsn > self._archived:
@@ -309,29 +251,12 @@ class Archiver:
             if info.lsn <= newest or info.lsn > self._archived or info.store_id not in (None, self._store_id):
                 continue
             try:
-                self._upload_snapshot(info.path, info.lsn)
+                self._uploader.snapshot(info.path, info.lsn)
             except FileNotFoundError:
                 log.debug("snapshot %s was pruned while being archived; skipped", info.path)
                 continue
             self._snap_lsns.add(info.lsn)
             self._retention_due = True
-
-    def _upload_snapshot(self, path: str, lsn: int) -> None:
-        snap = snapshot.open(path)
-        name = snapshot.snapshot_dir_name(lsn)
-        for c in snap.chunks:
-            data = OS_FS.read_file(os.path.join(path, c.name))
-            if data is None:
-                raise FileNotFoundError(os.path.join(path, c.name))
-            if len(data) != c.bytes or crc32c(data) != c.crc32c:
-                raise CorruptionError("snapshot chunk does not match its manifest; not archived",
-                                      kind=Damage.CHECKSUM, path=os.path.join(path, c.name), offset=0)
-            self._put(data, SNAPSHOTS_DIR, name, c.name)
-        manifest = OS_FS.read_file(os.path.join(path, MANIFEST_NAME))
-        if manifest is None:
-            raise FileNotFoundError(os.path.join(path, MANIFEST_NAME))
-        self._put(manifest, SNAPSHOTS_DIR, name, MANIFEST_NAME)
-        log.info("archived snapshot at LSN %d to %s", lsn, self.target.uri)
 
     # -- the thread -----------------------------------------------------------------
 

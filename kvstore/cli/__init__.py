@@ -5,7 +5,8 @@
 :mod:`kvstore.cli.kv` (put, get, delete, scan, load), :mod:`kvstore.cli.stats`
 (stats), :mod:`kvstore.cli.inspection` (inspect), :mod:`kvstore.cli.files`
 (verify, repair), :mod:`kvstore.cli.admin` (snapshot, restore, export, bench)
-and :mod:`kvstore.cli.demo` with :mod:`kvstore.cli.demo_work` (the main job);
+and :mod:`kvstore.cli.demo` with :mod:`kvstore.cli.demo_work` and
+:mod:`kvstore.cli.demo_report` (the main job);
 :mod:`kvstore.cli.progress` draws progress bars.
 """
 

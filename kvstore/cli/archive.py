@@ -158,10 +158,10 @@ def cmd_archive_verify(args: argparse.Namespace, rep: Reporter) -> int:
         problems = reader.verify(progress)
     if args.json:
         print(json.dumps({"uri": reader.uri, "ok": not problems,
-                          "problems": [{"object": p.object, "offset": p.offset, "lsn": p.lsn,
+                          "problems": [{"object": p.path, "offset": p.offset, "lsn": p.lsn,
                                         "kind": p.kind.value, "message": p.message} for p in problems]}, indent=2))
     else:
         for p in problems:
-            print(f"DAMAGED {p}")
+            print(p)
         print(f"archive {reader.uri}: " + ("ok" if not problems else f"{len(problems)} problem(s)"))
     return EXIT_CORRUPT if problems else EXIT_OK

@@ -39,42 +39,27 @@ or a previous demo made it, which the marker file says)::
 
 ``--small`` (or ``WALKV_DEMO_SMALL=1``) sizes it for CI: well under a minute
 without Spark, under two with it.
+
+The workload and the crash child are :mod:`kvstore.cli.demo_work`; what the
+demo prints as it goes and the closing table are :mod:`kvstore.cli.demo_report`.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import os
 import random
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvstore.cli.admin import export_rows, spark_env, spark_missing
-from kvstore.cli.common import (
-    EXIT_OK,
-    EXIT_USAGE,
-    CliError,
-    dir_bytes,
-    human_bytes,
-    print_table,
-)
-from kvstore.cli.demo_work import (
-    FULL,
-    SMALL,
-    DemoFailed,
-    Size,
-    crash_values,
-    digest,
-    new_user,
-    run_and_kill,
-    worker,
-)
+from kvstore.cli.common import EXIT_OK, EXIT_USAGE, CliError, dir_bytes, human_bytes
+from kvstore.cli.demo_report import DemoReport
+from kvstore.cli.demo_work import FULL, SMALL, DemoFailed, Size, crash_values, digest, new_user, run_and_kill, worker
 from kvstore.cli.progress import Reporter
 from kvstore.layout import StoreLayout
 
@@ -106,18 +91,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
 
 
-@dataclass
-class Summary:
-    """What the demo measured: rows for the closing table, data for ``--json``."""
-
-    rows: list[tuple[str, str]] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, name: str, value: Any, text: str, label: str | None = None) -> None:
-        self.data[name] = value
-        self.rows.append((label or name.replace("_", " "), text))
-
-
 def _prepare_dir(path: str) -> str:
     path = os.path.abspath(path)
     if os.path.exists(path):
@@ -134,20 +107,6 @@ def _prepare_dir(path: str) -> str:
     return path
 
 
-def _step(n: int, text: str) -> None:
-    print(f"\n[{n}/{STEPS}] {text}", flush=True)
-
-
-def _say(text: str) -> None:
-    print(f"      {text}", flush=True)
-
-
-def _check(ok: bool, what: str) -> None:
-    if not ok:
-        raise DemoFailed(f"demo check failed: {what}")
-    _say(f"ok: {what}")
-
-
 def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
     size = SMALL if args.small else FULL
     threads = args.threads or size.threads
@@ -156,48 +115,46 @@ def cmd_demo(args: argparse.Namespace, rep: Reporter) -> int:
     spark_why = "--no-spark" if args.no_spark else spark_missing()
     root = _prepare_dir(args.dir)
     store = os.path.join(root, "store")
-    summary = Summary()
+    report = DemoReport(STEPS)
     t_demo = time.monotonic()
     print(f"walkv demo in {root} ({'small' if args.small else 'full'} size)")
 
     archive = os.path.join(root, "archive")
-    model = _workload(store, archive, size, threads, summary, rep)
-    before, last = _crash(store, archive, size, model, summary, rep)
-    db = _rebuild(store, archive, size, before, last, summary, rep)
+    model = _workload(store, archive, size, threads, report, rep)
+    before, last = _crash(store, archive, size, model, report, rep)
+    db = _rebuild(store, archive, size, before, last, report, rep)
     try:
-        info = _snapshot(db, store, summary, rep)
-        accident = _accident(db, size, threads)
+        info = _snapshot(db, store, report, rep)
+        accident = _accident(db, size, threads, report)
         final = digest(db)
     finally:
         db.close()  # ships the rest to the archive
-    _restore(store, archive, os.path.join(root, "restored"), info, accident, final, summary, rep)
+    _restore(store, archive, os.path.join(root, "restored"), info, accident, final, report, rep)
 
-    _step(6, "Spark: export snapshot, changes and state to Parquet (local mode)")
+    report.step(6, "Spark: export snapshot, changes and state to Parquet (local mode)")
     if spark_why:
-        _say(f"skipped: {spark_why}")
-        summary.add("rows_exported", None, f"skipped ({spark_why})", "rows exported")
+        report.say(f"skipped: {spark_why}")
+        report.add("rows_exported", None, f"skipped ({spark_why})", "rows exported")
     else:
-        _spark_export(store, os.path.join(root, "export"), args.master, summary, rep)
+        _spark_export(store, os.path.join(root, "export"), args.master, report, rep)
 
     total_s = time.monotonic() - t_demo
-    summary.add("demo_time_s", round(total_s, 1), f"{total_s:.1f} s", "total time")
-    print("\nsummary")
-    print_table(summary.rows)
+    report.add("demo_time_s", round(total_s, 1), f"{total_s:.1f} s", "total time")
+    report.print_summary()
     print(f"\nfiles are in {root} (try: walkv stats {store}; walkv verify {store}; "
           f"walkv archive-ls {archive})")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(summary.data, fh, indent=2)
+        report.write_json(args.json)
     return EXIT_OK
 
 
-def _workload(store: str, archive: str, size: Size, threads: int, summary: Summary,
+def _workload(store: str, archive: str, size: Size, threads: int, report: DemoReport,
               rep: Reporter) -> dict[bytes, bytes]:
     """Step 1: the shop from several threads; returns the model of the store."""
     import kvstore
 
     ops = size.ops_per_thread
-    _step(1, f"workload: {threads} threads, {threads * ops} operations, sync=\"always\" (group commit)")
+    report.step(1, f"workload: {threads} threads, {threads * ops} operations, sync=\"always\" (group commit)")
     models: list[dict[bytes, bytes]] = [{} for _ in range(threads)]
     counters = {"puts": 0, "batches": 0, "deletes": 0, "reads": 0}
     errors: list[BaseException] = []
@@ -224,32 +181,32 @@ def _workload(store: str, archive: str, size: Size, threads: int, summary: Summa
         st = db.stats()["log"]
         writes = st["appends"]
         model = {k: v for m in models for k, v in m.items()}
-        _say(f"{counters['puts']} puts, {counters['batches']} batches, {counters['deletes']} deletes, "
-             f"{counters['reads']} reads in {elapsed:.2f} s")
-        _say(f"{writes} durable writes ({writes / elapsed:,.0f}/s) shared {st['fsyncs']} fsyncs: "
-             f"{st['avg_group']:.1f} writes per fsync on average, {st['max_group']} at most, "
-             f"fsync p50 {st['fsync_p50_ms']:.2f} ms")
-        _check(dict(db.scan()) == model, f"the store holds exactly the {len(model)} keys the threads wrote")
-        summary.add("entries", writes, f"{writes} from the workload (LSN 1..{db.last_lsn}; one per put, "
-                    "delete or batch)", "entries")
-    summary.add("durable_writes_per_s", round(writes / elapsed), f"{writes / elapsed:,.0f} durable writes/s "
-                f"({threads} threads, sync=always, each fsynced before it returned)", "durable puts/s")
-    summary.add("fsyncs", st["fsyncs"], f"{st['fsyncs']} for {writes} writes (p50 {st['fsync_p50_ms']:.2f} ms, "
-                f"p99 {st['fsync_p99_ms']:.2f} ms)", "fsyncs")
-    summary.add("avg_group", round(st["avg_group"], 2), f"{st['avg_group']:.1f} writes per fsync "
-                f"(group commit; {st['max_group']} at most)", "average group size")
+        report.say(f"{counters['puts']} puts, {counters['batches']} batches, {counters['deletes']} deletes, "
+                   f"{counters['reads']} reads in {elapsed:.2f} s")
+        report.say(f"{writes} durable writes ({writes / elapsed:,.0f}/s) shared {st['fsyncs']} fsyncs: "
+                   f"{st['avg_group']:.1f} writes per fsync on average, {st['max_group']} at most, "
+                   f"fsync p50 {st['fsync_p50_ms']:.2f} ms")
+        report.check(dict(db.scan()) == model, f"the store holds exactly the {len(model)} keys the threads wrote")
+        report.add("entries", writes, f"{writes} from the workload (LSN 1..{db.last_lsn}; one per put, "
+                   "delete or batch)", "entries")
+    report.add("durable_writes_per_s", round(writes / elapsed), f"{writes / elapsed:,.0f} durable writes/s "
+               f"({threads} threads, sync=always, each fsynced before it returned)", "durable puts/s")
+    report.add("fsyncs", st["fsyncs"], f"{st['fsyncs']} for {writes} writes (p50 {st['fsync_p50_ms']:.2f} ms, "
+               f"p99 {st['fsync_p99_ms']:.2f} ms)", "fsyncs")
+    report.add("avg_group", round(st["avg_group"], 2), f"{st['avg_group']:.1f} writes per fsync "
+               f"(group commit; {st['max_group']} at most)", "average group size")
     return model
 
 
-def _crash(store: str, archive: str, size: Size, model: dict[bytes, bytes], summary: Summary,
+def _crash(store: str, archive: str, size: Size, model: dict[bytes, bytes], report: DemoReport,
            rep: Reporter) -> tuple[tuple[int, str], int]:
     """Step 2: SIGKILL a writer process, recover, check every acknowledged
     write; adds them to ``model``; returns the store's digest and last LSN."""
     import kvstore
 
-    _step(2, f"crash: a writer process with {size.crash_threads} threads, killed with SIGKILL mid-stream")
+    report.step(2, f"crash: a writer process with {size.crash_threads} threads, killed with SIGKILL mid-stream")
     acked = run_and_kill(store, size, SEED, rep)
-    _say(f"killed the writer after {sum(acked.values())} acknowledged writes")
+    report.say(f"killed the writer after {sum(acked.values())} acknowledged writes")
     t0 = time.perf_counter()
     with rep.task("recovering", unit="entries") as progress:
         db = kvstore.open(store, sync="always", segment_bytes=size.segment_bytes, progress=progress,
@@ -258,35 +215,35 @@ def _crash(store: str, archive: str, size: Size, model: dict[bytes, bytes], summ
     with db:
         st = db.stats()
         cut, replayed = st["log"]["dropped_bytes_at_open"], st["replayed_at_open"]
-        _say(f"reopened in {recovery_s * 1000:.0f} ms: replayed {replayed} entries, "
-             f"cut a torn tail of {cut} bytes; log ends at LSN {db.last_lsn}")
+        report.say(f"reopened in {recovery_s * 1000:.0f} ms: replayed {replayed} entries, "
+                   f"cut a torn tail of {cut} bytes; log ends at LSN {db.last_lsn}")
         expected = crash_values(size.crash_threads, SEED, acked)
         present = dict(db.scan(prefix=b"crash:"))
         lost = [k for k, v in expected.items() if present.get(k) != v]
-        _check(not lost, f"all {len(expected)} acknowledged writes survived"
-               + (f" (lost: {lost[:3]})" if lost else ""))
+        report.check(not lost, f"all {len(expected)} acknowledged writes survived"
+                     + (f" (lost: {lost[:3]})" if lost else ""))
         prefix_ok = True
         for t in range(size.crash_threads):
             mine = sorted(int(k.split(b":")[2]) for k in present if k.startswith(f"crash:{t:02d}:".encode()))
             prefix_ok &= mine == list(range(len(mine)))
-        _check(prefix_ok, "each writer thread's surviving writes are a gap-free prefix of what it sent "
-                          f"({len(present) - len(expected)} more were durable but not yet acknowledged)")
-        _check({k: v for k, v in db.scan() if not k.startswith(b"crash:")} == model,
-               "the workload's keys are untouched")
+        report.check(prefix_ok, "each writer thread's surviving writes are a gap-free prefix of what it sent "
+                                f"({len(present) - len(expected)} more were durable but not yet acknowledged)")
+        report.check({k: v for k, v in db.scan() if not k.startswith(b"crash:")} == model,
+                     "the workload's keys are untouched")
         model.update(present)
-        summary.add("recovery_time_s", round(recovery_s, 4), f"{recovery_s * 1000:.0f} ms to reopen after SIGKILL "
-                    f"({replayed} entries replayed, {cut} torn bytes cut, "
-                    f"{len(expected)} acknowledged writes checked)", "recovery time")
+        report.add("recovery_time_s", round(recovery_s, 4), f"{recovery_s * 1000:.0f} ms to reopen after SIGKILL "
+                   f"({replayed} entries replayed, {cut} torn bytes cut, "
+                   f"{len(expected)} acknowledged writes checked)", "recovery time")
         return digest(db), db.last_lsn
 
 
-def _rebuild(store: str, archive: str, size: Size, before: tuple[int, str], last: int, summary: Summary,
+def _rebuild(store: str, archive: str, size: Size, before: tuple[int, str], last: int, report: DemoReport,
              rep: Reporter) -> KVStore:
     """Step 3: throw LMDB away and rebuild it from the log; returns the
     store, open (the caller closes it)."""
     import kvstore
 
-    _step(3, "machine crash: throw LMDB away and rebuild it from the log alone")
+    report.step(3, "machine crash: throw LMDB away and rebuild it from the log alone")
     shutil.rmtree(StoreLayout.of(store).lmdb_dir)
     store_log = logging.getLogger("walkv.store")
     level = store_log.level
@@ -300,25 +257,25 @@ def _rebuild(store: str, archive: str, size: Size, before: tuple[int, str], last
     finally:
         store_log.setLevel(level)
     try:
-        _say(f"rebuilt LMDB from {last} log entries in {rebuild_s:.2f} s ({last / rebuild_s:,.0f} entries/s)")
-        _check(digest(db) == before, f"the rebuilt store equals the store before ({before[0]} keys)")
+        report.say(f"rebuilt LMDB from {last} log entries in {rebuild_s:.2f} s ({last / rebuild_s:,.0f} entries/s)")
+        report.check(digest(db) == before, f"the rebuilt store equals the store before ({before[0]} keys)")
     except BaseException:
         db.close()
         raise
-    summary.add("full_replay_entries_per_s", round(last / rebuild_s), f"{last / rebuild_s:,.0f} entries/s "
-                f"(LMDB rebuilt from {last} log entries in {rebuild_s:.2f} s)", "full replay")
+    report.add("full_replay_entries_per_s", round(last / rebuild_s), f"{last / rebuild_s:,.0f} entries/s "
+               f"(LMDB rebuilt from {last} log entries in {rebuild_s:.2f} s)", "full replay")
     return db
 
 
-def _snapshot(db: KVStore, store: str, summary: Summary, rep: Reporter) -> SnapshotInfo:
+def _snapshot(db: KVStore, store: str, report: DemoReport, rep: Reporter) -> SnapshotInfo:
     """Step 4: a snapshot, and the log segments it covers trimmed."""
     import snapshot
     import wal
 
-    _step(4, "snapshot: one consistent copy at an LSN; the log it covers is trimmed")
+    report.step(4, "snapshot: one consistent copy at an LSN; the log it covers is trimmed")
     wal_dir = StoreLayout.of(store).wal_dir
     archived = db.flush_archive(timeout=60)  # local retention never trims what the archive lacks
-    _say(f"the archive holds LSNs up to {archived}: local retention may trim what it covers")
+    report.say(f"the archive holds LSNs up to {archived}: local retention may trim what it covers")
     wal_before, segs_before = dir_bytes(wal_dir), len(wal.list_segments(wal_dir))
     t0 = time.perf_counter()
     with rep.task("writing snapshot", unit="pairs") as progress:
@@ -326,17 +283,17 @@ def _snapshot(db: KVStore, store: str, summary: Summary, rep: Reporter) -> Snaps
     snap_s = time.perf_counter() - t0
     wal_after, segs_after = dir_bytes(wal_dir), len(wal.list_segments(wal_dir))
     trimmed = max(0, wal_before - wal_after)
-    _say(f"snapshot at LSN {info.lsn}: {info.count} pairs, {human_bytes(info.bytes)}, "
-         f"{info.chunks} chunks in {snap_s:.2f} s")
-    _say(f"log: {segs_before} segments ({human_bytes(wal_before)}) -> {segs_after} "
-         f"({human_bytes(wal_after)}), {human_bytes(trimmed)} trimmed")
+    report.say(f"snapshot at LSN {info.lsn}: {info.count} pairs, {human_bytes(info.bytes)}, "
+               f"{info.chunks} chunks in {snap_s:.2f} s")
+    report.say(f"log: {segs_before} segments ({human_bytes(wal_before)}) -> {segs_after} "
+               f"({human_bytes(wal_after)}), {human_bytes(trimmed)} trimmed")
     snap = snapshot.open(info.path)
     snap.verify()
-    _check(snap.lsn == info.lsn and dict(snap) == dict(db.scan()),
-           "the snapshot verifies and equals the store at its LSN")
-    _check(segs_after < segs_before, "whole segments covered by the snapshot were deleted")
-    summary.add("bytes_trimmed", trimmed, f"{human_bytes(trimmed)} of log ({segs_before - segs_after} "
-                f"segments) after the snapshot at LSN {info.lsn}", "bytes trimmed")
+    report.check(snap.lsn == info.lsn and dict(snap) == dict(db.scan()),
+                 "the snapshot verifies and equals the store at its LSN")
+    report.check(segs_after < segs_before, "whole segments covered by the snapshot were deleted")
+    report.add("bytes_trimmed", trimmed, f"{human_bytes(trimmed)} of log ({segs_before - segs_after} "
+               f"segments) after the snapshot at LSN {info.lsn}", "bytes trimmed")
     return info
 
 
@@ -350,9 +307,9 @@ class Accident(NamedTuple):
     orders: int
 
 
-def _accident(db: KVStore, size: Size, threads: int) -> Accident:
+def _accident(db: KVStore, size: Size, threads: int, report: DemoReport) -> Accident:
     """Step 5, first half: more writes, then a ``delete_range`` of every order."""
-    _step(5, "the disk is lost after an accidental delete of every order: restore from the archive, by time")
+    report.step(5, "the disk is lost after an accidental delete of every order: restore from the archive, by time")
     rng = random.Random(SEED + 99)
     for _ in range(size.after_snapshot):
         uid = rng.randrange(threads * 200)
@@ -366,13 +323,13 @@ def _accident(db: KVStore, size: Size, threads: int) -> Accident:
     bad_lsn = db.delete_range(b"order:", b"order;")
     db.put(b"deploy:last", b"v2.0.1 (the one with the bug)")
     when = datetime.datetime.fromtimestamp(good_time, datetime.timezone.utc).isoformat(timespec="microseconds")
-    _say(f"{size.after_snapshot} more writes up to LSN {good_lsn} (committed by {when}); LSN {bad_lsn} deleted "
-         f"all {orders} orders ({sum(1 for _ in db.scan(prefix=b'order:'))} left)")
+    report.say(f"{size.after_snapshot} more writes up to LSN {good_lsn} (committed by {when}); LSN {bad_lsn} deleted "
+               f"all {orders} orders ({sum(1 for _ in db.scan(prefix=b'order:'))} left)")
     return Accident(good_lsn, good_time, good, orders)
 
 
 def _restore(store: str, archive: str, target: str, info: SnapshotInfo, accident: Accident,
-             final: tuple[int, str], summary: Summary, rep: Reporter) -> None:
+             final: tuple[int, str], report: DemoReport, rep: Reporter) -> None:
     """Step 5, second half: the store closed (the archive then holds every
     acknowledged write) and deleted; restored from the archive to the time
     before the accident, and whole."""
@@ -382,11 +339,11 @@ def _restore(store: str, archive: str, target: str, info: SnapshotInfo, accident
     reader = ArchiveReader(archive)
     objects, snaps = reader.log_objects(), reader.snapshots()
     arch_bytes = dir_bytes(archive)
-    _say(f"store closed: the archive holds LSNs {reader.first_lsn}..{reader.last_lsn} in {len(objects)} log "
-         f"objects and {len(snaps)} snapshot(s), {human_bytes(arch_bytes)}")
-    _check(not reader.verify(), "the archive verifies (every CRC, LSN, store id and snapshot checksum)")
+    report.say(f"store closed: the archive holds LSNs {reader.first_lsn}..{reader.last_lsn} in {len(objects)} log "
+               f"objects and {len(snaps)} snapshot(s), {human_bytes(arch_bytes)}")
+    report.check(not reader.verify(), "the archive verifies (every CRC, LSN, store id and snapshot checksum)")
     shutil.rmtree(store)
-    _say(f"deleted the local store {store} (the disk is lost)")
+    report.say(f"deleted the local store {store} (the disk is lost)")
     good_lsn, good = accident.good_lsn, accident.good
     when = datetime.datetime.fromtimestamp(accident.good_time, datetime.timezone.utc)
     with rep.task("restoring from the archive, by time", unit="entries") as progress:
@@ -396,23 +353,23 @@ def _restore(store: str, archive: str, target: str, info: SnapshotInfo, accident
         restored = digest(rdb)
         r_orders = sum(1 for _ in rdb.scan(prefix=b"order:"))
         r_applied = rdb.applied_lsn
-    _say(f"restored to {when.isoformat(timespec='microseconds')} = LSN {restored_info.lsn} in {restore_s:.2f} s: "
-         f"archived snapshot at LSN {restored_info.snapshot_lsn} + {restored_info.replayed} log entries")
-    _check(restored == good and r_orders == accident.orders and r_applied == good_lsn,
-           f"the restored store equals the store at LSN {good_lsn} ({good[0]} keys, all {accident.orders} "
-           "orders back)")
+    report.say(f"restored to {when.isoformat(timespec='microseconds')} = LSN {restored_info.lsn} in {restore_s:.2f} s: "
+               f"archived snapshot at LSN {restored_info.snapshot_lsn} + {restored_info.replayed} log entries")
+    report.check(restored == good and r_orders == accident.orders and r_applied == good_lsn,
+                 f"the restored store equals the store at LSN {good_lsn} ({good[0]} keys, all {accident.orders} "
+                 "orders back)")
     with rep.task("restoring the whole archive", unit="entries") as progress:
         whole = kvstore.restore(archive, store, progress=progress)
     with kvstore.open(store, readonly=True) as rdb:
-        _check(digest(rdb) == final, f"the whole archive restores the store as it was at close: every acknowledged "
-                                     f"write, LSN {whole.lsn} ({final[0]} keys)")
-    summary.add("archive_bytes", arch_bytes, f"{human_bytes(arch_bytes)}: {len(objects)} log objects, "
-                f"{len(snaps)} snapshot(s), LSNs up to {whole.lsn}", "archive")
-    summary.add("restore_time_s", round(restore_s, 3), f"{restore_s:.2f} s from the archive to a time "
-                f"(LSN {good_lsn}: snapshot + {restored_info.replayed} entries)", "point-in-time restore")
+        report.check(digest(rdb) == final, "the whole archive restores the store as it was at close: every "
+                                           f"acknowledged write, LSN {whole.lsn} ({final[0]} keys)")
+    report.add("archive_bytes", arch_bytes, f"{human_bytes(arch_bytes)}: {len(objects)} log objects, "
+               f"{len(snaps)} snapshot(s), LSNs up to {whole.lsn}", "archive")
+    report.add("restore_time_s", round(restore_s, 3), f"{restore_s:.2f} s from the archive to a time "
+               f"(LSN {good_lsn}: snapshot + {restored_info.replayed} entries)", "point-in-time restore")
 
 
-def _spark_export(store: str, out: str, master: str, summary: Summary, rep: Reporter) -> None:
+def _spark_export(store: str, out: str, master: str, report: DemoReport, rep: Reporter) -> None:
     """Step 6: snapshot, changes and state to Parquet; the state has the store's keys."""
     import kvstore
     from kvstore.spark.export import export
@@ -426,8 +383,8 @@ def _spark_export(store: str, out: str, master: str, summary: Summary, rep: Repo
     with kvstore.open(store, readonly=True) as db:
         keys = len(db)
     for table, n in rows.items():
-        _say(f"{table}: {n} rows")
-    _check(rows["state"] == keys, f"the exported state has exactly the store's {keys} keys")
+        report.say(f"{table}: {n} rows")
+    report.check(rows["state"] == keys, f"the exported state has exactly the store's {keys} keys")
     total = sum(rows.values())
-    summary.add("rows_exported", total, f"{total} rows ({', '.join(f'{k} {v}' for k, v in rows.items())}) "
-                f"in {spark_s:.1f} s", "rows exported")
+    report.add("rows_exported", total, f"{total} rows ({', '.join(f'{k} {v}' for k, v in rows.items())}) "
+               f"in {spark_s:.1f} s", "rows exported")

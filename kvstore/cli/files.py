@@ -26,7 +26,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, TypedDict
+from typing import Any
 
 from kvstore.cli.common import (
     EXIT_CORRUPT,
@@ -40,7 +40,7 @@ from kvstore.cli.common import (
 from kvstore.cli.progress import Reporter
 from kvstore.layout import StoreLayout
 from wal import SegmentFile
-from wal.errors import CorruptionError, RecordOverLimitError, WalkvError
+from wal.errors import CorruptionError, Damage, DamageReport, RecordOverLimitError, WalkvError
 from wal.lock import DirectoryLock
 
 
@@ -70,24 +70,8 @@ def add_commands(add: AddCommand) -> None:
 # -- verify ----------------------------------------------------------------------------
 
 
-class Problem(TypedDict):
-    """One finding. ``severity`` is "corrupt" (exit 4) or "problem" (exit 1:
-    a damaged index, which the next open rebuilds)."""
-
-    severity: str
-    file: str | None
-    offset: int | None
-    lsn: int | None
-    message: str
-
-
-def _problem(message: str, *, severity: str = "corrupt", file: str | None = None,
-             offset: int | None = None, lsn: int | None = None) -> Problem:
-    return Problem(severity=severity, file=file, offset=offset, lsn=lsn, message=message)
-
-
 def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
-    """Check everything; return ``{"store", "problems": [...], "checked": {...}}``."""
+    """Check everything; return ``{"store", "problems": [DamageReport...], "checked": {...}}``."""
     import wal
 
     layout = require_store(path)
@@ -95,7 +79,7 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
     checked: dict[str, Any] = {"segments": 0, "entries": 0, "log_bytes": sum(s.size for s in segs),
                                "snapshots": 0, "snapshot_pairs": 0, "indexes": 0}
     problems = _verify_framing(layout.wal_dir, segs, rep)
-    bad_file = next((p["file"] for p in problems if p["severity"] == "corrupt"), None)
+    bad_file = next((p.path for p in problems if p.severity == "corrupt"), None)
     problems += _verify_entries(segs, bad_file, checked, rep)
     durable = wal.read_durable_lsn(layout.wal_dir)
     checked["first_lsn"] = segs[0].first_lsn if segs else None
@@ -113,43 +97,46 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
         first = segs[0].first_lsn
         newest = max(snap_lsns, default=0)
         if first > newest + 1:
-            problems.append(_problem(
+            problems.append(DamageReport(
+                layout.wal_dir, None, newest + 1, Damage.MISSING,
                 f"the log starts at LSN {first} but the newest valid snapshot is at LSN {newest}: "
-                f"LSNs {newest + 1}..{first - 1} are gone", file=layout.wal_dir, lsn=newest + 1))
+                f"LSNs {newest + 1}..{first - 1} are gone"))
         if durable is not None and snap_lsns and max(snap_lsns) > durable:
-            problems.append(_problem(
-                f"the newest snapshot is at LSN {max(snap_lsns)}, past the log's durable LSN {durable}",
-                severity="problem", file=layout.snapshots_dir))
+            problems.append(DamageReport(
+                layout.snapshots_dir, None, None, Damage.SEQUENCE,
+                f"the newest snapshot is at LSN {max(snap_lsns)}, past the log's durable LSN {durable}", "problem"))
     return {"store": layout.root, "problems": problems, "checked": checked}
 
 
-def _verify_framing(wal_dir: str, segs: list[SegmentFile], rep: Reporter) -> list[Problem]:
+def _verify_framing(wal_dir: str, segs: list[SegmentFile], rep: Reporter) -> list[DamageReport]:
     """Framing, headers and the LSN sequence, by the rules open and repair
     use (``wal.repair``'s look, which changes nothing); and damaged sparse
     indexes, which the next open rebuilds."""
     import wal
     from wal.segment import index_path
 
-    problems: list[Problem] = []
+    problems: list[DamageReport] = []
     if not segs:
-        problems.append(_problem("the log has no segment files", file=wal_dir))
+        problems.append(DamageReport(wal_dir, None, None, Damage.MISSING, "the log has no segment files"))
     with rep.task("verifying log records", unit="segments"):
         try:
             found = wal.repair(wal_dir, dry_run=True, lock=False)
         except RecordOverLimitError as e:  # whole, so not damage: reported, never cut
-            return problems + [_problem(str(e), severity="problem", file=e.path, offset=e.offset)]
+            return problems + [DamageReport(e.path, e.offset, None, Damage.TOO_LARGE, str(e), "problem")]
     if found.cut:
-        problems.append(_problem(f"{found.reason} (last good LSN {found.last_good_lsn})", file=found.path,
-                                 offset=found.offset))
+        assert found.kind is not None
+        problems.append(DamageReport(found.path, found.offset, None, found.kind,
+                                     f"{found.reason} (last good LSN {found.last_good_lsn})"))
     for seg in segs:
         idx = index_path(seg.path)
         if os.path.exists(idx) and wal.read_index(seg.path) is None:
-            problems.append(_problem("damaged sparse index (rebuilt at next open)", severity="problem", file=idx))
+            problems.append(DamageReport(idx, None, None, Damage.CONTENT,
+                                         "damaged sparse index (rebuilt at next open)", "problem"))
     return problems
 
 
 def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict[str, Any],
-                    rep: Reporter) -> list[Problem]:
+                    rep: Reporter) -> list[DamageReport]:
     """Every entry's payload is a walkv batch, and each sparse index agrees
     with its segment; up to the segment with the first bad record (past it
     nothing is trusted, and it was reported already)."""
@@ -158,7 +145,7 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
     from wal.record_reader import RecordReader
     from wal.segment import decode_entry, index_path, read_header
 
-    problems: list[Problem] = []
+    problems: list[DamageReport] = []
     total = checked["log_bytes"]
     done = 0
     with rep.task("verifying entries and indexes", total, "bytes") as progress:
@@ -180,15 +167,15 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
                         last = entry.lsn
                         checked["entries"] += 1
                         if points.get(entry.lsn, offset) != offset:
-                            problems.append(_problem(
-                                f"sparse index says LSN {entry.lsn} is at offset {points[entry.lsn]}",
-                                severity="problem", file=index_path(seg.path), offset=offset, lsn=entry.lsn))
+                            problems.append(DamageReport(
+                                index_path(seg.path), offset, entry.lsn, Damage.CONTENT,
+                                f"sparse index says LSN {entry.lsn} is at offset {points[entry.lsn]}", "problem"))
                             points = {}
                         try:
                             decode(entry.payload, entry.lsn)
                         except CorruptionError as e:
-                            problems.append(_problem(f"entry is not a walkv batch: {e.reason}", file=seg.path,
-                                                     offset=offset, lsn=entry.lsn))
+                            problems.append(DamageReport(seg.path, offset, entry.lsn, e.kind,
+                                                         f"entry is not a walkv batch: {e.reason}"))
                 except CorruptionError:
                     pass  # framing problems: _verify_framing reported them
             if index is not None:
@@ -197,24 +184,25 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
                 next_first = segs[i + 1].first_lsn if not is_last else None
                 if index.first_lsn != seg.first_lsn or (next_first is not None and index.last_lsn != next_first - 1) \
                         or (last is not None and not is_last and index.last_lsn != last):
-                    problems.append(_problem(
+                    problems.append(DamageReport(
+                        index_path(seg.path), None, None, Damage.SEQUENCE,
                         f"sparse index covers LSNs {index.first_lsn}..{index.last_lsn}, the segment holds "
-                        f"{seg.first_lsn}..{last}", severity="problem", file=index_path(seg.path)))
+                        f"{seg.first_lsn}..{last}", "problem"))
                 elif index.data_end > seg.size:
-                    problems.append(_problem("sparse index ends past the segment's end", severity="problem",
-                                             file=index_path(seg.path)))
+                    problems.append(DamageReport(index_path(seg.path), None, None, Damage.CONTENT,
+                                                 "sparse index ends past the segment's end", "problem"))
             done += seg.size
             progress(done, total)
     return problems
 
 
 def _verify_snapshots(layout: StoreLayout, store_id: str | None, checked: dict[str, Any],
-                      rep: Reporter) -> tuple[list[Problem], list[int]]:
+                      rep: Reporter) -> tuple[list[DamageReport], list[int]]:
     """Every committed snapshot directory, valid or not; returns the problems
     and the LSNs of the valid ones of this store (``store_id``: the log's)."""
     import snapshot
 
-    problems: list[Problem] = []
+    problems: list[DamageReport] = []
     snap_lsns = []
     names = sorted(os.listdir(layout.snapshots_dir)) if os.path.isdir(layout.snapshots_dir) else []
     for name in names:
@@ -225,18 +213,19 @@ def _verify_snapshots(layout: StoreLayout, store_id: str | None, checked: dict[s
         try:
             snap = snapshot.open(sp)
             if store_id is not None and snap.store_id not in (None, store_id):
-                problems.append(_problem(
+                problems.append(DamageReport(
+                    sp, None, lsn, Damage.HEADER,
                     f"snapshot belongs to store {snap.store_id}, not to this store {store_id} (the log's): "
                     "left by another store at the same path; it is never used (delete it, or move it aside)",
-                    severity="problem", file=sp, lsn=lsn))
+                    "problem"))
                 continue
             with rep.task(f"verifying snapshot {lsn}", snap.info.bytes, "bytes") as progress:
                 snap.verify(progress)
         except CorruptionError as e:
-            problems.append(_problem(e.reason, file=e.path, offset=e.offset, lsn=e.lsn))
+            problems.append(DamageReport.of(e, sp))
             continue
         except WalkvError as e:
-            problems.append(_problem(str(e), file=sp))
+            problems.append(DamageReport(sp, None, None, Damage.CONTENT, str(e)))
             continue
         checked["snapshots"] += 1
         checked["snapshot_pairs"] += snap.info.count
@@ -253,10 +242,12 @@ def cmd_verify(args: argparse.Namespace, rep: Reporter) -> int:
         return cmd_archive_verify(argparse.Namespace(uri=args.store, json=args.json), rep)
     t0 = time.monotonic()
     result = verify_store(args.store, rep)
-    problems = result["problems"]
+    problems: list[DamageReport] = result["problems"]
     c = result["checked"]
     result["seconds"] = round(time.monotonic() - t0, 3)
     if args.json:
+        result["problems"] = [{"severity": p.severity, "file": p.path, "offset": p.offset, "lsn": p.lsn,
+                               "message": p.message} for p in problems]
         print(json.dumps(result, indent=2))
     else:
         print(f"{result['store']}: {c['segments']} segments ({human_bytes(c['log_bytes'])}), "
@@ -265,17 +256,10 @@ def cmd_verify(args: argparse.Namespace, rep: Reporter) -> int:
         if not problems:
             print("ok: no problems found")
         for p in problems:
-            where = []
-            if p["file"]:
-                where.append(p["file"])
-            if p["offset"] is not None:
-                where.append(f"offset {p['offset']}")
-            if p["lsn"] is not None:
-                where.append(f"LSN {p['lsn']}")
-            print(f"{p['severity'].upper()}: {', '.join(where)}: {p['message']}")
-        if any(p["severity"] == "corrupt" for p in problems):
+            print(p)
+        if any(p.severity == "corrupt" for p in problems):
             print(f"to cut the log at its first bad record: walkv repair {args.store}")
-    if any(p["severity"] == "corrupt" for p in problems):
+    if any(p.severity == "corrupt" for p in problems):
         return EXIT_CORRUPT
     return EXIT_PROBLEM if problems else EXIT_OK
 

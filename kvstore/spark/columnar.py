@@ -26,7 +26,7 @@ accept (mixed lengths, empty keys or values, anything malformed) is decoded
 record by record with :func:`~snapshot.chunk.decode_record`, which returns
 the same columns or raises the :class:`~wal.errors.CorruptionError` naming
 the file and the record's offset. Records are counted, ordered and checked
-against the manifest (:class:`snapshot.chunk.ChunkRecords`) before their
+against the manifest (:class:`snapshot.chunk_reader.ChunkRecords`) before their
 rows are yielded, and the whole file (size, CRC-32C) at its end.
 """
 
@@ -39,7 +39,8 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from snapshot.chunk import ChunkInfo, ChunkRecords, decode_record
+from snapshot.chunk import ChunkInfo, decode_record
+from snapshot.chunk_reader import ChunkRecords
 from wal.errors import CorruptionError
 
 _np: Any
@@ -224,7 +225,7 @@ def read_chunk_arrays(f: BinaryIO, chunk: ChunkInfo, name: str, rows: int,
     ``(keys, values)`` arrays of whole records, about ``rows`` pairs or
     ``max_bytes`` of records each; every record is checked before its rows
     are yielded, and the whole file at the end (as
-    :func:`snapshot.chunk.read_chunk_columns` does)."""
+    :func:`snapshot.chunk_reader.read_chunk_columns` does)."""
     records = ChunkRecords(f, chunk, name)
     per_pair = max(1, chunk.bytes // max(1, chunk.pairs))
     pending: list[Record] = []
