@@ -5,6 +5,7 @@
       wal/        the log: wal (segments, sparse indexes, DURABLE)
       lmdb/       the state machine (kvstore.state.machine) and its SESSION record (kvstore.store.recovery)
       snapshots/  snap-<lsn 20 digits>/ directories: the snapshot package
+      subscriptions/  named subscriptions and live consumers the log is kept for (kvstore.watch.consumers)
       ARCHIVED    the archived LSN a sidecar archiver publishes (kvstore.archive.marker)
       REPLICA     only in a read replica's directory (kvstore.replica.replica): which store it follows;
                   a writer refuses to open it until promote() removed it
@@ -28,6 +29,7 @@ SNAPSHOTS_DIR = "snapshots"
 SESSION_NAME = "SESSION"
 ARCHIVED_NAME = "ARCHIVED"
 REPLICA_NAME = "REPLICA"
+SUBSCRIPTIONS_DIR = "subscriptions"
 
 
 class StoreLayout(NamedTuple):
@@ -68,4 +70,5 @@ class StoreLayout(NamedTuple):
         return self.fs.display(self.root if path is None else path)
 
 
-__all__ = ["ARCHIVED_NAME", "LMDB_DIR", "REPLICA_NAME", "SESSION_NAME", "SNAPSHOTS_DIR", "StoreLayout", "WAL_DIR"]
+__all__ = ["ARCHIVED_NAME", "LMDB_DIR", "REPLICA_NAME", "SESSION_NAME", "SNAPSHOTS_DIR", "SUBSCRIPTIONS_DIR", "StoreLayout",
+           "WAL_DIR"]

@@ -130,7 +130,8 @@ def test_retention_past_a_running_replica_rebuilds_it_while_reads_go_on(tmp_path
     src, rdir = str(tmp_path / "src"), str(tmp_path / "rep")
     errors: list[BaseException] = []
     stop = threading.Event()
-    with kvstore.open(src, sync="none", segment_bytes=1024, keep_snapshots=1) as db:
+    # max_retained_bytes=0: retention does not wait for the replica (by default it does, below)
+    with kvstore.open(src, sync="none", segment_bytes=1024, keep_snapshots=1, max_retained_bytes=0) as db:
         for i in range(50):
             db.update({b"a": b"%d" % i, b"b": b"%d" % i})
         with kvstore.open_replica(src, rdir, poll_interval=2.0) as rep:

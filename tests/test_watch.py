@@ -92,7 +92,8 @@ def test_progress_markers_and_close_from_another_thread(tmp_path):
 
 
 def test_gap_error_names_the_first_lsn_and_snapshot_restart(tmp_path):
-    with kvstore.open(tmp_path / "s", segment_bytes=4096, keep_snapshots=1) as db:
+    # max_retained_bytes=0: retention does not wait for live watchers (by default it does)
+    with kvstore.open(tmp_path / "s", segment_bytes=4096, keep_snapshots=1, max_retained_bytes=0) as db:
         for i in range(100):
             db.put(b"k%03d" % i, b"v" * 100)
         db.delete(b"k000")
@@ -113,7 +114,8 @@ def test_gap_error_names_the_first_lsn_and_snapshot_restart(tmp_path):
 def test_retention_under_a_slow_watcher_restarts_from_a_snapshot(tmp_path):
     """The watcher holds segment 1 open; retention deletes the segments after
     it: the roll finds the gap, and on_gap='snapshot' catches up exactly."""
-    with kvstore.open(tmp_path / "s", segment_bytes=4096, keep_snapshots=1) as db:
+    # max_retained_bytes=0: retention does not wait for live watchers (by default it does)
+    with kvstore.open(tmp_path / "s", segment_bytes=4096, keep_snapshots=1, max_retained_bytes=0) as db:
         for i in range(60):
             db.put(b"k%03d" % i, b"v" * 100)
         slow = db.watch(from_lsn=1, on_gap="snapshot", timeout=0.2)

@@ -146,6 +146,18 @@ class LogGapError(WalkvError):
         super().__init__(message)
 
 
+class SubscriptionInvalidatedError(WalkvError):
+    """A named subscription fell so far behind that retention stopped keeping
+    the log for it (past ``max_retained_bytes``): ``name`` names it,
+    ``next_lsn`` is the first LSN it had not acknowledged. Drop it and
+    subscribe again."""
+
+    def __init__(self, message: str, *, name: str, next_lsn: int) -> None:
+        self.name = name
+        self.next_lsn = next_lsn
+        super().__init__(message)
+
+
 class RecordTooLargeError(WalkvError, ValueError):
     """A payload, key or value is over its configured limit. Nothing was written."""
 

@@ -101,6 +101,7 @@ class Replica(Lookups):
         try:
             directory.claim(self.path, source)
             self._served = ServedState(directory.starting_state(self.path, source, self._options), self.path)
+            self._hold = source.hold(self.applied_lsn + 1)  # the source's retention keeps what it has not read
         except BaseException:
             self._lock.release()
             raise
@@ -169,6 +170,8 @@ class Replica(Lookups):
             return False
         state.apply(applied + 1, batches)
         self._note_applied(state.applied_lsn, durable, seen)
+        if self._hold is not None:
+            self._hold.move(state.applied_lsn + 1)
         return True
 
     def _note_applied(self, applied: int, durable: int, seen: float) -> None:
@@ -331,6 +334,8 @@ class Replica(Lookups):
         state = self._served.close()
         with self._applied:
             self._applied.notify_all()
+        if self._hold is not None:
+            self._hold.release()
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -22,6 +22,7 @@ from, and a fence for :meth:`kvstore.replica.replica.Replica.promote`.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from kvstore.replica.archive_restore import ArchiveLog, choose_snapshot
 from kvstore.replica.restore import LogFiles
 from kvstore.store import recovery
 from kvstore.store.snapshots import choose_base
+from kvstore.watch.consumers import LiveHold
 from kvstore.watch.log_tail import LogTail
 from wal.durable import read_durable_lsn
 from wal.errors import LockedError, ReplicaError, WalkvError
@@ -43,6 +45,8 @@ from wal.segment import Entry, list_segments, read_store_id
 
 STORE_POLL_SECONDS = 0.002
 ARCHIVE_POLL_SECONDS = 1.0
+
+log = logging.getLogger("walkv.replica")
 
 
 class Fence(Protocol):
@@ -65,6 +69,9 @@ class ReplicaSource(Protocol):
     def base(self, last: int) -> snapshot.Snapshot | None: ...
     def log_source(self, last: int) -> recovery.LogSource: ...
     def fence(self) -> Fence | None: ...
+    def hold(self, next_lsn: int) -> LiveHold | None:
+        """Ask the source's log retention to keep the log from ``next_lsn``
+        while the replica runs (None: the source has no such retention)."""
     def close(self) -> None: ...
 
 
@@ -120,6 +127,14 @@ class StoreSource:
     def fence(self) -> Fence:
         return DirectoryLock(self.layout.root, f"the source store {self.name}")
 
+    def hold(self, next_lsn: int) -> LiveHold | None:
+        try:
+            return LiveHold(self.layout.root, next_lsn)
+        except OSError as exc:  # a store this process may read but not write
+            log.warning("%s: cannot ask its retention to keep the log for this replica (%s); a replica that "
+                        "falls behind it rebuilds from a snapshot", self.name, exc)
+            return None
+
     def close(self) -> None:
         self.reset()
 
@@ -162,6 +177,9 @@ class ArchiveSource:
                               f"{lease.host}, pid {lease.pid}, lease for {lease.expires - time.time():.0f} s "
                               "more): its source is alive; stop it first")
         return None
+
+    def hold(self, next_lsn: int) -> None:
+        return None  # an archive's retention is its own (kvstore.archive.retention)
 
     def close(self) -> None:
         pass

@@ -58,8 +58,8 @@ def snapshots_dir(store_path: str) -> str:
 class StoreSnapshots:
     """The snapshots a store's writer takes: one at a time, each followed by
     retention (the newest ``keep`` kept, the log back to the oldest of them,
-    and never past what an archive holds yet); ``log_bytes_trimmed`` counts
-    what retention freed."""
+    and never past what an archive or a consumer still needs);
+    ``log_bytes_trimmed`` counts what retention freed."""
 
     def __init__(self, store_path: str, fs: FileSystem, *, keep: int, chunk_bytes: int | None) -> None:
         if type(keep) is not int or keep < 1:
@@ -71,14 +71,15 @@ class StoreSnapshots:
         self._fs = fs
         self._lock = threading.Lock()  # one snapshot (and its retention) at a time
 
-    def take(self, state: State, log: wal.Log, archived: Callable[[], int | None], *, keep: int | None = None,
+    def take(self, state: State, log: wal.Log, floor: Callable[[], int | None], *, keep: int | None = None,
              chunk_bytes: int | None = None, progress: Progress | None = None) -> snapshot.SnapshotInfo:
-        """:func:`take`, then :func:`retain` bounded by ``archived()`` (the
-        LSN the store's archive holds up to, None: no archive)."""
+        """:func:`take`, then :func:`retain`, never trimming the log at or
+        after ``floor()`` (the lowest LSN the archive or a consumer still
+        needs; None: nothing does)."""
         with self._lock:
             info = take(state, log, self.parent, store_id=log.store_id, fs=self._fs,
                         chunk_bytes=chunk_bytes or self.chunk_bytes, progress=progress)
-            self.log_bytes_trimmed += retain(self.parent, log, keep or self.keep, self._fs, archived())
+            self.log_bytes_trimmed += retain(self.parent, log, keep or self.keep, self._fs, floor())
         return info
 
 
@@ -167,13 +168,13 @@ def _make_durable(log: wal.Log, lsn: int) -> None:
         log.sync()
 
 
-def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem, archived: int | None = None) -> int:
+def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem, floor: int | None = None) -> int:
     """Keep the newest ``keep`` snapshots of this store and the log back to
     the oldest of them; return the log bytes freed. Snapshots of another
-    store at or after that one are left alone and do not count. With an
-    archive (``archived``: the LSN it holds up to), a segment with any LSN
-    above ``archived`` is kept too: the local log never loses what the
-    archive does not hold yet."""
+    store at or after that one are left alone and do not count. A segment
+    holding ``floor`` or any later LSN is kept too (``floor``: the lowest LSN
+    the archive does not hold yet, or a consumer has not read yet): the local
+    log never loses what they need."""
     own = own_snapshots(parent, log.store_id)
     if not own:
         snapshot.cleanup_incomplete(parent, fs=fs)
@@ -185,10 +186,10 @@ def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem, archived: int |
     if not kept:
         return 0
     below = kept[0].lsn + 1
-    if archived is not None and archived + 1 < below:
-        log_.debug("log of %s kept from LSN %d: the archive holds LSNs up to %d only", os.path.dirname(parent),
-                   archived + 1, archived)
-        below = archived + 1
+    if floor is not None and floor < below:
+        log_.debug("log of %s kept from LSN %d: the archive or a consumer needs it", os.path.dirname(parent),
+                   floor)
+        below = floor
     freed = log.truncate_before(below)
     if freed:
         log_.info("log of %s trimmed below LSN %d: %d bytes freed", os.path.dirname(parent), below, freed)

@@ -65,7 +65,10 @@ from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import StoreWriter
+from kvstore.watch import consumers
 from kvstore.watch import watcher as watching
+from kvstore.watch.consumers import SubscriptionInfo
+from kvstore.watch.subscription import Subscription, subscribe
 from snapshot import SnapshotInfo
 from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
@@ -104,6 +107,7 @@ class KVStore(Lookups):
                  progress: Progress | None = None, fs: FileSystem | None = None,
                  archive: Location | None = None, archive_interval: float = 1.0,
                  archive_keep_snapshots: int | None = None, archive_keep_seconds: float | None = None,
+                 max_retained_bytes: int = consumers.DEFAULT_MAX_RETAINED_BYTES,
                  **log_options: Any) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.readonly = bool(readonly)
@@ -120,6 +124,8 @@ class KVStore(Lookups):
                             "(or run `walkv archive STORE URI` beside it)")
         if self.readonly and log_options:
             raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
+        if type(max_retained_bytes) is not int or max_retained_bytes < 0:
+            raise ValueError(f"max_retained_bytes must be an int >= 0, not {max_retained_bytes!r}")
         snapshots_ = snapshots.StoreSnapshots(self.path, self._fs, keep=keep_snapshots,
                                               chunk_bytes=snapshot_chunk_bytes)
         self._max_payload = max_record_bytes - ENTRY_OVERHEAD
@@ -143,6 +149,7 @@ class KVStore(Lookups):
                     log_options=dict(log_options, sync=sync, segment_bytes=segment_bytes,
                                      max_record_bytes=max_record_bytes))
                 self._log = self._writer.log
+                self._writer.max_retained_bytes = max_retained_bytes
                 self._state, self.replayed, self.rebuilt = opened
                 if snapshot_every_bytes:
                     self._writer.take_snapshots_every(self.snapshot, int(snapshot_every_bytes))
@@ -350,10 +357,38 @@ class KVStore(Lookups):
         ``[start, stop)``: an iterator (and context manager) of
         :class:`kvstore.watch.Change`. See :mod:`kvstore.watch.watcher`."""
         self._check_open()
-        source = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
-                                 self._watch_hub, polls=self._writer is None)
-        return watching.Watcher(source, prefix, start=start, stop=stop, from_lsn=from_lsn, timeout=timeout,
-                                progress_every=progress_every, on_gap=on_gap)
+        return watching.Watcher(self._watch_source(), prefix, start=start, stop=stop, from_lsn=from_lsn,
+                                timeout=timeout, progress_every=progress_every, on_gap=on_gap)
+
+    def subscribe(self, name: str, prefix: bytes | None = None, *, start: bytes | None = None,
+                  stop: bytes | None = None, from_lsn: int | None = None, timeout: float | None = None,
+                  progress_every: float | None = None) -> Subscription:
+        """The named, durable subscription ``name``: changes as :meth:`watch`
+        gives them, from after the last one acknowledged with ``sub.ack(lsn)``,
+        across restarts of either side; the writer's log retention keeps them
+        for it, up to ``max_retained_bytes``. Created at ``from_lsn`` (default:
+        the next LSN) by the first call; the key range is fixed then. From a
+        ``readonly=True`` process too. See :mod:`kvstore.watch.subscription`."""
+        self._check_open()
+        return subscribe(self.path, self._watch_source(), name, prefix=prefix, start=start, stop=stop,
+                         from_lsn=from_lsn, next_lsn=lambda: self.durable_lsn + 1, timeout=timeout,
+                         progress_every=progress_every)
+
+    def subscriptions(self) -> list[SubscriptionInfo]:
+        """Every named subscription: its acknowledged LSN, its lag in LSNs
+        and in log bytes kept for it, and why it was invalidated (or None)."""
+        self._check_open()
+        return consumers.infos(self.path, self.durable_lsn)
+
+    def drop_subscription(self, name: str) -> bool:
+        """Forget subscription ``name`` (the log it held is trimmed at the next
+        snapshot); False when there was none."""
+        self._check_open()
+        return consumers.drop(self.path, name)
+
+    def _watch_source(self) -> watching.Source:
+        return watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
+                               self._watch_hub, polls=self._writer is None)
 
     # -- LSNs --------------------------------------------------------------------
 
@@ -398,7 +433,8 @@ class KVStore(Lookups):
         self._check_open()
         if self._writer is None:
             raise SnapshotError(f"the store {self.path} is open read-only; snapshots are taken by its writer")
-        return self._writer.snapshot(self._state, keep=keep, chunk_bytes=chunk_bytes, progress=progress)
+        return self._writer.snapshot(self._state, self._watch_hub.positions, keep=keep, chunk_bytes=chunk_bytes,
+                                     progress=progress)
 
     def list_snapshots(self) -> list[SnapshotInfo]:
         """The store's valid snapshots, oldest first."""
@@ -448,6 +484,7 @@ class KVStore(Lookups):
         out.update(self._state.stats())
         if self._writer is not None:
             out.update(self._writer.stats())
+        out["subscriptions"] = [s._asdict() for s in consumers.infos(self.path, self.durable_lsn)]
         return out
 
     # -- closing -----------------------------------------------------------------
@@ -493,6 +530,10 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
     that much log was written since the last one), ``snapshot_chunk_bytes``,
     ``progress`` (callback(done, total) during replay), ``fs``, and the log's
     ``sync_interval``, ``sync_bytes``, ``recovery``.
+
+    ``max_retained_bytes`` (default 1 GiB): the most log retention keeps for
+    a consumer that falls behind (a named subscription past it is
+    invalidated; :mod:`kvstore.watch.consumers`).
 
     ``archive``: ship the log and snapshots to an archive (a URI pyarrow
     understands, ``s3://...``, ``file://...``, a local directory, or a

@@ -18,6 +18,10 @@ hold yet: it is bounded by the archiver's archived LSN and by a sidecar's
 (``walkv archive STORE URI`` in another process) published one
 (``STORE/ARCHIVED``, :mod:`kvstore.archive.marker`), whichever is lower.
 
+Log retention after each snapshot also keeps what a consumer still needs
+(:mod:`kvstore.watch.consumers`): named subscriptions, live consumers in other
+processes and the store's own watchers, up to ``max_retained_bytes``.
+
 Closing (:meth:`StoreWriter.close`): the log first, so every write in flight
 finishes; then LMDB is flushed and closed, and the clean close is recorded in
 ``lmdb/SESSION`` (the next open trusts LMDB as it is). When the log failed
@@ -45,6 +49,7 @@ from kvstore.archive.target import Location
 from kvstore.layout import LMDB_DIR, REPLICA_NAME, WAL_DIR
 from kvstore.state import State, StateOptions
 from kvstore.store import recovery, snapshots
+from kvstore.watch import consumers
 from wal.errors import ArchiveError, ReplicaError, WalkvError
 from wal.fs import FileSystem
 from wal.lock import DirectoryLock
@@ -63,6 +68,7 @@ class StoreWriter:
         self.path = path
         self.log = log
         self.snapshots = snapshots_
+        self.max_retained_bytes = consumers.DEFAULT_MAX_RETAINED_BYTES
         self.archiver: Archiver | None = None
         self.auto: snapshots.AutoSnapshot | None = None
         self._fs = fs
@@ -122,10 +128,20 @@ class StoreWriter:
 
     # -- snapshots and the archive ----------------------------------------------
 
-    def snapshot(self, state: State, **options: Any) -> snapshot.SnapshotInfo:
-        """Take a snapshot of ``state`` and apply retention, bounded by what
-        the archive holds (:meth:`snapshots.StoreSnapshots.take`)."""
-        return self.snapshots.take(state, self.log, self.archived_lsn, **options)
+    def snapshot(self, state: State, watchers: Callable[[], list[int]], **options: Any) -> snapshot.SnapshotInfo:
+        """Take a snapshot of ``state`` and apply retention, which keeps what
+        the archive does not hold yet and what consumers still need: named
+        subscriptions, live consumers in other processes and this process's
+        ``watchers()`` (their next LSNs), up to ``max_retained_bytes``
+        (:mod:`kvstore.watch.consumers`)."""
+        def floor() -> int | None:
+            archived = self.archived_lsn()
+            floors = [] if archived is None else [archived + 1]
+            needed = consumers.retention_floor(self.path, self.max_retained_bytes, watchers())
+            if needed is not None:
+                floors.append(needed)
+            return min(floors) if floors else None
+        return self.snapshots.take(state, self.log, floor, **options)
 
     def archived_lsn(self) -> int | None:
         """The highest LSN local log retention may delete (None: no archive

@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -96,19 +97,27 @@ class Change(NamedTuple):
 
 
 class WatchHub:
-    """Wakes a store's watchers: :meth:`committed` is the one call per group
-    from the store's on_commit hook (a read of a counter when nobody
-    watches)."""
+    """A store's live watchers: :meth:`committed` wakes them, the one call per
+    group from the store's on_commit hook (a look at an empty set when nobody
+    watches); :meth:`positions` says which LSNs they still need, so that log
+    retention keeps them (:mod:`kvstore.watch.consumers`). A watcher leaves
+    the set when it is closed, or dropped (the set holds it weakly: one never
+    iterated, or abandoned, costs the writers nothing)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
-        self.watchers = 0
+        self.watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
         self.closed = False
 
     def committed(self) -> None:
         if self.watchers:
             with self.cond:
                 self.cond.notify_all()
+
+    def positions(self) -> list[int]:
+        """The next LSN each live watcher needs."""
+        with self.cond:
+            return [w.next_lsn for w in list(self.watchers)]
 
     def close(self) -> None:
         with self.cond:
@@ -169,23 +178,24 @@ class Watcher:
         self._on_gap = on_gap
         self._closed = False
         self._tail: LogTail | None = None
+        self._gen: Iterator[Change] | None = None  # made at the first next(): until then nothing refers back here
         with source.hub.cond:
-            source.hub.watchers += 1
-        self._gen = self._run()
+            source.hub.watchers.add(self)
 
     def __iter__(self) -> "Watcher":
         return self
 
     def __next__(self) -> Change:
+        if self._gen is None:
+            self._gen = self._run()
         return next(self._gen)
 
     def close(self) -> None:
         """Stop: the iteration ends (a blocked ``next`` returns promptly)."""
         hub = self._src.hub
         with hub.cond:
-            if not self._closed:
-                self._closed = True
-                hub.watchers -= 1
+            self._closed = True
+            hub.watchers.discard(self)
             hub.cond.notify_all()
 
     def __enter__(self) -> "Watcher":
@@ -303,24 +313,35 @@ class AsyncWatcher:
     def __init__(self, watcher: Watcher) -> None:
         self.watcher = watcher
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="walkv-watch")
+        # Dropped without aclose() (a bare ``async for`` left by break or an
+        # error): stop the watcher, so that its thread ends.
+        self._finalizer = weakref.finalize(self, _stop, watcher, self._pool)
 
     def __aiter__(self) -> "AsyncWatcher":
         return self
 
     async def __anext__(self) -> Change:
         loop = asyncio.get_running_loop()
-        change = await loop.run_in_executor(self._pool, next, self.watcher, None)
+        try:
+            change = await loop.run_in_executor(self._pool, next, self.watcher, None)
+        except asyncio.CancelledError:  # the consuming task was cancelled: nobody will ask again
+            self._finalizer()
+            raise
         if change is None:
-            self._pool.shutdown(wait=False)
+            self._finalizer()
             raise StopAsyncIteration
         return change
 
     async def aclose(self) -> None:
-        self.watcher.close()
-        self._pool.shutdown(wait=False)
+        self._finalizer()
 
     async def __aenter__(self) -> "AsyncWatcher":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _stop(watcher: Watcher, pool: ThreadPoolExecutor) -> None:
+    watcher.close()  # a next() blocked in the pool's thread returns promptly
+    pool.shutdown(wait=False)

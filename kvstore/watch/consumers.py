@@ -1,0 +1,294 @@
+"""The consumers a store's log retention waits for, as files any process can
+write: named subscriptions and live holds.
+
+Layout of ``STORE/subscriptions/``::
+
+    sub-<name>.json    a named, durable subscription (:mod:`kvstore.watch.subscription`)
+    live-<id>/LOCK     a live consumer in another process (a replica following the
+    live-<id>/NEXT     store): it holds LOCK (wal.lock) while it runs; NEXT is the
+                       first LSN it still needs, as decimal text
+
+A subscription record is JSON ``{"format": 1, "name", "next": [lsn, skip],
+"prefix", "start", "stop", "created_us", "invalidated"}``: its consumer has
+handled every change before LSN ``lsn`` and the first ``skip`` changes of
+``lsn`` (a batch is several changes at one LSN); the key range is hex (null:
+none); ``invalidated`` is null or why retention stopped waiting for it. Every
+record is replaced whole by a rename, so a reader sees the old one or the
+new one; acknowledgements are not fsynced (they survive a crash of any
+process; a crash of the machine may take the newest back, so a consumer sees
+those changes again: at least once). Creating and dropping fsync the directory.
+
+Why files and not the log or LMDB: a consumer in a ``readonly=True`` process
+(and over the network, later) acknowledges without the writer, and the
+writer's retention reads every position when it trims, from any process.
+
+Retention (:func:`retention_floor`, called by the writer after each
+snapshot) keeps every segment a consumer still needs: named subscriptions,
+live holds whose LOCK is still held (a dead holder's directory is removed),
+and the writer's own live watchers. A bound, ``max_retained_bytes``, stops it
+from growing without limit because of a consumer that went away (as
+PostgreSQL's ``max_slot_wal_keep_size`` does for replication slots): a named
+subscription that would keep more log than that is invalidated, visibly (its
+record says why; its consumer gets :class:`~wal.errors.SubscriptionInvalidatedError`
+naming it; ``stats()`` lists it); a live hold or watcher past the bound is
+not waited for (it meets :class:`~wal.errors.LogGapError` as before).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from kvstore.layout import SUBSCRIPTIONS_DIR, WAL_DIR
+from wal.errors import LockedError, SubscriptionInvalidatedError, WalkvError
+from wal.fs import OS_FS
+from wal.lock import DirectoryLock
+from wal.segment import SegmentFile, list_segments
+
+log = logging.getLogger("walkv.subscriptions")
+
+FORMAT = 1
+DEFAULT_MAX_RETAINED_BYTES = 1 << 30
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SUB_PREFIX, _SUB_SUFFIX, _LIVE_PREFIX, _NEXT_NAME = "sub-", ".json", "live-", "NEXT"
+
+
+class Record(NamedTuple):
+    """A subscription record (module docstring)."""
+
+    name: str
+    next_lsn: int
+    skip: int
+    prefix: bytes | None
+    start: bytes | None
+    stop: bytes | None
+    created_us: int
+    invalidated: str | None
+
+
+class SubscriptionInfo(NamedTuple):
+    """``db.subscriptions()``: a subscription, where it is and how far behind."""
+
+    name: str
+    acked_lsn: int        # every change up to this LSN is acknowledged
+    lag_lsns: int         # durable LSNs after it
+    lag_bytes: int        # log bytes retention keeps for it
+    invalidated: str | None
+
+
+def directory(store_path: str) -> str:
+    return os.path.join(store_path, SUBSCRIPTIONS_DIR)
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise ValueError(f"a subscription name is 1-100 letters, digits, '.', '_' or '-' (starting with a "
+                         f"letter or digit), not {name!r}")
+    return name
+
+
+def _record_path(store_path: str, name: str) -> str:
+    return os.path.join(directory(store_path), _SUB_PREFIX + name + _SUB_SUFFIX)
+
+
+def _hex(b: bytes | None) -> str | None:
+    return None if b is None else b.hex()
+
+
+def _unhex(s: Any) -> bytes | None:
+    return None if s is None else bytes.fromhex(s)
+
+
+def read(store_path: str, name: str) -> Record | None:
+    """The record of subscription ``name``, or None when there is none."""
+    path = _record_path(store_path, name)
+    try:
+        with open(path, "rb") as f:
+            raw = json.loads(f.read(1 << 16))
+        if raw.get("format") != FORMAT:
+            raise ValueError(f"format {raw.get('format')!r}")
+        lsn, skip = raw["next"]
+        return Record(raw["name"], int(lsn), int(skip), _unhex(raw["prefix"]), _unhex(raw["start"]),
+                      _unhex(raw["stop"]), int(raw["created_us"]), raw["invalidated"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WalkvError(f"{path} is not a walkv subscription record ({exc}); drop the subscription "
+                         f"(`walkv subscriptions STORE --drop {name}`) and create it again") from None
+
+
+def write(store_path: str, rec: Record, *, new: bool = False) -> None:
+    """Replace the record whole (module docstring); ``new``: make its name durable."""
+    parent = directory(store_path)
+    if new:
+        OS_FS.makedirs(parent)
+    data = json.dumps({"format": FORMAT, "name": rec.name, "next": [rec.next_lsn, rec.skip],
+                       "prefix": _hex(rec.prefix), "start": _hex(rec.start), "stop": _hex(rec.stop),
+                       "created_us": rec.created_us, "invalidated": rec.invalidated}).encode()
+    path = _record_path(store_path, rec.name)
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if new:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if new:
+        OS_FS.fsync_dir(parent)
+
+
+def drop(store_path: str, name: str) -> bool:
+    """Remove subscription ``name``; False when there was none."""
+    try:
+        os.unlink(_record_path(store_path, check_name(name)))
+    except FileNotFoundError:
+        return False
+    OS_FS.fsync_dir(directory(store_path))
+    return True
+
+
+def records(store_path: str) -> list[Record]:
+    try:
+        names = sorted(os.listdir(directory(store_path)))
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        if n.startswith(_SUB_PREFIX) and n.endswith(_SUB_SUFFIX):
+            rec = read(store_path, n[len(_SUB_PREFIX):-len(_SUB_SUFFIX)])
+            if rec is not None:
+                out.append(rec)
+    return out
+
+
+def invalidated_error(store_path: str, rec: Record) -> SubscriptionInvalidatedError:
+    return SubscriptionInvalidatedError(
+        f"the subscription {rec.name!r} of {store_path} was invalidated: {rec.invalidated}. Its changes "
+        f"from LSN {rec.next_lsn} on are no longer kept; drop it (db.drop_subscription({rec.name!r}) or "
+        f"`walkv subscriptions {store_path} --drop {rec.name}`) and subscribe again, from a snapshot "
+        f"(Spark table=snapshot, or watch(on_gap='snapshot')) if it needs every key",
+        name=rec.name, next_lsn=rec.next_lsn)
+
+
+# -- live holds --------------------------------------------------------------------
+
+
+class LiveHold:
+    """A consumer in this process that needs the log from :attr:`next_lsn` on,
+    for as long as it runs (module docstring). :meth:`move` is cheap enough to
+    call after every step: it rewrites NEXT at most once a second."""
+
+    def __init__(self, store_path: str, next_lsn: int) -> None:
+        OS_FS.makedirs(directory(store_path))
+        self.path = os.path.join(directory(store_path), f"{_LIVE_PREFIX}{uuid.uuid4().hex}")
+        OS_FS.makedirs(self.path)
+        self._lock: DirectoryLock | None = DirectoryLock(self.path, f"the live consumer {self.path}")
+        self.next_lsn = 0
+        self._written_at = 0.0
+        self.move(next_lsn, force=True)
+
+    def move(self, next_lsn: int, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if next_lsn <= self.next_lsn or (not force and now - self._written_at < 1.0):
+            return
+        nxt = os.path.join(self.path, _NEXT_NAME)
+        with open(nxt + ".tmp", "w") as f:
+            f.write(f"{next_lsn}\n")
+        os.replace(nxt + ".tmp", nxt)
+        self.next_lsn, self._written_at = next_lsn, now
+
+    def release(self) -> None:
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            shutil.rmtree(self.path, ignore_errors=True)
+            lock.release()
+
+
+def _live_positions(store_path: str) -> list[tuple[str, int]]:
+    """``(directory, next LSN)`` of every live hold whose holder runs; the
+    directories of dead holders are removed."""
+    try:
+        names = os.listdir(directory(store_path))
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        if not n.startswith(_LIVE_PREFIX):
+            continue
+        path = os.path.join(directory(store_path), n)
+        try:
+            probe = DirectoryLock(path)
+        except LockedError:
+            try:
+                with open(os.path.join(path, _NEXT_NAME)) as f:
+                    out.append((path, int(f.read(32))))
+            except (OSError, ValueError):
+                pass  # being created: its holder writes NEXT before it reads anything
+            continue
+        except OSError:
+            continue
+        probe.release()
+        log.info("removing the hold of a consumer that is gone: %s", path)
+        shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+# -- retention ---------------------------------------------------------------------
+
+
+def _bytes_from(segments: list[SegmentFile], lsn: int) -> int:
+    """Bytes of the sealed segments that hold ``lsn`` or anything after it:
+    what retention keeps for a consumer at ``lsn`` (the active segment is
+    always kept)."""
+    return sum(seg.size for seg, nxt in zip(segments, segments[1:]) if nxt.first_lsn - 1 >= lsn)
+
+
+def retention_floor(store_path: str, max_retained_bytes: int, watchers: Iterable[int] = ()) -> int | None:
+    """The lowest LSN the log must keep for its consumers (None: none needs
+    any), after invalidating the named subscriptions past the bound (module
+    docstring). ``watchers``: the next LSNs of this process's live watchers."""
+    segments = list_segments(os.path.join(store_path, WAL_DIR))
+    needs: list[int] = []
+
+    def within(lsn: int, who: str) -> bool:
+        kept = _bytes_from(segments, lsn)
+        if kept <= max_retained_bytes:
+            return True
+        log.warning("%s needs the log of %s from LSN %d (%d bytes), past max_retained_bytes=%d: not kept for it",
+                    who, store_path, lsn, kept, max_retained_bytes)
+        return False
+
+    for rec in records(store_path):
+        if rec.invalidated is not None:
+            continue
+        if within(rec.next_lsn, f"the subscription {rec.name!r}"):
+            needs.append(rec.next_lsn)
+        else:
+            reason = (f"it needed the log from LSN {rec.next_lsn} on ({_bytes_from(segments, rec.next_lsn)} "
+                      f"bytes), past max_retained_bytes={max_retained_bytes}")
+            write(store_path, rec._replace(invalidated=reason))
+    for path, lsn in _live_positions(store_path):
+        if within(lsn, f"the live consumer {path}"):
+            needs.append(lsn)
+    for lsn in watchers:
+        if within(lsn, "a watcher of this process"):
+            needs.append(lsn)
+    return min(needs) if needs else None
+
+
+def infos(store_path: str, durable_lsn: int) -> list[SubscriptionInfo]:
+    """Every named subscription, with its lag (module docstring)."""
+    segments = list_segments(os.path.join(store_path, WAL_DIR))
+    out = []
+    for rec in records(store_path):
+        acked = rec.next_lsn - 1
+        out.append(SubscriptionInfo(rec.name, acked, max(0, durable_lsn - acked),
+                                    _bytes_from(segments, rec.next_lsn) if acked < durable_lsn else 0,
+                                    rec.invalidated))
+    return out
