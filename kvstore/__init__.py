@@ -52,6 +52,7 @@ from wal.errors import (
     ReplicaLagError,
     SnapshotError,
     StoreVanishedError,
+    SubscriptionInvalidatedError,
     ViewExpiredError,
     WalkvError,
 )
@@ -75,7 +76,7 @@ def open_async(path, sync: str = "always", **options):
 
 __all__ = [
     "MAX_KEY_BYTES", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError", "ClosedError", "CorruptionError", "Damage",
-    "DiskFullError", "ForkedError", "StoreVanishedError", "KVStore", "LockedError",
+    "DiskFullError", "ForkedError", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
     "ReplicaLagError", "SnapshotError",
     "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "open_replica",

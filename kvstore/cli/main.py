@@ -36,7 +36,7 @@ import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 
-from kvstore.cli import admin, archive, demo, files, inspection, kv, replica, stats
+from kvstore.cli import admin, archive, demo, files, inspection, kv, replica, stats, subscriptions
 from kvstore.cli.common import (
     EXIT_CORRUPT,
     EXIT_LOCKED,
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_commands(add)
     archive.add_commands(add)
     replica.add_commands(add)
+    subscriptions.add_commands(add)
 
     return parser
 

@@ -3,7 +3,8 @@
 ``prometheus_text(db.stats())`` in the writing process gives everything:
 LSNs (last, durable, applied, archived), the archive's lag and errors, the
 log's appends, groups, fsyncs, fsync latency (p50/p99 over the last 4096)
-and group sizes. ``walkv stats --prometheus STORE`` gives what another
+and group sizes, and each durable subscription's lag and whether it was
+invalidated (label ``subscription``). ``walkv stats --prometheus STORE`` gives what another
 process can read from the files (LSNs; the archived LSN a sidecar publishes):
 fsync counters live in the writing process only.
 
@@ -37,6 +38,10 @@ _METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("walkv_log_group_size_avg", "gauge", "Average entries per commit group.", "log", "avg_group"),
     ("walkv_log_group_size_max", "gauge", "Largest commit group.", "log", "max_group"),
 )
+_SUBSCRIPTION_METRICS = (
+    ("walkv_subscription_lag_lsns", "Durable LSNs a subscription has not acknowledged.", "lag_lsns"),
+    ("walkv_subscription_lag_bytes", "Log bytes retention keeps for a subscription.", "lag_bytes"),
+)
 _LATENCY = ("walkv_log_fsync_seconds", "fsync latency of the log over the last 4096 fsyncs.",
             (("0.5", "fsync_p50_ms"), ("0.99", "fsync_p99_ms")))
 
@@ -69,6 +74,18 @@ def _lines(stats: Mapping[str, Any]) -> Iterator[str]:
         for q, key in quantiles:
             yield f'{name}{labels[:-1]},quantile="{q}"}} {float(log[key]) / 1e3!r}'
         yield f"{name}_count{labels} {log['fsyncs']}"
+    subs = [s for s in stats.get("subscriptions") or () if isinstance(s, Mapping)]
+    if subs:
+        for name, text, key in _SUBSCRIPTION_METRICS:
+            yield f"# HELP {name} {text}"
+            yield f"# TYPE {name} gauge"
+            for sub in subs:
+                yield f'{name}{labels[:-1]},subscription="{_label(str(sub["name"]))}"}} {int(sub[key])}'
+        name = "walkv_subscription_invalidated"
+        yield f"# HELP {name} 1 when retention gave up on a subscription (past max_retained_bytes)."
+        yield f"# TYPE {name} gauge"
+        for sub in subs:
+            yield f'{name}{labels[:-1]},subscription="{_label(str(sub["name"]))}"}} {int(bool(sub["invalidated"]))}'
 
 
 def prometheus_text(stats: Mapping[str, Any]) -> str:

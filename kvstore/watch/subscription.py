@@ -54,8 +54,10 @@ class Subscription:
         self._rec = rec
         self._progress_every = progress_every
         self._progress_at = time.monotonic()
-        self._delivered = (rec.next_lsn, rec.skip)  # (LSN, changes of it delivered)
-        self._acked = (rec.next_lsn, rec.skip)
+        # Positions are (LSN, changes of it to skip): where a restart would resume.
+        self._delivered = (rec.next_lsn, rec.skip)  # after the last change delivered
+        self._last_lsn = 0                           # the LSN of that change (0: none yet)
+        self._acked = (rec.next_lsn, rec.skip)       # as stored
         self._to_skip = rec.skip
         self._watcher = Watcher(source, rec.prefix, start=rec.start, stop=rec.stop, from_lsn=rec.next_lsn,
                                 timeout=timeout, on_gap="error",
@@ -88,7 +90,11 @@ class Subscription:
             if change.lsn == lsn and self._to_skip:  # resumed inside a batch: seen before the restart
                 self._to_skip -= 1
                 continue
-            self._delivered = (lsn, seen + 1) if change.lsn == lsn else (change.lsn, 1)
+            if self._watcher.batch_left == 0:
+                self._delivered = (change.lsn + 1, 0)
+            else:
+                self._delivered = (lsn, seen + 1) if change.lsn == lsn else (change.lsn, 1)
+            self._last_lsn = change.lsn
             self._progress_at = time.monotonic()
             return change
 
@@ -103,13 +109,12 @@ class Subscription:
     def ack(self, lsn: int) -> None:
         """Acknowledge every change delivered up to and including LSN ``lsn``
         (module docstring). An LSN after the last delivered one is a ValueError."""
-        delivered_lsn, seen = self._delivered
         if type(lsn) is not int:
             raise TypeError(f"ack takes a change's LSN (an int), not {type(lsn).__name__}")
-        if lsn > delivered_lsn or (lsn == delivered_lsn and seen == 0):
+        if lsn > self._last_lsn:
             raise ValueError(f"cannot acknowledge LSN {lsn}: the subscription {self.name!r} has delivered "
-                             f"changes up to LSN {delivered_lsn - (seen == 0)} only")
-        position = (lsn, seen) if lsn == delivered_lsn else (lsn + 1, 0)
+                             + (f"changes up to LSN {self._last_lsn} only" if self._last_lsn else "no change yet"))
+        position = self._delivered if lsn == self._last_lsn else (lsn + 1, 0)
         if position > self._acked:
             self._store_position(*position)
 

@@ -179,6 +179,8 @@ class Watcher:
         self._closed = False
         self._tail: LogTail | None = None
         self._gen: Iterator[Change] | None = None  # made at the first next(): until then nothing refers back here
+        self.batch_left = 0
+        """Changes of the last change's batch (its LSN) not delivered yet."""
         with source.hub.cond:
             source.hub.watchers.add(self)
 
@@ -271,7 +273,11 @@ class Watcher:
             ops = conditions.writes_of(decode(entry.payload, lsn))
             changes = self._matching(lsn, entry.timestamp_us, ops)
             self.next_lsn = lsn + 1
-            yield from changes
+            last = len(changes) - 1
+            for i, change in enumerate(changes):
+                self.batch_left = last - i
+                yield change
+
 
     def _matching(self, lsn: int, ts: int, ops: Sequence[Sequence[Any]]) -> list[Change]:
         lo, hi = self._lo, self._hi
