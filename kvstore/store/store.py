@@ -38,7 +38,6 @@ keeps reading the environment it opened: reopen it to see the new one.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Generator, Iterable, Mapping
@@ -75,8 +74,6 @@ from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.record import DEFAULT_MAX_RECORD_BYTES
 from wal.segment import Payload
-
-log = logging.getLogger("walkv.store")
 
 Progress = Callable[[int, "int | None"], None]
 
