@@ -135,6 +135,7 @@ class State:
         self.apply_seconds = 0.0   # ... and their time
         self.apply_max_seconds = 0.0
         self._failure: Exception | None = None  # a flush that failed (raised by every later apply)
+        # LMDB, shared by reading threads and the writer (kvstore/state/environment.py)
         self.lmdb = Environment(path, readonly=readonly, map_size=map_size, writemap=writemap,
                                 max_readers=max_readers)
         try:
@@ -145,10 +146,11 @@ class State:
                 raise CorruptionError(f"LMDB environment is unreadable: {exc}", kind=Damage.LMDB,
                                       path=path, offset=0) from None
             raise
+        # The read path, chosen once (kvstore/state/reads.py). Its get and
+        # get_many are exposed as they are, bound methods rather than State
+        # methods that call them, so that a get costs no extra Python call:
+        # the store calls state.get once per user get.
         reads = FreshReads(self.lmdb) if readonly else CachedReads(self.lmdb, self.overlay)
-        # The read path's own bound methods, not methods of State that call
-        # them: a user's get is one Python call into the read path, as before
-        # the read path was a part (the store calls state.get once per get).
         self.get = reads.get
         self.get_many = reads.get_many
         if self.use_overlay:
