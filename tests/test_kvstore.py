@@ -284,25 +284,25 @@ def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
         with state.read_view() as view:
             d.put(b"later", b"x")          # after the view: not in it
             assert (view.lsn, view.count) == (50, 50)
-            assert state.gate.active        # holds its place in the gate
+            assert state.lmdb.gate.active   # holds its place in the gate
             pairs = list(view.pairs())
-            assert not state.gate.active    # exhausted: released at once
+            assert not state.lmdb.gate.active  # exhausted: released at once
             # the map can grow now (it could not while the view was open)
             with d.batch() as b:
                 for i in range(3000):
                     b.put(b"big%05d" % i, b"x" * 1000)
             state.flush()  # the overlay's writes into LMDB
         assert pairs == [(b"k%03d" % i, b"v") for i in range(50)]
-        assert d._state.map_grows > 0
+        assert d._state.lmdb.map_grows > 0
         view = state.read_view()
         it = view.pairs()
         assert next(it) == (b"big00000", b"x" * 1000)
         it.close()                           # closed early: released too
-        assert not state.gate.active
+        assert not state.lmdb.gate.active
         assert view.lsn == d.applied_lsn and view.count == 3051
         with state.read_view() as view:      # never iterated: the with releases it
             pass
-        assert not state.gate.active
+        assert not state.lmdb.gate.active
         assert list(view.pairs()) == []      # a closed view has no pairs
     with pytest.raises(kvstore.ClosedError):
         state.read_view()
@@ -350,9 +350,9 @@ def test_writes_inside_a_scan_loop(db) -> None:
 
 
 def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monkeypatch) -> None:
-    from kvstore.state import writes as state_writes
+    from kvstore.state import environment
 
-    monkeypatch.setattr(state_writes, "SWEEP_SECONDS", 0.0)  # sweep at every chance
+    monkeypatch.setattr(environment, "SWEEP_SECONDS", 0.0)  # sweep at every chance
     with kvstore.open(store, sync="none") as d:
         for i in range(100):
             d.put(b"k%03d" % i, b"v")
@@ -375,7 +375,7 @@ def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monke
                 d.put(b"w%03d" % i, b"x")
             done.set()
 
-        d._state.enter_read()  # as a long reader does (a snapshot's consistent view)
+        d._state.lmdb.enter_read()  # as a long reader does (a snapshot's consistent view)
         try:
             t = threading.Thread(target=writer)
             t.start()
@@ -383,8 +383,8 @@ def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monke
             t.join()
             d._state.flush()  # the overlay's writes committed to LMDB: then the sweep
         finally:
-            d._state.gate.exit()
-        readers = [r for r in d._state._reader_list() if r.ident == idle_reader.ident]
+            d._state.lmdb.gate.exit()
+        readers = [r for r in d._state.lmdb._reader_list() if r.ident == idle_reader.ident]
         assert len(readers) == 1 and readers[0].txn is None  # swept: pins no old pages
         release.set()
         idle_reader.join()

@@ -25,7 +25,8 @@ from wal.errors import DiskFullError, LogFailedError
 
 def lmdb_value(db: kvstore.KVStore, key: bytes) -> bytes | None:
     """What LMDB itself holds for ``key`` (no overlay)."""
-    with db._state.env.begin(db=db._state.data_db) as txn:
+    env = db._state.lmdb
+    with env.env.begin(db=env.data_db) as txn:
         return txn.get(key)
 
 
@@ -156,11 +157,11 @@ def test_a_failed_flush_fails_the_log_and_loses_nothing(tmp_path, monkeypatch):
     path = str(tmp_path / "s")
     db = kvstore.open(path, sync="none")
     state = db._state
-    real = state._with_write
+    real = state.lmdb.write
 
     def full(fn) -> None:
         raise DiskFullError("no space (injected)")
-    monkeypatch.setattr(state, "_with_write", full)
+    monkeypatch.setattr(state.lmdb, "write", full)
     acked = []
     with pytest.raises(DiskFullError):
         for i in range(20):
@@ -170,7 +171,7 @@ def test_a_failed_flush_fails_the_log_and_loses_nothing(tmp_path, monkeypatch):
     with pytest.raises(LogFailedError):  # and the log refuses from here on
         db.put(b"more", b"x")
     assert db.get(b"k03") == b"v"  # what was applied is still read
-    monkeypatch.setattr(state, "_with_write", real)
+    monkeypatch.setattr(state.lmdb, "write", real)
     db.close()
     with kvstore.open(path, sync="none") as db:
         assert [db.get(b"k%02d" % i) for i in range(5)] == [b"v"] * 5 and db.get(b"k05") is None

@@ -1,7 +1,13 @@
 """The state machine: the LMDB environment the log's entries are applied to,
 and every read of it.
 
-* :mod:`kvstore.state.machine`: :class:`State` (apply, flush, meta, stats);
+* :mod:`kvstore.state.machine`: :class:`State` (apply, flush, meta, stats),
+  which has the parts below and delegates to them;
+* :mod:`kvstore.state.environment`: the LMDB environment shared by reading
+  threads and one writer (the read gate, cached readers and views, write
+  transactions that grow the map);
+* :mod:`kvstore.state.reads`: reading keys (cached read transactions, or a
+  fresh one per get when opened read-only);
 * :mod:`kvstore.state.overlay`: applied writes held in memory until they reach
   LMDB in bulk;
 * :mod:`kvstore.state.readers`, :mod:`kvstore.state.view`: how readers and the
@@ -12,7 +18,7 @@ and every read of it.
 It knows the entry format (:mod:`kvstore.entry`) and nothing of the log's files.
 """
 
-from kvstore.state.machine import DEFAULT_MAP_SIZE, Ops, ReadOnlyState, State, StateOptions
+from kvstore.state.machine import DEFAULT_MAP_SIZE, Ops, State, StateOptions
 from kvstore.state.view import View
 
-__all__ = ["DEFAULT_MAP_SIZE", "Ops", "ReadOnlyState", "State", "StateOptions", "View"]
+__all__ = ["DEFAULT_MAP_SIZE", "Ops", "State", "StateOptions", "View"]

@@ -16,7 +16,7 @@ The options, and why:
   into space the disk then lacked leaves a longer, sparse file); LMDB raises
   it to what the data uses, and with ``writemap`` sets the file to it. So a
   fresh store opens on a small file system, and a store reopened after its
-  disk filled asks only for what it has. :meth:`kvstore.state.machine.State.grow`
+  disk filled asks only for what it has. :meth:`kvstore.state.environment.Environment.grow`
   grows it later in bounded steps that fit the free space
   (:func:`grow_size`).
 * ``max_dbs=2``: the main database (walkv's bookkeeping) and ``data``.

@@ -42,8 +42,11 @@ Concurrency: one thread at a time applies (the log's committing thread, or the
 opener while replaying); the overlay is written to LMDB by whichever thread
 flushes it, one flush at a time; any number of threads read, each through its own
 cached read transaction (a get is one LMDB lookup); see :mod:`kvstore.state.readers`
-for how readers and the writer share LMDB without a lock on the read path,
-and :mod:`kvstore.state.reads` for the read side of this class.
+for how readers and the writer share LMDB without a lock on the read path.
+
+:class:`State` owns the meta, applying and flushing, and has the parts it
+delegates to: the environment (:mod:`kvstore.state.environment`), the overlay
+and a read path (:mod:`kvstore.state.reads`).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import logging
 import operator
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -60,12 +63,13 @@ import lmdb
 
 from kvstore.entry import conditions
 from kvstore.entry.codec import NO_WRITE_CODES, OP_DELETE, OP_PUT
-from kvstore.state.lmdb_env import open_env, reader_table
+from kvstore.state.environment import K_APPLIED, Environment
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
-from kvstore.state.reads import K_APPLIED, StateReads
-from kvstore.state.writes import StateWrites
-from wal.errors import CorruptionError, Damage, WalkvError
-from wal.forkguard import track
+from kvstore.state.overlay import Overlay
+from kvstore.state.readers import ReadView, scan
+from kvstore.state.reads import CachedReads, FreshReads
+from kvstore.state.view import View
+from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
 from wal.segment import Payload, payload_size
 
 log = logging.getLogger("walkv.state")
@@ -78,9 +82,10 @@ K_COMPLETE = b"walkv.complete"
 DEFAULT_MAP_SIZE = 8 << 20
 """The initial LMDB map of a new environment: small (the log's preallocation
 step), since with ``writemap`` the whole map is given real blocks
-(:mod:`kvstore.state.lmdb_env`); it grows as the data does (:meth:`State.grow`).
-Not smaller: a grow waits for open read views (a snapshot being written), so
-a small store should rarely need one."""
+(:mod:`kvstore.state.lmdb_env`); it grows as the data does
+(:meth:`kvstore.state.environment.Environment.grow`). Not smaller: a grow
+waits for open read views (a snapshot being written), so a small store
+should rarely need one."""
 
 _U64 = struct.Struct("<Q")
 _pack_u64 = _U64.pack
@@ -105,19 +110,21 @@ class StateOptions(NamedTuple):
     store's ``overlay`` option (on by default)."""
 
 
-class State(StateWrites):
-    """The LMDB environment of one store, and its apply and read paths.
+class State:
+    """The state machine of one store: its LMDB environment, its apply and
+    read paths (see the module docstring). ``readonly``: opened beside a
+    writer in another process; nothing is written, every get takes a fresh
+    read transaction.
 
     Not the public API (that is :class:`kvstore.KVStore`).
     """
 
     def __init__(self, path: str, options: StateOptions = StateOptions(), *, readonly: bool = False) -> None:
         map_size, writemap, max_readers, overlay = options
-        super().__init__(path)
+        self.path = path
         self.readonly = readonly
-        self.writemap = writemap and not readonly
-        self.map_grows = 0
-        self._last_sweep = time.perf_counter()
+        self.use_overlay = overlay and not readonly
+        self.overlay = Overlay()  # applied, not yet in LMDB (kvstore/state/overlay.py)
         # counters (updated only by the applying thread)
         self.applied_groups = 0
         self.applied_entries = 0
@@ -128,26 +135,31 @@ class State(StateWrites):
         self.apply_seconds = 0.0   # ... and their time
         self.apply_max_seconds = 0.0
         self._failure: Exception | None = None  # a flush that failed (raised by every later apply)
-        self.use_overlay = overlay and not readonly
-        self.env, self.main_db, self.data_db = open_env(
-            path, readonly=readonly, map_size=map_size, writemap=self.writemap,
-            max_readers=max_readers)
-        track(self)
+        # LMDB, shared by reading threads and the writer (kvstore/state/environment.py)
+        self.lmdb = Environment(path, readonly=readonly, map_size=map_size, writemap=writemap,
+                                max_readers=max_readers)
         try:
             self._load_meta()
         except BaseException as exc:
-            self.env.close()
+            self.lmdb.close(sync=False)
             if isinstance(exc, lmdb.Error) and not isinstance(exc, WalkvError):
                 raise CorruptionError(f"LMDB environment is unreadable: {exc}", kind=Damage.LMDB,
                                       path=path, offset=0) from None
             raise
+        # The read path, chosen once (kvstore/state/reads.py). Its get and
+        # get_many are exposed as they are, bound methods rather than State
+        # methods that call them, so that a get costs no extra Python call:
+        # the store calls state.get once per user get.
+        reads = FreshReads(self.lmdb) if readonly else CachedReads(self.lmdb, self.overlay)
+        self.get = reads.get
+        self.get_many = reads.get_many
         if self.use_overlay:
             self.overlay.start(self.flush)
 
     # -- meta ---------------------------------------------------------------
 
     def _load_meta(self) -> None:
-        with self.env.begin(db=self.main_db) as txn:
+        with self.lmdb.env.begin(db=self.lmdb.main_db) as txn:
             fmt = txn.get(K_FORMAT)
             sid = txn.get(K_STORE_ID)
             applied = txn.get(K_APPLIED)
@@ -163,19 +175,18 @@ class State(StateWrites):
 
     def initialize(self, store_id: str, base_lsn: int = 0, *, complete: bool) -> None:
         """Write the meta of a fresh (or rebuilding) environment."""
-        main = self.main_db
+        main = self.lmdb.main_db
 
         def write(txn: lmdb.Transaction) -> None:
             txn.put(K_FORMAT, FORMAT, db=main)
             txn.put(K_STORE_ID, store_id.encode("ascii"), db=main)
             txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
             txn.put(K_COMPLETE, b"1" if complete else b"0", db=main)
-        self._with_write(write)
+        self.lmdb.write(write)
         self.store_id = store_id
         self.applied_lsn = self.lmdb_applied_lsn = base_lsn
         self.complete = complete
         self.initialized = True
-        self.gen += 1
 
     def load_base(self, pairs: Iterator[tuple[bytes, bytes]], base_lsn: int,
                   chunk: int = 10000) -> int:
@@ -183,24 +194,23 @@ class State(StateWrites):
         environment complete at ``base_lsn``. Returns the number loaded."""
         n = 0
         it = iter(pairs)
-        data = self.data_db
+        data = self.lmdb.data_db
         while True:
             items = list(islice(it, chunk))
             if not items:
                 break
             def load(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]] = items) -> None:
                 txn.cursor(db=data).putmulti(items, dupdata=False, overwrite=True, append=False)
-            self._with_write(load)
+            self.lmdb.write(load)
             n += len(items)
-        main = self.main_db
+        main = self.lmdb.main_db
 
         def finish(txn: lmdb.Transaction) -> None:
             txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
             txn.put(K_COMPLETE, b"1", db=main)
-        self._with_write(finish)
+        self.lmdb.write(finish)
         self.applied_lsn = self.lmdb_applied_lsn = base_lsn
         self.complete = True
-        self.gen += 1
         return n
 
     # -- writing ------------------------------------------------------------
@@ -217,9 +227,10 @@ class State(StateWrites):
         below ``applied_lsn`` are skipped, so applying is idempotent. A flush
         that failed earlier (a full disk) is raised here, so the log fails
         at the next group. ``payloads``: the entries as logged, whose size
-        tells a big write to grow the map ahead (:meth:`make_room`)."""
-        if self._closed:
-            raise self._closed_error()
+        tells a big write to grow the map ahead
+        (:meth:`kvstore.state.environment.Environment.make_room`)."""
+        if self.lmdb.closed:
+            raise self.lmdb.closed_error()
         if self._failure is not None:
             raise self._failure
         applied = self.applied_lsn
@@ -245,7 +256,7 @@ class State(StateWrites):
             if full:
                 self.flush()
             else:
-                self.maintain_now_and_then()
+                self.lmdb.maintain_now_and_then()
         else:
             self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES)
 
@@ -260,13 +271,13 @@ class State(StateWrites):
         if self._failure is not None:
             raise self._failure
         with overlay.flush_lock:
-            if self._closed:
+            if self.lmdb.closed:
                 return
             frozen = overlay.freeze()
             if frozen is None:
                 return
             values, lsn = frozen
-            main = self.main_db
+            main = self.lmdb.main_db
 
             def write(txn: lmdb.Transaction) -> None:
                 write_values(txn, values)
@@ -288,10 +299,10 @@ class State(StateWrites):
         """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
         overlay holds, in one write transaction."""
         overlay = self.overlay
-        main = self.main_db
+        main = self.lmdb.main_db
         with overlay.flush_lock:
             frozen = overlay.freeze()
-            self.make_room(size_hint)
+            self.lmdb.make_room(size_hint)
 
             def write(txn: lmdb.Transaction) -> None:
                 if frozen is not None:
@@ -306,57 +317,95 @@ class State(StateWrites):
                 overlay.thaw()
             self.applied_lsn = last
 
+    def _write_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> None:
+        """Run ``write`` in one write transaction (growing the map as often
+        as it fills) that makes LSNs up to ``lsn`` applied in LMDB. A failure
+        is kept and raised again by every later apply and flush (the writes
+        it carried are in the log: the next open replays them)."""
+        t0 = time.perf_counter()
+        try:
+            self.lmdb.write(write)
+        except BaseException as exc:
+            if isinstance(exc, lmdb.Error):
+                exc = LogFailedError(f"applying LSNs up to {lsn} to LMDB ({self.path}) failed: {exc}")
+            if isinstance(exc, Exception):
+                self._failure = exc
+            raise exc from None
+        self.lmdb_applied_lsn = lsn
+        dt = time.perf_counter() - t0
+        self.lmdb_commits += 1
+        self.apply_seconds += dt
+        if dt > self.apply_max_seconds:
+            self.apply_max_seconds = dt
+        self.lmdb.maintain_now_and_then()
+
+    # -- reads of LMDB as a whole: the overlay flushed into it first ------------
+
+    def view(self, max_seconds: float) -> View:
+        """A consistent view of the state (:class:`kvstore.state.view.View`): of
+        LMDB, once the overlay is flushed into it."""
+        self.flush()
+        return View(self.lmdb, max_seconds)
+
+    def read_view(self) -> ReadView:
+        """The state at one LSN, from one read transaction: ``.lsn``,
+        ``.count``, ``.pairs()`` (see :class:`kvstore.state.readers.ReadView`),
+        the overlay flushed first. Use as a context manager; it holds off
+        map growth while open."""
+        self.flush()
+        return ReadView(self.lmdb)
+
+    def count(self) -> int:
+        self.flush()
+        data = self.lmdb.data_db
+        return self.lmdb.read(lambda txn: txn.stat(data)["entries"])
+
+    def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
+             ) -> Generator[tuple[bytes, bytes], None, None]:
+        """See :func:`kvstore.state.readers.scan` (which flushes the overlay
+        before each snapshot it takes)."""
+        return scan(self.lmdb, self.flush, lo, hi, reverse)
+
+    def read_meta_applied(self) -> int:
+        """The applied LSN as LMDB holds it now (read-only opens: the
+        writer's progress)."""
+        return self.lmdb.read(self.lmdb.applied_in)
+
     def stats(self) -> dict[str, int | float | None]:
         """What was applied and read (counters, approximate under concurrent
-        use) and how LMDB looks now. Readers, from LMDB's reader table (every
-        process's, this call's own read transaction included):
-        ``lmdb_reader_slots`` slots in use, ``lmdb_readers_reading`` of them
-        inside a read transaction, ``lmdb_oldest_reader_lag`` how many write
-        transactions were committed since the snapshot the oldest of those
-        sees (None: no reader). Pages those commits freed cannot be reused
-        while it reads, so a lag that keeps growing means a reader holds a
-        snapshot too long (an idle iterator, a long view) or died holding one
-        (cleared within a second by the writer)."""
+        use) and how LMDB looks now
+        (:meth:`kvstore.state.environment.Environment.stats`)."""
         if self._failure is None:
             self.flush()  # so that LMDB's counts include every applied write
-        data = self.data_db
-
-        def read(txn: lmdb.Transaction) -> tuple:
-            return txn.stat(data), self.env.info(), self.env.stat()["psize"], reader_table(self.env)
-        dstat, info, psize, (slots, reading, oldest) = self._read(read)
-        groups = self.applied_groups
+        lmdb_stats = self.lmdb.stats()
         return {
             "puts": self.puts,
             "deletes": self.deletes,
             "delete_ranges": self.delete_ranges,
-            "gets": self.gets,
+            "gets": self.lmdb.gets,
             "applied_entries": self.applied_entries,
-            "applied_groups": groups,
+            "applied_groups": self.applied_groups,
             "lmdb_commits": self.lmdb_commits,
             "apply_avg_us": self.apply_seconds / self.lmdb_commits * 1e6 if self.lmdb_commits else 0.0,
             "apply_max_us": self.apply_max_seconds * 1e6,
             "overlay_keys": len(self.overlay),
             "overlay_flushes": self.overlay.flushes,
             "lmdb_applied_lsn": self.lmdb_applied_lsn,
-            "map_grows": self.map_grows,
-            "lmdb_map_bytes": info["map_size"],
-            "lmdb_used_bytes": (info["last_pgno"] + 1) * psize,
-            "lmdb_entries": dstat["entries"],
-            "lmdb_depth": dstat["depth"],
-            "lmdb_readers": info["num_readers"],
-            "lmdb_reader_slots": slots,
-            "lmdb_readers_reading": reading,
-            "lmdb_oldest_reader_lag": None if oldest is None else info["last_txnid"] - oldest,
+            **lmdb_stats,
         }
 
     # -- lifecycle ----------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.lmdb.closed
 
     def close(self, *, sync: bool = True) -> None:
         """Write the overlay to LMDB, wait for readers to leave, flush LMDB to
         disk and close; with ``sync=False`` (the log failed) only close: the
         overlay's writes are in the log, the next open replays them. A failed
         write of the overlay is raised once LMDB is closed (not flushed)."""
-        if self._closed:
+        if self.lmdb.closed:
             return
         self.overlay.stop()
         error: Exception | None = None
@@ -365,28 +414,6 @@ class State(StateWrites):
                 self.flush()
             except Exception as exc:  # raised below, once closed
                 error = exc
-        gate = self.gate
-        gate.acquire_exclusive()
-        try:
-            self._close_views(every=True)
-            self._closed = True
-            try:
-                if sync and error is None and not self.readonly:
-                    self.env.sync(True)
-            finally:
-                self.env.close()
-        finally:
-            gate.release_exclusive()
+        self.lmdb.close(sync=sync and error is None and not self.readonly)
         if error is not None:
             raise error
-
-
-class ReadOnlyState(State):
-    """A state opened beside a writer in another process: every get takes a
-    fresh read transaction (there is no local commit counter to cache
-    against), and nothing is written."""
-
-    def __init__(self, path: str, options: StateOptions = StateOptions()) -> None:
-        super().__init__(path, options, readonly=True)
-
-    get = StateReads._get_uncached

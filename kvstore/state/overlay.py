@@ -14,7 +14,7 @@ one, is what it writes) so writers go on while LMDB is written. A read looks
 in ``active``, then ``frozen``, then LMDB; a flush clears ``frozen`` only
 after LMDB's commit and the read counter's bump (``gen``), so a read that
 misses both dictionaries renews its LMDB transaction and finds the value
-there (:meth:`kvstore.state.reads.StateReads.get`).
+there (:meth:`kvstore.state.reads.CachedReads.get`).
 
 When a flush happens, and why:
 
@@ -47,6 +47,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from wal.forkguard import track
 
 log = logging.getLogger("walkv.state")
 
@@ -86,6 +88,7 @@ class Overlay:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.flushes = 0
+        track(self)
 
     def add(self, ops: Sequence[Sequence[Any]], last_lsn: int) -> bool:
         """Record puts and deletes (``[1, key, value]`` / ``[2, key]``, in
@@ -125,6 +128,15 @@ class Overlay:
         """With :attr:`flush_lock` held: the frozen dictionary is in LMDB."""
         self.frozen = None
         self.flushes += 1
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (:mod:`wal.forkguard`): hold nothing. The
+        parent's writes are not this process's to read (a get goes on to
+        LMDB, which refuses), and a flush finds nothing to write, so it takes
+        no lock (another thread may have held one at the fork)."""
+        self.active = {}
+        self.frozen = None
+        self.bytes = 0
 
     def __len__(self) -> int:
         frozen = self.frozen

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import islice
 from typing import Any, Protocol
 
@@ -39,7 +39,7 @@ class ReadGate:
     :class:`Reader` sets its ``busy`` flag (the get fast path: two attribute
     stores), anything else appends to :attr:`active` (atomic under the GIL).
     The get fast path does not even read :attr:`blocking`: ``on_block`` sets
-    the state's commit counter to a value no cached transaction carries, so
+    the environment's commit counter to a value no cached transaction carries, so
     the one comparison the fast path makes anyway sends it to the slow path.
     """
 
@@ -142,7 +142,8 @@ class Lookups:
 
 
 class ReadSource(Protocol):
-    """What readers need of the state machine (:class:`kvstore.state.machine.State`)."""
+    """What readers need of the LMDB environment they read
+    (:class:`kvstore.state.environment.Environment`)."""
 
     path: str
     env: lmdb.Environment
@@ -170,10 +171,7 @@ class ReadSource(Protocol):
         ...
 
     def register_view(self, view: Any) -> None:
-        """Track an open :class:`kvstore.state.view.View` (closed with the state)."""
-
-    def flush(self) -> None:
-        """Write what the overlay holds to LMDB (:mod:`kvstore.state.overlay`)."""
+        """Track an open :class:`kvstore.state.view.View` (closed with the environment)."""
 
 
 def begin_in_gate(state: ReadSource) -> lmdb.Transaction:
@@ -207,13 +205,13 @@ class Reader:
             self.owner.dead_gets += self.gets
 
 
-def scan(state: ReadSource, lo: bytes, hi: bytes | None, reverse: bool = False
+def scan(state: ReadSource, flush: Callable[[], None], lo: bytes, hi: bytes | None, reverse: bool = False
          ) -> Generator[tuple[bytes, bytes], None, None]:
     """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
     bounds of any length), ascending or descending.
 
-    Each snapshot is taken after the overlay (:mod:`kvstore.state.overlay`) is
-    written to LMDB, so it holds every write applied before it.
+    Each snapshot is taken after ``flush()`` wrote the overlay
+    (:mod:`kvstore.state.overlay`) to LMDB, so it holds every write applied before it.
     The scan reads in chunks (16 pairs, doubling up to 1024), leaving LMDB
     between chunks so that it never blocks the writer. It starts in one read
     transaction (one snapshot, taken at the first ``next()``) and goes on in
@@ -238,7 +236,7 @@ def scan(state: ReadSource, lo: bytes, hi: bytes | None, reverse: bool = False
         while True:
             renew = gen != state.map_gen or txn is None or _monotonic() - since > SCAN_HOLD_SECONDS
             if renew:
-                state.flush()  # a new snapshot sees every write applied so far
+                flush()  # a new snapshot sees every write applied so far
             state.enter_read()
             try:
                 if renew or txn is None or gen != state.map_gen:

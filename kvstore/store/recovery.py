@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Protocol
 import wal
 from kvstore.entry.codec import decode_all
 from kvstore.layout import SESSION_NAME
-from kvstore.state.machine import ReadOnlyState, State, StateOptions
+from kvstore.state.machine import State, StateOptions
 from kvstore.store import snapshots
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, SnapshotError, WalkvError
 from wal.fs import OS_FS, FileSystem
@@ -372,7 +372,7 @@ def open_state(store_path: str, lmdb_dir: str, wal_log: wal.Log, *, fs: FileSyst
     return Opened(state, state.applied_entries, None if fresh else reason)
 
 
-def open_readonly_state(store_path: str, lmdb_dir: str, options: StateOptions) -> ReadOnlyState:
+def open_readonly_state(store_path: str, lmdb_dir: str, options: StateOptions) -> State:
     """Open the state of a store another process may be writing, for reading
     only; refused after a machine crash of its writer (LMDB may be damaged
     until a read-write open recovers it)."""
@@ -383,4 +383,4 @@ def open_readonly_state(store_path: str, lmdb_dir: str, options: StateOptions) -
         raise WalkvError(
             f"{store_path} was open for writing when its machine crashed; its LMDB "
             f"state may be damaged. Open it read-write once to recover it.")
-    return ReadOnlyState(lmdb_dir, options)
+    return State(lmdb_dir, options, readonly=True)
