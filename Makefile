@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11, Java 17, gcc):
 #   make demo   the main job on the embedded default
 #   make test   the test suite (what .ci/run calls)
+# and CI also runs make lint and make docs (the API reference, build/docs).
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -8,12 +9,12 @@ STAMP   = $(VENV)/.installed
 # `make demo` runs the full-size demo; CI (CI set) or DEMO_ARGS=--small runs the small one.
 DEMO_ARGS ?= $(if $(CI),--small,)
 
-.PHONY: demo test lint bench soak clean
+.PHONY: demo test lint docs bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark,cli,bench]'
+	$(PY) -m pip install -q -e '.[dev,spark,cli,bench,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,6 +27,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The API reference from the docstrings and docs/*.md (Sphinx: docs/conf.py); warnings are errors.
+docs: $(STAMP)
+	rm -rf build/docs
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs build/docs
+	@echo "docs: build/docs/index.html"
+
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
@@ -33,4 +40,4 @@ soak: $(STAMP)
 	$(PY) -m pytest -q --soak -m soak
 
 clean:
-	rm -rf $(VENV) demo-store .pytest_cache .hypothesis
+	rm -rf $(VENV) build demo-store .pytest_cache .hypothesis
