@@ -1,4 +1,4 @@
-"""walkv's key-value store: the database users open.
+"""walkv's key-value store: the database users open::
 
     import kvstore
     with kvstore.open(path) as db:          # sync="always": durable on return

@@ -1,6 +1,9 @@
-"""The README stays true: its Python tour runs as written (in order, in one
-namespace, in a fresh directory), its CLI table names exactly the commands
-``walkv --help`` lists, and the make targets it names exist."""
+"""The README stays true: each of its Python blocks runs as written, on its
+own (a fresh namespace for each, in order, in one fresh directory: a block may
+use the files an earlier one made, never its names); every Python example is
+in a ```python block, so none escapes these tests; its CLI table names
+exactly the commands ``walkv --help`` lists, and the make targets it names
+exist."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import contextlib
 import io
 import os
 import re
+from typing import NamedTuple
 
 import pytest
 
@@ -15,59 +19,100 @@ import kvstore
 from tests.test_cli import COMMANDS, REPO, walkv
 
 README = os.path.join(REPO, "README.md")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def _python_blocks() -> list[str]:
+class Block(NamedTuple):
+    line: int  # of the block's first line of code in README.md
+    code: str
+
+    @property
+    def spark(self) -> bool:
+        return "pyspark" in self.code or "spark." in self.code
+
+
+class Ran(NamedTuple):
+    block: Block
+    ns: dict
+    printed: str
+
+
+def _readme() -> str:
     with open(README, encoding="utf-8") as fh:
-        text = fh.read()
-    return re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+        return fh.read()
 
 
-def _is_spark(block: str) -> bool:
-    return "pyspark" in block or "spark." in block
+def _python_blocks() -> list[Block]:
+    text = _readme()
+    return [Block(text.count("\n", 0, m.start(2)) + 1, m.group(2)) for m in FENCE.finditer(text)
+            if m.group(1) == "python"]
 
 
-def _run_tour(tmp_path, monkeypatch, blocks: list[str]) -> tuple[dict, str]:
+def _run_blocks(tmp_path, monkeypatch, blocks: list[Block]) -> list[Ran]:
+    """Each block in a namespace of its own, in order, in ``tmp_path``;
+    tracebacks name the README's lines."""
     monkeypatch.chdir(tmp_path)
-    ns: dict = {"__name__": "__readme__"}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        for block in blocks:
-            exec(compile(block, README, "exec"), ns)  # noqa: S102 - our own README
-    return ns, out.getvalue()
+    ran = []
+    for block in blocks:
+        ns: dict = {"__name__": "__readme__"}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile("\n" * (block.line - 1) + block.code, README, "exec"), ns)  # noqa: S102 - our README
+        ran.append(Ran(block, ns, out.getvalue()))
+    return ran
 
 
-@pytest.mark.skipif(not hasattr(kvstore.KVStore, "snapshot"),
-                    reason="the tour uses db.snapshot(), which lands with the lead's snapshot integration")
-def test_readme_python_tour_runs(tmp_path, monkeypatch):
-    blocks = [b for b in _python_blocks() if not _is_spark(b)]
-    assert len(blocks) >= 6
-    ns, printed = _run_tour(tmp_path, monkeypatch, blocks)
-    lines = printed.splitlines()
-    assert lines[0] == "1 b'{\"name\": \"Ada\"}'"
-    assert lines[1] == "True 2"
-    assert "[b'order:0001', b'order:0002', b'order:0003']" in printed  # the restore brought them back
-    assert printed.rstrip().endswith("b'x'")
+def _printed_by(ran: list[Ran], marker: str) -> list[str]:
+    """The lines printed by the one block whose code contains ``marker``."""
+    found = [r for r in ran if marker in r.block.code]
+    assert len(found) == 1, (marker, [r.block.line for r in found])
+    return found[0].printed.splitlines()
+
+
+def test_every_python_example_is_a_python_block():
+    """A fenced block that is Python but not marked ```python would escape
+    the tests below: there is none."""
+    for m in FENCE.finditer(_readme()):
+        lang, code = m.group(1), m.group(2)
+        if lang != "python":
+            assert not re.search(r"^\s*(import |from \w+ import |with kvstore\.)|kvstore\.\w+\(", code,
+                                 re.MULTILINE), f"README.md line {_readme().count(chr(10), 0, m.start()) + 1}: " \
+                                                f"a Python example in a ```{lang} block\n{code}"
+
+
+def test_readme_python_blocks_run_each_on_its_own(tmp_path, monkeypatch):
+    blocks = [b for b in _python_blocks() if not b.spark]
+    assert len(blocks) >= 10
+    ran = _run_blocks(tmp_path, monkeypatch, blocks)
+    tour = _printed_by(ran, 'lsn = db.put(b"user:1"')
+    assert tour[:2] == ["1 b'{\"name\": \"Ada\"}'", "True 2"]
+    assert _printed_by(ran, "tour-store-restored") == ["[b'order:0001', b'order:0002', b'order:0003']"]
+    auto = _printed_by(ran, "snapshot_every_bytes=")
+    assert re.fullmatch(r"[1-9]\d* snapshots taken, [1-9]\d* bytes of log deleted", auto[0]), auto
+    assert _printed_by(ran, "open_async")[-1] == "b'x'"
+    assert _printed_by(ran, "ArchiveReader") == ["2", "0", "1 3 []", "b'paid'"]
+    replica = _printed_by(ran, "open_replica")
+    assert replica[0].startswith("b'paid' 1 Lag(lsns=0, "), replica
+    assert replica[1:] == ["[(b'order:1', b'paid')]", "2"]
     with kvstore.open(str(tmp_path / "tour-store"), readonly=True) as db:
         assert list(db.scan(prefix=b"order:")) == []  # the "oops" stays in the original
         assert db.get(b"user:2") is None and db.get(b"user:1:orders") == b"2"
 
 
 @pytest.mark.spark
-@pytest.mark.skipif(not hasattr(kvstore.KVStore, "snapshot"),
-                    reason="the tour uses db.snapshot(), which lands with the lead's snapshot integration")
-def test_readme_spark_snippet_runs(tmp_path, monkeypatch, spark):
-    ns, printed = _run_tour(tmp_path, monkeypatch, _python_blocks())
+def test_readme_spark_blocks_run(tmp_path, monkeypatch, spark):
+    blocks = _python_blocks()
+    assert any(b.spark for b in blocks)
+    ran = _run_blocks(tmp_path, monkeypatch, blocks)  # all of them: the Spark ones read the tour's store
+    ns = next(r.ns for r in ran if "state = " in r.block.code and r.block.spark)
     state = {r["key"]: r["value"] for r in ns["state"].collect()}
     with kvstore.open(str(tmp_path / "tour-store"), readonly=True) as db:
         assert state == {k.decode(): v.decode() for k, v in db.scan()}
-    assert "_change_type" in printed
+    assert "_change_type" in "".join(r.printed for r in ran if r.block.spark)
 
 
 def test_readme_cli_table_matches_the_commands():
-    with open(README, encoding="utf-8") as fh:
-        text = fh.read()
-    table = set(re.findall(r"^\| `walkv (\w+)", text, re.MULTILINE))
+    table = set(re.findall(r"^\| `walkv (\w+)", _readme(), re.MULTILINE))
     assert table == set(COMMANDS)
     listed = walkv("--help").stdout
     for name in COMMANDS:
@@ -77,7 +122,5 @@ def test_readme_cli_table_matches_the_commands():
 def test_readme_make_targets_exist():
     with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as fh:
         makefile = fh.read()
-    with open(README, encoding="utf-8") as fh:
-        text = fh.read()
-    for target in set(re.findall(r"make (\w+)", text)):
+    for target in set(re.findall(r"make ([\w-]+)", _readme())):
         assert re.search(rf"^{target}:", makefile, re.MULTILINE), target
