@@ -39,7 +39,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from kvstore.spark import arrow as sa
-from kvstore.spark import debezium
+from kvstore.spark import debezium, images
 from kvstore.spark.archive import open_files
 from kvstore.spark.compat import pushdown_enabled
 from kvstore.spark.files import normalize_location
@@ -136,12 +136,12 @@ class WalkvReader(DataSourceReader):
 
     def partitions(self) -> list[Any]:
         if self.opts.debezium:
-            return list(debezium.batch_partitions(self.files, self.opts))
+            return list(images.batch_partitions(self.files, self.opts))
         return partitions_for(self.files, self.opts, self.plan, self.bounds)
 
     def read(self, partition: Any) -> Iterator[Any]:
-        if isinstance(partition, debezium.DebeziumPartition):
-            return debezium.read_events(self.files, self.opts, partition)
+        if isinstance(partition, images.ImagePartition):
+            return images.read(self.files, self.opts, partition, debezium.Events)
         return read_partition(self.files, self.opts, partition)
 
 

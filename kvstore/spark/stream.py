@@ -38,7 +38,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader
 
-from kvstore.spark import debezium
+from kvstore.spark import debezium, images
 from kvstore.spark import snapshots as ss
 from kvstore.spark.archive import open_files
 from kvstore.spark.compat import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows, SupportsTriggerAvailableNow
@@ -200,16 +200,16 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         (:mod:`kvstore.spark.debezium`)."""
         if start.get(SNAPSHOT_KEY) is not None:
             base = ss.choose(self.files, int(start[SNAPSHOT_KEY]), None)
-            return list(debezium.event_partitions(self.files, self.opts, base, a + 1, b, b, True))
+            return list(images.partitions_from(self.files, self.opts, base, a + 1, b, b, True))
         if b <= a:
             return []
         first = self._first(a, b)
-        base = debezium.base_before(self.files, None, first)
-        return list(debezium.event_partitions(self.files, self.opts, base, first, b, b, False))
+        base = images.base_before(self.files, None, first)
+        return list(images.partitions_from(self.files, self.opts, base, first, b, b, False))
 
     def read(self, partition: Any) -> Iterator[Any]:
-        if isinstance(partition, debezium.DebeziumPartition):
-            return debezium.read_events(self.files, self.opts, partition)
+        if isinstance(partition, images.ImagePartition):
+            return images.read(self.files, self.opts, partition, debezium.Events)
         return read_partition(self.files, self.opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
