@@ -8,7 +8,8 @@
 :mod:`kvstore.spark.stream` is the stream reader,
 :mod:`kvstore.spark.images` each change with its key's value before and after
 it (the one mechanism the next two share), :mod:`kvstore.spark.debezium` the
-``format=debezium`` events, :mod:`kvstore.spark.files`
+``format=debezium`` events, :mod:`kvstore.spark.delta_cdf` the changes in Delta's
+change types (``changeVocabulary=delta``), :mod:`kvstore.spark.files`
 and :mod:`kvstore.spark.snapshots` plan and read the store's log and
 snapshots through the ``wal`` and ``snapshot`` readers,
 :mod:`kvstore.spark.archive` reads an archive as a store,
@@ -23,9 +24,10 @@ too). Importing this package does not import pyspark; :func:`register` and
 import no other module here; ``options`` imports ``arrow``; ``archive``
 imports ``files``; ``pushdown`` none; ``snapshots`` imports ``arrow`` and
 ``files``; ``partitions`` those, ``options`` and ``pushdown``; ``images`` imports ``partitions``;
-``debezium`` imports ``images``; ``stream``
-imports ``debezium``, ``images``, ``partitions``, ``archive`` and ``compat``; ``writer`` imports
-``archive``; ``source`` imports ``debezium``, ``images``, ``stream`` and ``writer``; ``export``
+``debezium`` and ``delta_cdf`` import ``images``; ``stream`` imports ``debezium``,
+``delta_cdf``, ``images``, ``partitions``, ``archive`` and ``compat``; ``writer`` imports
+``archive``; ``source`` imports ``debezium``, ``delta_cdf``, ``images``, ``stream`` and
+``writer``; ``export``
 imports ``source``.
 """
 
