@@ -14,7 +14,7 @@ import pytest
 
 import kvstore
 from tests.test_spark_debezium import hand_written_store
-from tests.test_spark_helpers import apply, as_bytes, log_timestamps, random_ops, take_snapshot
+from tests.test_spark_helpers import apply, as_bytes, log_timestamps, random_ops, take_snapshot, write_ops
 
 pytestmark = pytest.mark.spark
 
@@ -24,10 +24,7 @@ INSERT, PRE, POST, DELETE = "insert", "update_preimage", "update_postimage", "de
 
 
 def read(spark, path, **options):
-    reader = spark.read.format("walkv").option("changeVocabulary", "delta")
-    for k, v in options.items():
-        reader = reader.option(k, v)
-    return reader.load(path)
+    return spark.read.format("walkv").options(changeVocabulary="delta", **options).load(path)
 
 
 def rows_of(df):
@@ -155,25 +152,13 @@ def build(path: str, seed: int, n: int = 80, snapshot_after: tuple[int, ...] = (
                 with db.transaction() as t:
                     for key, how, _ in conds:
                         t.require(key, **how)
-                    for op in writes:
-                        if op[0] == 1:
-                            t.put(op[1], op[2])
-                        elif op[0] == 2:
-                            t.delete(op[1])
-                        else:
-                            t.delete_range(op[1], op[2])
+                    write_ops(t, writes)
                 holds = all(ok for _, _, ok in conds)
                 assert t.succeeded == holds and t.lsn is not None
                 entry = Logged(t.lsn, writes, len(conds), holds)
             else:
                 with db.batch() as b:
-                    for op in writes:
-                        if op[0] == 1:
-                            b.put(op[1], op[2])
-                        elif op[0] == 2:
-                            b.delete(op[1])
-                        else:
-                            b.delete_range(op[1], op[2])
+                    write_ops(b, writes)
                 assert b.lsn is not None
                 entry = Logged(b.lsn, writes, 0, True)
             if entry.applied:

@@ -27,10 +27,8 @@ def test_the_demo_prints_the_lsns_changes_covers(walkv_spark, tmp_path, capsys, 
         return capsys.readouterr().out
 
     def lsns(**options) -> list[int]:
-        reader = walkv_spark.read.format("walkv")
-        for k, v in options.items():
-            reader = reader.option(k, v)
-        return sorted(r._commit_version for r in reader.load(path).collect())
+        df = walkv_spark.read.format("walkv").options(**options).load(path)
+        return sorted(r._commit_version for r in df.collect())
 
     path = str(tmp_path / "store")
     with kvstore.open(path) as db:
