@@ -73,17 +73,17 @@ newest at or before ``endingLsn``, or ``snapshotLsn``'s; 0 without one) and
 ``snapshot`` + ``changes`` = ``state``, and right after a snapshot a batch
 read of ``changes`` has 0 rows. ``startingLsn=earliest`` reads every LSN the
 log still holds (Kafka's batch default), a number or ``startingTimestamp``
-starts there. A stream starts at ``earliest`` (unchanged).
+starts there. A stream starts at ``earliest``.
 
 Why the batch default is not ``earliest``: ``earliest`` is wherever retention
-last cut the log (whole segments, so usually some way into the history the
-oldest kept snapshot covers), and the formats with pre-images
+last cut the log, by whole segments, so usually some way into the history the
+oldest kept snapshot covers; and the formats with pre-images
 (``format=debezium``, ``changeVocabulary=delta``) cannot start there: they
-rebuild each key's previous value from a snapshot at or before the first LSN
-read, which a trimmed log has not got (a ``LogGapError``). After the newest
-snapshot is the one range every format reads exactly, on every store. Delta's
-change data feed asks for a starting version rather than pick one; walkv picks
-this one, and every table's docs say so.
+rebuild each key's previous value from a snapshot at or before the LSN before
+the first one read, and a trimmed log usually has none (a ``LogGapError``).
+After the newest snapshot is the one range every format reads exactly, on
+every store. Delta's change data feed asks for a starting version rather than
+pick one; walkv picks this one and says so.
 """
 
 from __future__ import annotations
