@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import kvstore
 import wal
@@ -85,6 +86,17 @@ def random_ops(rng: random.Random, keyspace: int, text: bool) -> list[list]:
     return ops
 
 
+def write_ops(batch: Any, ops: list[list]) -> None:
+    """Add ``random_ops``' operations to a batch or a transaction."""
+    for op in ops:
+        if op[0] == 1:
+            batch.put(op[1], op[2])
+        elif op[0] == 2:
+            batch.delete(op[1])
+        else:
+            batch.delete_range(op[1], op[2])
+
+
 def take_snapshot(db: kvstore.KVStore, chunk_bytes: int = 200) -> int:
     """A snapshot of the store at its applied LSN, in several small chunks,
     taken the way the store takes them (with its retention: the log is kept
@@ -114,13 +126,7 @@ def build_store(
         for i in range(n_batches):
             ops = random_ops(rng, keyspace, text)
             with db.batch() as b:
-                for op in ops:
-                    if op[0] == 1:
-                        b.put(op[1], op[2])
-                    elif op[0] == 2:
-                        b.delete(op[1])
-                    else:
-                        b.delete_range(op[1], op[2])
+                write_ops(b, ops)
             assert b.lsn is not None
             apply(built.model, ops)
             built.batches.append((b.lsn, ops))

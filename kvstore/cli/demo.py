@@ -372,7 +372,7 @@ def _restore(store: str, archive: str, target: str, info: SnapshotInfo, accident
 def _spark_export(store: str, out: str, master: str, report: DemoReport, rep: Reporter) -> None:
     """Step 6: snapshot, changes and state to Parquet; the state has the store's keys."""
     import kvstore
-    from kvstore.spark.export import export
+    from kvstore.spark.export import describe, export
 
     spark_env(master)
     t0 = time.perf_counter()
@@ -382,8 +382,8 @@ def _spark_export(store: str, out: str, master: str, report: DemoReport, rep: Re
     rows = export_rows(result)
     with kvstore.open(store, readonly=True) as db:
         keys = len(db)
-    for table, n in rows.items():
-        report.say(f"{table}: {n} rows")
+    for line in describe(result):  # the changes line says which LSNs it covers
+        report.say(line)
     report.check(rows["state"] == keys, f"the exported state has exactly the store's {keys} keys")
     total = sum(rows.values())
     report.add("rows_exported", total, f"{total} rows ({', '.join(f'{k} {v}' for k, v in rows.items())}) "

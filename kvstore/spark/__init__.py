@@ -6,7 +6,10 @@
 :mod:`kvstore.spark.source` is the data source (it imports pyspark),
 :mod:`kvstore.spark.partitions` plans a read and reads one partition,
 :mod:`kvstore.spark.stream` is the stream reader,
-:mod:`kvstore.spark.debezium` the ``format=debezium`` events, :mod:`kvstore.spark.files`
+:mod:`kvstore.spark.images` each change with its key's value before and after
+it (the one mechanism the next two share), :mod:`kvstore.spark.debezium` the
+``format=debezium`` events, :mod:`kvstore.spark.delta_cdf` the changes in Delta's
+change types (``changeVocabulary=delta``), :mod:`kvstore.spark.files`
 and :mod:`kvstore.spark.snapshots` plan and read the store's log and
 snapshots through the ``wal`` and ``snapshot`` readers,
 :mod:`kvstore.spark.archive` reads an archive as a store,
@@ -20,9 +23,11 @@ too). Importing this package does not import pyspark; :func:`register` and
 :func:`read_state` do. Imports point one way: ``arrow`` and ``files``
 import no other module here; ``options`` imports ``arrow``; ``archive``
 imports ``files``; ``pushdown`` none; ``snapshots`` imports ``arrow`` and
-``files``; ``partitions`` those, ``options`` and ``pushdown``; ``debezium`` imports ``partitions``; ``stream``
-imports ``debezium``, ``partitions``, ``archive`` and ``compat``; ``writer`` imports
-``archive``; ``source`` imports ``debezium``, ``stream`` and ``writer``; ``export``
+``files``; ``partitions`` those, ``options`` and ``pushdown``; ``images`` imports ``partitions``;
+``debezium`` and ``delta_cdf`` import ``images``; ``stream`` imports ``debezium``,
+``delta_cdf``, ``images``, ``partitions``, ``archive`` and ``compat``; ``writer`` imports
+``archive``; ``source`` imports ``debezium``, ``delta_cdf``, ``images``, ``stream`` and
+``writer``; ``export``
 imports ``source``.
 """
 

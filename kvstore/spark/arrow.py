@@ -15,8 +15,10 @@ Three tables, one schema each; ``K`` and ``V`` are ``binary`` by default, or
                ``_op_index`` the operation's position in its batch (0-based;
                operations apply in that order). ``_change_type`` is:
 
-               * ``upsert``: put(key, value). walkv does not know whether the
-                 key existed, so Delta's insert/update_postimage are one type;
+               * ``upsert``: put(key, value). The log does not say whether the
+                 key existed, so Delta's insert/update_postimage are one type
+                 here; ``changeVocabulary=delta`` gives Delta's types, with
+                 pre-images (:mod:`kvstore.spark.delta_cdf`);
                * ``delete``: delete(key); value is null;
                * ``delete_range``: every key in [key, end_key) is deleted; value
                  is null. end_key is null for the other types.
@@ -24,6 +26,10 @@ Three tables, one schema each; ``K`` and ``V`` are ``binary`` by default, or
                A conditional write's conditions are not changes; one whose
                conditions failed has no rows (the log records the decision,
                :mod:`kvstore.entry.conditions`).
+
+               A batch read covers the LSNs after the snapshot it is planned
+               with, up to the durable LSN (:mod:`kvstore.spark.options`);
+               ``startingLsn=earliest`` reads the whole log.
 
 ``state``      key K not null, value V not null, lsn bigint not null (the LSN
                that last wrote the key; the snapshot's LSN for untouched keys)

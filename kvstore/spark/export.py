@@ -152,8 +152,9 @@ def export(
 ) -> dict[str, Any]:
     """Export ``store``'s ``table`` (snapshot, changes, state or all) to
     Parquet under ``out``; see the module docstring. Returns what
-    ``OUT/_walkv_export.json`` holds: the store, the snapshot LSN, the end LSN
-    and, per table, its path, LSN range and rows written by this run.
+    ``OUT/_walkv_export.json`` holds: the store, the snapshot LSN, the end LSN,
+    the first LSN the log holds and, per table, its path, LSN range and rows
+    written by this run (:func:`describe` says it in words).
 
     Durability: Spark's Parquet commit protocol makes each table's files
     appear whole; the streaming checkpoint makes an incremental run append
@@ -176,6 +177,7 @@ def export(
         "store_id": files.store_id(),
         "snapshot_lsn": snap_lsn,
         "end_lsn": p.to_lsn,
+        "log_first_lsn": files.first_held(p.durable_lsn),
         "incremental": bool(incremental),
         "tables": dict(previous.get("tables", {})) if incremental else {},
     }
@@ -234,6 +236,34 @@ def export(
     finally:
         if owned:
             spark.stop()
+
+
+def describe(meta: dict[str, Any]) -> list[str]:
+    """What :func:`export` returns, one line per table for people: its rows
+    and the LSNs they cover. ``changes`` says that it is the log after the
+    snapshot (a batch read's default range) and how to read the whole log."""
+    snap, end = int(meta["snapshot_lsn"]), int(meta["end_lsn"])
+    first = meta.get("log_first_lsn")
+    whole = "startingLsn=earliest for the whole log" + (
+        f": LSNs {first}..{end}" if first is not None and first <= end else ", which holds no entries")
+    lines = []
+    for name, info in meta["tables"].items():
+        rows = int(info["rows"])
+        if name == SNAPSHOT:
+            lines.append(f"snapshot: {rows} rows, at LSN {snap}" if snap else f"snapshot: {rows} rows (no snapshot)")
+        elif name == STATE:
+            lines.append(f"state: {rows} rows, the store at LSN {info.get('to_lsn', end)}")
+        elif info.get("from_lsn") is None or info.get("to_lsn") is None:
+            lines.append(f"changes: {rows} rows ({whole})")  # an incremental run that found nothing new
+        else:
+            a, b = int(info["from_lsn"]), int(info["to_lsn"])
+            if a > b:
+                why = f"no LSNs after the snapshot at LSN {snap} up to the durable LSN {b}" if snap else "no LSNs"
+                lines.append(f"changes: {rows} rows: {why} ({whole})")
+            else:
+                after = f"after the snapshot at LSN {snap}" if snap else "no snapshot: the log from its start"
+                lines.append(f"changes: {rows} rows, LSNs {a}..{b} ({after}; {whole})")
+    return lines
 
 
 def _changes_incremental(spark: Any, location: str, out: str, path: str, snap_lsn: int, fmt: dict[str, str]) -> dict[str, Any]:

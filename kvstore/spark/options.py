@@ -16,7 +16,8 @@ option                 meaning (names are case-insensitive, as Spark's are)
 ``startingLsn``        ``changes``: first LSN to read, inclusive: a number,
                        ``earliest`` (the oldest LSN the log still holds) or
                        ``latest`` (nothing yet). Batch default: the LSN after
-                       the snapshot. Stream default: ``earliest``
+                       the snapshot (below: which LSNs a batch read covers).
+                       Stream default: ``earliest``
 ``endingLsn``          batch ``changes``/``state``: last LSN, inclusive (default:
                        the durable LSN when the query is planned). Past the
                        durable LSN is an error. ``state`` at an ``endingLsn`` is
@@ -40,15 +41,49 @@ option                 meaning (names are case-insensitive, as Spark's are)
 ``startingFrom``       stream: ``log`` (default) or ``snapshot``: the first
                        micro-batch holds the newest snapshot's rows (as
                        ``upsert`` rows at the snapshot's LSN, ``_op_index``
-                       -1, the snapshot's time), then the log after it. Also
-                       for batch reads with ``format=debezium`` (``r`` events)
+                       -1, the snapshot's time; ``insert`` rows with
+                       ``changeVocabulary=delta``), then the log after it.
+                       Also for batch reads with ``format=debezium`` (``r``
+                       events) or ``changeVocabulary=delta``
 ``format``             ``changes``: ``delta`` (default: Delta's change data
                        feed columns) or ``debezium`` (Debezium-shaped change
                        events, :mod:`kvstore.spark.debezium`)
+``changeVocabulary``   ``changes``, ``format=delta``: the values of
+                       ``_change_type``. ``walkv`` (default): ``upsert``,
+                       ``delete``, ``delete_range``, one row per operation as
+                       logged. ``delta``: Delta Lake's ``insert``,
+                       ``update_preimage``/``update_postimage`` and ``delete``
+                       with exact pre-images, batch or stream: a put of a key
+                       that did not exist is ``insert``, of one that did an
+                       ``update_preimage`` row (the old value) and an
+                       ``update_postimage`` row (the new); a delete of a key
+                       that existed is ``delete`` with the value it deleted (of
+                       one that did not: no row); a range delete is one
+                       ``delete`` per key it deleted. See
+                       :mod:`kvstore.spark.delta_cdf`
 ``maxPartitionBytes``  split sealed log segments larger than this at sparse-index
                        points (default 32 MiB)
 ``rowsPerBatch``       rows per Arrow record batch a task yields (default 65536)
 =====================  ===========================================================
+
+Which LSNs a batch read of ``changes`` covers: by default ``S+1 .. E``, where
+``S`` is the LSN of the snapshot the read is planned with (the newest, the
+newest at or before ``endingLsn``, or ``snapshotLsn``'s; 0 without one) and
+``E`` the durable LSN when the query is planned (or ``endingLsn``). So
+``snapshot`` + ``changes`` = ``state``, and right after a snapshot a batch
+read of ``changes`` has 0 rows. ``startingLsn=earliest`` reads every LSN the
+log still holds (Kafka's batch default), a number or ``startingTimestamp``
+starts there. A stream starts at ``earliest``.
+
+Why the batch default is not ``earliest``: ``earliest`` is wherever retention
+last cut the log, by whole segments, so usually some way into the history the
+oldest kept snapshot covers; and the formats with pre-images
+(``format=debezium``, ``changeVocabulary=delta``) cannot start there: they
+rebuild each key's previous value from a snapshot at or before the LSN before
+the first one read, and a trimmed log usually has none (a ``LogGapError``).
+After the newest snapshot is the one range every format reads exactly, on
+every store. Delta's change data feed asks for a starting version rather than
+pick one; walkv picks this one and says so.
 """
 
 from __future__ import annotations
@@ -84,10 +119,13 @@ KNOWN = {
     "maxpartitionbytes": "maxPartitionBytes",
     "rowsperbatch": "rowsPerBatch",
     "format": "format",
+    "changevocabulary": "changeVocabulary",
 }
 
 DELTA = "delta"
 DEBEZIUM = "debezium"
+WALKV = "walkv"
+VOCABULARIES = (WALKV, DELTA)
 
 
 @dataclass(frozen=True)
@@ -108,6 +146,12 @@ class Options:
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
     rows_per_batch: int = DEFAULT_ROWS_PER_BATCH
     debezium: bool = False
+    vocabulary: str = WALKV
+
+    @property
+    def needs_images(self) -> bool:
+        """Rows that need each key's previous value (:mod:`kvstore.spark.images`)."""
+        return self.debezium or self.vocabulary == DELTA
 
 
 def _int(name: str, text: str, minimum: int) -> int:
@@ -217,9 +261,15 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         raise ValueError(f"option format must be '{DELTA}' or '{DEBEZIUM}', not {raw['format']!r}")
     if fmt == DEBEZIUM and table != CHANGES:
         raise ValueError(f"option format=debezium applies to table=changes, not {table}")
+    vocabulary = str(raw.get("changeVocabulary", WALKV)).strip().lower()
+    if vocabulary not in VOCABULARIES:
+        raise ValueError(f"option changeVocabulary must be '{WALKV}' or '{DELTA}', not {raw['changeVocabulary']!r}")
+    if vocabulary == DELTA and (table != CHANGES or fmt == DEBEZIUM):
+        raise ValueError("option changeVocabulary=delta applies to table=changes in format=delta (Debezium's "
+                         f"events have their own op codes), not table={table}, format={fmt}")
     for name in ("maxRecordsPerTrigger", "maxBytesPerTrigger", "startingFrom"):
-        if name == "startingFrom" and fmt == DEBEZIUM:
-            continue  # a batch of Debezium events may begin with the snapshot's ``r`` events
+        if name == "startingFrom" and (fmt == DEBEZIUM or vocabulary == DELTA):
+            continue  # a batch read with pre-images may begin with the snapshot's rows
         if name in raw and streaming is False:
             raise ValueError(f"option {name} is for streams (spark.readStream)")
     max_records = _int("maxRecordsPerTrigger", raw["maxRecordsPerTrigger"], 1) if "maxRecordsPerTrigger" in raw else None
@@ -246,4 +296,5 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         max_partition_bytes=_int("maxPartitionBytes", raw.get("maxPartitionBytes", str(DEFAULT_MAX_PARTITION_BYTES)), 1),
         rows_per_batch=_int("rowsPerBatch", raw.get("rowsPerBatch", str(DEFAULT_ROWS_PER_BATCH)), 1),
         debezium=fmt == DEBEZIUM,
+        vocabulary=vocabulary,
     )

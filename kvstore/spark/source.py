@@ -8,9 +8,10 @@ a local disk, HDFS or S3 is read as the cluster sees it::
     from kvstore.spark import register
     register(spark)
     spark.read.format("walkv").option("table", "snapshot").load(path)   # key, value, lsn
-    spark.read.format("walkv").option("table", "changes").load(path)    # the log after it
+    spark.read.format("walkv").option("table", "changes").load(path)    # the log after the snapshot
     spark.read.format("walkv").option("table", "state").load(path)      # current contents
     spark.read.format("walkv").option("format", "debezium").load(path)  # changes as Debezium events
+    spark.read.format("walkv").option("changeVocabulary", "delta").load(path)  # Delta's change types
     spark.readStream.format("walkv").load(path)                         # the log, as a stream
     df.write.format("walkv").mode("append").save(path)                  # one atomic batch
 
@@ -21,7 +22,9 @@ Columns are described in :mod:`kvstore.spark.arrow`, options in
 :mod:`kvstore.spark.options`, planning and partitions in
 :mod:`kvstore.spark.partitions`, snapshot chunks decoded to Arrow in
 :mod:`kvstore.spark.columnar`, the stream in :mod:`kvstore.spark.stream`, Debezium-shaped events
-(``format=debezium``) in :mod:`kvstore.spark.debezium`.
+(``format=debezium``) in :mod:`kvstore.spark.debezium`, Delta's change types
+(``changeVocabulary=delta``) in :mod:`kvstore.spark.delta_cdf`, both from
+:mod:`kvstore.spark.images`.
 :func:`read_state` computes the state with DataFrame operations (a window
 over (lsn, op index) per key, and a range join for range deletes);
 ``table=state`` computes the same inside the scan.
@@ -39,7 +42,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from kvstore.spark import arrow as sa
-from kvstore.spark import debezium
+from kvstore.spark import debezium, delta_cdf, images
 from kvstore.spark.archive import open_files
 from kvstore.spark.compat import pushdown_enabled
 from kvstore.spark.files import normalize_location
@@ -135,13 +138,14 @@ class WalkvReader(DataSourceReader):
         self.bounds = Bounds()
 
     def partitions(self) -> list[Any]:
-        if self.opts.debezium:
-            return list(debezium.batch_partitions(self.files, self.opts))
+        if self.opts.needs_images:
+            return list(images.batch_partitions(self.files, self.opts))
         return partitions_for(self.files, self.opts, self.plan, self.bounds)
 
     def read(self, partition: Any) -> Iterator[Any]:
-        if isinstance(partition, debezium.DebeziumPartition):
-            return debezium.read_events(self.files, self.opts, partition)
+        if isinstance(partition, images.ImagePartition):
+            return images.read(self.files, self.opts, partition,
+                               debezium.Events if self.opts.debezium else delta_cdf.Rows)
         return read_partition(self.files, self.opts, partition)
 
 
@@ -150,8 +154,8 @@ class WalkvPushdownReader(WalkvReader):
     back: Spark still evaluates them, see :mod:`kvstore.spark.pushdown`)."""
 
     def pushFilters(self, filters: list[Any]) -> Iterable[Any]:
-        if self.opts.debezium:
-            return filters  # events: no pushdown (a key's before needs its whole range's history)
+        if self.opts.needs_images:
+            return filters  # no pushdown: a key's previous value needs its whole range's history
         lsn_column = COMMIT_VERSION if self.opts.table == sa.CHANGES else None
         self.bounds = bounds_of(filters, lsn_column)
         return filters

@@ -38,7 +38,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader
 
-from kvstore.spark import debezium
+from kvstore.spark import debezium, delta_cdf, images
 from kvstore.spark import snapshots as ss
 from kvstore.spark.archive import open_files
 from kvstore.spark.compat import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows, SupportsTriggerAvailableNow
@@ -169,7 +169,7 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         a = self._check(start, "start")
         b = self._check(end, "end")
-        if self.opts.debezium:
+        if self.opts.needs_images:
             return self._event_partitions(start, a, b)
         out: list[Any] = []
         if start.get(SNAPSHOT_KEY) is not None:
@@ -195,21 +195,22 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return first
 
     def _event_partitions(self, start: dict[str, Any], a: int, b: int) -> list[Any]:
-        """``format=debezium``: the events of ``a+1 .. b``, each key's
-        ``before`` rebuilt from the newest snapshot at or before ``a``
-        (:mod:`kvstore.spark.debezium`)."""
+        """``format=debezium`` or ``changeVocabulary=delta``: the changes of
+        ``a+1 .. b``, each key's previous value rebuilt from the newest
+        snapshot at or before ``a`` (:mod:`kvstore.spark.images`)."""
         if start.get(SNAPSHOT_KEY) is not None:
             base = ss.choose(self.files, int(start[SNAPSHOT_KEY]), None)
-            return list(debezium.event_partitions(self.files, self.opts, base, a + 1, b, b, True))
+            return list(images.partitions_from(self.files, self.opts, base, a + 1, b, b, True))
         if b <= a:
             return []
         first = self._first(a, b)
-        base = debezium.base_before(self.files, None, first)
-        return list(debezium.event_partitions(self.files, self.opts, base, first, b, b, False))
+        base = images.base_before(self.files, None, first)
+        return list(images.partitions_from(self.files, self.opts, base, first, b, b, False))
 
     def read(self, partition: Any) -> Iterator[Any]:
-        if isinstance(partition, debezium.DebeziumPartition):
-            return debezium.read_events(self.files, self.opts, partition)
+        if isinstance(partition, images.ImagePartition):
+            return images.read(self.files, self.opts, partition,
+                               debezium.Events if self.opts.debezium else delta_cdf.Rows)
         return read_partition(self.files, self.opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
