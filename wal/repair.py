@@ -1,9 +1,23 @@
-"""Checking a whole log (:func:`verify`) and cutting it at its first bad
-record (:func:`repair`).
+"""Checking a whole log (:func:`verify`) and repairing a damaged one
+(:func:`repair`).
 
-:func:`repair` keeps what it cuts: the cut-off bytes of the bad segment go to
-``<segment>.broken``, and later segments are renamed ``<segment>.broken``, so
-nothing is destroyed that a person might still want to look at.
+:func:`repair` finds the first bad record (the strict check open and verify
+make), then reads the whole log past damage (:mod:`wal.salvage`), decides
+which LSNs the repaired log holds (:mod:`wal.repair_plan`) and makes it so
+(:mod:`wal.repair_apply`). It keeps what it takes out: cut-off bytes and
+whole segments go to ``.broken`` files next to the segments, so nothing is
+destroyed that a person might still want to look at.
+
+* Without a base (no snapshot), it cuts the log at its first bad record:
+  the entries before it stay, everything after goes.
+* ``base_lsn``, the LSN of the newest good snapshot, says that the writes
+  up to it are held elsewhere: damage at or below it only drops the log
+  before it (the log then starts after the damage, at ``base_lsn + 1`` at
+  the latest, so that it continues the snapshot); damage after it is cut
+  as above. Nothing a snapshot holds is lost.
+* ``filler`` (salvage) keeps every intact entry after the damage too, and
+  writes an entry with that payload for each lost LSN after the base, so
+  that the log stays gap-free without renumbering anything.
 
 Both read each segment with the record limit its header states. A record
 over that limit whose fragments all have good checksums is not damage: it
@@ -22,25 +36,36 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from wal.durable import read_durable_lsn
 from wal.errors import CorruptionError, Damage, RecordOverLimitError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.index import read_index
 from wal.lock import DirectoryLock
-from wal.record import DEFAULT_MAX_RECORD_BYTES, FIRST, FULL, LAST, MIDDLE
-from wal.record_reader import RecordReader
-from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header
-from wal.segment_writer import write_new_segment
+from wal.repair_apply import apply, dropped_bytes
+from wal.repair_plan import plan
+from wal.salvage import over_limit, scan_log
+from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header, segment_name
 from wal.torn import is_torn
-from wal.truncation import nonzero_end
+
+__all__ = ["CutPoint", "RepairReport", "over_limit", "repair", "verify"]
 
 log = logging.getLogger("walkv.wal")
 
 Progress = Callable[[int, "int | None"], None]
 
+LSNRange = tuple[int, int]
+
 
 @dataclass
 class RepairReport:
-    """What :func:`repair` found and did. ``cut`` is False when the log was whole."""
+    """What :func:`repair` found and did. ``cut`` is False when the log was
+    whole (nothing changed). ``path``, ``offset``, ``reason`` and ``kind``
+    name the first bad record (``path`` is ``None`` when the log was whole
+    but ended before the base). The repaired log holds
+    ``first_lsn..last_good_lsn``; ``dropped`` is the LSNs taken out before
+    it, whose writes the base (a snapshot at ``base_lsn``) holds; ``lost``
+    the LSNs after the base whose writes are gone, ``filled`` those of them
+    a filler entry now stands for (salvage)."""
 
     cut: bool
     path: str | None = None
@@ -50,6 +75,12 @@ class RepairReport:
     broken_files: list[str] = field(default_factory=list)
     dropped_bytes: int = 0
     kind: Damage | None = None  # what is wrong at the cut
+    first_lsn: int | None = None
+    base_lsn: int = 0
+    dropped: LSNRange | None = None
+    lost: list[LSNRange] = field(default_factory=list)
+    filled: list[LSNRange] = field(default_factory=list)
+    rewritten: list[str] = field(default_factory=list)
 
 
 class CutPoint(NamedTuple):
@@ -66,45 +97,10 @@ class CutPoint(NamedTuple):
     store_id: str | None
 
 
-def _whole_record_size(path: str, offset: int) -> int | None:
-    """The payload size of the record at ``offset`` when every fragment of
-    it is there with a good checksum (a FULL, or FIRST, MIDDLE..., LAST);
-    ``None`` when it is damaged or cut short. Reads one block at a time,
-    whatever the record's size."""
-    size = 0
-    with open(path, "rb") as fh:
-        for i, frag in enumerate(RecordReader(fh, path=path, start_offset=offset, zeros_end=True).fragments()):
-            if frag.problem is not None:
-                return None
-            if i == 0:
-                if frag.offset != offset or frag.type not in (FULL, FIRST):
-                    return None
-                if frag.type == FULL:
-                    return frag.length
-            elif frag.type not in (MIDDLE, LAST):
-                return None
-            size += frag.length
-            if frag.type == LAST:
-                return size
-    return None
-
-
-def over_limit(path: str, offset: int, limit: int) -> RecordOverLimitError | None:
-    """The error for a whole record over its segment's limit at ``offset``
-    (``None``: the record is damaged, which is for repair to cut)."""
-    size = _whole_record_size(path, offset)
-    if size is None or size <= limit:
-        return None
-    return RecordOverLimitError(
-        f"the record at offset {offset} of {path} is whole (its checksums are good) but {size} bytes, over the "
-        f"limit this walkv reads from that segment ({limit} bytes, as its header states): it is not damage, "
-        "so it is not cut. Read it with the walkv that wrote it",
-        path=path, offset=offset, size=size, limit=limit)
-
-
-def _cut_point(segments: list[SegmentFile], progress: Progress | None) -> CutPoint | None:
-    """Scan every segment strictly; where the first bad record is, or
-    ``None``. A torn tail of the newest segment is not damage (open cuts it)."""
+def _cut_point(segments: list[SegmentFile], progress: Progress | None) -> tuple[CutPoint | None, int]:
+    """Scan every segment strictly; where the first bad record is (``None``:
+    nowhere) and the last LSN read. A torn tail of the newest segment is not
+    damage (open cuts it)."""
     store_id: str | None = None
     expected: int | None = None
     last_good = 0
@@ -114,14 +110,14 @@ def _cut_point(segments: list[SegmentFile], progress: Progress | None) -> CutPoi
             try:
                 header, header_end = read_header(fh, seg.path)
             except CorruptionError as e:
-                return CutPoint(i, 0, last_good, e.reason, e.kind, store_id)
+                return CutPoint(i, 0, last_good, e.reason, e.kind, store_id), last_good
             if store_id is None:
                 store_id = header.store_id
             if header.store_id != store_id:
-                return CutPoint(i, 0, last_good, "segment belongs to another store", Damage.HEADER, store_id)
+                return CutPoint(i, 0, last_good, "segment belongs to another store", Damage.HEADER, store_id), last_good
             if expected is not None and header.first_lsn != expected:
                 return CutPoint(i, 0, last_good, f"LSNs {expected}..{header.first_lsn - 1} are missing",
-                                Damage.SEQUENCE, store_id)
+                                Damage.SEQUENCE, store_id), last_good
             scan = SegmentScan(fh, seg.path, header_end, header.first_lsn)
             try:
                 for _ in scan.entries():
@@ -133,23 +129,23 @@ def _cut_point(segments: list[SegmentFile], progress: Progress | None) -> CutPoi
                     if over is not None:
                         raise over from None
                 if not newest or e.kind is Damage.SEQUENCE or e.offset is None:
-                    return CutPoint(i, scan.data_end, last_good, e.reason, e.kind, store_id)
+                    return CutPoint(i, scan.data_end, last_good, e.reason, e.kind, store_id), last_good
                 f = OS_FS.open(seg.path, readonly=True)
                 try:
                     torn, _ = is_torn(f, seg.path, e.offset, last_good + 1, header.max_record_bytes)
                 finally:
                     f.close()
                 if not torn:
-                    return CutPoint(i, scan.data_end, last_good, e.reason, e.kind, store_id)
+                    return CutPoint(i, scan.data_end, last_good, e.reason, e.kind, store_id), last_good
                 # else: a crash's torn tail, which open cuts: not damage
             last_good = (scan.next_lsn or header.first_lsn) - 1
             torn_tail = scan.torn_tail()
             if torn_tail is not None and not newest:
-                return CutPoint(i, scan.data_end, last_good, torn_tail.reason, torn_tail.kind, store_id)
+                return CutPoint(i, scan.data_end, last_good, torn_tail.reason, torn_tail.kind, store_id), last_good
             expected = last_good + 1
         if progress:
             progress(i + 1, len(segments))
-    return None
+    return None, last_good
 
 
 def verify(directory: str, progress: Progress | None = None) -> list[str]:
@@ -161,7 +157,7 @@ def verify(directory: str, progress: Progress | None = None) -> list[str]:
     segments = list_segments(directory)
     problems = []
     try:
-        found = _cut_point(segments, progress)
+        found, _ = _cut_point(segments, progress)
     except RecordOverLimitError as e:
         problems.append(str(e))
         found = None
@@ -175,84 +171,53 @@ def verify(directory: str, progress: Progress | None = None) -> list[str]:
     return problems
 
 
-def _limit_before(segments: list[SegmentFile], i: int) -> int:
-    """The record limit for a segment replacing ``segments[i]``: the one the
-    nearest readable segment before it states (the default when none)."""
-    for seg in reversed(segments[:i]):
-        try:
-            with open(seg.path, "rb") as fh:
-                return read_header(fh, seg.path)[0].max_record_bytes
-        except (OSError, CorruptionError):
-            continue
-    return DEFAULT_MAX_RECORD_BYTES
-
-
-def _broken_name(path: str) -> str:
-    """``<path>.broken``, or ``.broken-2``, ``-3``...: never over the evidence
-    an earlier repair kept."""
-    name, n = path + ".broken", 1
-    while os.path.exists(name):
-        n += 1
-        name = f"{path}.broken-{n}"
-    return name
-
-
-def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, lock: bool = True) -> RepairReport:
-    """Cut the log at its first bad record, keeping what was cut in ``.broken``
-    files. Takes the log's lock (a writer holding it is :class:`LockedError`)
-    unless the caller holds it (``lock=False``). Returns what it found (and,
-    unless ``dry_run``, did). A whole record over the limit its segment
-    states is never cut: :class:`RecordOverLimitError`, and nothing changes."""
+def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, lock: bool = True,
+           base_lsn: int = 0, filler: bytes | None = None, store_id: str | None = None,
+           before_change: Callable[[RepairReport], None] | None = None) -> RepairReport:
+    """Repair the log in ``directory`` (module docstring): ``base_lsn`` is the
+    LSN of the newest good snapshot (0: none), ``filler`` the payload of the
+    entry that stands for each lost LSN after it (``None``: cut at the first
+    bad record instead), ``store_id`` the store id for segments it writes
+    when no segment header is readable; ``before_change(report)`` runs once
+    the repair is decided and before any file changes (what depends on the
+    log, made ready for it). Keeps what it takes out of the log
+    in ``.broken`` files. Takes the log's lock (a writer holding it is
+    :class:`LockedError`) unless the caller holds it (``lock=False``).
+    Returns what it found (and, unless ``dry_run``, did). A whole record
+    over the limit its segment states is never cut:
+    :class:`RecordOverLimitError`, and nothing changes."""
     if not os.path.isdir(directory):
         raise WalkvError(f"{directory} is not a walkv log directory (it does not exist)")
     if lock:
         with DirectoryLock(directory, f"the log at {directory}"):
-            return repair(directory, fs=fs, dry_run=dry_run, lock=False)
+            return repair(directory, fs=fs, dry_run=dry_run, lock=False, base_lsn=base_lsn, filler=filler,
+                          store_id=store_id, before_change=before_change)
     segments = list_segments(directory, fs)
-    found = _cut_point(segments, None)
-    if found is None:
+    found, last = _cut_point(segments, None)
+    if not segments or (found is None and last >= base_lsn):
         return RepairReport(cut=False)
-    i, good_end, last_good, reason, kind, store_id = found
-    bad = segments[i]
-    report = RepairReport(True, bad.path, good_end, reason, last_good, kind=kind)
-    later = segments[i + 1 :]
-    report.dropped_bytes = sum(os.path.getsize(s.path) for s in later)
+    scan = scan_log(segments)
+    decided = plan(scan, base_lsn, filler is not None, read_durable_lsn(directory, fs))
+    report = RepairReport(True, None, None, f"the log ends at LSN {last}, before the snapshot at LSN {base_lsn}",
+                          decided.last, kind=Damage.SEQUENCE, first_lsn=decided.first, base_lsn=base_lsn,
+                          dropped=decided.dropped, lost=decided.lost, filled=decided.filled)
+    if found is not None:
+        report.path, report.offset = segments[found.segment].path, found.good_end
+        report.reason, report.kind = found.reason, found.kind
+    if not decided.changes:
+        raise CorruptionError(f"repair found damage but no way to remove it: {report.reason}", kind=report.kind
+                              or Damage.CONTENT, path=report.path, offset=report.offset, lsn=decided.last + 1,
+                              hint="nothing was changed; keep a copy of the log's files and report this")
+    report.dropped_bytes = dropped_bytes(scan, decided)
+    report.rewritten = [os.path.join(directory, segment_name(new.first)) for new in decided.new]
     if dry_run:
-        f = fs.open(bad.path, readonly=True)
-        try:
-            report.dropped_bytes += nonzero_end(f, good_end, f.size()) - good_end
-        finally:
-            f.close()
         return report
-    for seg in reversed(later):  # newest first: what remains is always a prefix
-        kept = _broken_name(seg.path)
-        fs.rename(seg.path, kept)
-        report.broken_files.append(kept)
-        if os.path.exists(index_path(seg.path)):
-            fs.unlink(index_path(seg.path))
-    f = fs.open(bad.path)
-    try:
-        end = nonzero_end(f, good_end, f.size())
-        if good_end == 0:
-            f.close()
-            kept = _broken_name(bad.path)
-            fs.rename(bad.path, kept)
-            report.broken_files.append(kept)
-            report.dropped_bytes += end
-            first = last_good + 1 if i > 0 else bad.first_lsn
-            write_new_segment(directory, store_id or uuid.uuid4().hex, first, 0, fs, _limit_before(segments, i))
-        elif end > good_end:
-            kept = _broken_name(bad.path)
-            fs.write_file(kept, f.pread(end - good_end, good_end))
-            report.broken_files.append(kept)
-            report.dropped_bytes += end - good_end
-            f.preallocate(good_end, end - good_end)
-            f.sync()
-    finally:
-        f.close()
-    if os.path.exists(index_path(bad.path)):
-        fs.unlink(index_path(bad.path))
-    fs.fsync_dir(directory)
-    log.warning("repair: cut %s at offset %d (%s); last good LSN %d; kept the cut bytes in %s",
-                bad.path, good_end, reason, last_good, ", ".join(report.broken_files))
+    if before_change is not None:
+        before_change(report)
+    sid = scan.store_id or store_id or uuid.uuid4().hex
+    report.broken_files = apply(directory, scan, decided, fs, sid, filler or b"")
+    log.warning("repair of %s: %s at %s offset %s; the log now holds LSNs %d..%d%s; kept what was taken out in %s",
+                directory, report.reason, report.path, report.offset, decided.first, decided.last,
+                f" (the snapshot at LSN {base_lsn} holds LSNs {decided.dropped[0]}..{decided.dropped[1]})"
+                if decided.dropped else "", ", ".join(report.broken_files) or "-")
     return report

@@ -13,10 +13,15 @@ implementation), so they work on a store that will not open.
   reported as a problem naming both ids and counts for nothing.
   Exit 0 only when all is well, 4 when something is corrupt, 1 for other
   problems (a damaged index, which the next open rebuilds).
-* ``repair STORE``: shows what ``wal.repair`` would cut (the first bad record
-  and everything after it, kept in ``.broken`` files), asks, then cuts. It
-  holds the store's lock (``STORE/LOCK``, then ``STORE/wal/LOCK``) meanwhile,
-  as a writer would, so that no writer can open the store under it.
+* ``repair STORE``: shows what :func:`kvstore.store.repair.repair_store`
+  would do (the first bad record, the newest snapshot that verifies, which
+  LSNs the log keeps, which are taken out because that snapshot holds them,
+  and which writes are lost; what is taken out is kept in ``.broken``
+  files), asks, then repairs; ``--salvage`` keeps every intact entry after
+  the damage too. It holds the store's lock (``STORE/LOCK``, then
+  ``STORE/wal/LOCK``) meanwhile, as a writer would, so that no writer can
+  open the store under it. Exit 0 when the log was whole or is repaired, 1
+  for a dry run or a refusal.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstore.cli.common import (
     EXIT_CORRUPT,
@@ -43,6 +48,9 @@ from wal import SegmentFile
 from wal.errors import CorruptionError, Damage, DamageReport, RecordOverLimitError, WalkvError
 from wal.lock import DirectoryLock
 
+if TYPE_CHECKING:
+    from kvstore.store.repair import StoreRepair
+
 
 def add_commands(add: AddCommand) -> None:
     p = add("verify", "check every CRC, LSN, header, index and snapshot of a store or an archive", cmd_verify,
@@ -56,15 +64,21 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("store", metavar="STORE", help="a store, or an archive URI or directory")
     p.add_argument("--json", action="store_true", help="the report as JSON")
 
-    p = add("repair", "cut a damaged log at its first bad record (after asking)", cmd_repair,
-            description="Find the first bad record in the log, show what would be cut (that record "
-                        "and everything after it, kept in .broken files next to the segments), ask, "
-                        "then cut. Entries before the bad record are kept; the LMDB state is rebuilt "
-                        "from the remaining log at the next open if it had applied more. Refuses "
-                        "while another process has the store open (exit 3).")
+    p = add("repair", "repair a damaged log, keeping all its newest good snapshot holds (after asking)",
+            cmd_repair,
+            description="Find the first bad record in the log and the newest snapshot that verifies, "
+                        "show what would change, ask, then repair. Damage at or below the snapshot's LSN "
+                        "only takes out log the snapshot covers (the log then starts after the damage); "
+                        "damage after it is cut at the first bad record, or with --salvage every intact "
+                        "entry after it is kept too. Everything taken out is kept in .broken files next "
+                        "to the segments; the report names the LSNs lost. The next open rebuilds the "
+                        "state from that snapshot plus the log when it holds writes the log no longer "
+                        "has. Refuses while another process has the store open (exit 3).")
     p.add_argument("store", metavar="STORE", help="a store (or a bare log directory)")
-    p.add_argument("--yes", "-y", action="store_true", help="cut without asking")
-    p.add_argument("--dry-run", action="store_true", help="only show what would be cut")
+    p.add_argument("--yes", "-y", action="store_true", help="repair without asking")
+    p.add_argument("--dry-run", action="store_true", help="only show what would change")
+    p.add_argument("--salvage", action="store_true",
+                   help="keep every intact entry after the damage too; each lost LSN stays as an empty entry")
 
 
 # -- verify ----------------------------------------------------------------------------
@@ -104,7 +118,8 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
         if durable is not None and snap_lsns and max(snap_lsns) > durable:
             problems.append(DamageReport(
                 layout.snapshots_dir, None, None, Damage.SEQUENCE,
-                f"the newest snapshot is at LSN {max(snap_lsns)}, past the log's durable LSN {durable}", "problem"))
+                f"the newest snapshot is at LSN {max(snap_lsns)}, past the log's durable LSN {durable} "
+                f"(`walkv repair {path}` makes the log start after it)", "problem"))
     return {"store": layout.root, "problems": problems, "checked": checked}
 
 
@@ -280,52 +295,82 @@ def _log_dir(path: str) -> tuple[str, StoreLayout | None]:
     raise CliError(f"{path} is not a walkv store")  # pragma: no cover
 
 
+def _show_repair(result: StoreRepair, snapshots_dir: str | None) -> None:
+    """What a repair found and will do (or did): the first bad record, the
+    snapshot the state comes from, which LSNs the log keeps and which are
+    gone, and what is taken out of the log (into .broken files)."""
+    from kvstore.store.repair import describe
+
+    report = result.log
+    print("first bad record:" if report.path else "the log ends before the newest snapshot:")
+    if report.path:
+        print(f"  file        {report.path}")
+        print(f"  offset      {report.offset}")
+    print(f"  problem     {report.reason}")
+    for why in result.passed_over:
+        print(f"passed over:  {why}", file=sys.stderr)
+    if result.snapshot is not None:
+        print(f"snapshot:     LSN {result.snapshot.lsn} ({result.snapshot.path}), verified: the state is rebuilt "
+              "from it plus the log after it")
+    elif snapshots_dir is not None:
+        print("snapshot:     none that verifies: the state is rebuilt from the log alone")
+    first, last = report.first_lsn, report.last_good_lsn
+    held = f"LSNs {first}..{last}" if last is not None and first is not None and last >= first else "no entries"
+    print(f"the log:      {held} (continuing at LSN {(last or 0) + 1})")
+    print(f"  last good   LSN {last}")
+    if report.dropped:
+        print(f"taken out:    LSNs {describe([report.dropped])}, before the log's new start: the snapshot holds "
+              "their writes")
+    if report.lost:
+        n = sum(b - a + 1 for a, b in report.lost)
+        print(f"lost:         LSNs {describe(report.lost)} ({n} write(s) after the "
+              + (f"snapshot at LSN {report.base_lsn}" if report.base_lsn else "start of the log") + ")")
+        if report.filled:
+            print(f"              LSNs {describe(report.filled)} stay in the log as empty entries, so that the "
+                  "intact entries after them keep their LSNs")
+        elif report.lost[-1][1] > (last or 0):
+            print("              (--salvage keeps the intact entries among them)")
+    else:
+        print("lost:         nothing: every write the snapshot and the intact log hold is kept")
+    print(f"to be cut:    {human_bytes(report.dropped_bytes)} ({report.dropped_bytes} bytes)"
+          + (f", and {len(report.rewritten)} segment(s) rewritten" if report.rewritten else ""))
+    print("              (what is taken out is kept in .broken files next to the segments)")
+    if result.rebuild:
+        print("state:        LMDB holds writes the log will not have: the next open rebuilds it")
+
+
 def cmd_repair(args: argparse.Namespace, rep: Reporter) -> int:
-    import snapshot
-    import wal
+    from kvstore.store.repair import repair_store
 
     log_dir, layout = _log_dir(args.store)
+    root = layout.root if layout is not None else None
     locks = []
     try:
         if layout is not None:
             locks.append(DirectoryLock(layout.root, f"the store {layout.root}"))
         locks.append(DirectoryLock(log_dir, f"the log {log_dir}"))
-        report = wal.repair(log_dir, dry_run=True, lock=False)
-        if not report.cut:
+        found = repair_store(root, log_dir, salvage=args.salvage, dry_run=True)
+        if not found.log.cut:
             print(f"{log_dir}: the log is whole; nothing to cut")
             return EXIT_OK
-        later = [s.path for s in wal.list_segments(log_dir) if s.path > (report.path or "")]
-        print("first bad record:")
-        print(f"  file        {report.path}")
-        print(f"  offset      {report.offset}")
-        print(f"  problem     {report.reason}")
-        print(f"  last good   LSN {report.last_good_lsn} (kept, with everything before it)")
-        print(f"to be cut:    {human_bytes(report.dropped_bytes)} ({report.dropped_bytes} bytes): "
-              f"{report.path} from offset {report.offset}"
-              + (f", and {len(later)} later segment(s)" if later else ""))
-        print("              (the cut bytes are kept in .broken files next to the segments)")
-        if layout is not None:
-            newer = [s.lsn for s in snapshot.list_snapshots(layout.snapshots_dir)
-                     if s.lsn > (report.last_good_lsn or 0)]
-            if newer:
-                print(f"warning:      snapshot(s) at LSN {', '.join(map(str, newer))} hold writes past the cut; "
-                      "they stay, and the store will rebuild from the newest snapshot the log still reaches",
-                      file=sys.stderr)
+        _show_repair(found, layout.snapshots_dir if layout is not None else None)
         if args.dry_run:
             print("dry run: nothing was changed")
             return EXIT_PROBLEM
         if not args.yes:
             if not sys.stdin.isatty():
                 raise CliError("not cutting: stdin is not a terminal to ask on; pass --yes to cut")
-            answer = input("Cut the log here? [y/N] ").strip().lower()
+            answer = input("Repair the log as shown? [y/N] ").strip().lower()
             if answer not in ("y", "yes"):
                 print("nothing was changed")
                 return EXIT_PROBLEM
-        done = wal.repair(log_dir, lock=False)
-        print(f"cut {done.path} at offset {done.offset}; dropped {done.dropped_bytes} bytes; "
-              f"the log now ends at LSN {done.last_good_lsn}")
+        done = repair_store(root, log_dir, salvage=args.salvage).log
+        print(f"repaired {log_dir}: took {done.dropped_bytes} bytes out of the log; the log now ends at LSN "
+              f"{done.last_good_lsn} (it holds LSNs {done.first_lsn}..{done.last_good_lsn})")
         for f in done.broken_files:
             print(f"  kept {f}")
+        for f in done.rewritten:
+            print(f"  wrote {f}")
         return EXIT_OK
     finally:
         for lock in reversed(locks):

@@ -31,6 +31,10 @@ fsync directory)::
 * Rewritten with ``"clean": true`` at close, after LMDB was flushed
   (``mdb_env_sync``), while the store's lock is still held.
 * A missing or unreadable SESSION means LMDB cannot be trusted.
+* ``"rebuild": "<why>"`` (written by ``walkv repair`` when it took LSNs
+  out of the log that LMDB may have applied) means the next read-write
+  open rebuilds LMDB from the newest snapshot plus the log, saying why; a
+  read-only open refuses until then.
 """
 
 from __future__ import annotations
@@ -103,10 +107,11 @@ def read_session(lmdb_dir: str) -> dict | None:
 
 
 def write_session(lmdb_dir: str, store_id: str, *, clean: bool,
-                  fs: FileSystem = OS_FS) -> None:
-    """Replace the SESSION record atomically and durably."""
+                  fs: FileSystem = OS_FS, rebuild: str | None = None) -> None:
+    """Replace the SESSION record atomically and durably (``rebuild``: why
+    the next open must rebuild LMDB)."""
     rec = {"format": SESSION_FORMAT, "store_id": store_id, "boot_id": boot_id(),
-           "clean": clean, "pid": os.getpid(), "time": time.time()}
+           "clean": clean, "pid": os.getpid(), "time": time.time(), **({"rebuild": rebuild} if rebuild else {})}
     path = os.path.join(lmdb_dir, SESSION_NAME)
     tmp = path + ".tmp"
     fs.write_file(tmp, json.dumps(rec, sort_keys=True).encode() + b"\n")
@@ -121,6 +126,8 @@ def distrust_reason(lmdb_dir: str, session: dict | None, store_id: str) -> str |
         return "there is no LMDB state yet"
     if session is None:
         return "its SESSION record is missing or unreadable"
+    if isinstance(session.get("rebuild"), str):
+        return session["rebuild"]
     if session.get("store_id") != store_id:
         return (f"it was built from another log (store id {session.get('store_id')!r}, "
                 f"the log's is {store_id!r})")
@@ -383,4 +390,6 @@ def open_readonly_state(store_path: str, lmdb_dir: str, options: StateOptions) -
         raise WalkvError(
             f"{store_path} was open for writing when its machine crashed; its LMDB "
             f"state may be damaged. Open it read-write once to recover it.")
+    if session is not None and isinstance(session.get("rebuild"), str):
+        raise WalkvError(f"{store_path}: {session['rebuild']}; open it read-write once to rebuild its state")
     return State(lmdb_dir, options, readonly=True)
