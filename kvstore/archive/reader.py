@@ -164,6 +164,11 @@ class ArchiveReader:
                             self.target.scrub(str(e)))
         return out
 
+    def first_entry(self) -> Entry | None:
+        """The first entry of the archive's log (None: it holds none)."""
+        c = self._checked_chain()
+        return self._first_entry(c.objects[0]) if c.objects else None
+
     def _first_entry(self, o: LogObject) -> Entry | None:
         with self.target.fs.open_input(o.path) as f:  # ranged reads: the first block only
             for _, e in SegmentScan(f, self.target.display(o.path)).entries():
@@ -258,6 +263,13 @@ class ArchiveReader:
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def us_to_text(us: int) -> str:
+    """A commit time (unix microseconds) as ISO 8601 UTC, to the microsecond
+    (what ``walkv restore --to-time`` reads back)."""
+    t = _EPOCH + datetime.timedelta(microseconds=us)
+    return t.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def time_to_us(t: datetime.datetime | float | int) -> int:
