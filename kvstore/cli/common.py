@@ -120,13 +120,6 @@ def to_bytes(text: str, hex_mode: bool, what: str) -> bytes:
         raise CliError(f"{what} is not valid text; use --hex", EXIT_USAGE) from None
 
 
-def from_bytes(data: bytes, hex_mode: bool) -> str:
-    """A key or value as text for output (hex with ``--hex``)."""
-    if hex_mode:
-        return data.hex()
-    return data.decode("utf-8", "backslashreplace")
-
-
 def escape_field(data: bytes) -> str:
     """Text for a tab-separated line: UTF-8 with tabs, newlines, backslashes
     and undecodable bytes written as backslash escapes."""
