@@ -91,6 +91,7 @@ class ArchiveReader:
 
     def __init__(self, location: Location | ArchiveTarget) -> None:
         self.target = location if isinstance(location, ArchiveTarget) else ArchiveTarget.open(location)
+        self.target.require_directory()
         data = self.target.read(ARCHIVE_NAME)
         if data is None:
             raise ArchiveError(f"no walkv archive at {self.target.uri} (it has no {ARCHIVE_NAME} object)")

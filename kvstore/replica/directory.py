@@ -30,13 +30,25 @@ from kvstore.replica.source import ReplicaSource
 from kvstore.state import State, StateOptions
 from kvstore.store import recovery
 from wal.errors import ReplicaError
-from wal.fs import OS_FS
+from wal.fs import OS_FS, file_in_the_way
 
 log = logging.getLogger("walkv.replica")
 
 REPLICA_FORMAT = 1
 REBUILD_DIR = "lmdb.rebuild"
 """Where a rebuild while running builds the new LMDB (then renamed over ``lmdb/``)."""
+
+
+def make(path: str) -> None:
+    """Create the replica's directory (and its parents) unless it is there;
+    :class:`~wal.errors.ReplicaError` when a file stands where it, or a
+    directory above it, would be."""
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        where = "it is a file" if blocker == os.path.abspath(path) else f"{blocker} is a file"
+        raise ReplicaError(f"no replica can be at {path}: {where}, not a directory; a replica needs a directory "
+                           "of its own (made if missing): give another path")
+    OS_FS.makedirs(path)
 
 
 def claim(path: str, source: ReplicaSource) -> None:
