@@ -37,11 +37,11 @@ from typing import Callable, Iterator, Protocol
 import snapshot
 import wal
 from kvstore.archive.reader import time_to_us, us_to_text
-from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR, WAL_DIR
+from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.store import recovery
 from kvstore.store.snapshots import choose_base
 from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
-from wal.errors import CorruptionError, Damage, RestoreTimeError, SnapshotError, WalkvError
+from wal.errors import CorruptionError, Damage, ReplicaError, RestoreTimeError, SnapshotError, WalkvError
 from wal.fs import OS_FS, file_in_the_way
 
 
@@ -131,6 +131,9 @@ def locate(source: str) -> tuple[str | None, list[str], int | None]:
     wal_dir = os.path.join(source, WAL_DIR)
     snaps = os.path.join(source, SNAPSHOTS_DIR)
     if not os.path.isdir(wal_dir) and not os.path.isdir(snaps):
+        if os.path.isfile(os.path.join(source, REPLICA_NAME)):
+            raise ReplicaError(f"{source} is a read replica, which keeps no log or snapshots to restore from: "
+                               "restore from its source, or promote the replica first")
         raise WalkvError(f"{source} is neither a walkv store nor a snapshot directory")
     found = [i.path for i in reversed(snapshot.list_snapshots(snaps))]
     return (wal_dir if os.path.isdir(wal_dir) else None), found, None
