@@ -168,39 +168,34 @@ def test_the_archiver_retries_an_unreachable_archive(tmp_path, closed_port):
 # -- a file where a directory would be -------------------------------------------------------
 
 
-def test_a_file_where_an_archive_would_be(tmp_path):
+_IN_THE_WAY = {
+    "archive": ("no archive can be at {location}: {says}, not a directory; an archive is a directory (made when "
+                "a store is first archived to it) or an object store URI: give another location",
+                [["archive-verify", "{location}"], ["archive-ls", "{location}"],
+                 ["archive", "{store}", "{location}", "--once"]], ArchiveError),
+    "replica": ("no replica can be at {location}: {says}, not a directory; a replica needs a directory of its own "
+                "(made if missing): give another path", [["replica", "{store}", "{location}"]], ReplicaError),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_IN_THE_WAY))
+def test_a_file_where_an_archive_or_replica_would_be(tmp_path, kind):
     store = str(tmp_path / "store")
     with kvstore.open(store) as db:
         db.put(b"k", b"v")
     a_file = tmp_path / "a-file"
     a_file.write_text("keep me")
+    message, commands, error = _IN_THE_WAY[kind]
     for location, says in ((a_file, "it is a file"), (a_file / "sub", f"{a_file} is a file")):
-        expected = (f"no archive can be at {location}: {says}, not a directory; an archive is a directory (made "
-                    "when a store is first archived to it) or an object store URI: give another location")
-        for cmd in (["archive-verify", str(location)], ["archive-ls", str(location)],
-                    ["archive", store, str(location), "--once"]):
-            proc = walkv(*cmd)
+        expected = message.format(location=location, says=says)
+        for cmd in commands:
+            proc = walkv(*[c.format(location=location, store=store) for c in cmd])
             assert proc.returncode == 1
             assert one_line_error(proc) == f"walkv: error: {expected}", cmd
-        with pytest.raises(ArchiveError) as e:
-            kvstore.ArchiveReader(str(location))
-        assert str(e.value) == expected
-    assert a_file.read_text() == "keep me"
-
-
-def test_a_file_where_a_replica_would_be(tmp_path):
-    store = str(tmp_path / "store")
-    with kvstore.open(store) as db:
-        db.put(b"k", b"v")
-    a_file = tmp_path / "a-file"
-    a_file.write_text("keep me")
-    for location, says in ((a_file, "it is a file"), (a_file / "sub", f"{a_file} is a file")):
-        expected = (f"no replica can be at {location}: {says}, not a directory; a replica needs a directory of "
-                    "its own (made if missing): give another path")
-        proc = walkv("replica", store, str(location))
-        assert proc.returncode == 1
-        assert one_line_error(proc) == f"walkv: error: {expected}"
-        with pytest.raises(ReplicaError) as e:
-            kvstore.open_replica(store, str(location))
+        with pytest.raises(error) as e:
+            if kind == "archive":
+                kvstore.ArchiveReader(str(location))
+            else:
+                kvstore.open_replica(store, str(location))
         assert str(e.value) == expected
     assert a_file.read_text() == "keep me"
