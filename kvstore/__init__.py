@@ -38,6 +38,7 @@ from kvstore.store.write_batch import WriteBatch
 from wal.errors import (
     ArchiveError,
     ArchiveLagError,
+    ArchiveUnavailableError,
     ClosedError,
     CorruptionError,
     Damage,
@@ -50,6 +51,7 @@ from wal.errors import (
     RecordTooLargeError,
     ReplicaError,
     ReplicaLagError,
+    RestoreTimeError,
     SnapshotError,
     StoreVanishedError,
     SubscriptionInvalidatedError,
@@ -75,10 +77,11 @@ def open_async(path, sync: str = "always", **options):
 
 
 __all__ = [
-    "MAX_KEY_BYTES", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError", "ClosedError", "CorruptionError", "Damage",
+    "MAX_KEY_BYTES", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError",
+    "ArchiveUnavailableError", "ClosedError", "CorruptionError", "Damage",
     "DiskFullError", "ForkedError", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
-    "ReplicaLagError", "SnapshotError",
+    "ReplicaLagError", "RestoreTimeError", "SnapshotError",
     "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "open_replica",
     "prometheus_text", "restore", "restore_from_archive",
 ]

@@ -220,6 +220,19 @@ class ArchiveError(WalkvError):
     to another store, it is not a walkv archive, or the object store failed."""
 
 
+class ArchiveUnavailableError(ArchiveError):
+    """The object store holding an archive failed or did not answer in time
+    (a refused connection, a request that timed out, an error from the
+    service): ``uri`` (credentials redacted) names the archive, ``timed_out``
+    says whether it was a timeout. It may work later: the archiver retries
+    it; a command reports it in one line."""
+
+    def __init__(self, message: str, *, uri: str, timed_out: bool) -> None:
+        self.uri = uri
+        self.timed_out = timed_out
+        super().__init__(message)
+
+
 class ArchiveLagError(ArchiveError):
     """The archive did not catch up in time: ``archived_lsn`` is what it
     holds, ``target_lsn`` what was waited for (the lag is their difference)."""
@@ -228,6 +241,23 @@ class ArchiveLagError(ArchiveError):
         self.archived_lsn = archived_lsn
         self.target_lsn = target_lsn
         super().__init__(message)
+
+
+class RestoreTimeError(WalkvError):
+    """A point-in-time restore (``to_time``) asked for a time before the
+    first entry its source holds, so the restored store would be empty (as
+    Litestream, walkv refuses rather than build it). ``first_lsn`` and
+    ``first_time_us`` (its commit time, unix microseconds) name that entry;
+    both are ``None`` when the source holds no entry at all. Pass
+    ``allow_empty=True`` (``walkv restore --allow-empty``) to build the empty
+    store."""
+
+    def __init__(self, message: str, *, first_lsn: int | None, first_time_us: int | None) -> None:
+        self.first_lsn = first_lsn
+        self.first_time_us = first_time_us
+        super().__init__(message)
+
+
 class ReplicaError(WalkvError):
     """A read replica (:mod:`kvstore.replica.replica`) cannot follow its source as
     asked: the source is another store than the one the replica holds, or its

@@ -232,3 +232,17 @@ class FileSystem:
 
 
 OS_FS = FileSystem()
+
+
+def file_in_the_way(path: str) -> str | None:
+    """The first existing component of ``path`` (itself, else its nearest
+    existing ancestor) when it is not a directory, or None: a directory is
+    at ``path`` or can be made there. For the one message a command gives
+    when asked to make a directory where a file is."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+    return None if os.path.isdir(p) else p

@@ -17,14 +17,33 @@ write: nothing here can change a file.
 Paths inside a :class:`ReadFS` use ``/`` and are built with :meth:`ReadFS.join`;
 :meth:`ReadFS.display` turns one back into what the user gave (a URI keeps its
 scheme) for messages.
+
+Object stores are given bounded time (:data:`DEFAULT_TIMEOUT`): an ``s3://``
+or ``gs://`` URI resolves to a file system whose every request must connect,
+and then keep sending, within that many seconds, and is tried
+:data:`REQUEST_ATTEMPTS` times (pyarrow's own defaults wait minutes on an
+endpoint that never answers, and retry Google Cloud requests for 15).
+``timeout=SECONDS`` in the URI's query sets it for that location (walkv's
+option: it is taken out before pyarrow reads the URI). A file system object
+passed in a ``(filesystem, path)`` pair keeps the timeouts it was built with.
 """
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
+import time
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from wal.fs import OS_FS, FileInfo
+
+DEFAULT_TIMEOUT = 5.0
+"""Seconds an object store is given to connect, and then between the bytes
+of an answer, for each request (``timeout=`` in a URI changes it)."""
+REQUEST_ATTEMPTS = 2
+"""How many times an object-store request is tried before it fails."""
+TIMEOUT_OPTION = "timeout"
 
 
 @runtime_checkable
@@ -65,19 +84,26 @@ class ArrowFS:
     pickles that object (pyarrow's file systems pickle).
     """
 
-    def __init__(self, filesystem: Any, *, uri: str | None = None, root: str = "") -> None:
+    def __init__(self, filesystem: Any, *, uri: str | None = None, root: str = "",
+                 timeout: float | None = None) -> None:
         self._fs = filesystem
         self._uri = uri
         self._root = root.rstrip("/")
+        self.timeout = timeout
+        """Seconds per request this file system was given (None: its own, as built by the caller)."""
 
     @classmethod
     def from_uri(cls, uri: str) -> tuple[ArrowFS, str]:
+        """The file system of ``uri`` and the path in it; object stores with
+        bounded timeouts (module docstring)."""
         pafs = _pyarrow_fs()
+        plain, timeout = _split_timeout(uri)
         try:
-            filesystem, root = pafs.FileSystem.from_uri(uri)
+            filesystem, root = pafs.FileSystem.from_uri(plain)
         except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
             raise ValueError(f"cannot resolve the URI {redact(uri)!r}: {exc}") from exc
-        return cls(filesystem, uri=uri, root=root), root
+        filesystem, bounded = _bounded(pafs, filesystem, timeout)
+        return cls(filesystem, uri=uri, root=root, timeout=timeout if bounded else None), root
 
     def __getstate__(self) -> dict[str, Any]:
         if self._uri is not None:
@@ -88,8 +114,10 @@ class ArrowFS:
         self._uri = state.get("uri")
         self._root = state["root"]
         self._fs = state.get("fs")
+        self.timeout = None
         if self._fs is None:
-            self._fs = ArrowFS.from_uri(self._uri or "")[0]._fs
+            again = ArrowFS.from_uri(self._uri or "")[0]
+            self._fs, self.timeout = again._fs, again.timeout
 
     @property
     def filesystem(self) -> Any:
@@ -109,6 +137,7 @@ class ArrowFS:
         return f
 
     def read_file(self, path: str) -> bytes | None:
+        t0 = time.monotonic()
         try:
             with self._fs.open_input_file(path) as f:
                 data: bytes = f.read()
@@ -116,8 +145,10 @@ class ArrowFS:
         except FileNotFoundError:
             return None
         except OSError:
+            if self.timeout is not None and time.monotonic() - t0 >= self.timeout:
+                raise  # it ran out of time: asking again would only double the wait
             if self._fs.get_file_info(path).type == _pyarrow_fs().FileType.NotFound:
-                return None
+                return None  # some file systems say "missing" only this way
             raise
 
     def file_size(self, path: str) -> int:
@@ -168,6 +199,47 @@ def resolve(location: str | os.PathLike[str] | tuple[Any, str]) -> tuple[ReadFS,
     return fs, root.rstrip("/") or "/"
 
 
+def _split_timeout(uri: str) -> tuple[str, float]:
+    """``uri`` without walkv's ``timeout=`` query option, and its value (or the default)."""
+    head, sep, query = uri.partition("?")
+    if not sep:
+        return uri, DEFAULT_TIMEOUT
+    timeout = DEFAULT_TIMEOUT
+    kept = []
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        if name != TIMEOUT_OPTION:
+            kept.append(part)
+            continue
+        try:
+            timeout = float(value)
+        except ValueError:
+            timeout = math.nan
+        if not (0 < timeout < math.inf):
+            raise ValueError(f"{TIMEOUT_OPTION}={value!r} in the URI {redact(uri)!r} is not a number of seconds "
+                             "greater than 0")
+    return head + ("?" + "&".join(kept) if kept else ""), timeout
+
+
+def _bounded(pafs: Any, filesystem: Any, timeout: float) -> tuple[Any, bool]:
+    """``filesystem`` rebuilt with bounded requests when it is an object store
+    (S3: connect and read timeouts, :data:`REQUEST_ATTEMPTS` tries; Google
+    Cloud: a time limit on its retries), and whether it was."""
+    s3 = getattr(pafs, "S3FileSystem", None)
+    gcs = getattr(pafs, "GcsFileSystem", None)
+    if s3 is not None and isinstance(filesystem, s3):
+        rebuild, (options,) = filesystem.__reduce__()
+        options.update(connect_timeout=timeout, request_timeout=timeout,
+                       retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=REQUEST_ATTEMPTS))
+        return rebuild(options), True
+    if gcs is not None and isinstance(filesystem, gcs):
+        rebuild, (options,) = filesystem.__reduce__()
+        if options.get("retry_time_limit") is None:  # pyarrow's retry_limit_seconds= wins
+            options["retry_time_limit"] = datetime.timedelta(seconds=timeout * REQUEST_ATTEMPTS)
+        return rebuild(options), True
+    return filesystem, False
+
+
 def redact(uri: str) -> str:
     """``uri`` with any credentials (``scheme://KEY:SECRET@host``, or
     ``secret_key=``/``access_key=``/``session_token=`` query options) replaced
@@ -193,4 +265,4 @@ def _pyarrow_fs() -> Any:
     return pafs
 
 
-__all__ = ["ArrowFS", "FileInfo", "ReadFS", "redact", "resolve"]
+__all__ = ["DEFAULT_TIMEOUT", "REQUEST_ATTEMPTS", "ArrowFS", "FileInfo", "ReadFS", "redact", "resolve"]

@@ -91,6 +91,7 @@ class ArchiveReader:
 
     def __init__(self, location: Location | ArchiveTarget) -> None:
         self.target = location if isinstance(location, ArchiveTarget) else ArchiveTarget.open(location)
+        self.target.require_directory()
         data = self.target.read(ARCHIVE_NAME)
         if data is None:
             raise ArchiveError(f"no walkv archive at {self.target.uri} (it has no {ARCHIVE_NAME} object)")
@@ -163,6 +164,11 @@ class ArchiveReader:
                 log.warning("ignoring unusable archive snapshot %s: %s", self.target.display(path),
                             self.target.scrub(str(e)))
         return out
+
+    def first_entry(self) -> Entry | None:
+        """The first entry of the archive's log (None: it holds none)."""
+        c = self._checked_chain()
+        return self._first_entry(c.objects[0]) if c.objects else None
 
     def _first_entry(self, o: LogObject) -> Entry | None:
         with self.target.fs.open_input(o.path) as f:  # ranged reads: the first block only
@@ -258,6 +264,13 @@ class ArchiveReader:
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def us_to_text(us: int) -> str:
+    """A commit time (unix microseconds) as ISO 8601 UTC, to the microsecond
+    (what ``walkv restore --to-time`` reads back)."""
+    t = _EPOCH + datetime.timedelta(microseconds=us)
+    return t.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def time_to_us(t: datetime.datetime | float | int) -> int:

@@ -26,11 +26,19 @@ fsynced. Resuming: the archived LSN is recomputed from a listing (the end of
 the chain), so a restart after a kill at any point uploads again at most what
 was in flight, under the same names (an object is never half there).
 
-Errors (the object store down, 500s, refused connections) are retried by the
+Errors (the object store down, 500s, refused connections, requests that
+timed out: :class:`~wal.errors.ArchiveUnavailableError`) are retried by the
 thread with exponential backoff up to ``max_backoff`` seconds, logged once per
 change of state (failing, recovered) and kept in :meth:`Archiver.stats`.
 Another archiver's live lease, or an archive of another store, stops the
 thread (``failed``): retrying cannot help.
+
+Stopping (:meth:`Archiver.stop`) makes one last round and releases the
+lease, within ``timeout`` seconds when given: an object store that does not
+answer by then is left to the daemon threads still waiting on it (each
+request ends within its own timeout, :mod:`wal.readfs`; the lease expires on
+its own), and ``stop`` returns False so that the caller can say what was not
+shipped.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ from kvstore.archive.target import ArchiveTarget, Location
 from kvstore.archive.upload import Uploader
 from kvstore.layout import StoreLayout
 from wal.durable import read_durable_lsn
-from wal.errors import ArchiveError, ArchiveLagError, LockedError, LogGapError, WalkvError
+from wal.errors import ArchiveError, ArchiveLagError, ArchiveUnavailableError, LockedError, LogGapError, WalkvError
 from wal.fs import OS_FS
 from wal.segment import list_segments, read_store_id
 
@@ -273,6 +281,9 @@ class Archiver:
         while not self._stopping:
             try:
                 self.ship_once()
+            except ArchiveUnavailableError as e:  # the object store down or slow: retried
+                self._record_error(e)
+                delay = min(delay * 2, self.max_backoff)
             except (LockedError, ArchiveError) as e:
                 self.failed = e
                 self._record_error(e)
@@ -297,14 +308,28 @@ class Archiver:
                         self.last_error)
         self._notify()
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop the thread (after one last round, when the archive is
-        reachable) and release the lease."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop the thread, make one last round (when the archive is
+        reachable) and release the lease; True when that was done within
+        ``timeout`` seconds (None: no limit), False when the object store
+        did not answer by then (module docstring)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._stopping = True
         self._wake.set()
         t = self._thread
         if t is not None:
             t.join(timeout)
+            if t.is_alive():
+                return False  # still in a request: it ends within its own timeout, then the thread
+        if deadline is None:
+            self._last_round()
+            return True
+        last = threading.Thread(target=self._last_round, name="walkv-archiver-last", daemon=True)
+        last.start()
+        last.join(max(0.0, deadline - time.monotonic()))
+        return not last.is_alive()
+
+    def _last_round(self) -> None:
         if self.failed is None:
             try:
                 self.ship_once()
@@ -338,6 +363,9 @@ class Archiver:
             else:
                 try:
                     self.ship_once()
+                except ArchiveUnavailableError as e:  # retried until the deadline
+                    self._record_error(e)
+                    time.sleep(min(0.2, left) if left is not None else 0.2)
                 except (LockedError, ArchiveError):
                     raise
                 except Exception as e:  # noqa: BLE001 - retried until the deadline

@@ -17,18 +17,32 @@ Credentials never leave this module in text: :meth:`display` redacts every
 path it shows (:func:`wal.readfs.redact`), and :meth:`scrub` removes the
 secrets of the location from any message (an error from the object store's
 client) before it is logged, raised or kept in stats.
+
+An object store that fails or does not answer: every request has bounded
+time (:mod:`wal.readfs`: ``timeout=SECONDS`` in the URI, default
+:data:`wal.readfs.DEFAULT_TIMEOUT`), and every read, listing, write and
+delete through a target turns the client's error into one
+:class:`~wal.errors.ArchiveUnavailableError` naming the archive, what was
+being done, whether it timed out, and what to do (the archiver retries it).
+A local archive where a file stands (the path, or a directory above it) is
+an :class:`~wal.errors.ArchiveError` from :meth:`ArchiveTarget.require_directory`,
+which readers and the sidecar call first (an archiver in a store's process
+retries it as an outage: the file may be moved away).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kvstore.archive.layout import is_temp_name, temp_name
-from wal.fs import OS_FS, FileInfo, FileSystem
-from wal.readfs import ArrowFS, ReadFS, redact, resolve
+from wal.errors import ArchiveError, ArchiveUnavailableError
+from wal.fs import OS_FS, FileInfo, FileSystem, file_in_the_way
+from wal.readfs import REQUEST_ATTEMPTS, ArrowFS, ReadFS, redact, resolve
 
 Location = str | os.PathLike[str] | tuple[Any, str]
 _SECRET_OPTIONS = ("secret_key", "access_key", "session_token", "password")
@@ -40,12 +54,13 @@ class ArchiveTarget:
 
     def __init__(self, fs: ReadFS, root: str, *, local: FileSystem | None = None, arrow: Any = None,
                  uri: str | None = None) -> None:
-        self.fs = fs
         self.root = root
         self._local = local
         self._arrow = arrow
         self._secrets = _secrets_of(uri) if uri else []
         self.uri = redact(uri) if uri else fs.display(root)
+        self.timeout = fs.timeout if isinstance(fs, ArrowFS) else None
+        self.fs: ReadFS = _RemoteFS(fs, self) if arrow is not None else fs
 
     @classmethod
     def open(cls, location: Location, *, fs: FileSystem = OS_FS) -> ArchiveTarget:
@@ -69,6 +84,19 @@ class ArchiveTarget:
     def __repr__(self) -> str:
         return f"ArchiveTarget({self.uri})"
 
+    def require_directory(self) -> None:
+        """:class:`ArchiveError` when the archive is local and a file stands
+        where its directory, or a directory above it, would be."""
+        if self._local is None:
+            return
+        blocker = file_in_the_way(self.root)
+        if blocker is None:
+            return
+        where = "it is a file" if blocker == os.path.abspath(self.root) else f"{blocker} is a file"
+        raise ArchiveError(f"no archive can be at {self.uri}: {where}, not a directory; an archive is a directory "
+                           "(made when a store is first archived to it) or an object store URI: give another "
+                           "location")
+
     # -- paths and text ---------------------------------------------------------------
 
     def path(self, *names: str) -> str:
@@ -77,6 +105,38 @@ class ArchiveTarget:
     def display(self, path: str | None = None) -> str:
         """``path`` (default: the archive) as shown to people: credentials redacted."""
         return self.scrub(self.fs.display(self.root if path is None else path))
+
+    @contextlib.contextmanager
+    def failures(self, doing: str, path: str | None = None) -> Iterator[None]:
+        """Around one request to an object store: its client's error (an
+        ``OSError``, but not a missing file, which callers handle) becomes
+        :class:`ArchiveUnavailableError` saying what and what to do."""
+        try:
+            yield
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise self.unavailable(e, doing, path) from None
+
+    def unavailable(self, error: OSError, doing: str, path: str | None) -> ArchiveUnavailableError:
+        """The error for ``error`` met ``doing`` something to ``path`` (see :meth:`failures`)."""
+        text = self.scrub(" ".join(str(error).split()))
+        if len(text) > _CLIENT_TEXT:  # google-cloud-cpp says everything twice
+            text = text[: _CLIENT_TEXT - 1] + "…"
+        name = path[len(self.root):].strip("/") if path is not None and path.startswith(self.root) else None
+        what = f"{doing} {name or (self.display(path) if path is not None else 'it')}"
+        timed_out = any(s in text for s in _TIMEOUT_TEXTS)
+        if timed_out:
+            given = (f"requests are given {self.timeout:g} s each, tried {REQUEST_ATTEMPTS} times"
+                     if self.timeout is not None else "its file system's own timeouts")
+            return ArchiveUnavailableError(
+                f"the archive {self.uri} did not answer in time: {what} timed out ({given}: {text}); check "
+                "that its object store is up and reachable from this machine (endpoint, network, credentials), "
+                "or give it longer with timeout=SECONDS in the URI", uri=self.uri, timed_out=True)
+        return ArchiveUnavailableError(
+            f"the archive {self.uri} cannot be reached: {what} failed ({text}); check that its object store is "
+            "up and reachable from this machine and that the URI (endpoint, bucket, credentials) is right",
+            uri=self.uri, timed_out=False)
 
     def scrub(self, text: str) -> str:
         """``text`` with every credential of the location replaced by ``***``."""
@@ -108,7 +168,7 @@ class ArchiveTarget:
         if self._local is not None:
             _put_local(self._local, path, data)
         elif self._arrow is not None:
-            with self._arrow.open_output_stream(path) as out:
+            with self.failures("writing", path), self._arrow.open_output_stream(path) as out:
                 out.write(data)
         else:
             raise TypeError(f"the archive {self.uri} was given as a read-only file seam; pass a URI, a "
@@ -128,13 +188,14 @@ class ArchiveTarget:
                 self._local.unlink(path)
                 self._local.fsync_dir(os.path.dirname(path))
             elif self._arrow is not None:
-                try:
-                    self._arrow.delete_file(path)
-                except OSError:
-                    import pyarrow.fs as pafs  # type: ignore[import-not-found,import-untyped,unused-ignore]
+                with self.failures("deleting", path):
+                    try:
+                        self._arrow.delete_file(path)
+                    except OSError:
+                        import pyarrow.fs as pafs  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
-                    if self._arrow.get_file_info(path).type != pafs.FileType.NotFound:
-                        raise
+                        if self._arrow.get_file_info(path).type != pafs.FileType.NotFound:
+                            raise
         except FileNotFoundError:
             pass
 
@@ -149,6 +210,69 @@ class ArchiveTarget:
                 self.delete(*names, info.name)
                 n += 1
         return n
+
+
+_CLIENT_TEXT = 300
+"""At most this much of an object-store client's own message goes into an error."""
+_TIMEOUT_TEXTS = ("Timeout was reached", "timed out", "Retry policy exhausted", "DEADLINE_EXCEEDED")
+"""How object-store clients (the AWS SDK's curl, google-cloud-cpp) say a request ran out of time."""
+
+
+class _RemoteFS:
+    """An object store's :class:`ReadFS`, each request's failure turned into
+    :class:`ArchiveUnavailableError` by its target (:meth:`ArchiveTarget.failures`)."""
+
+    def __init__(self, fs: ReadFS, target: ArchiveTarget) -> None:
+        self.inner = fs
+        self.target = target
+
+    def list_dir(self, path: str) -> list[FileInfo]:
+        with self.target.failures("listing", path):
+            return self.inner.list_dir(path)
+
+    def open_input(self, path: str) -> BinaryIO:
+        with self.target.failures("reading", path):
+            return _RemoteFile(self.inner.open_input(path), self.target, path)  # type: ignore[return-value]
+
+    def read_file(self, path: str) -> bytes | None:
+        with self.target.failures("reading", path):
+            return self.inner.read_file(path)
+
+    def file_size(self, path: str) -> int:
+        with self.target.failures("reading", path):
+            return self.inner.file_size(path)
+
+    def join(self, base: str, *names: str) -> str:
+        return self.inner.join(base, *names)
+
+    def display(self, path: str) -> str:
+        return self.inner.display(path)
+
+
+class _RemoteFile:
+    """An object open for reading whose every call's failure is turned into
+    :class:`ArchiveUnavailableError` (a ranged read is a request too)."""
+
+    def __init__(self, f: BinaryIO, target: ArchiveTarget, path: str) -> None:
+        self._f = f
+        self._target = target
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._f, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._target.failures("reading", self._path):
+                return attr(*args, **kwargs)
+        return call
+
+    def __enter__(self) -> _RemoteFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
 
 
 def _put_local(fs: FileSystem, path: str, data: bytes) -> None:

@@ -44,9 +44,13 @@ def add_commands(add: AddCommand) -> None:
 
     p = add("restore", "build a new store from a store, a snapshot or an archive, to an LSN or a time",
             cmd_restore)
-    p.add_argument("src", metavar="SRC", help="a store, a snapshot directory, or an archive (a URI such as "
+    p.add_argument("src", metavar="SRC", help="a store, a snapshot directory (restored at its own LSN unless "
+                                              "--to-lsn asks for a later one), or an archive (a URI such as "
                                               "s3://bucket/prefix?..., file:///..., or an archive directory)")
     p.add_argument("dst", metavar="DST", help="the new store (must not exist or be empty)")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="with --to-time before the source's first entry: build an empty store (without it, "
+                        "that is an error naming the first entry's commit time)")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--to-lsn", type=int, metavar="N", help="point-in-time: stop after LSN N")
     when.add_argument("--to-time", type=_utc_time, metavar="TIME",
@@ -104,16 +108,17 @@ def _utc_time(text: str) -> datetime.datetime:
 def cmd_restore(args: argparse.Namespace, rep: Reporter) -> int:
     import kvstore
     from kvstore.replica.point_in_time import is_archive
+    from kvstore.replica.restore import check_target
     from wal.readfs import redact
 
     archive = is_archive(args.src)
     if not archive and not os.path.exists(args.src):
         raise CliError(f"no store, snapshot or archive at {args.src}")
-    if os.path.exists(args.dst) and os.listdir(args.dst):
-        raise CliError(f"{args.dst} exists and is not empty; restore into a new directory")
+    check_target(args.dst)
     shown = redact(args.src) if archive else args.src
     with rep.task(f"restoring from {shown}", unit="entries") as progress:
-        info = kvstore.restore(args.src, args.dst, to_lsn=args.to_lsn, to_time=args.to_time, progress=progress)
+        info = kvstore.restore(args.src, args.dst, to_lsn=args.to_lsn, to_time=args.to_time,
+                               allow_empty=args.allow_empty, progress=progress)
     print(f"restored {shown} to {args.dst} at LSN {info.lsn}: snapshot at LSN {info.snapshot_lsn} + "
           f"{info.replayed} log entries, {info.count} keys ({info.seconds:.2f} s)")
     return EXIT_OK

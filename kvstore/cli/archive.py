@@ -74,6 +74,7 @@ def cmd_archive(args: argparse.Namespace, rep: Reporter) -> int:
     store = os.path.abspath(args.store)
     archiver = Archiver(store, args.uri, interval=args.interval, keep_snapshots=args.keep_snapshots,
                         keep_seconds=args.keep_seconds, on_archived=lambda lsn: publish_archived(store, lsn))
+    archiver.target.require_directory()  # a file in the way: say so now, not at every retry
     if args.once:
         lsn = archiver.ship_once()
         archiver.stop()

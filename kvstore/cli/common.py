@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from kvstore.cli.progress import Reporter
-from kvstore.layout import StoreLayout
+from kvstore.layout import REPLICA_NAME, StoreLayout
 
 if TYPE_CHECKING:
     from kvstore.store.store import KVStore
@@ -44,14 +44,27 @@ class CliError(Exception):
 # -- stores and files ----------------------------------------------------------------
 
 
-def require_store(path: str) -> StoreLayout:
+def is_replica(layout: StoreLayout) -> bool:
+    """Whether the directory is a read replica's (it has a ``REPLICA`` record
+    and no log: :mod:`kvstore.replica.directory`)."""
+    return os.path.isfile(os.path.join(layout.root, REPLICA_NAME)) and not os.path.isdir(layout.wal_dir)
+
+
+def require_store(path: str, *, replica_ok: bool = False) -> StoreLayout:
     """The store's layout; CliError when ``path`` is not a walkv store (a
-    directory with a log directory in it)."""
+    directory with a log directory in it), or, with ``replica_ok`` (the
+    commands that only read), a read replica's directory."""
     layout = StoreLayout.of(path)
     if not os.path.exists(layout.root):
         raise CliError(f"no store at {path} (no such directory)")
     if not os.path.isdir(layout.root):
         raise CliError(f"{path} is not a walkv store (not a directory)")
+    if is_replica(layout):
+        if replica_ok:
+            return layout
+        raise CliError(f"{path} is a read replica, not a store (it has a {REPLICA_NAME} record and no log): "
+                       "`walkv get`, `scan` and `stats` read it; run this command on its source, or promote "
+                       "the replica (kvstore.open_replica(SOURCE, DIR).promote()) to make it a store")
     if not os.path.isdir(layout.wal_dir):
         raise CliError(f"{path} is not a walkv store (it has no {os.path.basename(layout.wal_dir)}/ directory)")
     return layout
@@ -88,16 +101,21 @@ def open_store(path: str, *, readonly: bool = False, create: bool = False,
     """Open a store for a command, with a replay progress bar."""
     import kvstore
 
-    if not create:
-        require_store(path)
     if readonly:
-        lmdb_dir = StoreLayout.of(path).lmdb_dir
-        if not os.path.isdir(lmdb_dir):
+        # A store beside its writer, or a replica beside its follower: reads
+        # only (LMDB's reader table aside, nothing in the directory changes).
+        layout = require_store(path, replica_ok=True)
+        if not os.path.isdir(layout.lmdb_dir):
+            if is_replica(layout):
+                raise CliError(f"the replica {path} has no state yet ({os.path.basename(layout.lmdb_dir)}/ is "
+                               "missing); `walkv replica SOURCE DIR` builds it")
             # Never opened for writing yet (or its LMDB was removed): only a
             # read-write open can build the state; say so.
-            raise CliError(f"{path} has no state yet ({os.path.basename(lmdb_dir)}/ is missing); open it "
+            raise CliError(f"{path} has no state yet ({os.path.basename(layout.lmdb_dir)}/ is missing); open it "
                            "read-write once (any write command, or `walkv snapshot`) to rebuild it")
         return kvstore.open(path, readonly=True)
+    if not create:
+        require_store(path)
     if reporter is not None:
         with reporter.task("replaying the log", unit="entries") as progress:
             return kvstore.open(path, progress=progress, **options)
@@ -118,13 +136,6 @@ def to_bytes(text: str, hex_mode: bool, what: str) -> bytes:
         return text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # pragma: no cover - lone surrogates
         raise CliError(f"{what} is not valid text; use --hex", EXIT_USAGE) from None
-
-
-def from_bytes(data: bytes, hex_mode: bool) -> str:
-    """A key or value as text for output (hex with ``--hex``)."""
-    if hex_mode:
-        return data.hex()
-    return data.decode("utf-8", "backslashreplace")
 
 
 def escape_field(data: bytes) -> str:

@@ -5,7 +5,11 @@ through ``wal.record``'s own reader, never a second framing implementation:
 :class:`~wal.record.RecordReader` with ``skip_corrupt=True`` for the records,
 so damage is listed (``BAD`` with its byte range) and reading goes on at the
 next block, and the reader's physical layer for the fragments (``--raw``, and
-the fragment types of each record). Exit 4 when anything is damaged.
+the fragment types of each record). Exit 4 when anything is damaged, and
+when the file is not a segment or chunk at all (it does not start with the
+header record every segment and chunk starts with;
+:class:`~wal.errors.CorruptionError`): a ``.broken`` piece, cut from the
+middle of a segment, has none and is listed as it is.
 """
 
 from __future__ import annotations
@@ -110,6 +114,42 @@ def _records(path: str) -> Iterator[tuple[str, int, int, Any]]:
             yield "torn", off, off, why
 
 
+def _check_header(path: str, kind: str) -> None:
+    """:class:`CorruptionError` (exit 4) unless ``path`` starts with the
+    header record of a segment (or of a chunk, for ``kind`` "chunk"); a
+    ``.broken`` piece and an index are not checked."""
+    import re
+
+    from snapshot.chunk import CHUNK_MAGIC
+    from snapshot.chunk import decode_header as decode_chunk_header
+    from wal.errors import CorruptionError, Damage
+    from wal.segment import SEGMENT_MAGIC, decode_header
+
+    if kind == "index" or re.search(r"\.broken(-\d+)?$", path):
+        return
+    what, magic = ("snapshot chunk", CHUNK_MAGIC) if kind == "chunk" else ("log segment", SEGMENT_MAGIC)
+    first = next((r for r in _records(path) if r[0] == "rec" or r[1] == 0), None)  # damage elsewhere: later
+    reason = None
+    if os.path.getsize(path) == 0:
+        reason = "it is empty"
+    elif first is None or first[0] != "rec" or first[1] != 0:
+        reason = "its first bytes are not a record" + (f" ({first[3]})" if first is not None and first[1] == 0
+                                                        and first[0] != "rec" else "")
+    else:
+        payload = first[3]
+        try:
+            (decode_chunk_header if kind == "chunk" else decode_header)(payload, path)
+        except CorruptionError:
+            if payload[:8] == magic:
+                raise  # one of walkv's, with a bad header: the error says what to do
+            reason = f"its first record is not a {what} header"
+    if reason is not None:
+        raise CorruptionError(
+            f"not a walkv {what}: {reason}", kind=Damage.HEADER, path=path, offset=0,
+            hint=f"give a segment (STORE/{WAL_DIR}/<first LSN>.wal) or a snapshot chunk (.wkc); if it was one, "
+                 f"its header is damaged: `walkv inspect --raw {path}` lists its fragments")
+
+
 def _fmt_time(us: int) -> str:
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(us / 1e6)) + f".{us % 1_000_000 // 1000:03d}"
@@ -174,6 +214,7 @@ def cmd_inspect(args: argparse.Namespace, rep: Reporter) -> int:
     if args.raw:
         return _inspect_raw(path, args)
     kind = _kind(path)
+    _check_header(path, kind)
     out = sys.stdout
     size = os.path.getsize(path)
     n = bad = 0

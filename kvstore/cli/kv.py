@@ -2,8 +2,12 @@
 
 Keys and values are UTF-8 text on the command line and in output, or hex with
 ``--hex``. ``scan`` prints ``key<TAB>value`` lines (tabs, newlines and
-undecodable bytes backslash-escaped), or JSON lines with ``--json`` in the
-format ``load`` reads. ``load`` writes each ``--batch-size`` rows as one atomic
+undecodable bytes backslash-escaped, for people), or JSON lines with
+``--json`` in the format ``load`` reads, losslessly: ``{"key": TEXT, "value":
+TEXT}``, where a key or value that is not valid UTF-8 is given as hex under
+``"key_hex"`` or ``"value_hex"`` instead (with ``--hex``, both are hex under
+``"key"`` and ``"value"``), so ``scan --json | load`` copies any bytes (see
+:func:`json_row`). ``load`` writes each ``--batch-size`` rows as one atomic
 batch; a bad line stops it with the line number, and the batch holding that
 line is not written.
 
@@ -30,7 +34,6 @@ from kvstore.cli.common import (
     AddCommand,
     CliError,
     escape_field,
-    from_bytes,
     hex_arg,
     open_store,
     sync_arg,
@@ -68,13 +71,17 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--reverse", action="store_true", help="descending key order")
     p.add_argument("--limit", type=int, help="at most this many pairs")
     p.add_argument("--keys-only", action="store_true", help="print keys only")
-    p.add_argument("--json", action="store_true", help='JSON lines {"key": .., "value": ..} (what load reads)')
+    p.add_argument("--json", action="store_true",
+                   help='JSON lines {"key": .., "value": ..} (what load reads back byte for byte: a key or value '
+                        'that is not UTF-8 is hex under "key_hex"/"value_hex")')
     p.add_argument("--count", action="store_true", help="print the number of pairs on stderr")
     hex_arg(p)
 
     p = add("load", "load key/value pairs from JSON lines or CSV, in atomic batches", cmd_load,
             description="Load key/value pairs from FILE ('-' for stdin): JSON lines "
-                        '{"key": "...", "value": "..."} or CSV rows key,value (an optional header '
+                        '{"key": "...", "value": "..."} (UTF-8 text; "key_hex"/"value_hex" give bytes '
+                        "as hex instead, as scan --json writes bytes that are not UTF-8) or CSV rows "
+                        "key,value (an optional header "
                         "row key,value is skipped). Each batch of --batch-size rows is one atomic "
                         "write. A bad line stops the load with its line number: the batches before "
                         "it are written, the batch holding it is not.")
@@ -144,6 +151,8 @@ def cmd_scan(args: argparse.Namespace, rep: Reporter) -> int:
     prefix = None if args.prefix is None else to_bytes(args.prefix, h, "--prefix")
     n = 0
     out = sys.stdout
+    if args.json and hasattr(out, "reconfigure"):
+        out.reconfigure(encoding="utf-8")  # what load reads, whatever the locale says
     with open_store(args.store, readonly=True) as db:
         it = db.scan(start, stop, prefix=prefix, reverse=args.reverse)
         try:
@@ -151,11 +160,7 @@ def cmd_scan(args: argparse.Namespace, rep: Reporter) -> int:
                 if args.limit is not None and n >= args.limit:
                     break
                 if args.json:
-                    if args.keys_only:
-                        out.write(json.dumps({"key": from_bytes(key, h)}, ensure_ascii=False) + "\n")
-                    else:
-                        out.write(json.dumps({"key": from_bytes(key, h), "value": from_bytes(value, h)},
-                                             ensure_ascii=False) + "\n")
+                    out.write(json_row(key, None if args.keys_only else value, h) + "\n")
                 elif h:
                     out.write(key.hex() if args.keys_only else f"{key.hex()}\t{value.hex()}")
                     out.write("\n")
@@ -169,6 +174,43 @@ def cmd_scan(args: argparse.Namespace, rep: Reporter) -> int:
     if args.count:
         print(f"{n} keys", file=sys.stderr)
     return EXIT_OK
+
+
+# -- the JSON lines of scan and load ------------------------------------------------
+
+
+def json_row(key: bytes, value: bytes | None, hex_mode: bool) -> str:
+    """One JSON line of ``scan --json``, which ``load`` reads back to the same
+    bytes: ``{"key": TEXT, "value": TEXT}``, each field the UTF-8 text of the
+    bytes, or, for bytes that are not valid UTF-8, their hex under
+    ``"key_hex"``/``"value_hex"`` instead; with ``--hex``, hex under
+    ``"key"``/``"value"``. ``value`` None: the key only (``--keys-only``)."""
+    row: dict[str, str] = {}
+    for name, data in (("key", key), ("value", value)):
+        if data is None:
+            continue
+        if hex_mode:
+            row[name] = data.hex()
+            continue
+        try:
+            row[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            row[f"{name}_hex"] = data.hex()
+    return json.dumps(row, ensure_ascii=False)
+
+
+def _json_field(obj: dict[str, object], name: str, hex_mode: bool, lineno: int) -> bytes:
+    """``name`` ("key" or "value") of a JSON line, as bytes (:func:`json_row`'s format)."""
+    text, hexed = obj.get(name), obj.get(f"{name}_hex")
+    if text is None and hexed is None:
+        raise BadLine(lineno, f'no {name}: expected an object {{"key": ..., "value": ...}} ("{name}_hex" for hex)')
+    if text is not None and hexed is not None:
+        raise BadLine(lineno, f'give the {name} once, as "{name}" or as "{name}_hex", not both')
+    if not isinstance(text if hexed is None else hexed, str):
+        raise BadLine(lineno, f"the {name} must be a JSON string")
+    if hexed is not None:
+        return _field(str(hexed), True, lineno, f"{name}_hex")
+    return _field(str(text), hex_mode, lineno, name)
 
 
 # -- load ------------------------------------------------------------------------
@@ -204,12 +246,9 @@ def _jsonl_rows(stream: io.BufferedReader, hex_mode: bool) -> Iterator[tuple[int
             raise BadLine(lineno, f"not valid JSON ({e.msg})") from None
         except UnicodeDecodeError as e:
             raise BadLine(lineno, f"not valid JSON ({e})") from None
-        if not isinstance(obj, dict) or "key" not in obj or "value" not in obj:
+        if not isinstance(obj, dict):
             raise BadLine(lineno, 'expected an object {"key": ..., "value": ...}')
-        k, v = obj["key"], obj["value"]
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise BadLine(lineno, "key and value must be JSON strings" + (" (hex)" if hex_mode else ""))
-        yield lineno, _field(k, hex_mode, lineno, "key"), _field(v, hex_mode, lineno, "value"), done
+        yield lineno, _json_field(obj, "key", hex_mode, lineno), _json_field(obj, "value", hex_mode, lineno), done
 
 
 def _csv_rows(stream: io.BufferedReader, hex_mode: bool) -> Iterator[tuple[int, bytes, bytes, int]]:
@@ -247,7 +286,11 @@ def _field(text: str, hex_mode: bool, lineno: int, what: str) -> bytes:
             return binascii.unhexlify(text.strip())
         except (binascii.Error, ValueError):
             raise BadLine(lineno, f"{what} is not valid hex") from None
-    return text.encode("utf-8")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 bytes stand for it
+        raise BadLine(lineno, f"{what} is not valid Unicode text (a lone surrogate); give bytes that are not "
+                              f'UTF-8 as hex under "{what}_hex"') from None
 
 
 def cmd_load(args: argparse.Namespace, rep: Reporter) -> int:

@@ -13,10 +13,13 @@ Exit codes, for scripts::
     0  ok
     1  a problem was found or the operation failed (a missing key, a bad
        input line, a store that does not exist, LSNs asked for that the
-       log no longer holds, a write to a store opened read-only)
+       log no longer holds, a write to a store opened read-only, an object
+       store that refuses or does not answer, a restore target that is not
+       a new or empty directory)
     2  usage error (bad arguments)
     3  the store is locked by another process
-    4  corruption (a bad CRC, a broken LSN sequence, a damaged snapshot)
+    4  corruption (a bad CRC, a broken LSN sequence, a damaged snapshot;
+       ``inspect`` given a file that is not a segment or chunk)
 
 Errors are one line on stderr, ``walkv: error: ...``, with no traceback
 unless ``--verbose`` (``-v``) is given. Progress bars appear only when stderr
@@ -24,8 +27,10 @@ is a terminal (:mod:`kvstore.cli.progress`).
 
 Keys and values are UTF-8 text on the command line and on output, or hex
 with ``--hex`` (for binary data). ``scan --json`` prints JSON lines in the
-format ``load`` reads, so ``walkv scan A --json | walkv load B -`` copies a
-store.
+format ``load`` reads, losslessly (bytes that are not UTF-8 as hex under
+``key_hex``/``value_hex``), so ``walkv scan A --json | walkv load B -``
+copies a store. ``get``, ``scan`` and ``stats`` also read a read replica's
+directory (:mod:`kvstore.cli.stats` shows its lag).
 """
 
 from __future__ import annotations

@@ -1,8 +1,15 @@
-"""``walkv stats``: LSNs, segments, snapshots, LMDB size and readers of a store.
+"""``walkv stats``: LSNs, segments, snapshots, LMDB size and readers of a
+store, or of a read replica's directory (its applied LSN, its source's
+durable LSN and the lag between them).
 
 It reads the files only and never takes the store's lock (the writer's pid
 comes from ``/proc/locks``), so it is safe beside a running writer and never
-makes a writer's open fail.
+makes a writer's open fail; the same holds for a replica and the process
+following it. A replica's source is the one its ``REPLICA`` record names
+(:func:`kvstore.replica.directory.read_record`): a store directory, whose
+``DURABLE`` marker is read, or an archive, whose log is listed (with bounded
+timeouts); when the source cannot be read the lag is unknown and the reason
+is shown.
 """
 
 from __future__ import annotations
@@ -20,19 +27,20 @@ from kvstore.cli.common import (
     allocated_bytes,
     dir_bytes,
     human_bytes,
+    is_replica,
     open_store,
     print_table,
     require_store,
 )
 from kvstore.cli.progress import Reporter
-from kvstore.layout import SESSION_NAME
+from kvstore.layout import SESSION_NAME, StoreLayout
 from kvstore.store.metrics import prometheus_text
 from wal.errors import CorruptionError, WalkvError
 
 
 def add_commands(add: AddCommand) -> None:
-    p = add("stats", "LSNs, segments, snapshots and LMDB size of a store", cmd_stats)
-    p.add_argument("store", metavar="STORE")
+    p = add("stats", "LSNs, segments, snapshots and LMDB size of a store (or a replica's lag)", cmd_stats)
+    p.add_argument("store", metavar="STORE", help="a store, or a read replica's directory")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--prometheus", action="store_true",
                    help="LSNs (and the archived LSN a sidecar publishes) in Prometheus' text format")
@@ -44,7 +52,9 @@ def gather_stats(path: str) -> dict[str, Any]:
     import snapshot
     import wal
 
-    layout = require_store(path)
+    layout = require_store(path, replica_ok=True)
+    if is_replica(layout):
+        return _replica_stats(layout)
     out: dict[str, Any] = {"path": layout.root}
     segs = wal.list_segments(layout.wal_dir)
     out["segments"] = len(segs)
@@ -65,15 +75,46 @@ def gather_stats(path: str) -> dict[str, Any]:
     out["snapshots"] = [{"lsn": s.lsn, "pairs": s.count, "bytes": s.bytes, "chunks": s.chunks,
                          "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_us / 1e6)),
                          "path": s.path} for s in snapshot.list_snapshots(layout.snapshots_dir)]
-    out["lmdb_file_bytes"] = dir_bytes(layout.lmdb_dir)
-    out["lmdb_disk_bytes"] = dir_bytes(layout.lmdb_dir, allocated=True)
     out["segment_disk_bytes"] = sum(allocated_bytes(s.path) for s in segs)
+    out.update(_lmdb_files(layout))
+    return out
+
+
+def _lmdb_files(layout: StoreLayout) -> dict[str, Any]:
+    """LMDB's file sizes and whether its last user closed it cleanly (SESSION)."""
+    out: dict[str, Any] = {"lmdb_file_bytes": dir_bytes(layout.lmdb_dir),
+                           "lmdb_disk_bytes": dir_bytes(layout.lmdb_dir, allocated=True)}
     try:
         with open(os.path.join(layout.lmdb_dir, SESSION_NAME), encoding="utf-8") as fh:
             session = json.load(fh)
         out["closed_cleanly"] = bool(session.get("clean"))
     except (OSError, ValueError):
         out["closed_cleanly"] = None
+    return out
+
+
+def _replica_stats(layout: StoreLayout) -> dict[str, Any]:
+    """What a replica's directory says (module docstring); its applied LSN
+    and the lag come from its LMDB, in :func:`cmd_stats`."""
+    from kvstore.replica.directory import read_record
+    from kvstore.replica.source import open_source
+
+    rec = read_record(layout.root) or {}
+    source = str(rec.get("source"))
+    replica: dict[str, Any] = {"source": source, "source_durable_lsn": None, "lag_lsns": None,
+                               "follower_pid": _lock_holder(layout.lock_path)}
+    out: dict[str, Any] = {"path": layout.root, "store_id": rec.get("store_id"), "replica": replica}
+    try:
+        src = open_source(source)
+        try:
+            if src.store_id != rec.get("store_id"):
+                raise WalkvError(f"{source} now holds store {src.store_id}, not {rec.get('store_id')}")
+            replica["source_durable_lsn"] = src.durable_lsn()
+        finally:
+            src.close()
+    except (WalkvError, OSError, ValueError) as e:  # the replica's own stats still stand
+        replica["source_error"] = str(e)
+    out.update(_lmdb_files(layout))
     return out
 
 
@@ -103,7 +144,7 @@ def _lock_holder(path: str) -> int | None:
 def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
     st = gather_stats(args.store)
     db_stats: dict[str, Any] = {}
-    if os.path.isdir(require_store(args.store).lmdb_dir):
+    if os.path.isdir(require_store(args.store, replica_ok=True).lmdb_dir):
         try:
             with open_store(args.store, readonly=True) as db:
                 db_stats = db.stats()
@@ -113,6 +154,9 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
               "lmdb_reader_slots", "lmdb_readers_reading", "lmdb_oldest_reader_lag"):
         if k in db_stats:
             st[k] = db_stats[k]
+    replica = st.get("replica")
+    if replica is not None and replica["source_durable_lsn"] is not None and "applied_lsn" in st:
+        replica["lag_lsns"] = max(0, replica["source_durable_lsn"] - st["applied_lsn"])
     st["fsync_note"] = ("fsync counts and latencies are per process: see `walkv demo`, "
                         "`walkv bench`, or db.stats()['log'] in the writing process")
     if args.prometheus:
@@ -121,7 +165,7 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
         return EXIT_OK
-    print_table(_rows(st))
+    print_table(_replica_rows(st) if replica is not None else _rows(st))
     return EXIT_OK
 
 
@@ -138,12 +182,44 @@ def _readers(st: dict[str, Any]) -> str:
     return f"{st['lmdb_reader_slots']} slots in use, {st['lmdb_readers_reading']} reading, {oldest}"
 
 
-def _rows(st: dict[str, Any]) -> list[tuple[str, str]]:
-    """The table ``walkv stats`` prints."""
+def _lmdb_text(st: dict[str, Any]) -> str:
     lmdb = (f"{human_bytes(st.get('lmdb_used_bytes', st['lmdb_file_bytes']))} used, "
             f"{human_bytes(st['lmdb_disk_bytes'])} on disk")
     if "lmdb_map_bytes" in st:
         lmdb += f", map {human_bytes(st['lmdb_map_bytes'])}"
+    return lmdb
+
+
+def _replica_rows(st: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table ``walkv stats`` prints for a replica."""
+    rep = st["replica"]
+    closed = {True: "yes", False: "no (being followed, or its follower crashed)", None: "-"}[st["closed_cleanly"]]
+    if rep["lag_lsns"] is not None:
+        lag = f"{rep['lag_lsns']} entries behind its source"
+    else:
+        lag = f"unknown: {rep['source_error']}" if "source_error" in rep else "-"
+    rows = [
+        ("replica", st["path"]),
+        ("source", rep["source"]),
+        ("store id", st["store_id"] or "-"),
+        ("follower", f"pid {rep['follower_pid']}" if rep["follower_pid"] else
+         "none (not being followed: `walkv replica SOURCE DIR`)"),
+        ("closed cleanly", closed),
+        ("applied LSN", str(st.get("applied_lsn", "-"))),
+        ("source durable LSN", "-" if rep["source_durable_lsn"] is None else str(rep["source_durable_lsn"])),
+        ("lag", lag),
+        ("keys", str(st.get("lmdb_entries", "-"))),
+        ("LMDB", _lmdb_text(st)),
+        ("LMDB readers", _readers(st)),
+    ]
+    if "state_error" in st:
+        rows.append(("state", f"unreadable: {st['state_error']}"))
+    return rows
+
+
+def _rows(st: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table ``walkv stats`` prints for a store."""
+    lmdb = _lmdb_text(st)
     segments = (f"{st['segments']} ({human_bytes(st['segment_bytes'])} in files, "
                 f"{human_bytes(st['segment_disk_bytes'])} on disk)")
     closed = {True: "yes", False: "no (crashed or still open)", None: "-"}[st["closed_cleanly"]]

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import snapshot
 from kvstore.archive.reader import ARCHIVE_HINT, ArchiveReader
 from kvstore.archive.target import ArchiveTarget, Location
-from kvstore.replica.restore import Progress, RestoreInfo, build
+from kvstore.replica.restore import Progress, RestoreInfo, before_first_entry, build, check_target
 from wal.errors import CorruptionError, SnapshotError
 from wal.segment import Entry
 
@@ -77,25 +77,28 @@ def choose_snapshot(reader: ArchiveReader, target_lsn: int, log_first: int) -> s
 
 def restore_from_archive(location: Location | ArchiveTarget, target: str | os.PathLike[str], *,
                          to_lsn: int | None = None, to_time: datetime.datetime | float | None = None,
-                         progress: Progress | None = None) -> RestoreInfo:
-    """Build a new store at ``target`` (missing or empty) equal to the
-    archived store at ``to_lsn``, or at the last LSN committed at or before
-    ``to_time`` (a datetime or unix seconds), or at the archive's last LSN.
-    Durable on return."""
+                         allow_empty: bool = False, progress: Progress | None = None) -> RestoreInfo:
+    """Build a new store at ``target`` (missing or empty, else
+    :class:`~wal.errors.WalkvError`) equal to the archived store at
+    ``to_lsn``, or at the last LSN committed at or before ``to_time`` (a
+    datetime or unix seconds), or at the archive's last LSN. A ``to_time``
+    before the archive's first entry is :class:`~wal.errors.RestoreTimeError`
+    unless ``allow_empty``. Durable on return."""
     t0 = time.monotonic()
     if to_lsn is not None and to_time is not None:
         raise ValueError("give to_lsn or to_time, not both")
     if to_lsn is not None and (isinstance(to_lsn, bool) or not isinstance(to_lsn, int) or to_lsn < 0):
         raise ValueError(f"to_lsn must be a non-negative int, not {to_lsn!r}")
     target = os.path.abspath(os.fspath(target))
-    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
-        raise ValueError(f"{target} exists and is not empty; restore builds a new store there")
+    check_target(target)
     reader = ArchiveReader(location)
     c = reader.chain()
     snaps_newest = max((s.lsn for s in reader.snapshots()), default=0)
     end = c.last if c.objects else snaps_newest
     if to_time is not None:
         target_lsn = reader.lsn_at_time(to_time)
+        if target_lsn == 0 and not allow_empty:
+            raise before_first_entry(reader.uri, to_time, reader.first_entry())
     else:
         target_lsn = end if to_lsn is None else to_lsn
     if target_lsn > end:

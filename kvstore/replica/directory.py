@@ -5,10 +5,12 @@ The directory (``PATH``) is laid out like a store's (:mod:`kvstore.layout`):
 SESSION record, so a replica's LMDB is trusted or rebuilt after crashes
 exactly like a store's, :mod:`kvstore.store.recovery`) and ``REPLICA``, a
 JSON record ``{"format", "store_id", "source"}`` naming the source's store id
-(written once, by a rename, then fsync of the directory). LMDB records the
-same store id: a replica of another store is refused
-(:class:`~wal.errors.ReplicaError`), and a writer refuses to open the
-directory until the replica is promoted.
+(written once, by a rename, then fsync of the directory; :func:`read_record`
+reads it). LMDB records the same store id: a replica of another store is
+refused (:class:`~wal.errors.ReplicaError`), and a writer refuses to open
+the directory until the replica is promoted. A read-only store open
+(``kvstore.open(PATH, readonly=True)``, ``walkv get/scan/stats PATH``) reads
+the replica's LMDB beside the process following it, and writes nothing.
 
 Starting: from the LMDB it has when that is trusted and the source's log
 still reaches it; otherwise (the first open, a machine crash, the source's
@@ -30,7 +32,7 @@ from kvstore.replica.source import ReplicaSource
 from kvstore.state import State, StateOptions
 from kvstore.store import recovery
 from wal.errors import ReplicaError
-from wal.fs import OS_FS
+from wal.fs import OS_FS, file_in_the_way
 
 log = logging.getLogger("walkv.replica")
 
@@ -39,27 +41,52 @@ REBUILD_DIR = "lmdb.rebuild"
 """Where a rebuild while running builds the new LMDB (then renamed over ``lmdb/``)."""
 
 
+def make(path: str) -> None:
+    """Create the replica's directory (and its parents) unless it is there;
+    :class:`~wal.errors.ReplicaError` when a file stands where it, or a
+    directory above it, would be."""
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        where = "it is a file" if blocker == os.path.abspath(path) else f"{blocker} is a file"
+        raise ReplicaError(f"no replica can be at {path}: {where}, not a directory; a replica needs a directory "
+                           "of its own (made if missing): give another path")
+    OS_FS.makedirs(path)
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+    """The ``REPLICA`` record of the directory ``path``: ``{"format",
+    "store_id", "source"}`` (``source`` as the replica named it: a store's
+    path, or an archive's URI with its credentials redacted); None when
+    there is none (not a replica); :class:`~wal.errors.ReplicaError` when it
+    is not one walkv wrote. Reads only."""
+    marker = os.path.join(path, REPLICA_NAME)
+    try:
+        with open(marker, "rb") as f:
+            rec: Any = json.loads(f.read(1 << 16))
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        rec = None
+    if not isinstance(rec, dict) or rec.get("format") != REPLICA_FORMAT:
+        raise ReplicaError(f"{marker} is not a walkv replica record; move the directory aside")
+    return rec
+
+
 def claim(path: str, source: ReplicaSource) -> None:
     """Check (or write) ``REPLICA``; clear what an interrupted promote or
     rebuild left."""
     marker = os.path.join(path, REPLICA_NAME)
     sid = source.store_id
-    try:
-        with open(marker, "rb") as f:
-            rec: Any = json.loads(f.read(1 << 16))
-    except FileNotFoundError:
+    rec = read_record(path)
+    if rec is None:
         if os.path.exists(os.path.join(path, WAL_DIR)) or os.path.exists(os.path.join(path, LMDB_DIR)):
             raise ReplicaError(f"{path} is a store, not a replica (it has no {REPLICA_NAME} record); "
-                               "a replica needs a directory of its own") from None
+                               "a replica needs a directory of its own")
         data = json.dumps({"format": REPLICA_FORMAT, "store_id": sid, "source": source.name})
         OS_FS.write_file(marker + ".tmp", data.encode() + b"\n")
         OS_FS.rename(marker + ".tmp", marker)
         OS_FS.fsync_dir(path)
         return
-    except ValueError:
-        rec = None
-    if not isinstance(rec, dict) or rec.get("format") != REPLICA_FORMAT:
-        raise ReplicaError(f"{marker} is not a walkv replica record; move the directory aside")
     if rec.get("store_id") != sid:
         raise ReplicaError(f"{path} is a replica of store {rec.get('store_id')}, and {source.name} "
                            f"is store {sid}: a replica follows one store; use another directory")

@@ -4,6 +4,11 @@ The source is a store or snapshot directory (:func:`kvstore.replica.restore.rest
 or an archive (:func:`kvstore.replica.archive_restore.restore_from_archive`): a
 URI, a ``(filesystem, path)`` pair, or a local directory holding an ``ARCHIVE``
 identity object. ``to_time`` works for both, from the log's commit timestamps.
+
+A ``to_time`` before the source's first entry is
+:class:`~wal.errors.RestoreTimeError` naming that entry's commit time (an
+empty store is built only with ``allow_empty=True``), as Litestream refuses
+a timestamp before its first backup.
 """
 
 from __future__ import annotations
@@ -14,12 +19,10 @@ from typing import Any
 
 from kvstore.archive.layout import ARCHIVE_NAME
 from kvstore.archive.reader import time_to_us
-from kvstore.layout import StoreLayout
 from kvstore.replica.archive_restore import restore_from_archive
-from kvstore.replica.restore import Progress, RestoreInfo, restore_store
-from wal import list_segments, read_durable_lsn, read_log
+from kvstore.replica.restore import Progress, RestoreInfo, before_first_entry, check_target, locate, restore_store
+from wal import Entry, list_segments, read_durable_lsn, read_log
 from wal.errors import LogGapError, WalkvError
-from wal.fs import OS_FS
 
 
 def is_archive(source: object) -> bool:
@@ -33,15 +36,22 @@ def is_archive(source: object) -> bool:
     return "://" in text or os.path.isfile(os.path.join(text, ARCHIVE_NAME))
 
 
+def _log_of(source_path: str) -> str:
+    """The log directory of a store, or of the store a snapshot directory is in."""
+    wal_dir = locate(os.path.abspath(source_path))[0]
+    if wal_dir is None or not list_segments(wal_dir):
+        raise WalkvError(f"{source_path} has no log to find a time in (no segment in "
+                         f"{wal_dir or os.path.join(source_path, 'wal')})")
+    return wal_dir
+
+
 def lsn_at_time(store_path: str, t: datetime.datetime | float | int) -> int:
-    """The last durable LSN of the store's log committed at or before ``t``
-    (a datetime, naive ones taken as UTC, or unix seconds)."""
+    """The last durable LSN of the store's log (a snapshot directory: its
+    store's) committed at or before ``t`` (a datetime, naive ones taken as
+    UTC, or unix seconds); 0 when the log starts at LSN 1 after ``t``."""
     us = time_to_us(t)
-    wal_dir = StoreLayout(OS_FS, os.path.abspath(store_path)).wal_dir
-    segments = list_segments(wal_dir)
-    if not segments:
-        raise WalkvError(f"{store_path} has no log to find a time in (no segment in {wal_dir})")
-    first = segments[0].first_lsn
+    wal_dir = _log_of(store_path)
+    first = list_segments(wal_dir)[0].first_lsn
     found = first - 1
     for e in read_log(wal_dir, first, read_durable_lsn(wal_dir)):
         if e.timestamp_us > us:
@@ -54,23 +64,38 @@ def lsn_at_time(store_path: str, t: datetime.datetime | float | int) -> int:
     return found
 
 
+def first_entry(store_path: str) -> Entry | None:
+    """The first durable entry of the store's log (None: it holds none)."""
+    wal_dir = _log_of(store_path)
+    for e in read_log(wal_dir, list_segments(wal_dir)[0].first_lsn, read_durable_lsn(wal_dir)):
+        return e
+    return None
+
+
 def restore(source: Any, target: str | os.PathLike[str], to_lsn: int | None = None, *,
-            to_time: datetime.datetime | float | None = None, progress: Progress | None = None) -> RestoreInfo:
+            to_time: datetime.datetime | float | None = None, allow_empty: bool = False,
+            progress: Progress | None = None) -> RestoreInfo:
     """Build a new store at ``target`` (missing or empty) equal to ``source``
     at ``to_lsn``, or at the last LSN committed at or before ``to_time`` (a
-    datetime or unix seconds), or at its end. ``source``: a store (path or
-    open :class:`~kvstore.KVStore`), a snapshot directory, or an archive (a
-    URI such as ``s3://bucket/prefix?...`` or ``file:///...``, a
-    ``(filesystem, path)`` pair, or a local archive directory). Durable on
-    return."""
+    datetime or unix seconds), or at its end (a snapshot directory: at its
+    LSN). ``source``: a store (path or open :class:`~kvstore.KVStore`), a
+    snapshot directory, or an archive (a URI such as
+    ``s3://bucket/prefix?...`` or ``file:///...``, a ``(filesystem, path)``
+    pair, or a local archive directory). A ``to_time`` before the source's
+    first entry is :class:`~wal.errors.RestoreTimeError` unless
+    ``allow_empty`` (then the store is empty). Durable on return."""
     if to_lsn is not None and to_time is not None:
         raise ValueError("give to_lsn or to_time, not both")
+    check_target(os.fspath(target))
     if is_archive(source):
-        return restore_from_archive(source, target, to_lsn=to_lsn, to_time=to_time, progress=progress)
+        return restore_from_archive(source, target, to_lsn=to_lsn, to_time=to_time, allow_empty=allow_empty,
+                                    progress=progress)
     if to_time is not None:
         path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.path
         to_lsn = lsn_at_time(path, to_time)
+        if to_lsn == 0 and not allow_empty:
+            raise before_first_entry(path, to_time, first_entry(path))
     return restore_store(source, target, to_lsn, progress=progress)
 
 
-__all__ = ["is_archive", "lsn_at_time", "restore"]
+__all__ = ["first_entry", "is_archive", "lsn_at_time", "restore"]

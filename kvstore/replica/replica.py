@@ -96,7 +96,7 @@ class Replica(Lookups):
         self._applied = threading.Condition()  # notified after every group applied
         self._hub = watching.WatchHub()
         self._stop = threading.Event()
-        OS_FS.makedirs(self.path)
+        directory.make(self.path)
         self._lock: DirectoryLock | None = DirectoryLock(self.path, f"the replica {self.path}")
         try:
             directory.claim(self.path, source)

@@ -5,6 +5,9 @@
 its durable entries are read), and builds the target in a private temporary
 directory that is renamed into place when it is whole:
 
+0. the target is checked first (:func:`check_target`): missing, or an empty
+   directory, else :class:`~wal.errors.WalkvError` naming it, whatever the
+   source (a store, a snapshot or an archive);
 1. pick the newest snapshot at or below ``to_lsn`` that verifies, belongs to
    the source's log (its store id; a snapshot of another store left at the
    same path is skipped with a warning naming both ids) and from which the
@@ -16,11 +19,14 @@ directory that is renamed into place when it is whole:
    opened, written, and rebuilt after a machine crash of its own.
 
 The target is a new store (a new store id): its history diverges from the
-source's after ``to_lsn``.
+source's after ``to_lsn``. A snapshot directory given as the source restores
+the snapshot's state (its LSN) unless ``to_lsn`` asks for a later one, which
+its store's log then supplies.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import shutil
@@ -30,12 +36,13 @@ from typing import Callable, Iterator, Protocol
 
 import snapshot
 import wal
-from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR, WAL_DIR
+from kvstore.archive.reader import time_to_us, us_to_text
+from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.store import recovery
 from kvstore.store.snapshots import choose_base
 from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
-from wal.errors import CorruptionError, Damage, SnapshotError, WalkvError
-from wal.fs import OS_FS
+from wal.errors import CorruptionError, Damage, ReplicaError, RestoreTimeError, SnapshotError, WalkvError
+from wal.fs import OS_FS, file_in_the_way
 
 
 class OpenStore(Protocol):
@@ -77,37 +84,77 @@ class LogFiles:
         return read_log(self.directory, from_lsn, last, durable_only=durable_only)
 
 
-def _locate(source: str) -> tuple[str | None, list[str]]:
-    """``(log directory or None, snapshot directories newest first)``."""
-    if os.path.isfile(os.path.join(source, snapshot.layout.MANIFEST_NAME)) or \
-            snapshot.parse_snapshot_dir_name(os.path.basename(source)) is not None:
+def check_target(target: str) -> None:
+    """Refuse a restore's ``target`` unless a new store can be built there:
+    it must be missing (its parents are made) or an empty directory.
+
+    :class:`~wal.errors.WalkvError`, for every kind of source: the argument
+    is well formed (so not ``ValueError``, which walkv keeps for wrong
+    arguments, exit 2), what stands in the way is the state of the file
+    system when the restore runs (the same call works once the directory is
+    emptied or another is named), and no narrower class of the hierarchy
+    is about it (exit 1)."""
+    blocker = file_in_the_way(target)
+    if blocker is not None:
+        what = "it is a file" if blocker == os.path.abspath(target) else f"{blocker} is a file"
+        raise WalkvError(f"cannot restore into {target}: {what}, not a directory; restore builds a new "
+                         "store in a new or empty directory: give another path")
+    if os.path.isdir(target) and os.listdir(target):
+        raise WalkvError(f"cannot restore into {target}: it exists and is not empty; restore builds a new "
+                         "store in a new or empty directory: give another path")
+
+
+def before_first_entry(source: str, t: datetime.datetime | float | int, first: Entry | None) -> RestoreTimeError:
+    """The error for a ``to_time`` before ``first``, ``source``'s first entry."""
+    asked = us_to_text(time_to_us(t))
+    if first is None:
+        return RestoreTimeError(
+            f"nothing to restore at {asked}: {source} holds no entry yet; pass allow_empty=True "
+            "(walkv restore --allow-empty) to build an empty store", first_lsn=None, first_time_us=None)
+    return RestoreTimeError(
+        f"nothing to restore at {asked}: it is before the first entry of {source} (LSN {first.lsn}, committed "
+        f"at {us_to_text(first.timestamp_us)}); give a time at or after that one, or pass allow_empty=True "
+        "(walkv restore --allow-empty) to build an empty store", first_lsn=first.lsn,
+        first_time_us=first.timestamp_us)
+
+
+def locate(source: str) -> tuple[str | None, list[str], int | None]:
+    """``(log directory or None, snapshot directories newest first, the
+    snapshot's LSN when ``source`` is one snapshot directory, else None)``."""
+    lsn = snapshot.parse_snapshot_dir_name(os.path.basename(source))
+    if os.path.isfile(os.path.join(source, snapshot.layout.MANIFEST_NAME)) or lsn is not None:
         parent = os.path.dirname(source)
         store = os.path.dirname(parent)
         wal_dir = os.path.join(store, WAL_DIR)
         has_log = os.path.basename(parent) == SNAPSHOTS_DIR and os.path.isdir(wal_dir)
-        return (wal_dir if has_log else None), [source]
+        return (wal_dir if has_log else None), [source], lsn
     wal_dir = os.path.join(source, WAL_DIR)
     snaps = os.path.join(source, SNAPSHOTS_DIR)
     if not os.path.isdir(wal_dir) and not os.path.isdir(snaps):
+        if os.path.isfile(os.path.join(source, REPLICA_NAME)):
+            raise ReplicaError(f"{source} is a read replica, which keeps no log or snapshots to restore from: "
+                               "restore from its source, or promote the replica first")
         raise WalkvError(f"{source} is neither a walkv store nor a snapshot directory")
     found = [i.path for i in reversed(snapshot.list_snapshots(snaps))]
-    return (wal_dir if os.path.isdir(wal_dir) else None), found
+    return (wal_dir if os.path.isdir(wal_dir) else None), found, None
 
 
 def restore_store(source: str | os.PathLike[str] | OpenStore, target: str | os.PathLike[str],
             to_lsn: int | None = None, *, progress: Progress | None = None) -> RestoreInfo:
     """Build a new store at ``target`` equal to ``source`` at ``to_lsn``
-    (default: its last durable LSN). ``source`` is a store (path or open
-    :class:`KVStore`) or one snapshot directory. ``target`` must not exist or
-    be empty. Durable on return."""
+    (default: its last durable LSN; for a snapshot directory, the
+    snapshot's LSN). ``source`` is a store (path or open :class:`KVStore`)
+    or one snapshot directory. ``target`` must not exist or be empty
+    (:func:`check_target`). Durable on return."""
     t0 = time.monotonic()
     source = os.path.abspath(os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.path)
     target = os.path.abspath(os.fspath(target))
-    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
-        raise WalkvError(f"{target} exists and is not empty; restore builds a new store there")
+    check_target(target)
     if to_lsn is not None and (not isinstance(to_lsn, int) or to_lsn < 0):
         raise ValueError(f"to_lsn must be a non-negative int, not {to_lsn!r}")
-    wal_dir, snap_dirs = _locate(source)
+    wal_dir, snap_dirs, snap_lsn = locate(source)
+    if to_lsn is None and snap_lsn is not None:
+        to_lsn = snap_lsn  # a snapshot restores as it is, not its store's log after it
     segments = list_segments(wal_dir) if wal_dir else []
     log_first = segments[0].first_lsn if segments else 1
     log_last = 0
@@ -135,8 +182,7 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
     to ``target_lsn``, into a new store at ``target`` (steps 2 and 3 of the
     module docstring). ``source`` names the source in messages."""
     t0 = time.monotonic() if t0 is None else t0
-    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
-        raise WalkvError(f"{target} exists and is not empty; restore builds a new store there")
+    check_target(target)
     base_lsn = base.lsn if base is not None else 0
 
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)

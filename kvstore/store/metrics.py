@@ -5,8 +5,9 @@ LSNs (last, durable, applied, archived), the archive's lag and errors, the
 log's appends, groups, fsyncs, fsync latency (p50/p99 over the last 4096)
 and group sizes, and each durable subscription's lag and whether it was
 invalidated (label ``subscription``). ``walkv stats --prometheus STORE`` gives what another
-process can read from the files (LSNs; the archived LSN a sidecar publishes):
-fsync counters live in the writing process only.
+process can read from the files (LSNs; the archived LSN a sidecar publishes;
+for a replica's directory, its applied LSN, its source's durable LSN and the
+lag): fsync counters live in the writing process only.
 
 Written by hand (the format is a few lines per metric), so it needs no
 ``prometheus-client``; serve the text from any HTTP handler at ``/metrics``.
@@ -26,6 +27,10 @@ _METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("walkv_archived_lsn", "gauge", "Every durable entry up to this LSN is in the archive.", "archive",
      "archived_lsn"),
     ("walkv_archive_lag_lsns", "gauge", "Durable entries not yet in the archive.", "archive", "lag_lsns"),
+    ("walkv_replica_source_durable_lsn", "gauge", "A replica's source's durable LSN (walkv stats REPLICA).",
+     "replica", "source_durable_lsn"),
+    ("walkv_replica_lag_lsns", "gauge", "Durable entries of its source a replica has not applied.", "replica",
+     "lag_lsns"),
     ("walkv_archive_lag_seconds", "gauge", "Age of the oldest durable entry not yet in the archive.", "archive",
      "lag_seconds"),
     ("walkv_archive_errors_total", "counter", "Failed archive rounds (retried with backoff).", "archive", "errors"),

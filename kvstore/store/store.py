@@ -63,7 +63,7 @@ from kvstore.state.readers import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
 from kvstore.store.write_batch import WriteBatch
-from kvstore.store.writer import StoreWriter
+from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
 from kvstore.watch import consumers
 from kvstore.watch import watcher as watching
 from kvstore.watch.consumers import SubscriptionInfo
@@ -105,7 +105,7 @@ class KVStore(Lookups):
                  archive: Location | None = None, archive_interval: float = 1.0,
                  archive_keep_snapshots: int | None = None, archive_keep_seconds: float | None = None,
                  max_retained_bytes: int = consumers.DEFAULT_MAX_RETAINED_BYTES,
-                 **log_options: Any) -> None:
+                 archive_close_timeout: float = ARCHIVE_CLOSE_TIMEOUT, **log_options: Any) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.readonly = bool(readonly)
         self._fs = fs or OS_FS
@@ -160,7 +160,7 @@ class KVStore(Lookups):
         if self._writer is not None and archive is not None:
             try:
                 self._writer.start_archiver(archive, interval=archive_interval, keep_snapshots=archive_keep_snapshots,
-                                            keep_seconds=archive_keep_seconds)
+                                            keep_seconds=archive_keep_seconds, close_timeout=archive_close_timeout)
             except BaseException:
                 self.close()
                 raise
@@ -536,7 +536,9 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
     understands, ``s3://...``, ``file://...``, a local directory, or a
     ``(filesystem, path)`` pair) every ``archive_interval`` seconds, in a
     thread of this process; ``archive_keep_snapshots``/``archive_keep_seconds``:
-    the archive's retention. See :mod:`kvstore.store.writer`.
+    the archive's retention; ``archive_close_timeout`` (default 5): the
+    seconds ``close()`` gives its last round before it says (one warning)
+    what was not shipped. See :mod:`kvstore.store.writer`.
     """
     return KVStore(path, sync=sync, segment_bytes=segment_bytes, readonly=readonly,
                    **options)  # type: ignore[arg-type]

@@ -29,9 +29,12 @@ finishes; then LMDB is flushed and closed, and the clean close is recorded in
 close is recorded: the next open replays the log, which holds every
 acknowledged write. Then the archiver makes one last round, so that after a
 clean close with the archive reachable every acknowledged write is in the
-archive; when that round fails the close still succeeds, with a warning
-naming the lag (the next open with the same ``archive=`` resumes from what
-the archive holds). Last, the lock is released.
+archive; it is given ``archive_close_timeout`` seconds (an option of
+``kvstore.open``, default :data:`ARCHIVE_CLOSE_TIMEOUT`), so that an object
+store that does not answer cannot hold the close up. When that round fails
+or runs out of time the close still succeeds, with one warning naming the
+LSNs not shipped and why (the next open with the same ``archive=`` resumes
+from what the archive holds). Last, the lock is released.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ from wal.lock import DirectoryLock
 
 log = logging.getLogger("walkv.store")
 
+ARCHIVE_CLOSE_TIMEOUT = 5.0
+"""Seconds ``close()`` gives the archiver's last round (``archive_close_timeout``)."""
+
 Progress = Callable[[int, "int | None"], None]
 
 
@@ -70,6 +76,7 @@ class StoreWriter:
         self.snapshots = snapshots_
         self.max_retained_bytes = consumers.DEFAULT_MAX_RETAINED_BYTES
         self.archiver: Archiver | None = None
+        self.archive_close_timeout = ARCHIVE_CLOSE_TIMEOUT
         self.auto: snapshots.AutoSnapshot | None = None
         self._fs = fs
         self._lock = lock
@@ -109,8 +116,12 @@ class StoreWriter:
         return cls(path, fs, lock, log_, snapshots_), opened
 
     def start_archiver(self, location: Location, *, interval: float, keep_snapshots: int | None,
-                       keep_seconds: float | None) -> None:
-        """Ship the store to ``location`` from a thread of this process."""
+                       keep_seconds: float | None, close_timeout: float = ARCHIVE_CLOSE_TIMEOUT) -> None:
+        """Ship the store to ``location`` from a thread of this process;
+        ``close_timeout``: seconds :meth:`close` gives its last round."""
+        if not close_timeout >= 0:
+            raise ValueError(f"archive_close_timeout must be >= 0 seconds, not {close_timeout!r}")
+        self.archive_close_timeout = float(close_timeout)
         self.archiver = Archiver(self.path, location, interval=interval, keep_snapshots=keep_snapshots,
                                  keep_seconds=keep_seconds)
         self.archiver.start()
@@ -205,8 +216,14 @@ class StoreWriter:
     def _stop_archiver(self) -> None:
         assert self.archiver is not None
         archiver, durable = self.archiver, self.log.durable_lsn
-        archiver.stop()
-        if archiver.archived_lsn < durable:
-            why = f": {archiver.last_error}" if archiver.last_error else ""
-            log.warning("closed %s with the archive %s at LSN %d of %d durable%s; the next open with this "
-                        "archive ships the rest", self.path, archiver.uri, archiver.archived_lsn, durable, why)
+        in_time = archiver.stop(self.archive_close_timeout)
+        archived = archiver.archived_lsn
+        if archived < durable or not in_time:
+            late = "" if in_time else (f"the archive did not answer within archive_close_timeout="
+                                       f"{self.archive_close_timeout:g} s; ")
+            error = f"last error: {archiver.last_error}; " if archiver.last_error else ""
+            lsns = f"LSNs {archived + 1}..{durable} were" if archived + 1 < durable else f"LSN {durable} was"
+            what = f"{lsns} not shipped" if archived < durable else "its lease was not released (it expires)"
+            log.warning("closed %s with the archive %s at LSN %d of %d durable: %s (%s%s"
+                        "the next open with this archive ships the rest)", self.path, archiver.uri, archived,
+                        durable, what, late, error)
