@@ -7,6 +7,9 @@ Layout of ``STORE/subscriptions/``::
     live-<id>/LOCK     a live consumer in another process (a replica following the
     live-<id>/NEXT     store): it holds LOCK (wal.lock) while it runs; NEXT is the
                        first LSN it still needs, as decimal text
+    new-<id>/          a live hold being made: renamed to live-<id> once locked,
+                       with NEXT written (so retention never takes a hold being
+                       made for a dead one's)
 
 A subscription record is JSON ``{"format": 1, "name", "next": [lsn, skip],
 "prefix", "start", "stop", "created_us", "invalidated"}``: its consumer has
@@ -58,6 +61,8 @@ FORMAT = 1
 DEFAULT_MAX_RETAINED_BYTES = 1 << 30
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SUB_PREFIX, _SUB_SUFFIX, _LIVE_PREFIX, _NEXT_NAME = "sub-", ".json", "live-", "NEXT"
+_NEW_PREFIX = "new-"
+_NEW_GONE_SECONDS = 600.0  # a new-<id> directory this old, and unlocked, was left by a holder that died making it
 
 
 class Record(NamedTuple):
@@ -186,12 +191,23 @@ class LiveHold:
 
     def __init__(self, store_path: str, next_lsn: int) -> None:
         OS_FS.makedirs(directory(store_path))
-        self.path = os.path.join(directory(store_path), f"{_LIVE_PREFIX}{uuid.uuid4().hex}")
+        hold_id = uuid.uuid4().hex
+        # Made as new-<id>, renamed once locked and with NEXT written (module docstring).
+        self.path = os.path.join(directory(store_path), f"{_NEW_PREFIX}{hold_id}")
         OS_FS.makedirs(self.path)
-        self._lock: DirectoryLock | None = DirectoryLock(self.path, f"the live consumer {self.path}")
-        self.next_lsn = 0
-        self._written_at = 0.0
-        self.move(next_lsn, force=True)
+        self._lock: DirectoryLock | None = None
+        try:
+            self._lock = DirectoryLock(self.path, f"the live consumer {self.path}")
+            self.next_lsn = 0
+            self._written_at = 0.0
+            self.move(next_lsn, force=True)
+            live = os.path.join(directory(store_path), f"{_LIVE_PREFIX}{hold_id}")
+            os.rename(self.path, live)
+            self.path = live
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.release()
+            raise
 
     def move(self, next_lsn: int, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -219,9 +235,15 @@ def _live_positions(store_path: str) -> list[tuple[str, int]]:
         return []
     out = []
     for n in names:
-        if not n.startswith(_LIVE_PREFIX):
-            continue
         path = os.path.join(directory(store_path), n)
+        if n.startswith(_NEW_PREFIX):
+            try:
+                if time.time() - os.stat(path).st_mtime < _NEW_GONE_SECONDS:
+                    continue  # being made
+            except OSError:
+                continue
+        elif not n.startswith(_LIVE_PREFIX):
+            continue
         try:
             probe = DirectoryLock(path)
         except LockedError:
