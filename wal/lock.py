@@ -18,9 +18,11 @@ writing into deleted files (and a second writer could lock the new ones).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+from collections.abc import Iterator
 from typing import Self
 
 from wal.errors import LockedError, StoreVanishedError
@@ -91,6 +93,20 @@ class DirectoryLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def held(path: str) -> Iterator[None]:
+    """A short critical section shared with other processes: an exclusive
+    ``flock`` on the file ``path`` (created), waited for, released on exit.
+    For read-modify-write of a small file that several processes replace
+    (the writers of :class:`DirectoryLock` never wait; these do)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:

@@ -4,9 +4,14 @@ write: named subscriptions and live holds.
 Layout of ``STORE/subscriptions/``::
 
     sub-<name>.json    a named, durable subscription (:mod:`kvstore.watch.subscription`)
+    sub-<name>.json.lock  flock'd around each update of it (wal.lock.held), so an
+                       acknowledgement and an invalidation never undo each other
     live-<id>/LOCK     a live consumer in another process (a replica following the
     live-<id>/NEXT     store): it holds LOCK (wal.lock) while it runs; NEXT is the
                        first LSN it still needs, as decimal text
+    new-<id>/          a live hold being made: renamed to live-<id> once locked,
+                       with NEXT written (so retention never takes a hold being
+                       made for a dead one's)
 
 A subscription record is JSON ``{"format": 1, "name", "next": [lsn, skip],
 "prefix", "start", "stop", "created_us", "invalidated"}``: its consumer has
@@ -36,6 +41,7 @@ not waited for (it meets :class:`~wal.errors.LogGapError` as before).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -43,13 +49,13 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from kvstore.layout import SUBSCRIPTIONS_DIR, WAL_DIR
-from wal.errors import LockedError, SubscriptionInvalidatedError, WalkvError
+from wal.errors import ClosedError, LockedError, SubscriptionInvalidatedError, WalkvError
 from wal.fs import OS_FS
-from wal.lock import DirectoryLock
+from wal.lock import DirectoryLock, held
 from wal.segment import SegmentFile, list_segments
 
 log = logging.getLogger("walkv.subscriptions")
@@ -58,6 +64,8 @@ FORMAT = 1
 DEFAULT_MAX_RETAINED_BYTES = 1 << 30
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SUB_PREFIX, _SUB_SUFFIX, _LIVE_PREFIX, _NEXT_NAME = "sub-", ".json", "live-", "NEXT"
+_NEW_PREFIX = "new-"
+_NEW_GONE_SECONDS = 600.0  # a new-<id> directory this old, and unlocked, was left by a holder that died making it
 
 
 class Record(NamedTuple):
@@ -143,12 +151,33 @@ def write(store_path: str, rec: Record, *, new: bool = False) -> None:
         OS_FS.fsync_dir(parent)
 
 
+def update(store_path: str, name: str, change: Callable[[Record], Record | None]) -> Record:
+    """Read the record of ``name``, and write ``change(record)`` unless it
+    returns None, with no other update in between (by any process): an
+    acknowledgement and an invalidation never undo each other. ClosedError
+    when the subscription was dropped; the record as it is now on return."""
+    with held(_record_path(store_path, name) + ".lock"):
+        rec = read(store_path, name)
+        if rec is None:
+            raise ClosedError(f"the subscription {name!r} of {store_path} was dropped")
+        new = change(rec)
+        if new is not None:
+            write(store_path, new)
+            return new
+        return rec
+
+
 def drop(store_path: str, name: str) -> bool:
     """Remove subscription ``name``; False when there was none."""
+    path = _record_path(store_path, check_name(name))
     try:
-        os.unlink(_record_path(store_path, check_name(name)))
+        with held(path + ".lock"):
+            os.unlink(path)
     except FileNotFoundError:
         return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + ".lock")
     OS_FS.fsync_dir(directory(store_path))
     return True
 
@@ -186,12 +215,23 @@ class LiveHold:
 
     def __init__(self, store_path: str, next_lsn: int) -> None:
         OS_FS.makedirs(directory(store_path))
-        self.path = os.path.join(directory(store_path), f"{_LIVE_PREFIX}{uuid.uuid4().hex}")
+        hold_id = uuid.uuid4().hex
+        # Made as new-<id>, renamed once locked and with NEXT written (module docstring).
+        self.path = os.path.join(directory(store_path), f"{_NEW_PREFIX}{hold_id}")
         OS_FS.makedirs(self.path)
-        self._lock: DirectoryLock | None = DirectoryLock(self.path, f"the live consumer {self.path}")
-        self.next_lsn = 0
-        self._written_at = 0.0
-        self.move(next_lsn, force=True)
+        self._lock: DirectoryLock | None = None
+        try:
+            self._lock = DirectoryLock(self.path, f"the live consumer {self.path}")
+            self.next_lsn = 0
+            self._written_at = 0.0
+            self.move(next_lsn, force=True)
+            live = os.path.join(directory(store_path), f"{_LIVE_PREFIX}{hold_id}")
+            os.rename(self.path, live)
+            self.path = live
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.release()
+            raise
 
     def move(self, next_lsn: int, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -219,9 +259,15 @@ def _live_positions(store_path: str) -> list[tuple[str, int]]:
         return []
     out = []
     for n in names:
-        if not n.startswith(_LIVE_PREFIX):
-            continue
         path = os.path.join(directory(store_path), n)
+        if n.startswith(_NEW_PREFIX):
+            try:
+                if time.time() - os.stat(path).st_mtime < _NEW_GONE_SECONDS:
+                    continue  # being made
+            except OSError:
+                continue
+        elif not n.startswith(_LIVE_PREFIX):
+            continue
         try:
             probe = DirectoryLock(path)
         except LockedError:
@@ -269,10 +315,20 @@ def retention_floor(store_path: str, max_retained_bytes: int, watchers: Iterable
             continue
         if within(rec.next_lsn, f"the subscription {rec.name!r}"):
             needs.append(rec.next_lsn)
-        else:
-            reason = (f"it needed the log from LSN {rec.next_lsn} on ({_bytes_from(segments, rec.next_lsn)} "
-                      f"bytes), past max_retained_bytes={max_retained_bytes}")
-            write(store_path, rec._replace(invalidated=reason))
+            continue
+
+        def invalidate(now: Record) -> Record | None:
+            if now.invalidated is not None or _bytes_from(segments, now.next_lsn) <= max_retained_bytes:
+                return None  # acknowledged meanwhile, or invalidated already
+            return now._replace(invalidated=f"it needed the log from LSN {now.next_lsn} on "
+                                            f"({_bytes_from(segments, now.next_lsn)} bytes), past "
+                                            f"max_retained_bytes={max_retained_bytes}")
+        try:
+            now = update(store_path, rec.name, invalidate)
+        except ClosedError:
+            continue  # dropped meanwhile
+        if now.invalidated is None:
+            needs.append(now.next_lsn)
     for path, lsn in _live_positions(store_path):
         if within(lsn, f"the live consumer {path}"):
             needs.append(lsn)

@@ -20,12 +20,14 @@ Position, precisely. The changes of one batch share its LSN, so the record
 keeps ``(lsn, skip)``: resume at LSN ``lsn``, skipping the first ``skip`` of
 its changes. ``ack(lsn)`` acknowledges every change delivered so far up to
 and including LSN ``lsn`` (the changes of ``lsn`` delivered by then, or all
-of them once a later LSN was delivered). While every delivered change is
-acknowledged, the position also moves over LSNs that hold no change of the
-subscription (checked about once a second), so a narrow prefix does not keep
-the log back to its last match. An acknowledgement survives a crash of any
-process; after a crash of the machine the newest may be lost, and those
-changes come again (module :mod:`kvstore.watch.consumers`).
+of them once a later LSN, or a progress marker at or after ``lsn``, was
+delivered: a progress marker's LSN may be acknowledged too). While every
+delivered change is acknowledged, the position also moves over LSNs that
+hold no change of the subscription (checked about once a second), so a
+narrow prefix does not keep the log back to its last match. An
+acknowledgement survives a crash of any process; after a crash of the
+machine the newest may be lost, and those changes come again (module
+:mod:`kvstore.watch.consumers`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Self
 from kvstore.entry.codec import as_bytes
 from kvstore.watch import consumers
 from kvstore.watch.watcher import PROGRESS, Change, Source, Watcher
-from wal.errors import ClosedError
+from wal.errors import ClosedError, LogGapError
 
 _IDLE_ADVANCE_SECONDS = 1.0
 
@@ -57,6 +59,7 @@ class Subscription:
         # Positions are (LSN, changes of it to skip): where a restart would resume.
         self._delivered = (rec.next_lsn, rec.skip)  # after the last change delivered
         self._last_lsn = 0                           # the LSN of that change (0: none yet)
+        self._through = rec.next_lsn - 1             # every change up to it was delivered (a progress marker says so)
         self._acked = (rec.next_lsn, rec.skip)       # as stored
         self._to_skip = rec.skip
         self._watcher = Watcher(source, rec.prefix, start=rec.start, stop=rec.stop, from_lsn=rec.next_lsn,
@@ -78,8 +81,13 @@ class Subscription:
 
     def __next__(self) -> Change:
         while True:
-            change = next(self._watcher)
+            try:
+                change = next(self._watcher)
+            except LogGapError:
+                self._check()  # retention gave up on it: say so, naming it
+                raise
             if change.op == PROGRESS:
+                self._through = change.lsn
                 self._idle(change.lsn)
                 every = self._progress_every
                 if every is not None and time.monotonic() - self._progress_at >= every:
@@ -108,23 +116,23 @@ class Subscription:
 
     def ack(self, lsn: int) -> None:
         """Acknowledge every change delivered up to and including LSN ``lsn``
-        (module docstring). An LSN after the last delivered one is a ValueError."""
+        (module docstring); a progress marker's LSN too. An LSN after the last
+        delivered one is a ValueError."""
         if type(lsn) is not int:
             raise TypeError(f"ack takes a change's LSN (an int), not {type(lsn).__name__}")
-        if lsn > self._last_lsn:
+        reached = max(self._last_lsn, self._through)
+        if lsn > reached:
             raise ValueError(f"cannot acknowledge LSN {lsn}: the subscription {self.name!r} has delivered "
-                             + (f"changes up to LSN {self._last_lsn} only" if self._last_lsn else "no change yet"))
-        position = self._delivered if lsn == self._last_lsn else (lsn + 1, 0)
+                             + (f"changes up to LSN {reached} only" if reached else "no change yet"))
+        position = self._delivered if lsn == self._last_lsn and lsn > self._through else (lsn + 1, 0)
         if position > self._acked:
             self._store_position(*position)
 
     def _store_position(self, lsn: int, skip: int) -> None:
-        rec = consumers.read(self._store, self.name)
-        if rec is None:
-            raise ClosedError(f"the subscription {self.name!r} of {self._store} was dropped")
+        rec = consumers.update(self._store, self.name,
+                               lambda now: None if now.invalidated else now._replace(next_lsn=lsn, skip=skip))
         if rec.invalidated is not None:
             raise consumers.invalidated_error(self._store, rec)
-        consumers.write(self._store, rec._replace(next_lsn=lsn, skip=skip))
         self._acked = (lsn, skip)
 
     @property

@@ -105,7 +105,8 @@ class WatchHub:
     iterated, or abandoned, costs the writers nothing)."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
+        # Reentrant: a watcher collected by the GC in a thread holding it closes itself here.
+        self.cond = threading.Condition(threading.RLock())
         self.watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
         self.closed = False
 
