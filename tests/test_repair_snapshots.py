@@ -219,9 +219,14 @@ def test_issue_24_reproduction(tmp_path):
     got, last, _ = state(s)
     assert got == expected(range(1, 34)) and last == 33
     check_whole(s)
-    restored = walkv("restore", os.path.join(s, "snapshots", snapshot.snapshot_dir_name(30)), str(tmp_path / "r"))
+    snap = os.path.join(s, "snapshots", snapshot.snapshot_dir_name(30))
+    restored = walkv("restore", snap, str(tmp_path / "r"))  # the snapshot where it sits: its own state
     assert restored.returncode == 0, restored.stderr
     with kvstore.open(str(tmp_path / "r")) as db:
+        assert dict(db.items()) == expected(range(1, 31))
+    restored = walkv("restore", snap, str(tmp_path / "r33"), "--to-lsn", "33")  # and on through the repaired log
+    assert restored.returncode == 0, restored.stderr
+    with kvstore.open(str(tmp_path / "r33")) as db:
         assert dict(db.items()) == expected(range(1, 34))
 
 
