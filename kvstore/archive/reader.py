@@ -107,19 +107,22 @@ class ArchiveReader:
     def chain(self) -> Chain:
         return chain(self.log_objects())
 
-    def _checked_chain(self) -> Chain:
+    def checked_chain(self, upto: int | None = None) -> Chain:
+        """The chain, refusing (:class:`CorruptionError`) a gap at or before
+        LSN ``upto`` (None: a gap anywhere); LSNs before a gap still read."""
         c = self.chain()
-        if c.gap_after is not None:
+        if c.gap_after is not None and (upto is None or upto > c.last):
             raise CorruptionError(
                 f"the archive's log is missing LSNs {c.last + 1}..{(c.next_first or 0) - 1} (no object holds them)",
                 kind=Damage.MISSING, path=self.target.display(c.gap_after.path), offset=0, lsn=c.last + 1,
-                hint=ARCHIVE_HINT)
+                hint=f"restore to LSN {c.last} or before (to_lsn), or archive the store again if its log still "
+                     "holds the missing LSNs")
         return c
 
     def segments(self) -> list[SegmentFile]:
         """The chain as segment files: no overlap, no gap (a gap is
         :class:`CorruptionError`), from the first archived LSN to :attr:`last_lsn`."""
-        return [SegmentFile(o.first, o.path, o.size) for o in self._checked_chain().objects]
+        return [SegmentFile(o.first, o.path, o.size) for o in self.checked_chain().objects]
 
     @property
     def first_lsn(self) -> int:
@@ -129,15 +132,16 @@ class ArchiveReader:
     @property
     def last_lsn(self) -> int:
         """The last LSN of the archive's contiguous log (0: none)."""
-        return self._checked_chain().last
+        return self.checked_chain().last
 
     def _fs(self, objects: list[LogObject]) -> ReadFS:
         return _ObjectFS(self.target, self.store_id, {o.path: o for o in objects})
 
     def read_entries(self, from_lsn: int | None = None, to_lsn: int | None = None) -> Iterator[Entry]:
         """Entries ``from_lsn..to_lsn`` (default: all), strictly checked;
-        :class:`LogGapError` when ``from_lsn`` is before the archive's log."""
-        c = self._checked_chain()
+        :class:`LogGapError` when ``from_lsn`` is before the archive's log,
+        :class:`CorruptionError` when LSNs up to ``to_lsn`` are missing."""
+        c = self.checked_chain(to_lsn)
         if not c.objects:
             return iter(())
         start = c.first if from_lsn is None else from_lsn
@@ -172,9 +176,10 @@ class ArchiveReader:
 
     def lsn_at_time(self, t: datetime.datetime | float | int) -> int:
         """The last LSN committed at or before ``t`` (a datetime, naive ones
-        taken as UTC, or unix seconds), from the entries' commit timestamps."""
+        taken as UTC, or unix seconds), from the entries' commit timestamps;
+        :class:`CorruptionError` when it may be in LSNs the archive is missing."""
         us = time_to_us(t)
-        c = self._checked_chain()
+        c = self.chain()
         if not c.objects:
             return 0
         objs = c.objects
@@ -198,6 +203,8 @@ class ArchiveReader:
             if e.timestamp_us > us:
                 break
             found = e.lsn
+        if found == c.last:
+            self.checked_chain(found + 1)  # the next LSN, missing, may be at or before t too
         return found
 
     def verify(self, progress: Callable[[int, int | None], None] | None = None) -> list[DamageReport]:

@@ -98,6 +98,7 @@ def restore_from_archive(location: Location | ArchiveTarget, target: str | os.Pa
         target_lsn = reader.lsn_at_time(to_time)
     else:
         target_lsn = end if to_lsn is None else to_lsn
+    reader.checked_chain(None if to_lsn is None and to_time is None else target_lsn)
     if target_lsn > end:
         raise ValueError(f"cannot restore to LSN {target_lsn}: the archive {reader.uri} holds LSNs up to {end}")
     base = choose_snapshot(reader, target_lsn, c.first)
