@@ -19,7 +19,7 @@ import pytest
 import kvstore
 from kvstore import Archiver, ArchiveReader, restore_from_archive
 from tests.s3server import KEY, SECRET
-from tests.test_archive import state
+from tests.test_archive import check_damaged_identity, state
 from wal.errors import CorruptionError
 from wal.reader import read_log
 
@@ -212,3 +212,20 @@ def test_missing_object_restore_before_the_gap_works_after_it_is_refused(s3serve
         assert not os.path.exists(tmp_path / f"bad{n}")
     with pytest.raises(CorruptionError, match=gap):
         list(ArchiveReader(uri).read_entries(1, victim.first))
+
+
+def test_damaged_identity_is_damage_exit_4(s3server, tmp_path, capsys):
+    prefix = f"ident-{uuid.uuid4().hex[:8]}"
+    uri = s3server.uri(prefix)
+    db = kvstore.open(str(tmp_path / "store"))
+    a = Archiver(db.path, uri)
+    for i in range(500):
+        db.put(b"k%03d" % i, b"v%d" % i * 10)
+        if i % 250 == 249:
+            a.ship_once()
+    a.stop()
+    db.close()
+    victim = ArchiveReader(uri).log_objects()[-1]
+    check_damaged_identity(uri, s3server.path(prefix, "ARCHIVE"),
+                           s3server.path(prefix, "wal", os.path.basename(victim.path)), capsys)
+    assert SECRET not in capsys.readouterr().out

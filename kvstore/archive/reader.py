@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import snapshot
-from kvstore.archive.layout import ARCHIVE_NAME, SNAPSHOTS_DIR, LogObject, decode_identity
+from kvstore.archive.layout import ARCHIVE_NAME, IDENTITY_HINT, SNAPSHOTS_DIR, LogObject, decode_identity
 from kvstore.archive.objects import Chain, chain, list_log_objects
 from kvstore.archive.retention import archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
@@ -28,7 +28,7 @@ from wal.errors import ArchiveError, CorruptionError, Damage, DamageReport, LogG
 from wal.fs import FileInfo, FileSystem
 from wal.reader import read_segments
 from wal.readfs import ReadFS
-from wal.segment import Entry, SegmentFile, SegmentScan
+from wal.segment import Entry, SegmentFile, SegmentScan, read_header
 
 log = logging.getLogger("walkv.archive")
 
@@ -63,7 +63,7 @@ class _ObjectFS:
         if scan.header is None:
             raise CorruptionError("archive object has no segment header", kind=Damage.HEADER,
                                   path=self.display(path), offset=0, hint=ARCHIVE_HINT)
-        if scan.header.store_id != self.store_id:
+        if self.store_id and scan.header.store_id != self.store_id:
             raise CorruptionError(f"archive object belongs to store {scan.header.store_id}, not {self.store_id}",
                                   kind=Damage.HEADER, path=self.display(path), offset=0, hint=ARCHIVE_HINT)
         if obj is not None and scan.header.first_lsn != obj.first:
@@ -87,14 +87,43 @@ class _ObjectFS:
 
 
 class ArchiveReader:
-    """An archive opened for reading (any location :class:`ArchiveTarget` takes)."""
+    """An archive opened for reading (any location :class:`ArchiveTarget` takes).
 
-    def __init__(self, location: Location | ArchiveTarget) -> None:
+    A damaged ``ARCHIVE`` identity (or a missing one where log objects are)
+    is :class:`CorruptionError`; with ``checking=True`` (for :meth:`verify`)
+    it is :attr:`identity_damage` instead, the first problem verify reports,
+    and the store id is read from the first log object's header ("" when
+    none is readable: store ids are then not compared)."""
+
+    def __init__(self, location: Location | ArchiveTarget, *, checking: bool = False) -> None:
         self.target = location if isinstance(location, ArchiveTarget) else ArchiveTarget.open(location)
+        self.identity_damage: DamageReport | None = None
+        try:
+            self.store_id = self._identity()
+        except CorruptionError as e:
+            if not checking:
+                raise
+            self.identity_damage = DamageReport.of(e)
+            self.store_id = self._store_id_from_log()
+
+    def _identity(self) -> str:
+        shown = self.target.display(self.target.path(ARCHIVE_NAME))
         data = self.target.read(ARCHIVE_NAME)
-        if data is None:
+        if data is not None:
+            return decode_identity(data, shown)
+        if not self.log_objects():
             raise ArchiveError(f"no walkv archive at {self.target.uri} (it has no {ARCHIVE_NAME} object)")
-        self.store_id = decode_identity(data, self.target.display(self.target.path(ARCHIVE_NAME)))
+        raise CorruptionError("the archive identity is missing, yet the archive holds log objects",
+                              kind=Damage.MISSING, path=shown, offset=0, hint=IDENTITY_HINT)
+
+    def _store_id_from_log(self) -> str:
+        for o in self.log_objects():
+            try:
+                with self.target.fs.open_input(o.path) as f:
+                    return read_header(f, self.target.display(o.path))[0].store_id
+            except (CorruptionError, OSError):
+                continue
+        return ""
 
     @property
     def uri(self) -> str:
@@ -213,7 +242,7 @@ class ArchiveReader:
         snapshot (manifest, chunks, checksums, store id). Returns the problems
         found (empty: all is well), each naming the object (``path``, as shown
         to people) and offset."""
-        problems: list[DamageReport] = []
+        problems = [] if self.identity_damage is None else [self.identity_damage]
         objects = self.log_objects()
         snaps = sorted(archived_snapshot_lsns(self.target))
         total = sum(o.size for o in objects)
@@ -253,7 +282,7 @@ class ArchiveReader:
             shown = self.target.display(path)
             try:
                 snap = snapshot.open(path, fs=self.target.fs)
-                if snap.store_id not in (None, self.store_id):
+                if snap.store_id not in (None, self.store_id) and self.store_id:
                     raise CorruptionError(f"snapshot belongs to store {snap.store_id}, not {self.store_id}",
                                           kind=Damage.HEADER, path=shown, offset=0)
                 snap.verify()
