@@ -146,24 +146,6 @@ def test_no_durable_put_from_8_threads_is_acknowledged_after_rm_rf(tmp_path):
         db.close()
 
 
-def test_durable_put_after_the_segments_alone_are_deleted_is_refused(tmp_path):
-    """``rm -rf`` midway: the segments unlinked, the lock file and the
-    directory not yet. A write fsynced into an unlinked segment is in no
-    file of the store: refused, not acknowledged."""
-    path = str(tmp_path / "store")
-    db = kvstore.open(path, sync="always")
-    db.put(b"a", b"1")
-    wal_dir = os.path.join(path, "wal")
-    for name in os.listdir(wal_dir):
-        if name.endswith(".wal"):
-            os.unlink(os.path.join(wal_dir, name))
-    with pytest.raises(StoreVanishedError, match="segment") as err:
-        db.put(b"b", b"2")
-    _no_durability_claim(str(err.value))
-    with pytest.raises(StoreVanishedError):
-        db.close()
-
-
 @pytest.mark.parametrize("sync", ["batch", "none"])
 def test_not_durable_modes_refuse_within_a_flush_or_a_second(tmp_path, sync):
     """sync="batch"/"none" acknowledge before any fsync (a put promises no

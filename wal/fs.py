@@ -97,10 +97,6 @@ class File:
     def size(self) -> int:
         return os.fstat(self.fd).st_size
 
-    def linked(self) -> bool:
-        """Whether the file still has a name (one ``fstat``: not unlinked)."""
-        return os.fstat(self.fd).st_nlink > 0
-
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
 

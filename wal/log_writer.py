@@ -7,8 +7,8 @@ It owns the log's segments (:class:`wal.segments.SegmentSet`), how far they
 are written and how far synced (``written`` and ``durable``: an LSN and the
 offset just after it in the active segment), the ``DURABLE`` marker that
 publishes the latter to other processes, the counters, and the checks that
-the log's directory is still the one locked (:meth:`LogWriter.check_in_place`:
-at each roll; with ``sync="always"`` after each group's fsync, before it is
+the log's directory is still the one locked (:meth:`DirectoryLock.check`: at
+each roll; with ``sync="always"`` after each group's fsync, before it is
 acknowledged; otherwise at most every :data:`DIRECTORY_CHECK_US`
 microseconds of groups). One thread at a time
 writes through it; it changes what readers copy (the segments, the
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from wal.commit import Group
 from wal.durable import DurableMarker
-from wal.errors import LogFailedError, StoreVanishedError
+from wal.errors import LogFailedError
 from wal.flusher import BatchFlusher
 from wal.fs import FileSystem
 from wal.lock import DirectoryLock
@@ -104,7 +104,7 @@ class LogWriter:
         self.written = (lsn - 1, active.data_end)
         if self.sync_mode == "always":
             self.timed_sync(full=grew)
-            self.check_in_place()  # after the fsync: acknowledged durable means in the store's files
+            self.lock.check()  # after the fsync: acknowledged durable means in the store's files
             self.durable = self.written
             self._durable_marker.publish(lsn - 1)
         else:
@@ -115,16 +115,6 @@ class LogWriter:
         self.stats.group(len(payloads), written)
         if self._on_commit is not None:
             self._on_commit(group)
-
-    def check_in_place(self) -> None:
-        """:class:`StoreVanishedError` unless the directory and its lock file
-        are the ones locked (:meth:`DirectoryLock.check`, two ``stat``) and
-        the active segment still has its name (one ``fstat``; ``rm -rf``
-        midway unlinks segments before the lock file)."""
-        self.lock.check()
-        active = self.files.active
-        if not active.file_handle.linked():
-            raise StoreVanishedError(f"its active segment {active.file.path} was deleted while it was open")
 
     def timed_sync(self, full: bool = False) -> None:
         active = self.files.active
