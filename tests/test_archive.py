@@ -4,6 +4,7 @@ restore to an LSN and a time, hostile names, the commands."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -220,6 +221,54 @@ def test_damaged_object_named_by_verify_and_refused_by_restore(store, tmp_path):
     info = restore_from_archive(str(loc), tmp_path / "r2", to_lsn=victim.first - 1)
     assert info.lsn == victim.first - 1
     assert main(["archive-verify", str(loc)]) == 4
+
+
+def check_damaged_identity(loc: str, identity_file: str, object_file: str, capsys) -> None:
+    """Issue 23: a damaged ``ARCHIVE`` object is damage: ``archive-verify``
+    reports it as one (exit 4) and goes on to check the rest; readers refuse
+    it as :class:`CorruptionError`. ``*_file``: the files behind the objects."""
+    with open(identity_file, "r+b") as f:  # the same length: object stores list sizes
+        n = len(f.read())
+        f.seek(0)
+        f.write(b"\x00garbled" + b"\xff" * (n - 9))
+    with open(object_file, "r+b") as f:
+        f.seek(os.path.getsize(object_file) // 2)
+        f.write(b"\xff\xfe")
+    assert main(["archive-verify", loc]) == 4
+    out = capsys.readouterr().out.splitlines()
+    corrupt = [line for line in out if line.startswith("CORRUPT: ")]
+    assert len(corrupt) == 2 and "ARCHIVE" in corrupt[0] and "identity" in corrupt[0]
+    assert os.path.basename(object_file) in corrupt[1] and "2 problem(s)" in out[-1]
+    assert main(["archive-verify", "--json", loc]) == 4
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert problems[0]["object"].endswith("ARCHIVE") and problems[0]["kind"] == "content"
+    assert problems[1]["object"].endswith(os.path.basename(object_file))
+    with pytest.raises(CorruptionError, match="identity") as ei:
+        ArchiveReader(loc)
+    assert ei.value.path.endswith("ARCHIVE") and "archive-verify" in str(ei.value)
+
+
+def test_damaged_identity_is_damage_exit_4(store, tmp_path, capsys):
+    loc = str(tmp_path / "arch")
+    a = Archiver(store.path, loc)
+    fill(store, 0, 300)
+    a.ship_once()
+    fill(store, 300, 300)
+    a.ship_once()
+    a.stop()
+    objs = ArchiveReader(loc).log_objects()
+    check_damaged_identity(loc, os.path.join(loc, "ARCHIVE"), objs[-1].path, capsys)
+    archiver = Archiver(store.path, loc)
+    with pytest.raises(ArchiveError, match="identity is damaged"):  # it stops: no retry mends it
+        archiver.ship_once()
+    archiver.stop()
+    os.remove(os.path.join(loc, "ARCHIVE"))  # missing, where log objects are: damage too
+    assert main(["archive-verify", loc]) == 4
+    out = capsys.readouterr().out
+    assert "CORRUPT: " in out and "ARCHIVE" in out and "missing" in out
+    with pytest.raises(CorruptionError, match="ARCHIVE"):
+        ArchiveReader(loc)
+    assert main(["archive-verify", str(tmp_path / "nothing")]) == 1  # no archive at all: not damage
 
 
 def test_hostile_names_are_ignored_never_followed(store, tmp_path, capsys):

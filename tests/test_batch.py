@@ -283,3 +283,31 @@ def test_update_checks_like_put(pairs, error) -> None:
         with WriteBatch(sink, 10, 1 << 20) as b:
             b.update(pairs)
     assert sink.payloads == []
+
+
+_OPS = st.one_of(
+    st.tuples(st.just(OP_PUT), st.binary(min_size=1, max_size=40), st.binary(max_size=300)),
+    st.tuples(st.just(OP_DELETE), st.binary(min_size=1, max_size=40)),
+    st.tuples(st.just(OP_DELETE_RANGE), st.binary(max_size=40), st.just(END_OF_KEYS)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_OPS, max_size=40), st.sampled_from([0, 15, 16, 65535, 65536]))
+def test_batch_bytes_is_the_encoded_length(ops: list, filler: int) -> None:
+    """A batch sized from its parts (the Spark writer's check) is exactly as
+    long as the encoder makes it, across msgpack's array header sizes (1, 3
+    and 5 bytes) and string header sizes."""
+    ops = ops + [(OP_DELETE, b"k")] * filler
+    payload = encode(ops)
+    assert batch.batch_bytes(len(ops), sum(map(batch.op_bytes, ops))) == len(payload) == len(packb(ops))
+    assert batch.ops_bytes(payload, len(ops)) == sum(map(batch.op_bytes, ops))
+    halves = encode(ops[: len(ops) // 2]), encode(ops[len(ops) // 2:])
+    parts = batch.ops_bytes(halves[0], len(ops) // 2) + batch.ops_bytes(halves[1], len(ops) - len(ops) // 2)
+    assert batch.batch_bytes(len(ops), parts) == len(payload)
+
+
+def test_batch_bytes_of_large_values() -> None:
+    for n in (0xFF, 0x100, 0xFFFF, 0x10000, 1 << 20):
+        op = (OP_PUT, b"key", b"v" * n)
+        assert batch.batch_bytes(1, batch.op_bytes(op)) == len(encode([op]))

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -90,17 +92,82 @@ def test_rm_rf_then_sync_snapshot_or_close_fails_without_recreating(tmp_path, sy
     assert not os.path.exists(path)
 
 
-def test_rm_rf_is_noticed_by_the_periodic_check_between_rolls(tmp_path, monkeypatch):
-    # Appends check the directory every DIRECTORY_CHECK_US (about a second);
-    # with 0 every group checks, which shows the check without timing.
-    monkeypatch.setattr(wal.log_writer, "DIRECTORY_CHECK_US", 0)
+@pytest.mark.parametrize("sync", ["always", "batch", "none"])
+def test_put_right_after_rm_rf_is_refused(tmp_path, monkeypatch, sync):
+    """Issue 23: with sync="always" the directory was checked about once a
+    second, so puts right after ``rm -rf`` were acknowledged (LSNs 2-4) into
+    deleted files. Every fsync group now checks it before acknowledging (no
+    patching here). "batch"/"none" appends check it every DIRECTORY_CHECK_US
+    (about a second; 0 here: every group checks, shown without timing)."""
+    if sync != "always":
+        monkeypatch.setattr(wal.log_writer, "DIRECTORY_CHECK_US", 0)
     path = str(tmp_path / "store")
-    db = kvstore.open(path)
+    db = kvstore.open(path, sync=sync)
     db.put(b"a", b"1")
     shutil.rmtree(path)
     with pytest.raises(StoreVanishedError) as err:
         db.put(b"b", b"2")
     _no_durability_claim(str(err.value))
+    with pytest.raises(StoreVanishedError):
+        db.close()
+    assert not os.path.exists(path)
+
+
+def test_no_durable_put_from_8_threads_is_acknowledged_after_rm_rf(tmp_path):
+    """8 threads put (sync="always", so groups of several) while the store is
+    deleted: no put that began after ``rm -rf`` returned is acknowledged."""
+    path = str(tmp_path / "store")
+    db = kvstore.open(path, sync="always")
+    gone = threading.Event()
+    late_acks: list[int] = []
+    refused = []
+
+    def writer(t: int) -> None:
+        for i in range(100_000):
+            after = gone.is_set()
+            try:
+                lsn = db.put(b"t%d-%06d" % (t, i), b"x" * 100)
+            except StoreVanishedError:
+                refused.append(t)
+                return
+            if after:
+                late_acks.append(lsn)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    time.sleep(0.2)
+    shutil.rmtree(path)
+    gone.set()
+    for th in threads:
+        th.join(30)
+    assert late_acks == [] and len(refused) == 8
+    with pytest.raises(StoreVanishedError):
+        db.close()
+
+
+@pytest.mark.parametrize("sync", ["batch", "none"])
+def test_not_durable_modes_refuse_within_a_flush_or_a_second(tmp_path, sync):
+    """sync="batch"/"none" acknowledge before any fsync (a put promises no
+    durability there), so appends check the directory at most every
+    DIRECTORY_CHECK_US; "batch" also at each flush (every sync_interval ms).
+    Nothing is ever published as durable after the directory vanished."""
+    path = str(tmp_path / "store")
+    db = kvstore.open(path, sync=sync, sync_interval=20)
+    db.put(b"a", b"1")
+    db.sync()
+    durable = db.durable_lsn
+    shutil.rmtree(path)
+    t0 = time.monotonic()
+    with pytest.raises(StoreVanishedError) as err:
+        for i in range(10_000_000):
+            db.put(b"k%d" % i, b"x")
+            time.sleep(0.001)
+    took = time.monotonic() - t0
+    limit = wal.log_writer.DIRECTORY_CHECK_US / 1e6 if sync == "none" else 0.02
+    assert took < limit + 0.5, took
+    _no_durability_claim(str(err.value))
+    assert db.durable_lsn == durable
     with pytest.raises(StoreVanishedError):
         db.close()
 

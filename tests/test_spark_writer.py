@@ -132,3 +132,71 @@ def test_commit_killed_at_any_moment_is_all_or_nothing(tmp_path):
         assert got[b"base"] == b"1"
         outcomes.append(len(mine))
     assert outcomes[-1] == 16000  # given time, the commit completes
+
+
+LIMIT = (64 << 20) - 64  # what one batch of a store opened with the default max_record_bytes holds
+
+
+def sized_rows(n: int, encoded: int, overwrite: bool) -> list[dict[str, bytes]]:
+    """``n`` rows whose batch (with overwrite's range delete first) msgpack
+    encodes to exactly ``encoded`` bytes, measured with msgpack itself."""
+    import msgpack
+
+    from kvstore.entry.codec import END_OF_KEYS, OP_DELETE_RANGE, OP_PUT
+
+    rows = [{"key": b"k%05d" % i, "value": b"v" * ((encoded - 4096) // n)} for i in range(n)]
+    head = [[OP_DELETE_RANGE, b"", END_OF_KEYS]] if overwrite else []
+    size = len(msgpack.packb(head + [[OP_PUT, r["key"], r["value"]] for r in rows], use_bin_type=True))
+    rows[-1]["value"] += b"v" * (encoded - size)  # bin32 either way: one more byte of value, one more encoded
+    assert len(msgpack.packb(head + [[OP_PUT, r["key"], r["value"]] for r in rows], use_bin_type=True)) == encoded
+    return rows
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_size_check_counts_the_encoded_batch_exactly(tmp_path, overwrite):
+    """Issue 23: the check counted key + value + 8 a row, leaving out msgpack's
+    framing and overwrite's range delete: a batch over the limit passed it and
+    failed at commit with the batch's RecordTooLargeError. One byte over the
+    limit is the writer's own error, before anything is read; at the limit
+    it commits."""
+    from kvstore.spark.writer import WalkvWriter
+    from wal.errors import RecordTooLargeError
+
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        db.put(b"base", b"1")
+    before = contents(path)
+    w = WalkvWriter(path, ["key", "value"], overwrite)
+    rows = sized_rows(64, LIMIT + 1, overwrite)
+    msgs = [w.write(iter(rows[:32])), w.write(iter(rows[32:]))]
+    with pytest.raises(RecordTooLargeError, match=f"{LIMIT + 1:,} bytes.*holds at most {LIMIT:,}"):
+        w.commit(msgs)
+    assert contents(path) == before and staging_left(path) == []
+    w = WalkvWriter(path, ["key", "value"], overwrite)
+    rows = sized_rows(64, LIMIT, overwrite)
+    w.commit([w.write(iter(rows[:32])), w.write(iter(rows[32:]))])
+    got, lsn = contents(path)
+    assert lsn == 2 and len(got) == (64 if overwrite else 65) and staging_left(path) == []
+
+
+@pytest.mark.spark
+def test_overwrite_just_over_the_limit_is_refused_by_the_writer(walkv_spark, tmp_path):
+    """Issue 23's case: 67,108,784 bytes of keys and values (+ 8 a row)
+    overwritten, under the old count, over the limit once encoded."""
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        db.put(b"base", b"1")
+    before = contents(path)
+    counted = 67_108_784  # the old count: key + value + 8 a row, under LIMIT
+    n = 64
+    value = (counted - n * (6 + 8)) // n
+    last = counted - n * (6 + 8) - (n - 1) * value
+    df = walkv_spark.range(n).select(
+        F.format_string("k%05d", "id").alias("key"),
+        F.expr(f"repeat('v', IF(id = {n - 1}, {last}, {value}))").alias("value"))
+    with pytest.raises(Exception, match="one atomic walkv batch holds at most") as ei:
+        df.repartition(2).write.format("walkv").mode("overwrite").save(path)
+    assert "RecordTooLargeError" in str(ei.value)
+    assert contents(path) == before and staging_left(path) == []

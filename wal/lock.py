@@ -70,8 +70,9 @@ class DirectoryLock:
     def check(self) -> None:
         """Raise :class:`StoreVanishedError` when the lock file or the
         directory at this path is no longer the one locked (deleted, or
-        replaced by another). Two ``stat`` calls; for rolls, syncs and
-        snapshots, not for every write."""
+        replaced by another). Two ``stat`` calls; for rolls, syncs,
+        snapshots and each fsync group of ``sync="always"`` (before it is
+        acknowledged), not for every write."""
         for path, was, what in ((self.directory, self._ids[1], "directory"), (self.path, self._ids[0], "lock file")):
             try:
                 now = _identity(os.stat(path))

@@ -33,12 +33,12 @@ durable, what was acknowledged, and what may or may not be there
 A log whose directory is deleted or replaced under it (``rm -rf``) fails with
 :class:`~wal.errors.StoreVanishedError` instead of writing into deleted
 files: the lock's device and inode are checked (:meth:`DirectoryLock.check`)
-at each segment roll, each :meth:`Log.sync` (so every flush of
-``sync="batch"``), at :meth:`Log.close`, when a snapshot is taken
-(:meth:`Log.check_directory`), and at most every
-:data:`~wal.log_writer.DIRECTORY_CHECK_US` microseconds of appends; so
-appends are refused at the latest about a second after the directory
-vanished, or at the next roll or sync. Nothing recreates it.
+with ``sync="always"`` after each group's fsync, before it is acknowledged,
+so no acknowledged write is in a directory gone from the path; else at most
+every :data:`~wal.log_writer.DIRECTORY_CHECK_US` microseconds of appends
+(they promise no fsync). Also at each roll, each
+:meth:`Log.sync` (every flush of ``sync="batch"``), :meth:`Log.close` and
+snapshot (:meth:`Log.check_directory`). Nothing recreates it.
 """
 
 from __future__ import annotations

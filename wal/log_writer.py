@@ -7,8 +7,10 @@ It owns the log's segments (:class:`wal.segments.SegmentSet`), how far they
 are written and how far synced (``written`` and ``durable``: an LSN and the
 offset just after it in the active segment), the ``DURABLE`` marker that
 publishes the latter to other processes, the counters, and the checks that
-the log's directory is still the one locked (at each roll, and at most every
-:data:`DIRECTORY_CHECK_US` microseconds of groups). One thread at a time
+the log's directory is still the one locked (:meth:`DirectoryLock.check`: at
+each roll; with ``sync="always"`` after each group's fsync, before it is
+acknowledged; otherwise at most every :data:`DIRECTORY_CHECK_US`
+microseconds of groups). One thread at a time
 writes through it; it changes what readers copy (the segments, the
 positions) only under ``mutex``, the group commit's.
 """
@@ -32,7 +34,7 @@ from wal.stats import LogStats
 from wal.truncation import cut_marked, mark_truncate
 
 PREALLOC_STEP = 8 << 20  # the active segment grows by this much (at most) at a time
-DIRECTORY_CHECK_US = 1_000_000  # groups check that the directory is still there at least this often
+DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the directory at least this often
 CommitHook = Callable[[Group], None]
 PrepareHook = Callable[[Group], "list[Payload] | None"]
 
@@ -94,7 +96,7 @@ class LogWriter:
         if active.data_end >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
             self._roll(first)
             active = self.files.active
-        elif abs(now_us - self._checked_us) >= DIRECTORY_CHECK_US:
+        elif self.sync_mode != "always" and abs(now_us - self._checked_us) >= DIRECTORY_CHECK_US:
             self.lock.check()
             self._checked_us = now_us
         written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
@@ -102,6 +104,7 @@ class LogWriter:
         self.written = (lsn - 1, active.data_end)
         if self.sync_mode == "always":
             self.timed_sync(full=grew)
+            self.lock.check()  # after the fsync: acknowledged durable means in the store's files
             self.durable = self.written
             self._durable_marker.publish(lsn - 1)
         else:

@@ -64,7 +64,7 @@ import re
 import time
 from typing import Any, NamedTuple
 
-from wal.errors import ArchiveError
+from wal.errors import ArchiveError, CorruptionError, Damage
 
 ARCHIVE_NAME = "ARCHIVE"
 LEASE_NAME = "LEASE"
@@ -115,14 +115,21 @@ def encode_identity(store_id: str) -> bytes:
                        "created": time.time()}, sort_keys=True).encode() + b"\n"
 
 
+IDENTITY_HINT = ("`walkv archive-verify URI` checks the rest of the archive; if the prefix is walkv's, its "
+                 "identity is lost: archive the store to a new prefix (restores need the identity)")
+
+
 def decode_identity(data: bytes, shown: str) -> str:
-    """The store id in an ``ARCHIVE`` object (``shown``: its redacted name)."""
+    """The store id in an ``ARCHIVE`` object (``shown``: its redacted name);
+    bytes that are no identity are damage (:class:`CorruptionError`), a
+    version this walkv does not read is :class:`ArchiveError`."""
     try:
         rec = json.loads(data)
     except ValueError:
         rec = None
     if not isinstance(rec, dict) or rec.get("format") != ARCHIVE_FORMAT or not isinstance(rec.get("store_id"), str):
-        raise ArchiveError(f"{shown} is not a walkv archive identity; is this prefix used by something else?")
+        raise CorruptionError("the archive identity is damaged: not the JSON walkv writes (or the prefix is used by "
+                              "something else)", kind=Damage.CONTENT, path=shown, offset=0, hint=IDENTITY_HINT)
     if rec.get("version") != ARCHIVE_VERSION:
         raise ArchiveError(f"{shown} is archive format version {rec.get('version')!r}; this walkv reads "
                            f"version {ARCHIVE_VERSION}: upgrade walkv")

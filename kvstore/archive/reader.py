@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import snapshot
-from kvstore.archive.layout import ARCHIVE_NAME, SNAPSHOTS_DIR, LogObject, decode_identity
+from kvstore.archive.layout import ARCHIVE_NAME, IDENTITY_HINT, SNAPSHOTS_DIR, LogObject, decode_identity
 from kvstore.archive.objects import Chain, chain, list_log_objects
 from kvstore.archive.retention import archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
@@ -28,7 +28,7 @@ from wal.errors import ArchiveError, CorruptionError, Damage, DamageReport, LogG
 from wal.fs import FileInfo, FileSystem
 from wal.reader import read_segments
 from wal.readfs import ReadFS
-from wal.segment import Entry, SegmentFile, SegmentScan
+from wal.segment import Entry, SegmentFile, SegmentScan, read_header
 
 log = logging.getLogger("walkv.archive")
 
@@ -63,7 +63,7 @@ class _ObjectFS:
         if scan.header is None:
             raise CorruptionError("archive object has no segment header", kind=Damage.HEADER,
                                   path=self.display(path), offset=0, hint=ARCHIVE_HINT)
-        if scan.header.store_id != self.store_id:
+        if self.store_id and scan.header.store_id != self.store_id:
             raise CorruptionError(f"archive object belongs to store {scan.header.store_id}, not {self.store_id}",
                                   kind=Damage.HEADER, path=self.display(path), offset=0, hint=ARCHIVE_HINT)
         if obj is not None and scan.header.first_lsn != obj.first:
@@ -87,15 +87,44 @@ class _ObjectFS:
 
 
 class ArchiveReader:
-    """An archive opened for reading (any location :class:`ArchiveTarget` takes)."""
+    """An archive opened for reading (any location :class:`ArchiveTarget` takes).
 
-    def __init__(self, location: Location | ArchiveTarget) -> None:
+    A damaged ``ARCHIVE`` identity (or a missing one where log objects are)
+    is :class:`CorruptionError`; with ``checking=True`` (for :meth:`verify`)
+    it is :attr:`identity_damage` instead, the first problem verify reports,
+    and the store id is read from the first log object's header ("" when
+    none is readable: store ids are then not compared)."""
+
+    def __init__(self, location: Location | ArchiveTarget, *, checking: bool = False) -> None:
         self.target = location if isinstance(location, ArchiveTarget) else ArchiveTarget.open(location)
         self.target.require_directory()
+        self.identity_damage: DamageReport | None = None
+        try:
+            self.store_id = self._identity()
+        except CorruptionError as e:
+            if not checking:
+                raise
+            self.identity_damage = DamageReport.of(e)
+            self.store_id = self._store_id_from_log()
+
+    def _identity(self) -> str:
+        shown = self.target.display(self.target.path(ARCHIVE_NAME))
         data = self.target.read(ARCHIVE_NAME)
-        if data is None:
+        if data is not None:
+            return decode_identity(data, shown)
+        if not self.log_objects():
             raise ArchiveError(f"no walkv archive at {self.target.uri} (it has no {ARCHIVE_NAME} object)")
-        self.store_id = decode_identity(data, self.target.display(self.target.path(ARCHIVE_NAME)))
+        raise CorruptionError("the archive identity is missing, yet the archive holds log objects",
+                              kind=Damage.MISSING, path=shown, offset=0, hint=IDENTITY_HINT)
+
+    def _store_id_from_log(self) -> str:
+        for o in self.log_objects():
+            try:
+                with self.target.fs.open_input(o.path) as f:
+                    return read_header(f, self.target.display(o.path))[0].store_id
+            except (CorruptionError, OSError):
+                continue
+        return ""
 
     @property
     def uri(self) -> str:
@@ -108,19 +137,22 @@ class ArchiveReader:
     def chain(self) -> Chain:
         return chain(self.log_objects())
 
-    def _checked_chain(self) -> Chain:
+    def checked_chain(self, upto: int | None = None) -> Chain:
+        """The chain, refusing (:class:`CorruptionError`) a gap at or before
+        LSN ``upto`` (None: a gap anywhere); LSNs before a gap still read."""
         c = self.chain()
-        if c.gap_after is not None:
+        if c.gap_after is not None and (upto is None or upto > c.last):
             raise CorruptionError(
                 f"the archive's log is missing LSNs {c.last + 1}..{(c.next_first or 0) - 1} (no object holds them)",
                 kind=Damage.MISSING, path=self.target.display(c.gap_after.path), offset=0, lsn=c.last + 1,
-                hint=ARCHIVE_HINT)
+                hint=f"restore to LSN {c.last} or before (to_lsn), or archive the store again if its log still "
+                     "holds the missing LSNs")
         return c
 
     def segments(self) -> list[SegmentFile]:
         """The chain as segment files: no overlap, no gap (a gap is
         :class:`CorruptionError`), from the first archived LSN to :attr:`last_lsn`."""
-        return [SegmentFile(o.first, o.path, o.size) for o in self._checked_chain().objects]
+        return [SegmentFile(o.first, o.path, o.size) for o in self.checked_chain().objects]
 
     @property
     def first_lsn(self) -> int:
@@ -130,15 +162,16 @@ class ArchiveReader:
     @property
     def last_lsn(self) -> int:
         """The last LSN of the archive's contiguous log (0: none)."""
-        return self._checked_chain().last
+        return self.checked_chain().last
 
     def _fs(self, objects: list[LogObject]) -> ReadFS:
         return _ObjectFS(self.target, self.store_id, {o.path: o for o in objects})
 
     def read_entries(self, from_lsn: int | None = None, to_lsn: int | None = None) -> Iterator[Entry]:
         """Entries ``from_lsn..to_lsn`` (default: all), strictly checked;
-        :class:`LogGapError` when ``from_lsn`` is before the archive's log."""
-        c = self._checked_chain()
+        :class:`LogGapError` when ``from_lsn`` is before the archive's log,
+        :class:`CorruptionError` when LSNs up to ``to_lsn`` are missing."""
+        c = self.checked_chain(to_lsn)
         if not c.objects:
             return iter(())
         start = c.first if from_lsn is None else from_lsn
@@ -166,8 +199,9 @@ class ArchiveReader:
         return out
 
     def first_entry(self) -> Entry | None:
-        """The first entry of the archive's log (None: it holds none)."""
-        c = self._checked_chain()
+        """The first entry of the archive's log (None: it holds none); a gap
+        after its first object does not matter here."""
+        c = self.chain()
         return self._first_entry(c.objects[0]) if c.objects else None
 
     def _first_entry(self, o: LogObject) -> Entry | None:
@@ -178,9 +212,10 @@ class ArchiveReader:
 
     def lsn_at_time(self, t: datetime.datetime | float | int) -> int:
         """The last LSN committed at or before ``t`` (a datetime, naive ones
-        taken as UTC, or unix seconds), from the entries' commit timestamps."""
+        taken as UTC, or unix seconds), from the entries' commit timestamps;
+        :class:`CorruptionError` when it may be in LSNs the archive is missing."""
         us = time_to_us(t)
-        c = self._checked_chain()
+        c = self.chain()
         if not c.objects:
             return 0
         objs = c.objects
@@ -204,6 +239,8 @@ class ArchiveReader:
             if e.timestamp_us > us:
                 break
             found = e.lsn
+        if found == c.last:
+            self.checked_chain(found + 1)  # the next LSN, missing, may be at or before t too
         return found
 
     def verify(self, progress: Callable[[int, int | None], None] | None = None) -> list[DamageReport]:
@@ -212,7 +249,7 @@ class ArchiveReader:
         snapshot (manifest, chunks, checksums, store id). Returns the problems
         found (empty: all is well), each naming the object (``path``, as shown
         to people) and offset."""
-        problems: list[DamageReport] = []
+        problems = [] if self.identity_damage is None else [self.identity_damage]
         objects = self.log_objects()
         snaps = sorted(archived_snapshot_lsns(self.target))
         total = sum(o.size for o in objects)
@@ -252,7 +289,7 @@ class ArchiveReader:
             shown = self.target.display(path)
             try:
                 snap = snapshot.open(path, fs=self.target.fs)
-                if snap.store_id not in (None, self.store_id):
+                if snap.store_id not in (None, self.store_id) and self.store_id:
                     raise CorruptionError(f"snapshot belongs to store {snap.store_id}, not {self.store_id}",
                                           kind=Damage.HEADER, path=shown, offset=0)
                 snap.verify()

@@ -64,7 +64,15 @@ from kvstore.archive.target import ArchiveTarget, Location
 from kvstore.archive.upload import Uploader
 from kvstore.layout import StoreLayout
 from wal.durable import read_durable_lsn
-from wal.errors import ArchiveError, ArchiveLagError, ArchiveUnavailableError, LockedError, LogGapError, WalkvError
+from wal.errors import (
+    ArchiveError,
+    ArchiveLagError,
+    ArchiveUnavailableError,
+    CorruptionError,
+    LockedError,
+    LogGapError,
+    WalkvError,
+)
 from wal.fs import OS_FS
 from wal.segment import list_segments, read_store_id
 
@@ -162,7 +170,10 @@ class Archiver:
             self.target.put(encode_identity(store_id), ARCHIVE_NAME)
             log.info("archive %s created for store %s", self.target.uri, store_id)
         else:
-            other = decode_identity(data, self.target.display(self.target.path(ARCHIVE_NAME)))
+            try:
+                other = decode_identity(data, self.target.display(self.target.path(ARCHIVE_NAME)))
+            except CorruptionError as e:  # no retry mends it: the archiver stops, as for another store's
+                raise ArchiveError(f"{e}; not archiving {self.layout.root} there") from e
             if other != store_id:
                 raise ArchiveError(
                     f"the archive {self.target.uri} belongs to another store ({other}), not to "

@@ -154,7 +154,7 @@ def cmd_archive_ls(args: argparse.Namespace, rep: Reporter) -> int:
 
 
 def cmd_archive_verify(args: argparse.Namespace, rep: Reporter) -> int:
-    reader = ArchiveReader(args.uri)
+    reader = ArchiveReader(args.uri, checking=True)
     with rep.task("verifying the archive", unit="bytes") as progress:
         problems = reader.verify(progress)
     if args.json:

@@ -216,6 +216,27 @@ def encode(ops: Iterable[list | tuple]) -> bytes:
     return pack_ops(list(ops))
 
 
+def batch_bytes(op_count: int, ops_bytes: int) -> int:
+    """The exact length of :func:`encode` of ``op_count`` ops whose own
+    encodings (:func:`op_bytes` each) add up to ``ops_bytes``. A batch is a
+    msgpack array, its header then its ops, each packed as it is alone, so a
+    batch can be sized from its parts before it is joined (the Spark writer
+    sums its tasks')."""
+    return len(msgpack.Packer().pack_array_header(op_count)) + ops_bytes
+
+
+def ops_bytes(payload: bytes, op_count: int) -> int:
+    """The bytes of the ops in ``payload``, the :func:`encode` of
+    ``op_count`` ops (its length less the array's header): what
+    :func:`batch_bytes` adds up."""
+    return len(payload) - batch_bytes(op_count, 0)
+
+
+def op_bytes(op: list | tuple) -> int:
+    """The bytes one op takes in a batch (its own msgpack encoding)."""
+    return len(pack_ops(op))
+
+
 def _bad(reason: str, lsn: int | None) -> CorruptionError:
     return CorruptionError(f"log entry is not a valid walkv batch: {reason}",
                            kind=Damage.CONTENT, lsn=lsn, hint=REPAIR_HINT)

@@ -101,6 +101,7 @@ def restore_from_archive(location: Location | ArchiveTarget, target: str | os.Pa
             raise before_first_entry(reader.uri, to_time, reader.first_entry())
     else:
         target_lsn = end if to_lsn is None else to_lsn
+    reader.checked_chain(None if to_lsn is None and to_time is None else target_lsn)
     if target_lsn > end:
         raise ValueError(f"cannot restore to LSN {target_lsn}: the archive {reader.uri} holds LSNs up to {end}")
     base = choose_snapshot(reader, target_lsn, c.first)

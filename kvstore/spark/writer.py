@@ -26,9 +26,13 @@ none):
    staging directory (never read by anyone else); a later job's commit
    removes staging directories older than a day.
 
-Limit: one entry holds at most the store's ``max_record_bytes`` (64 MiB by
-default: about 500,000 rows of 16-byte keys and 100-byte values). A larger
-DataFrame is refused before anything is written (``ValueError`` naming the
+Limit: one entry holds at most the store's ``max_record_bytes`` less
+:data:`~kvstore.entry.codec.ENTRY_OVERHEAD` (64 MiB by default: about 500,000
+rows of 16-byte keys and 100-byte values). The batch's encoded size is
+counted exactly from the tasks' encoded operations (plus the range delete of
+``overwrite``, :func:`kvstore.entry.codec.batch_bytes`), and a larger one is
+refused before anything is read or written
+(:class:`~wal.errors.RecordTooLargeError`, a ``ValueError``, naming the
 size): atomic multi-entry groups would need a commit marker the store's
 replay honours, which the log does not have. Writing to an archive, or to
 anything but a local store directory, is refused (``ValueError``).
@@ -50,10 +54,21 @@ from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 import kvstore
 import wal
 from kvstore.archive.objects import encode_segment
-from kvstore.entry.codec import END_OF_KEYS, OP_DELETE, OP_DELETE_RANGE, OP_PUT, decode, encode
+from kvstore.entry.codec import (
+    END_OF_KEYS,
+    ENTRY_OVERHEAD,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_PUT,
+    batch_bytes,
+    decode,
+    encode,
+    op_bytes,
+    ops_bytes,
+)
 from kvstore.spark.archive import is_archive
 from kvstore.spark.files import StoreFiles
-from wal.errors import CorruptionError, Damage
+from wal.errors import CorruptionError, Damage, RecordTooLargeError
 from wal.fs import OS_FS
 
 log = logging.getLogger("walkv.spark")
@@ -62,11 +77,14 @@ STAGING_DIR = "spark-staging"
 STAGE_ENTRY_BYTES = 4 << 20
 STALE_SECONDS = 24 * 3600
 _PUT_TYPES = {"upsert", "insert", "update_postimage"}
+_CLEAR = (OP_DELETE_RANGE, b"", END_OF_KEYS)
+"""What ``overwrite`` puts first in the batch: every key deleted."""
 
 
 @dataclass
 class StagedFile(WriterCommitMessage):
-    """A task's staged rows: the file's path, its operations and bytes."""
+    """A task's staged rows: the file's path, its operations and their
+    bytes as the batch encodes them (:func:`kvstore.entry.codec.ops_bytes`)."""
 
     path: str
     ops: int
@@ -122,7 +140,7 @@ class WalkvWriter(DataSourceWriter):
         self.job = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}"
         with kvstore.open(self.path) as db:  # fails now, not after the tasks ran: LockedError names the holder
             self.store_id = wal.read_store_id(os.path.join(self.path, "wal")) or ""
-            self.max_payload = db.max_record_bytes - 64 if db.max_record_bytes else 64 << 20
+            self.max_payload = (db.max_record_bytes or 64 << 20) - ENTRY_OVERHEAD  # what db.batch() takes
         OS_FS.makedirs(self.staging)  # made here, once: a task finding it gone knows the job was aborted
 
     @property
@@ -143,10 +161,10 @@ class WalkvWriter(DataSourceWriter):
             size += sum(len(x) for x in op[1:]) + 8
             if size >= STAGE_ENTRY_BYTES:
                 entries.append(encode(ops))
-                n, nbytes, ops, size = n + len(ops), nbytes + size, [], 0
+                n, nbytes, ops, size = n + len(ops), nbytes + ops_bytes(entries[-1], len(ops)), [], 0
         if ops:
             entries.append(encode(ops))
-            n, nbytes = n + len(ops), nbytes + size
+            n, nbytes = n + len(ops), nbytes + ops_bytes(entries[-1], len(ops))
         if not os.path.isdir(self.staging):
             raise RuntimeError(f"the write job's staging directory {self.staging} is gone: the job was aborted")
         data, _ = encode_segment(self.store_id, 1, [wal.Entry(i + 1, 0, p) for i, p in enumerate(entries)])
@@ -179,19 +197,23 @@ class WalkvWriter(DataSourceWriter):
         return ops
 
     def commit(self, messages: list[StagedFile | None]) -> None:  # type: ignore[override]
-        total = sum(m.nbytes for m in messages if m is not None)
+        count = sum(m.ops for m in messages if m is not None) + (1 if self.overwrite else 0)
+        total = batch_bytes(count, sum(m.nbytes for m in messages if m is not None)
+                            + (op_bytes(_CLEAR) if self.overwrite else 0))
         if total > self.max_payload:
             self.abort(messages)
-            raise ValueError(
-                f"the DataFrame is {total:,} bytes of keys and values; one atomic walkv batch holds at most "
-                f"{self.max_payload:,} (the store's max_record_bytes): write it in parts (each part is atomic), "
-                "or open the store with a larger max_record_bytes"
+            raise RecordTooLargeError(
+                f"the DataFrame's batch is {total:,} bytes encoded ({count:,} operations"
+                + (", the first overwrite's delete of every key" if self.overwrite else "")
+                + f"); one atomic walkv batch holds at most {self.max_payload:,} bytes (the store's "
+                f"max_record_bytes less {ENTRY_OVERHEAD}): write it in parts (each part is atomic). Nothing "
+                "was written."
             )
         ops = self.staged_ops(messages)
         with kvstore.open(self.path) as db:
             with db.batch() as b:
                 if self.overwrite:
-                    b.delete_range(b"", END_OF_KEYS)
+                    b.delete_range(_CLEAR[1], _CLEAR[2])
                 for op in ops:
                     if op[0] == OP_PUT:
                         b.put(op[1], op[2])
