@@ -41,11 +41,11 @@ from snapshot.manifest import Manifest, SnapshotInfo, encode_manifest
 from snapshot.reader import open_snapshot
 from wal.errors import CorruptionError, SnapshotError
 from wal.fs import OS_FS, FileSystem
+from wal.progress import Progress
 from wal.record import MAX_RECORD_LIMIT
 
 log = logging.getLogger("walkv.snapshot")
 
-Progress = Callable[[int, "int | None"], None]
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 DEFAULT_RECORD_BYTES = 64 << 10

@@ -41,6 +41,7 @@ from wal.errors import CorruptionError, Damage, RecordOverLimitError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.index import read_index
 from wal.lock import DirectoryLock
+from wal.progress import Progress
 from wal.repair_apply import apply, dropped_bytes
 from wal.repair_plan import plan
 from wal.salvage import over_limit, scan_log
@@ -51,7 +52,6 @@ __all__ = ["CutPoint", "RepairReport", "over_limit", "repair", "verify"]
 
 log = logging.getLogger("walkv.wal")
 
-Progress = Callable[[int, "int | None"], None]
 
 LSNRange = tuple[int, int]
 

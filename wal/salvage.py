@@ -43,20 +43,18 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, NamedTuple
 
 import wal.record as record
 from wal.errors import CorruptionError, Damage, RecordOverLimitError
 from wal.fs import OS_FS
+from wal.progress import Progress
 from wal.record import FIRST, FULL, HEADER_SIZE, LAST, MIDDLE
 from wal.record_reader import RecordReader
 from wal.segment import ENTRY_HEADER_SIZE, SegmentFile, SegmentHeader, list_segments, read_header
 from wal.torn import is_torn
 from wal.truncation import nonzero_end
-
-Progress = Callable[[int, "int | None"], None]
 
 _SMALLEST = HEADER_SIZE + ENTRY_HEADER_SIZE  # the fewest bytes an entry's record takes
 

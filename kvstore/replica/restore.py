@@ -32,7 +32,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 import snapshot
 import wal
@@ -43,6 +43,7 @@ from kvstore.store.snapshots import choose_base
 from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
 from wal.errors import CorruptionError, Damage, ReplicaError, RestoreTimeError, SnapshotError, WalkvError
 from wal.fs import OS_FS, file_in_the_way
+from wal.progress import Progress
 
 
 class OpenStore(Protocol):
@@ -53,7 +54,6 @@ class OpenStore(Protocol):
 
 log = logging.getLogger("walkv.restore")
 
-Progress = Callable[[int, "int | None"], None]
 
 
 @dataclass(frozen=True)

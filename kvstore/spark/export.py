@@ -35,7 +35,6 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from kvstore.spark.archive import open_files
@@ -45,10 +44,10 @@ from kvstore.spark.options import parse
 from kvstore.spark.partitions import plan
 from kvstore.spark.source import register, spark_schema
 from wal.errors import LogGapError, WalkvError
+from wal.progress import Progress
 
 log = logging.getLogger("walkv.export")
 
-Progress = Callable[[int, "int | None"], None]
 META_NAME = "_walkv_export.json"
 CHECKPOINTS = "_checkpoints"
 

@@ -44,7 +44,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Callable, Iterable, Iterator, NamedTuple, Protocol
+from typing import Iterable, Iterator, NamedTuple, Protocol
 
 import wal
 from kvstore.entry.codec import decode_all
@@ -53,13 +53,13 @@ from kvstore.state.machine import State, StateOptions
 from kvstore.store import snapshots
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, SnapshotError, WalkvError
 from wal.fs import OS_FS, FileSystem
+from wal.progress import Progress
 
 log = logging.getLogger("walkv.recovery")
 
 SESSION_FORMAT = 1
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
-Progress = Callable[[int, "int | None"], None]
 
 REPLAY_CHUNK_ENTRIES = 4096
 REPLAY_CHUNK_BYTES = 16 << 20

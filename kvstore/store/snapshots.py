@@ -43,12 +43,12 @@ from kvstore.state.machine import State
 from wal import list_segments, read_durable_lsn
 from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError, file_error
 from wal.fs import FileSystem
+from wal.progress import Progress
 
 log_ = logging.getLogger("walkv.snapshots")
 _warned_foreign: set[str] = set()
 
 DEFAULT_KEEP = 2
-Progress = Callable[[int, "int | None"], None]
 
 
 def snapshots_dir(store_path: str) -> str:

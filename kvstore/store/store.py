@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Generator, Iterable, Mapping
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import snapshot
 import wal
@@ -72,10 +72,9 @@ from snapshot import SnapshotInfo
 from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
+from wal.progress import Progress
 from wal.record import DEFAULT_MAX_RECORD_BYTES
 from wal.segment import Payload
-
-Progress = Callable[[int, "int | None"], None]
 
 
 class KVStore(Lookups):

@@ -56,13 +56,13 @@ from kvstore.watch import consumers
 from wal.errors import ArchiveError, ReplicaError, WalkvError
 from wal.fs import FileSystem
 from wal.lock import DirectoryLock
+from wal.progress import Progress
 
 log = logging.getLogger("walkv.store")
 
 ARCHIVE_CLOSE_TIMEOUT = 5.0
 """Seconds ``close()`` gives the archiver's last round (``archive_close_timeout``)."""
 
-Progress = Callable[[int, "int | None"], None]
 
 
 class StoreWriter:
