@@ -1,8 +1,19 @@
-"""Watch: a store's changes from an LSN, read from the log files
-(:mod:`kvstore.watch.watcher`: :class:`Watcher`, :class:`Change`; the files
-through :mod:`kvstore.watch.log_tail`). Below the store, which wakes watchers
-through a :class:`WatchHub`; above the entry format."""
+"""Watch: a store's changes from an LSN, read from the log files, and the
+consumers log retention waits for.
 
+* :mod:`kvstore.watch.watcher`: :class:`Watcher` and :class:`Change`; the
+  :class:`WatchHub` a store wakes its watchers through (the files are read by
+  :mod:`kvstore.watch.log_tail`);
+* :mod:`kvstore.watch.subscription`: named, durable subscriptions
+  (:class:`Subscription`, acknowledged by LSN);
+* :mod:`kvstore.watch.consumers`: their records, live holds, and the floor
+  log retention keeps for them.
+
+Below the store, above the entry format.
+"""
+
+from kvstore.watch.consumers import SubscriptionInfo
+from kvstore.watch.subscription import Subscription
 from kvstore.watch.watcher import AsyncWatcher, Change, Watcher, WatchHub
 
-__all__ = ["AsyncWatcher", "Change", "WatchHub", "Watcher"]
+__all__ = ["AsyncWatcher", "Change", "Subscription", "SubscriptionInfo", "WatchHub", "Watcher"]
