@@ -384,7 +384,7 @@ class State:
         return self.lmdb.read(self.lmdb.applied_in)
 
     def stats(self) -> dict[str, int | float | None]:
-        """What was applied and read (counters, approximate under concurrent
+        """What was applied (counters, approximate under concurrent
         use) and how LMDB looks now
         (:meth:`kvstore.state.environment.Environment.stats`)."""
         if self._failure is None:
@@ -394,7 +394,6 @@ class State:
             "puts": self.puts,
             "deletes": self.deletes,
             "delete_ranges": self.delete_ranges,
-            "gets": self.lmdb.gets,
             "applied_entries": self.applied_entries,
             "applied_groups": self.applied_groups,
             "lmdb_commits": self.lmdb_commits,

@@ -54,7 +54,7 @@ class CachedReads:
         self._env = env
         self._overlay = overlay
         self._local = threading.local()
-        self._r0 = Reader(None)  # the last reading thread's reader (fast path)
+        self._r0 = Reader()  # the last reading thread's reader (fast path)
 
     def _reader(self) -> Reader:
         """This thread's reader (created and registered on first use)."""
@@ -62,7 +62,7 @@ class CachedReads:
             return self._local.r
         except AttributeError:
             pass
-        r = Reader(self._env, _get_ident())
+        r = Reader(_get_ident())
         self._local.r = r
         self._env.register_reader(r)
         return r
@@ -110,7 +110,6 @@ class CachedReads:
         r.busy = True
         try:
             if r.gen == self._env.gen:
-                r.gets += 1
                 # r.txn is set whenever r.gen matches; values are bytes (no buffers=True)
                 return r.txn.get(key, default)  # type: ignore[union-attr,return-value]
         except lmdb.BadValsizeError:
@@ -145,7 +144,6 @@ class CachedReads:
                 if txn is not None:
                     get = txn.get
                     out.extend([get(k, default) for k in chunk])  # type: ignore[misc]  # bytes: no buffers=True
-                    r.gets += len(chunk)
                     continue
             except lmdb.Error:
                 pass  # an empty or over-long key, a dead transaction: key by key below
@@ -164,7 +162,6 @@ class CachedReads:
             if env.closed:
                 raise env.closed_error()
             txn = self._renew(r) if r.gen != env.gen or r.txn is None else r.txn
-            r.gets += 1
             return txn.get(key, default)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
         except lmdb.BadValsizeError:
             return default
