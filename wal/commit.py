@@ -9,6 +9,13 @@ queued behind. Each waiting thread sleeps on a lock of its own, released by
 the leader, so waking a group costs one lock release per thread and no
 thundering herd on the mutex.
 
+One appender with nobody else writing pays for none of that: when nobody
+leads and nothing is queued it takes its LSNs and the leadership, writes its
+own group at once and acknowledges it (the direct path: two uncontended
+mutex acquisitions, no queue, waiter lock or callback). Appenders arriving
+while it writes queue behind it as behind any leader, so contended appends
+still share each fsync.
+
 Each payload travels with a *context*, an object the log never looks at
 (the store passes the decoded operations), and reaches the log's
 ``on_commit`` hook with it in a :class:`Group`, so the layer above never has
