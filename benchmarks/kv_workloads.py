@@ -1,22 +1,26 @@
-"""Issue 3 workloads: the key-value store (``kvstore.open`` / ``open_async``)
-against LevelDB, LMDB, RocksDB and SQLite; 16-byte keys, 100-byte values.
+"""The key-value store (``kvstore.open`` / ``open_async``) against LevelDB,
+LMDB, RocksDB and SQLite; 16-byte keys, 100-byte values. The targets are
+issue 21's bars (the workloads without one there keep issue 15's):
 
 * ``kv.put.durable.8t`` / ``.1t``: durable puts/s from 8 threads / 1 thread for
   a fixed time; targets vs plyvel ``put(sync=True)`` from as many threads:
-  >= 1x (8 threads), >= 0.9x (1 thread).
+  >= 1.2x (8 threads), >= 0.9x (1 thread).
 * ``kv.put.async256``: durable puts/s from 256 coroutines on one event loop
-  through ``open_async`` vs plyvel ``put(sync=True)`` from 32 threads: >= 3x.
-* ``kv.put.nosync.1t``: ``sync="none"`` puts of N pre-built items vs py-lmdb
-  (one write transaction per put, ``sync=False``) >= 0.7x and plyvel ``put()``
-  >= 0.3x.
+  through ``open_async`` vs plyvel ``put(sync=True)`` from 32 threads: >= 4x.
+* ``kv.put.nosync.1t``: ``sync="none"`` puts of N pre-built items vs plyvel
+  ``put()`` >= 0.5x (py-lmdb, one write transaction per put, ``sync=False``:
+  an extra column).
 * ``kv.batch.100k``: one durable batch of 100,000 puts vs plyvel
-  ``write_batch(sync=True)`` >= 0.7x.
+  ``write_batch(sync=True)`` >= 1x.
 * ``kv.get``: gets/s of existing keys in a shuffled order vs py-lmdb ``get`` on
-  one read transaction >= 0.8x.
+  one read transaction >= 1x.
+* ``kv.get.before-overlay``: the same gets, each tree in a fresh process, vs
+  the tree before the overlay (commit ``e7c0cec^``, checked out where
+  :data:`BEFORE_OVERLAY_ENV` says; without it, walkv's column only): >= 1.1x.
 * ``kv.recovery``: reopening a store whose log holds N entries not yet applied
   to LMDB (made by appending them with ``wal`` to a closed, empty store) in a
-  fresh process, vs LevelDB's reopen replay of N puts: >= 0.5x records/s, peak
-  RSS < 200 MB.
+  fresh process (the LMDB rebuild), vs LevelDB's reopen replay of N puts:
+  >= 0.6x records/s, peak RSS < 200 MB.
 
 SQLite (WAL, synchronous=FULL when durable) and RocksDB (rocksdict) are extra
 columns (no target) wherever they fit.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from typing import Any, Callable
 
@@ -33,10 +38,13 @@ from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.log_workloads import _leveldb_replay, _leveldb_replay_prepare
 from benchmarks.peers import KV_PEERS, LMDB, LevelDB
-from benchmarks.timing import coroutines, counted, in_child_on_copy, threaded_puts
+from benchmarks.timing import coroutines, counted, in_child, in_child_on_copy, threaded_puts
 
 KV = ("kvstore:open",)
 LOAD_CHUNK = 10_000  # items per batch when loading data (untimed)
+BEFORE_OVERLAY_ENV = "WALKV_BENCH_BEFORE"
+"""The environment variable naming a checkout of the tree before the overlay
+(``git worktree add /tmp/before-overlay e7c0cec^``) for ``kv.get.before-overlay``."""
 
 
 class WalkvKV:
@@ -186,6 +194,35 @@ def _walkv_get_many(n_keys: int, n_gets: int):
     return prepare, run, cleanup
 
 
+def child_gets(n_keys: int, n_gets: int, path: str, tree: str | None = None) -> dict[str, Any]:
+    """In a benchmark child: the gets of :func:`_gets` against the walkv of
+    ``tree`` (a checkout; None: this one), loaded untimed in ``path``."""
+    if tree is not None:
+        sys.path.insert(0, tree)  # before kvstore is first imported
+    db = WalkvKV(path, False)
+    try:
+        load(db, n_keys)
+        rnd = random.Random(42)
+        order = [data.key(rnd.randrange(n_keys)) for _ in range(n_gets)]
+        get = db.reader()
+        if get(order[0]) != data.value(int.from_bytes(order[0][8:], "big")):
+            raise AssertionError(f"walkv of {tree or 'this tree'}: a loaded key was not found")
+        t0 = time.perf_counter()
+        for k in order:
+            get(k)
+        seconds = time.perf_counter() - t0
+    finally:
+        db.close()
+    return {"ops": n_gets, "seconds": seconds, "kvstore": os.path.dirname(sys.modules["kvstore"].__file__ or "")}
+
+
+def _gets_in_child(n_keys: int, n_gets: int, tree: str | None) -> Callable[[Context], Measurement]:
+    def run(ctx: Context) -> Measurement:
+        return in_child("benchmarks.kv_workloads:child_gets", n_keys=n_keys, n_gets=n_gets,
+                        path=os.path.join(ctx.fresh_dir("gets"), "db"), tree=tree)
+    return run
+
+
 # ---- recovery ------------------------------------------------------------
 
 def encode_puts(pairs: list[tuple[bytes, bytes]]) -> bytes:
@@ -260,10 +297,11 @@ def workloads(cfg: Config) -> list[Workload]:
     gets_n = cfg.size(full=500_000, quick=20_000)
     recover_n = cfg.size(full=1_000_000, quick=20_000)
     peers = ("leveldb", "rocksdb", "sqlite", "lmdb")
+    before = os.environ.get(BEFORE_OVERLAY_ENV) or None
 
     def durable(threads: int, target: float) -> Workload:
         return Workload(
-            name=f"kv.put.durable.{threads}t", issue=15, unit="puts/s",
+            name=f"kv.put.durable.{threads}t", issue=21 if threads == 8 else 15, unit="puts/s",
             title=f"durable puts, {threads} thread(s)", requires=KV,
             targets=[Target("leveldb", target)], params={"threads": threads, "seconds": secs},
             contenders=[Contender(s, _puts_timed(s, threads, secs), requires=SYSTEMS[s].requires,
@@ -287,7 +325,7 @@ def workloads(cfg: Config) -> list[Workload]:
         durable(8, 1.2),
         durable(1, 0.9),
         Workload(
-            name="kv.put.async256", issue=15, unit="puts/s",
+            name="kv.put.async256", issue=21, unit="puts/s",
             title="durable puts from 256 coroutines (open_async) vs LevelDB from 32 threads",
             requires=("kvstore:open_async",), targets=[Target("leveldb-32t", 4.0)],
             params={"coroutines": 256, "peer_threads": 32, "seconds": secs},
@@ -299,7 +337,7 @@ def workloads(cfg: Config) -> list[Workload]:
                           requires=SYSTEMS["rocksdb"].requires, label="RocksDB sync put x32"),
             ]),
         Workload(
-            name="kv.put.nosync.1t", issue=15, unit="puts/s",
+            name="kv.put.nosync.1t", issue=21, unit="puts/s",
             title="non-durable puts (sync=none), 1 thread", requires=KV,
             targets=[Target("leveldb", 0.5)], params={"items": nosync_n},
             contenders=[Contender(s, _puts_counted(s, nosync_n), requires=SYSTEMS[s].requires,
@@ -307,25 +345,33 @@ def workloads(cfg: Config) -> list[Workload]:
                                                                if s == "lmdb" else ""))
                         for s in ("walkv", *peers)]),
         Workload(
-            name="kv.batch.100k", issue=15, unit="puts/s",
+            name="kv.batch.100k", issue=21, unit="puts/s",
             title=f"one durable batch of {batch_n:,} puts", requires=KV,
             targets=[Target("leveldb", 1.0)], params={"items": batch_n},
             contenders=[Contender(s, _one_batch(s, batch_n), requires=SYSTEMS[s].requires,
                                   label=f"{LABELS[s]} batch") for s in ("walkv", *peers)]),
         Workload(
-            name="kv.get", issue=15, unit="gets/s",
+            name="kv.get", issue=21, unit="gets/s",
             title=f"gets of existing keys ({keys_n:,} keys, {gets_n:,} random gets)", requires=KV,
             targets=[Target("lmdb", 1.0)], params={"keys": keys_n, "gets": gets_n},
             contenders=get_contenders),
+        Workload(
+            name="kv.get.before-overlay", issue=21, unit="gets/s",
+            title=f"gets as kv.get, in a fresh process each, vs the tree before the overlay "
+                  f"(${BEFORE_OVERLAY_ENV}{'' if before else ' unset: walkv only'})",
+            requires=KV, targets=[Target("before-overlay", 1.1)], params={"keys": keys_n, "gets": gets_n},
+            contenders=[Contender("walkv", _gets_in_child(keys_n, gets_n, None), label="walkv get (this tree)"),
+                        *([Contender("before-overlay", _gets_in_child(keys_n, gets_n, before),
+                                     label=f"walkv get ({before})")] if before else [])]),
         Workload(
             name="kv.get.many", issue=15, unit="gets/s",
             title=f"get_many of existing keys ({keys_n:,} keys, {gets_n:,} random keys in one call)",
             requires=KV, targets=[Target("lmdb", 1.0)], params={"keys": keys_n, "gets": gets_n},
             contenders=many_contenders),
         Workload(
-            name="kv.recovery", issue=15, unit="records/s",
+            name="kv.recovery", issue=21, unit="records/s",
             title=f"reopen with {recover_n:,} unapplied log entries vs LevelDB reopen replay",
-            requires=KV + ("wal:open",), targets=[Target("leveldb-replay", 0.8)],
+            requires=KV + ("wal:open",), targets=[Target("leveldb-replay", 0.6)],
             limits=[Limit("rss_mb", 200.0)], params={"entries": recover_n},
             contenders=[
                 Contender("walkv", _walkv_recovery, prepare=_walkv_recovery_prepare(recover_n),

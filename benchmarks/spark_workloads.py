@@ -230,7 +230,7 @@ def workloads(cfg: Config) -> list[Workload]:
     w = cfg.size(full=400_000, quick=20_000)
     return [
         Workload(
-            name="spark.snapshot", issue=15, unit="rows/s", slow=True,
+            name="spark.snapshot", issue=21, unit="rows/s", slow=True,
             title=f"Spark local[2]: count + sum(length(value)) of a {n:,}-row snapshot",
             requires=SPARK, targets=[Target("parquet", 0.8)], params={"rows": n},
             contenders=[

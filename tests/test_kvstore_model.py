@@ -153,6 +153,20 @@ class KVModel(RuleBasedStateMachine):
         self.db = self._open()
         assert self.db.rebuilt is not None
 
+    @rule(pairs=st.lists(st.tuples(keys, values), min_size=1, max_size=5), data=st.data())
+    def puts_then_gets(self, pairs: list[tuple[bytes, bytes]], data) -> None:
+        """Gets right after puts, before anything flushes the overlay (the
+        invariant's scan does): some keys from the overlay, some from LMDB,
+        some absent, one by one and with get_many."""
+        for k, v in pairs:
+            self.db.put(k, v)
+            self.lsn += 1
+            apply_model(self.model, ("put", k, v))
+        probes = data.draw(st.lists(keys, max_size=6)) + [k for k, _ in pairs]
+        for k in probes:
+            assert self.db.get(k) == self.model.get(k)
+        assert self.db.get_many(probes) == [self.model.get(k) for k in probes]
+
     # -- checks -----------------------------------------------------------------
 
     @invariant()

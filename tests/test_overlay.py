@@ -49,6 +49,33 @@ def test_a_write_is_visible_at_once_and_reaches_lmdb_in_bulk(tmp_path, monkeypat
         assert db.stats()["overlay_keys"] == 0
 
 
+def test_an_empty_overlay_is_not_looked_at(tmp_path, monkeypatch):
+    """While the overlay is empty a get goes straight to LMDB; the first
+    write switches gets to the overlay before it returns, a flush that
+    empties it switches them back, and a write during a flush keeps them on
+    the overlay (so no write is missed whichever way the switch races)."""
+    monkeypatch.setattr(overlay_mod, "FLUSH_SECONDS", 3600.0)
+    with kvstore.open(str(tmp_path / "s"), sync="none") as db:
+        state = db._state
+        reads = state._reads
+        assert state.get == reads.get_lmdb
+        db.put(b"a", b"1")
+        assert state.get == reads.get and db.get(b"a") == b"1"
+        state.flush()
+        assert state.get == reads.get_lmdb and db.get(b"a") == b"1"
+        db.put(b"b", b"2")
+        real_write = state.lmdb.write
+
+        def write_then_put(fn):  # a put arrives while the flush writes LMDB
+            real_write(fn)
+            monkeypatch.setattr(state.lmdb, "write", real_write)
+            db.put(b"c", b"3")
+        monkeypatch.setattr(state.lmdb, "write", write_then_put)
+        state.flush()
+        assert state.get == reads.get and db.get(b"c") == b"3" and db.get(b"b") == b"2"
+        assert lmdb_value(db, b"b") == b"2" and lmdb_value(db, b"c") is None
+
+
 def test_a_full_overlay_is_flushed_by_the_writer(tmp_path, monkeypatch):
     monkeypatch.setattr(overlay_mod, "FLUSH_SECONDS", 3600.0)
     monkeypatch.setattr(overlay_mod, "MAX_KEYS", 10)

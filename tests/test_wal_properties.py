@@ -9,9 +9,12 @@ exactly the model, from its first LSN and over a random range.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wal
-from wal.errors import LogGapError
+from wal.errors import LogFailedError, LogGapError
+from wal.fs import File, FileSystem
 from wal.record_reader import RecordReader
 from wal.segment import index_path, list_segments
 
@@ -166,3 +170,146 @@ def test_torn_active_segment_opens_to_a_prefix(sizes, cut, zeroed, data) -> None
         with wal.open(d) as log:
             assert list(log.read(max(1, kept))) == [(k, model[k]) for k in range(max(1, kept), kept + 1)] + [
                 (kept + 1, b"on")]
+
+
+# -- the direct path of one writer, and appenders arriving while it writes ---------
+
+
+class HeldSyncFS(FileSystem):
+    """Real files whose ``hold``-th sync from now waits until released (and
+    then fails with EIO when ``fail``), so appenders can be made to arrive
+    while a writer is between its write and its fsync. Every sync is
+    counted, with the events the test records beside them."""
+
+    def __init__(self) -> None:
+        self.syncs = 0
+        self.hold: int | None = None
+        self.fail = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.events: list[tuple[str, int, int]] = []  # (what, LSN, syncs done by then)
+        self.lock = threading.Lock()
+
+    def record(self, what: str, lsn: int) -> None:
+        with self.lock:
+            self.events.append((what, lsn, self.syncs))
+
+    def open(self, path: str, **kw) -> File:  # type: ignore[override]
+        f = super().open(path, **kw)
+        return _HeldSyncFile(f.path, f.fd, self)
+
+
+class _HeldSyncFile(File):
+    def __init__(self, path: str, fd: int, fs: HeldSyncFS) -> None:
+        super().__init__(path, fd)
+        self._fs = fs
+
+    def sync(self, *, full: bool = False) -> None:
+        fs = self._fs
+        if fs.hold is not None:
+            fs.hold -= 1
+            if fs.hold == 0:
+                fs.hold = None
+                fs.entered.set()
+                assert fs.release.wait(30)
+                if fs.fail:
+                    raise OSError(errno.EIO, "injected fsync failure", self.path)
+        super().sync(full=full)
+        with fs.lock:
+            fs.syncs += 1
+
+
+def _wait_for_waiters(log: wal.Log, n: int) -> None:
+    """Until ``n`` appenders wait behind the leader (they queued in turn)."""
+    deadline = time.monotonic() + 30
+    while len(log._gc._waiters) < n:
+        assert time.monotonic() < deadline, "appenders did not queue"
+        time.sleep(0.001)
+
+
+@settings(deadline=None, max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(before=st.integers(0, 3), arrivals=st.lists(st.integers(1, 4), max_size=4), fail=st.booleans(),
+       batch=st.booleans())
+def test_direct_path_with_appenders_arriving_mid_write(before, arrivals, fail, batch) -> None:
+    """One writer appends alone (the direct path: no queue, no waiter), then
+    its next append is held between its write and its fsync while appenders
+    arrive one after another. Whatever the arrivals: every append returns only
+    after an fsync that followed the framing of its entry (its group was
+    prepared, synced, committed, then it returned); LSNs are handed out in
+    the order the appenders came, with no gap; the arrivals are written as one
+    group (group commit still batches); a failed fsync fails the held writer
+    and every arrival, acknowledges none of them, and the log reopens to
+    what was acknowledged plus a prefix of the rest."""
+    fs = HeldSyncFS()
+    d = tempfile.mkdtemp(prefix="direct-")
+    try:
+        log = wal.open(d, fs=fs, sync="always", segment_bytes=1 << 20,
+                       on_prepare=lambda g: fs.record("prepare", g.first_lsn),
+                       on_commit=lambda g: fs.record("commit", g.last_lsn))
+        attempted: dict[int, bytes] = {}
+        for i in range(before):
+            p = payload(i, 50)
+            lsn = log.append(p)
+            fs.record("return", lsn)
+            attempted[lsn] = p
+        assert log.stats()["groups"] == before and log._gc._committer is None  # no committer thread
+        results: dict[str, object] = {}
+
+        def append(name: str, payloads: list[bytes]) -> None:
+            try:
+                if batch and len(payloads) > 1:
+                    first, last = log.append_batch(payloads)
+                else:
+                    first = last = log.append(payloads[0])
+                    for p in payloads[1:]:  # (arrivals of one payload each: size 1)
+                        last = log.append(p)
+                fs.record("return", last)
+                results[name] = (first, last)
+            except BaseException as e:  # noqa: BLE001
+                results[name] = e
+
+        fs.hold, fs.fail = 1, fail
+        held = threading.Thread(target=append, args=("held", [payload(100, 60)]))
+        held.start()
+        assert fs.entered.wait(30)
+        threads = []
+        sizes = [n if batch else 1 for n in arrivals]
+        for t, n in enumerate(sizes):
+            th = threading.Thread(target=append, args=(f"a{t}", [payload(200 + 10 * t + j, 70) for j in range(n)]))
+            th.start()
+            threads.append(th)
+            _wait_for_waiters(log, t + 1)  # so arrival order is queue order
+        fs.release.set()
+        for th in [held, *threads]:
+            th.join(30)
+            assert not th.is_alive(), "an appender was never woken"
+        lsn = before + 1
+        if fail:
+            assert all(isinstance(results[k], LogFailedError) for k in results), results
+            assert log.durable_lsn == before
+        else:
+            assert results["held"] == (lsn, lsn)
+            attempted[lsn] = payload(100, 60)
+            for t, n in enumerate(sizes):
+                assert results[f"a{t}"] == (lsn + 1, lsn + n), (t, results)  # arrival order, no gap
+                for j in range(n):
+                    attempted[lsn + 1 + j] = payload(200 + 10 * t + j, 70)
+                lsn += n
+            assert log.stats()["groups"] == before + 1 + (1 if sizes else 0)  # the arrivals: one group
+            assert log.durable_lsn == lsn
+        # Each return came after its group was prepared, synced and committed.
+        events = list(fs.events)
+        for i, (what, lsn_, _) in enumerate(events):
+            if what != "return":
+                continue
+            commit = next(j for j in range(i) if events[j][0] == "commit" and events[j][1] >= lsn_)
+            prepare = max(j for j in range(commit) if events[j][0] == "prepare" and events[j][1] <= lsn_)
+            assert events[commit][2] > events[prepare][2], f"LSN {lsn_} acknowledged without an fsync"
+        log.close()
+        with wal.open(d) as reopened:
+            got = dict(reopened.read(1))
+        acked = max((v[1] for v in results.values() if isinstance(v, tuple)), default=before)
+        assert all(got.get(k) == attempted[k] for k in range(1, acked + 1))
+        assert sorted(got) == list(range(1, len(got) + 1))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -9,6 +9,13 @@ queued behind. Each waiting thread sleeps on a lock of its own, released by
 the leader, so waking a group costs one lock release per thread and no
 thundering herd on the mutex.
 
+One appender with nobody else writing pays for none of that: when nobody
+leads and nothing is queued it takes its LSNs and the leadership, writes its
+own group at once and acknowledges it (the direct path: two uncontended
+mutex acquisitions, no queue, waiter lock or callback). Appenders arriving
+while it writes queue behind it as behind any leader, so contended appends
+still share each fsync.
+
 Each payload travels with a *context*, an object the log never looks at
 (the store passes the decoded operations), and reaches the log's
 ``on_commit`` hook with it in a :class:`Group`, so the layer above never has
@@ -128,9 +135,64 @@ class GroupCommit:
     def submit(self, payloads: list[Payload], contexts: list[object]) -> int:
         """Queue ``payloads`` (each with its context) and return once they are
         acknowledged; return the first LSN. Raises the log's failure if their
-        group failed."""
+        group failed.
+
+        The direct path: when nobody leads and nothing is queued (one writer,
+        or writers taking turns), the caller writes its own group at once,
+        with no queue, no waiter lock and no callback: take the mutex, take
+        the LSNs and the leadership, write without the mutex, then take it
+        again only to mark the group acknowledged and give the leadership
+        up. Appenders arriving meanwhile queue as they would behind any
+        leader and get the leadership handed to them
+        (:meth:`_after_direct`); the durability is the same, since the group
+        is acknowledged only after ``write_group`` returned."""
         m = self.mutex
         m.acquire()
+        if self._leading or self._queue:
+            return self._submit_queued(payloads, contexts)  # releases the mutex
+        try:
+            self._check()
+        except BaseException:
+            m.release()
+            raise
+        first = self.next_lsn
+        last = first + len(payloads) - 1
+        self.next_lsn = last + 1
+        self._leading = True
+        m.release()
+        error: BaseException | None = None
+        try:
+            self._write_group(Group(first, payloads, contexts))
+        except BaseException as e:  # noqa: BLE001 - any failure here fails the log
+            error = e
+        if error is not None:
+            self._after_direct(first, last, error)
+            raise self._group_failure()
+        m.acquire()
+        if self._waiters or self._queue:
+            self._after_direct(first, last, None)  # releases the mutex
+        else:
+            self.acked_lsn = last
+            self._leading = False
+            m.release()
+        return first
+
+    def _after_direct(self, first: int, last: int, error: BaseException | None) -> None:
+        """After a direct write (mutex held when it succeeded, not held when
+        it failed; released on return): acknowledge or fail the group and
+        wake or fail whoever queued meanwhile, then hand the leadership on."""
+        if error is not None:
+            self.mutex.acquire()
+        done = self._acknowledge(first, last, error, [])
+        self._handoff()
+        self.mutex.release()
+        _run_callbacks(done)
+
+    def _submit_queued(self, payloads: list[Payload], contexts: list[object]) -> int:
+        """:meth:`submit` (mutex held, released on return) when a leader is
+        writing or entries are queued: join the queue; wait to be
+        acknowledged, or lead the next group."""
+        m = self.mutex
         try:
             while self._frozen:
                 self._thawed.wait()
@@ -141,38 +203,27 @@ class GroupCommit:
         first = self.next_lsn
         last = first + len(payloads) - 1
         self.next_lsn = last + 1
-        if not self._leading and not self._queue:
-            # Nobody leads and nothing is queued: write our own group at once
-            # (the common single-writer case skips the queue).
-            self._leading = True
-            self._write_and_wake(Group(first, payloads, contexts), [])
-            self._handoff()
-            m.release()
-            if self.acked_lsn < last:
-                raise self._group_failure()
-            return first
+        if len(payloads) == 1:
+            self._queue.append(payloads[0])
+            self._contexts.append(contexts[0])
         else:
-            if len(payloads) == 1:
-                self._queue.append(payloads[0])
-                self._contexts.append(contexts[0])
-            else:
-                self._queue.extend(payloads)
-                self._contexts.extend(contexts)
-            if self._leading:
-                w = self._waiter()
-                w.lsn = last
-                w.lead = w.exclusive = False
-                self._waiters.append(w)
-                m.release()
-                w.lock.acquire()  # released by the leader: done, failed, or our turn to lead
-                if not w.lead:
-                    if self.acked_lsn < last:
-                        raise self._group_failure()
-                    return first
-                m.acquire()
-            else:
-                self._leading = True
-            done = self._lead_group()
+            self._queue.extend(payloads)
+            self._contexts.extend(contexts)
+        if self._leading:
+            w = self._waiter()
+            w.lsn = last
+            w.lead = w.exclusive = False
+            self._waiters.append(w)
+            m.release()
+            w.lock.acquire()  # released by the leader: done, failed, or our turn to lead
+            if not w.lead:
+                if self.acked_lsn < last:
+                    raise self._group_failure()
+                return first
+            m.acquire()
+        else:
+            self._leading = True
+        done = self._lead_group()
         self._handoff()
         m.release()
         _run_callbacks(done)
@@ -218,7 +269,6 @@ class GroupCommit:
         """Mutex held, leading: write one group (releasing the mutex for the
         I/O), then wake the appenders it covered, or fail everything queued
         if it failed. Returns the callbacks to run, if any."""
-        first, payloads = group.first_lsn, group.payloads
         error: BaseException | None = self.failure
         if error is None:
             self.mutex.release()
@@ -227,8 +277,15 @@ class GroupCommit:
             except BaseException as e:  # noqa: BLE001 - any failure here fails the log
                 error = e
             self.mutex.acquire()
+        return self._acknowledge(group.first_lsn, group.last_lsn, error, callbacks)
+
+    def _acknowledge(self, first: int, last: int, error: BaseException | None,
+                     callbacks: list[tuple[int, Callback]]) -> Done | None:
+        """Mutex held, leading: the group ``first .. last`` was written
+        (``error`` None) or failed: wake the appenders it covered, or fail
+        everything queued. Returns the callbacks to run, if any."""
         if error is None:
-            self.acked_lsn = first + len(payloads) - 1
+            self.acked_lsn = last
         else:
             if self.failure is None:
                 self.failure = self._on_failure(error, first)

@@ -6,7 +6,9 @@ Durability, precisely:
   ``fdatasync`` (``fsync`` when the file grew) that covers its record.
   Concurrent appenders share it: the first waiting thread leads, frames every
   queued record, writes them with one ``pwrite`` and syncs once; the others
-  wait and return together (LevelDB's writer queue).
+  wait and return together (LevelDB's writer queue). An appender that finds
+  nobody writing writes its own record at once (the same write and sync, no
+  queue: :meth:`wal.commit.GroupCommit.submit`).
 * ``sync="batch"``: append returns once the write reached the OS; a background
   flusher syncs every ``sync_interval`` ms or ``sync_bytes``; :meth:`sync`
   forces it. A crash of the process loses nothing; a crash of the machine may

@@ -70,7 +70,6 @@ class Environment:
         self._readers_lock = threading.Lock()
         self.views_allowed = threading.Event()  # cleared while a remap waits for views
         self.views_allowed.set()
-        self.dead_gets = 0        # gets of threads that ended (Reader.__del__)
         self.gate = ReadGate(self._reader_list, self._on_block, self._on_release)
         self.map_grows = 0
         self._last_sweep = time.perf_counter()
@@ -95,12 +94,6 @@ class Environment:
         """Track an open view (closed with the environment)."""
         with self._readers_lock:
             self._views.add(view)
-
-    @property
-    def gets(self) -> int:
-        """Gets through cached read transactions, every thread's."""
-        with self._readers_lock:
-            return self.dead_gets + sum(r.gets for r in self._readers)
 
     def _on_block(self) -> None:
         # A writer wants LMDB to itself: no cached transaction matches -2.

@@ -67,7 +67,7 @@ from kvstore.state.environment import K_APPLIED, Environment
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView, scan
-from kvstore.state.reads import CachedReads, FreshReads
+from kvstore.state.reads import CachedReads, FreshReads, Get
 from kvstore.state.view import View
 from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
 from wal.segment import Payload, payload_size
@@ -124,7 +124,7 @@ class State:
         self.path = path
         self.readonly = readonly
         self.use_overlay = overlay and not readonly
-        self.overlay = Overlay()  # applied, not yet in LMDB (kvstore/state/overlay.py)
+        self.overlay = Overlay(self._overlay_occupied)  # applied, not yet in LMDB (kvstore/state/overlay.py)
         # counters (updated only by the applying thread)
         self.applied_groups = 0
         self.applied_entries = 0
@@ -149,12 +149,24 @@ class State:
         # The read path, chosen once (kvstore/state/reads.py). Its get and
         # get_many are exposed as they are, bound methods rather than State
         # methods that call them, so that a get costs no extra Python call:
-        # the store calls state.get once per user get.
-        reads = FreshReads(self.lmdb) if readonly else CachedReads(self.lmdb, self.overlay)
-        self.get = reads.get
-        self.get_many = reads.get_many
+        # the store calls state.get once per user get. While the overlay is
+        # empty, get is the LMDB-only one (_overlay_occupied switches).
+        self.get: Get
+        if readonly:
+            fresh = FreshReads(self.lmdb)
+            self.get, self.get_many = fresh.get, fresh.get_many
+        else:
+            self._reads = cached = CachedReads(self.lmdb, self.overlay)
+            self.get, self.get_many = cached.get_lmdb, cached.get_many
         if self.use_overlay:
             self.overlay.start(self.flush)
+
+    def _overlay_occupied(self, occupied: bool) -> None:
+        """The overlay took its first write (``occupied``) or a flush left it
+        empty (called under its lock, :mod:`kvstore.state.overlay`): gets look
+        in it, or go straight to LMDB."""
+        reads = self._reads
+        self.get = reads.get if occupied else reads.get_lmdb
 
     # -- meta ---------------------------------------------------------------
 
@@ -372,7 +384,7 @@ class State:
         return self.lmdb.read(self.lmdb.applied_in)
 
     def stats(self) -> dict[str, int | float | None]:
-        """What was applied and read (counters, approximate under concurrent
+        """What was applied (counters, approximate under concurrent
         use) and how LMDB looks now
         (:meth:`kvstore.state.environment.Environment.stats`)."""
         if self._failure is None:
@@ -382,7 +394,6 @@ class State:
             "puts": self.puts,
             "deletes": self.deletes,
             "delete_ranges": self.delete_ranges,
-            "gets": self.lmdb.gets,
             "applied_entries": self.applied_entries,
             "applied_groups": self.applied_groups,
             "lmdb_commits": self.lmdb_commits,

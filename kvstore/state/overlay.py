@@ -11,7 +11,12 @@ highest LSN it covers as LMDB's applied LSN.
 Two dictionaries, as LevelDB's memtable and immutable memtable: ``active``
 takes new writes; a flush swaps it for an empty one (``frozen``, the old
 one, is what it writes) so writers go on while LMDB is written. A read looks
-in ``active``, then ``frozen``, then LMDB; a flush clears ``frozen`` only
+in ``active``, then ``frozen``, then LMDB (and only in LMDB while both are
+empty: ``on_occupied(True)`` is called, under :attr:`Overlay.lock`, when the
+first write goes into an empty overlay, before that write is applied, and
+``on_occupied(False)`` once a flush left it empty again, so a state can
+switch its get to the LMDB-only path and back, and a get pays nothing for an
+empty overlay); a flush clears ``frozen`` only
 after LMDB's commit and the read counter's bump (``gen``), so a read that
 misses both dictionaries renews its LMDB transaction and finds the value
 there (:meth:`kvstore.state.reads.CachedReads.get`).
@@ -76,7 +81,7 @@ class Overlay:
     :attr:`active` and :attr:`frozen` without a lock.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_occupied: Callable[[bool], None] | None = None) -> None:
         self.active: Values = {}
         self.frozen: Values | None = None
         self.lsn = 0          # the highest LSN in ``active`` (when it is not empty)
@@ -88,6 +93,7 @@ class Overlay:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.flushes = 0
+        self._on_occupied = on_occupied
         track(self)
 
     def add(self, ops: Sequence[Sequence[Any]], last_lsn: int) -> bool:
@@ -100,6 +106,8 @@ class Overlay:
             if not active:
                 self._since = time.monotonic()
                 self._wake.notify()
+                if self.frozen is None and self._on_occupied is not None:
+                    self._on_occupied(True)
             for op in ops:
                 if op[0] == 1:
                     value = op[2]
@@ -126,8 +134,11 @@ class Overlay:
 
     def thaw(self) -> None:
         """With :attr:`flush_lock` held: the frozen dictionary is in LMDB."""
-        self.frozen = None
-        self.flushes += 1
+        with self.lock:
+            self.frozen = None
+            self.flushes += 1
+            if not self.active and self._on_occupied is not None:
+                self._on_occupied(False)
 
     def _after_fork_in_child(self) -> None:
         """In a forked child (:mod:`wal.forkguard`): hold nothing. The
@@ -137,6 +148,8 @@ class Overlay:
         self.active = {}
         self.frozen = None
         self.bytes = 0
+        if self._on_occupied is not None:
+            self._on_occupied(False)
 
     def __len__(self) -> int:
         frozen = self.frozen

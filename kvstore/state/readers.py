@@ -150,7 +150,6 @@ class ReadSource(Protocol):
     data_db: Any
     gate: ReadGate
     map_gen: int
-    dead_gets: int
 
     @property
     def closed(self) -> bool: ...
@@ -190,19 +189,13 @@ def begin_in_gate(state: ReadSource) -> lmdb.Transaction:
 class Reader:
     """One thread's cached read transaction."""
 
-    __slots__ = ("txn", "gen", "gets", "busy", "owner", "ident", "__weakref__")
+    __slots__ = ("txn", "gen", "busy", "ident", "__weakref__")
 
-    def __init__(self, owner: ReadSource | None, ident: int = -1) -> None:
+    def __init__(self, ident: int = -1) -> None:
         self.txn: lmdb.Transaction | None = None
         self.gen = -1
-        self.gets = 0
         self.busy = False
-        self.owner = owner
         self.ident = ident
-
-    def __del__(self) -> None:  # the thread ended: keep its count
-        if self.owner is not None:
-            self.owner.dead_gets += self.gets
 
 
 def scan(state: ReadSource, flush: Callable[[], None], lo: bytes, hi: bytes | None, reverse: bool = False

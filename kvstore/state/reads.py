@@ -2,7 +2,10 @@
 chooses between when it is opened.
 
 * :class:`CachedReads` (read-write opens): a get looks in the overlay
-  (:mod:`kvstore.state.overlay`), then is one LMDB lookup in this thread's
+  (:mod:`kvstore.state.overlay`; :meth:`CachedReads.get`, one dictionary
+  look-up while only ``active`` holds writes), or, while the overlay is
+  empty, not at all (:meth:`CachedReads.get_lmdb`, which the state uses
+  then), then is one LMDB lookup in this thread's
   cached read transaction (:class:`kvstore.state.readers.Reader`), renewed
   only when a commit happened since (the environment's ``gen``), so reads
   take no lock. The writer holds readers out of LMDB for a moment
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Protocol
 
 import lmdb
 
@@ -28,6 +32,13 @@ from kvstore.state.environment import Environment
 from kvstore.state.lmdb_ops import read_error
 from kvstore.state.overlay import MISSING, Overlay
 from kvstore.state.readers import Reader
+
+
+class Get(Protocol):
+    """A get: the value of ``key``, or ``default``."""
+
+    def __call__(self, key: bytes, default: bytes | None = None, /) -> bytes | None: ...
+
 
 GET_MANY_CHUNK = 1024
 """Keys :meth:`CachedReads.get_many` looks up per pass (the writer waits at
@@ -43,7 +54,7 @@ class CachedReads:
         self._env = env
         self._overlay = overlay
         self._local = threading.local()
-        self._r0 = Reader(None)  # the last reading thread's reader (fast path)
+        self._r0 = Reader()  # the last reading thread's reader (fast path)
 
     def _reader(self) -> Reader:
         """This thread's reader (created and registered on first use)."""
@@ -51,7 +62,7 @@ class CachedReads:
             return self._local.r
         except AttributeError:
             pass
-        r = Reader(self._env, _get_ident())
+        r = Reader(_get_ident())
         self._local.r = r
         self._env.register_reader(r)
         return r
@@ -81,17 +92,24 @@ class CachedReads:
         v = overlay.active.get(key, MISSING)
         if v is MISSING:
             frozen = overlay.frozen
-            if frozen is not None:
-                v = frozen.get(key, MISSING)
-        if v is not MISSING:
-            return default if v is None else v  # type: ignore[return-value]  # bytes or None (deleted)
+            if frozen is None:
+                return self.get_lmdb(key, default)
+            v = frozen.get(key, MISSING)
+            if v is MISSING:
+                return self.get_lmdb(key, default)
+        return default if v is None else v  # type: ignore[return-value]  # bytes or None (deleted)
+
+    def get_lmdb(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """:meth:`get` while the overlay is empty: one LMDB lookup in this
+        thread's cached read transaction."""
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
         r = self._r0
         if r.ident != _get_ident():
             r = self._r0 = self._reader()  # the last thread to read goes fast
         r.busy = True
         try:
             if r.gen == self._env.gen:
-                r.gets += 1
                 # r.txn is set whenever r.gen matches; values are bytes (no buffers=True)
                 return r.txn.get(key, default)  # type: ignore[union-attr,return-value]
         except lmdb.BadValsizeError:
@@ -126,7 +144,6 @@ class CachedReads:
                 if txn is not None:
                     get = txn.get
                     out.extend([get(k, default) for k in chunk])  # type: ignore[misc]  # bytes: no buffers=True
-                    r.gets += len(chunk)
                     continue
             except lmdb.Error:
                 pass  # an empty or over-long key, a dead transaction: key by key below
@@ -145,7 +162,6 @@ class CachedReads:
             if env.closed:
                 raise env.closed_error()
             txn = self._renew(r) if r.gen != env.gen or r.txn is None else r.txn
-            r.gets += 1
             return txn.get(key, default)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
         except lmdb.BadValsizeError:
             return default
