@@ -85,7 +85,7 @@ class Overlay:
         self.flush_lock = threading.Lock()  # one flush (LMDB write) at a time
         self._wake = threading.Condition(self.lock)
         self._since = 0.0
-        self._thread: threading.Thread | None = None
+        self._applier: threading.Thread | None = None
         self._stopping = False
         self.flushes = 0
         track(self)
@@ -147,8 +147,8 @@ class Overlay:
     def start(self, flush: Callable[[], None]) -> None:
         """Run ``flush()`` :data:`FLUSH_SECONDS` after each first write into
         an empty overlay, in a daemon thread, until :meth:`stop`."""
-        self._thread = threading.Thread(target=self._run, args=(flush,), name="walkv-apply", daemon=True)
-        self._thread.start()
+        self._applier = threading.Thread(target=self._run, args=(flush,), name="walkv-apply", daemon=True)
+        self._applier.start()
 
     def _run(self, flush: Callable[[], None]) -> None:
         with self.lock:
@@ -174,6 +174,6 @@ class Overlay:
         with self.lock:
             self._stopping = True
             self._wake.notify()
-        t = self._thread
+        t = self._applier
         if t is not None and t is not threading.current_thread():
             t.join()

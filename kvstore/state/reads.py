@@ -121,18 +121,20 @@ class CachedReads:
             if r.ident != _get_ident():
                 r = self._r0 = self._reader()
             r.busy = True
+            done = False  # no `continue` in the try: mypyc compiles none inside try/finally
             try:
                 txn = r.txn if r.gen == env.gen else None
                 if txn is not None:
                     get = txn.get
                     out.extend([get(k, default) for k in chunk])  # type: ignore[misc]  # bytes: no buffers=True
                     r.gets += len(chunk)
-                    continue
+                    done = True
             except lmdb.Error:
                 pass  # an empty or over-long key, a dead transaction: key by key below
             finally:
                 r.busy = False
-            out.extend(self.get(k, default) for k in chunk)
+            if not done:
+                out.extend(self.get(k, default) for k in chunk)
         return out
 
     def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
