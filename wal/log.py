@@ -50,7 +50,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Self
 
+from mypy_extensions import mypyc_attr
+
 from wal.commit import Callback, GroupCommit
+from wal.crc import BytesLike
 from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_error, log_failed
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
@@ -69,6 +72,7 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 _LSN_AND_PAYLOAD = itemgetter(0, 2)
 
 
+@mypyc_attr(native_class=False)  # wal.forkguard holds it weakly: compiled classes take no weak references
 class Log:
     """One log directory, opened by its one writer. Use :func:`wal.open`.
 
@@ -201,7 +205,7 @@ class Log:
         if self._failure is not None:
             raise self._failure
 
-    def append(self, payload: Payload, context: object = None) -> int:
+    def append(self, payload: Payload | BytesLike, context: object = None) -> int:
         """Append one entry; return its LSN. Durable on return when
         ``sync="always"``, written to the OS otherwise. ``context`` is handed
         to ``on_commit`` with the payload (the log never looks at it).
@@ -212,7 +216,7 @@ class Log:
             payload = check_payload(payload, self.max_record_bytes)
         return self._gc.submit([payload], [context])
 
-    def append_batch(self, payloads: Iterable[bytes]) -> tuple[int, int]:
+    def append_batch(self, payloads: Iterable[Payload | BytesLike]) -> tuple[int, int]:
         """Append several entries, written as one group; return ``(first,
         last)`` LSNs. Durability as :meth:`append`, for all of them at once
         (a crash may keep a prefix of them)."""
@@ -222,7 +226,7 @@ class Log:
         first = self._gc.submit(items, [None] * len(items))
         return first, first + len(items) - 1
 
-    def append_nowait(self, payload: bytes, callback: Callback, context: object = None) -> int:
+    def append_nowait(self, payload: Payload | BytesLike, callback: Callback, context: object = None) -> int:
         """Queue one entry without blocking; return its LSN. ``callback(lsn,
         error)`` runs on the committing thread once the entry is acknowledged
         (durable when ``sync="always"``), or with the error that failed it. It
@@ -230,7 +234,7 @@ class Log:
         :meth:`append`."""
         return self._gc.submit_nowait([check_payload(payload, self.max_record_bytes)], [context], callback)
 
-    def append_many_nowait(self, payloads: Sequence[Payload], callback: Callback,
+    def append_many_nowait(self, payloads: Sequence[Payload | BytesLike], callback: Callback,
                            contexts: Sequence[object]) -> int:
         """Queue several entries (``contexts[i]`` goes with ``payloads[i]``)
         without blocking; return the first LSN (the others follow in order).

@@ -48,6 +48,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from wal.forkguard import track
 
 log = logging.getLogger("walkv.state")
@@ -68,6 +70,7 @@ MISSING = object()
 Values = dict[bytes, "bytes | None"]
 
 
+@mypyc_attr(native_class=False)  # wal.forkguard holds it weakly: compiled classes take no weak references
 class Overlay:
     """The two dictionaries, their LSNs and the flushing thread of one state.
 
