@@ -30,6 +30,8 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES: tuple[str, ...] = runpy.run_path(os.path.join(HERE, "wal", "compiled.py"))["COMPILED_MODULES"]
 MANIFEST = os.path.join("wal", "_compiled.json")
+HASHES: dict[str, str] = {}
+"""SHA-256 of each compiled module's source, taken when mypyc read it."""
 
 
 def _warn(what: str) -> None:
@@ -52,8 +54,12 @@ def _mypyc_extensions() -> list[Any]:
         # opt_level 3 (mypyc's default) over the hot modules: about a minute of gcc on 2 cores.
         # lmdb is not in the build environment (its calls type as Any), so ignores for its stubs go unused.
         paths = [_source(m) for m in MODULES] + ["--no-warn-unused-ignores"]
-        # group_name: the shared library is walkv__mypyc.*.so, not a hash of the module list.
-        return list(mypycify(paths, opt_level="3", multi_file=False, group_name="walkv"))
+        for module in MODULES:
+            with open(os.path.join(HERE, _source(module)), "rb") as f:
+                HASHES[module] = hashlib.sha256(f.read()).hexdigest()
+        # group_name: the shared library is wal/core__mypyc.*.so (inside a package, so an editable
+        # install finds it too), not a top-level module named after a hash of the module list.
+        return list(mypycify(paths, opt_level="3", multi_file=False, group_name="wal.core"))
     except BaseException as exc:  # mypy's type errors end in SystemExit
         traceback.print_exc()
         _warn(f"mypyc could not compile the hot modules ({type(exc).__name__}: {exc})")
@@ -64,8 +70,9 @@ class BuildExt(build_ext):
     """Compiles the extensions, or falls back to none of them, then records the manifest."""
 
     def run(self) -> None:
-        manifest = os.path.join(HERE if self.inplace or getattr(self, "editable_mode", False) else self.build_lib,
-                                MANIFEST)
+        # In place (`pip install -e .`) the manifest lands beside the sources; for a wheel, in build_lib
+        # with the extensions.
+        manifest = os.path.join(HERE if self.inplace else self.build_lib, MANIFEST)
         if os.path.exists(manifest):  # a failed rebuild must not leave an old manifest vouching for old .so files
             os.remove(manifest)
         if not self.extensions:
@@ -75,23 +82,14 @@ class BuildExt(build_ext):
         except Exception as exc:  # CompileError, LinkError, a missing compiler
             traceback.print_exc()
             _warn(f"the C compiler failed on the mypyc output ({type(exc).__name__}: {exc})")
+            self.extensions = self.distribution.ext_modules = []  # nothing for the wheel to look for
             return
         from mypy.version import __version__ as mypy_version
 
-        hashes = {}
-        for module in MODULES:
-            with open(os.path.join(HERE, _source(module)), "rb") as f:
-                hashes[module] = hashlib.sha256(f.read()).hexdigest()
         os.makedirs(os.path.dirname(manifest), exist_ok=True)
         with open(manifest, "w") as f:
-            json.dump({"mypyc": mypy_version, "sources": hashes}, f, indent=1, sort_keys=True)
+            json.dump({"mypyc": mypy_version, "sources": HASHES}, f, indent=1, sort_keys=True)
             f.write("\n")
-
-    def get_outputs(self) -> list[str]:
-        outputs: list[str] = super().get_outputs()
-        if self.extensions:  # the manifest goes into the wheel with the extensions
-            outputs.append(os.path.join(self.build_lib, MANIFEST))
-        return outputs
 
 
 setup(ext_modules=_mypyc_extensions(), cmdclass={"build_ext": BuildExt})

@@ -142,7 +142,8 @@ class Log:
             raise file_error(e, f"opening the log at {self.directory}") from None
         self._closed = False
         self._failure: LogFailedError | None = None
-        self._gc = GroupCommit(w.write_group, self._fail, self._refuse, w.written[0] + 1, mutex)
+        # Refusing in a forked child: a declared type mypyc checks at run time, so it says so.
+        self._gc: GroupCommit | Refusing = GroupCommit(w.write_group, self._fail, self._refuse, w.written[0] + 1, mutex)
         self._flusher = w.flusher = BatchFlusher(mutex, sync_interval / 1000.0, self.sync) if sync == "batch" else None
         self._pid = os.getpid()
         track(self)
@@ -153,7 +154,7 @@ class Log:
         if self._closed:
             return
         self._closed = True
-        self._gc = Refusing(f"the log at {self.directory}", self._pid)  # type: ignore[assignment]
+        self._gc = Refusing(f"the log at {self.directory}", self._pid)
 
     # -- properties ----------------------------------------------------------
 

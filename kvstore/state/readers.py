@@ -19,6 +19,7 @@ import lmdb
 from mypy_extensions import mypyc_attr
 
 from kvstore.state.lmdb_ops import position, read_error
+from wal.forkguard import Refusing
 
 SCAN_HOLD_SECONDS = 0.5
 """A scan renews its read transaction between chunks once it is older than
@@ -111,7 +112,7 @@ class ReadSource(Protocol):
     path: str
     env: lmdb.Environment
     data_db: Any
-    gate: ReadGate
+    gate: ReadGate | Refusing  # Refusing in a forked child (wal.forkguard)
     map_gen: int
     dead_gets: int
 
