@@ -1,39 +1,60 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11, Java 17, gcc):
 #   make demo   the main job on the embedded default
 #   make test   the test suite (what .ci/run calls)
-# and CI also runs make lint, make docs (the API reference, build/docs) and
-# make wheel-smoke (the wheel, installed alone into a fresh venv, smoke-tested).
+# and CI also runs make lint, make docs (the API reference, build/docs),
+# make wheel-smoke (the wheel, installed alone into a fresh venv, smoke-tested)
+# and make test-pure (the format, property and crash tests on the interpreted twin).
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
+COMPILED = $(VENV)/.compiled
+# What the compiled twins are built from (setup.py; the modules wal/compiled.py lists live here).
+CORE_SOURCES = setup.py $(wildcard wal/*.py kvstore/entry/*.py kvstore/state/*.py)
 # `make demo` runs the full-size demo; CI (CI set) or DEMO_ARGS=--small runs the small one.
 DEMO_ARGS ?= $(if $(CI),--small,)
 
 SMOKE   = build/smoke-venv
 
-.PHONY: demo test lint docs wheel-smoke bench soak clean
+.PHONY: demo test test-pure lint docs wheel-smoke bench soak clean
 
+# The dependencies and walkv, editable; WALKV_NO_COMPILE: $(COMPILED) compiles, once.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark,cli,bench,docs]'
+	WALKV_NO_COMPILE=1 $(PY) -m pip install -q -e '.[dev,spark,cli,bench,docs]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The hot modules compiled with mypyc (setup.py), beside their sources: `pip install -e .`, walkv
+# alone, again whenever a source changed (an edited source would otherwise run interpreted, with a
+# warning: wal/compiled.py). About a minute of gcc on 2 cores.
+$(COMPILED): $(STAMP) $(CORE_SOURCES)
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -c "import wal; print('walkv:', wal.build_info())"
+	touch $(COMPILED)
+
+demo: $(COMPILED)
 	$(VENV)/bin/walkv demo $(DEMO_ARGS)
 
-test: $(STAMP)
+# The whole suite on what users get: the compiled twins (a build that fell back to pure Python fails here).
+test: $(COMPILED)
+	$(PY) -c "import wal, sys; info = wal.build_info(); sys.exit(None if info.startswith('compiled') else 'make test: ' + info)"
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
+# The format, property and crash tests again on the interpreted twin (WALKV_PURE=1: wal/compiled.py).
+PURE_TESTS = tests/test_record.py tests/test_record_properties.py tests/test_wal_properties.py \
+             tests/test_kvstore_model.py tests/test_crash_kill.py tests/test_crashpoints.py tests/test_compiled.py
+test-pure: $(COMPILED)
+	WALKV_PURE=1 $(PY) -m pytest -q $(PURE_TESTS)
+
+lint: $(COMPILED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
 # The API reference from the docstrings and docs/*.md (Sphinx: docs/conf.py); warnings are errors.
 docs: $(STAMP)
 	rm -rf build/docs
-	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs build/docs
+	WALKV_PURE=1 $(VENV)/bin/sphinx-build -W --keep-going -q -b html docs build/docs  # the sources' signatures
 	@echo "docs: build/docs/index.html"
 
 # Build the sdist and the wheel (build/dist), install the wheel alone into a fresh venv and
@@ -46,11 +67,12 @@ wheel-smoke: $(STAMP)
 	tmp=$$(mktemp -d) && cd $$tmp && $(abspath $(SMOKE))/bin/python -I $(CURDIR)/tests/wheel_smoke.py \
 	    --mypy $(abspath $(VENV))/bin/mypy; rc=$$?; rm -rf $$tmp; exit $$rc
 
-bench: $(STAMP)
+bench: $(COMPILED)
 	$(PY) -m benchmarks
 
-soak: $(STAMP)
+soak: $(COMPILED)
 	$(PY) -m pytest -q --soak -m soak
 
 clean:
-	rm -rf $(VENV) build demo-store .pytest_cache .hypothesis
+	rm -rf $(VENV) build demo-store .pytest_cache .hypothesis wal/_compiled.json
+	find wal kvstore snapshot -name '*.so' -delete

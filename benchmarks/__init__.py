@@ -56,7 +56,7 @@ def default_bench_dir() -> str:
 def run(quick: bool = False, only: Iterable[str] | str | None = None, repeats: int | None = None,
         json_path: str | None = None, plot_path: str | None = None, bench_dir: str | None = None,
         keep: bool = False, duration: float | None = None, verbose: bool = True,
-        table: bool = True, plain: bool = False) -> dict[str, Any]:
+        table: bool = True, plain: bool = False, pure: bool = False) -> dict[str, Any]:
     """Run the selected workloads and return the report (also printed as a
     table, and written as JSON / a PNG plot when paths are given).
 
@@ -64,7 +64,9 @@ def run(quick: bool = False, only: Iterable[str] | str | None = None, repeats: i
     ``"spark"``), a list or a comma-separated string; slow workloads (Spark)
     run only when named. ``repeats``: alternating repeats per contender
     (default 3, 2 with ``quick``). ``duration``: seconds per time-boxed run
-    (default 5, 0.5 with ``quick``).
+    (default 5, 0.5 with ``quick``). ``pure``: after each workload, its walkv
+    side again interpreted (``WALKV_PURE=1``) in a child process, reported as
+    the contender ``walkv-pure`` (:mod:`benchmarks.pure`).
     """
     from benchmarks import machine, report
 
@@ -84,7 +86,7 @@ def run(quick: bool = False, only: Iterable[str] | str | None = None, repeats: i
         "started": now_iso(),
         "command": None,
         "config": {"quick": quick, "repeats": cfg.repeats, "only": only, "duration": duration,
-                   "bench_dir": bench_dir},
+                   "bench_dir": bench_dir, "pure": pure},
         "machine": machine.describe(bench_dir),
         "workloads": [],
     }
@@ -92,6 +94,10 @@ def run(quick: bool = False, only: Iterable[str] | str | None = None, repeats: i
     out["machine"]["bench_dir_same_fs_as_repo"] = os.stat(bench_dir).st_dev == os.stat(repo).st_dev
     for w in chosen:
         out["workloads"].append(run_workload(w, cfg))
+        if pure:
+            from benchmarks.pure import add_pure_twin
+
+            add_pure_twin(out["workloads"][-1], w, cfg)
     out["elapsed_seconds"] = round(time.perf_counter() - started, 1)
     if hasattr(os, "getloadavg"):
         out["machine"]["load_avg_end"] = os.getloadavg()  # others' work on a shared machine

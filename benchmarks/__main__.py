@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 
-from benchmarks import all_workloads, run
+from benchmarks import all_workloads, default_bench_dir, run
 from benchmarks.harness import Config
 from benchmarks.report import matplotlib_missing
 
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                                                      "(default $WALKV_BENCH_DIR or the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the data directories")
     parser.add_argument("--plain", action="store_true", help="plain-text table even if rich is there")
+    parser.add_argument("--walkv-alone", action="store_true", help=argparse.SUPPRESS)  # --pure's child
+    parser.add_argument("--pure", action="store_true",
+                        help="after each workload, walkv's side again interpreted (WALKV_PURE=1) in a child "
+                             "process: the compiled/pure ratio (benchmarks.pure)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     parser.add_argument("--scale", metavar="SIZES",
@@ -42,6 +47,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.walkv_alone:  # the child --pure runs (benchmarks.pure): one workload's walkv side, as JSON
+        from benchmarks.harness import select
+        from benchmarks.pure import walkv_alone
+
+        cfg = Config(quick=args.quick, repeats=args.repeats or (2 if args.quick else 3),
+                     base_dir=args.dir or default_bench_dir(), duration=args.duration, verbose=False)
+        (workload,) = [w for w in select(all_workloads(cfg), [args.only]) if w.name == args.only]
+        json.dump(walkv_alone(workload, cfg), sys.stdout)
+        return 0
     if args.plot and (error := matplotlib_missing()):  # before the run, not after an hour of it
         print(error, file=sys.stderr)
         return 2
@@ -62,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(quick=args.quick, only=args.only, repeats=args.repeats, json_path=None,
                      plot_path=args.plot, bench_dir=args.dir, keep=args.keep,
-                     duration=args.duration, verbose=not args.quiet, plain=args.plain)
+                     duration=args.duration, verbose=not args.quiet, plain=args.plain, pure=args.pure)
     except ValueError as exc:
         parser.error(str(exc))
     if args.json:

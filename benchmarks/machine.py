@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import timeit
 from typing import Any
 
 from benchmarks.peers import versions
@@ -79,7 +80,17 @@ def _crc_backend() -> str | None:
     return None
 
 
+def python_speed_ms() -> float:
+    """This interpreter's speed: the best of three ``sum(range(10**7))``, in
+    ms (``python -m timeit -n 3 "sum(range(10**7))"``; 100-150 ms is common,
+    300 ms a slow machine). walkv's ratios to C peers move with it."""
+    return round(min(timeit.repeat("sum(range(10**7))", number=1, repeat=3)) * 1000, 1)
+
+
 def describe(bench_dir: str) -> dict[str, Any]:
+    from wal.compiled import build_info
+
+
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         affinity = len(os.sched_getaffinity(0))
@@ -94,6 +105,8 @@ def describe(bench_dir: str) -> dict[str, Any]:
         "os": platform.platform(),
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
+        "python_speed_ms": python_speed_ms(),
+        "walkv_build": build_info(),
         "bench_dir": bench_dir,
         "filesystem": filesystem(bench_dir),
         "repo_filesystem": filesystem(repo),

@@ -26,6 +26,10 @@ the log entry format, :mod:`kvstore.state.machine` for the LMDB state machine an
 
 from __future__ import annotations
 
+# First: decides whether the compiled twins of the hot modules load (see wal.compiled).
+from wal.compiled import build_info
+
+# isort: split
 from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget
 from kvstore.entry.codec import MAX_KEY_BYTES
 from kvstore.replica.archive_restore import restore_from_archive
@@ -77,7 +81,7 @@ def open_async(path, sync: str = "always", **options):
 
 
 __all__ = [
-    "MAX_KEY_BYTES", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError",
+    "MAX_KEY_BYTES", "build_info", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError",
     "ArchiveUnavailableError", "ClosedError", "CorruptionError", "Damage",
     "DiskFullError", "ForkedError", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",

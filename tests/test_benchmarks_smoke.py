@@ -74,14 +74,17 @@ def test_quick_run_of_log_workloads_writes_the_report(tmp_path, capsys):
     pytest.importorskip("plyvel")
     out = tmp_path / "bench.json"
     report = run(quick=True, only="log.append.durable.1t,log.read", repeats=1, duration=0.2,
-                 json_path=str(out), bench_dir=str(tmp_path / "data"), verbose=False, plain=True)
+                 json_path=str(out), bench_dir=str(tmp_path / "data"), verbose=False, plain=True, pure=True)
     printed = capsys.readouterr().out
     assert "log.append.durable.1t" in printed and "walkv/peer" in printed
+    assert f"walkv {report['machine']['walkv_build']}, Python sum(range(10**7)) " in printed.splitlines()[0]
+    assert "walkv, pure Python (WALKV_PURE=1)" in printed  # --pure: the interpreted twin, a contender
 
     saved = json.loads(out.read_text())
     assert saved["workloads"] == json.loads(json.dumps(report["workloads"]))
     m = saved["machine"]
-    for key in ("cpu", "cores", "kernel", "python", "filesystem", "versions", "bench_dir"):
+    for key in ("cpu", "cores", "kernel", "python", "filesystem", "versions", "bench_dir", "python_speed_ms",
+                "walkv_build"):
         assert m[key], key
     assert m["filesystem"]["type"] and m["versions"]["plyvel"]
     names = [w["name"] for w in saved["workloads"]]

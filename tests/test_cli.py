@@ -269,8 +269,10 @@ def test_stats_json(store):
     assert st["durable_lsn"] == 20 and st["applied_lsn"] == 20 and st["lmdb_entries"] == 20
     assert st["segments"] == 1 and st["first_lsn"] == 1 and st["writer_pid"] is None
     assert st["closed_cleanly"] is True and st["snapshots"] == []
+    assert st["build"].startswith(("compiled (mypyc ", "pure Python ("))
     text = walkv("stats", store)
     assert text.returncode == 0 and "durable LSN" in text.stdout and "20" in text.stdout
+    assert text.stdout.splitlines()[0] == f"walkv: {st['build']}"  # which twin runs, first
 
 
 # -- a store locked by another process --------------------------------------------------------------

@@ -4,7 +4,8 @@ Run by the interpreter of a fresh virtual environment that has only the wheel
 (and its dependencies) installed, from an empty temporary directory, with
 ``python -I``: no source checkout is on ``sys.path``, so everything used here
 comes from the wheel. It checks that the packages come from site-packages
-(not an editable install), that each ships ``py.typed``, the Python API
+(not an editable install), that each ships ``py.typed``, that the hot modules
+run compiled (mypyc), the Python API
 (open, put/get, batch, snapshot, restore), the ``walkv`` console script
 (``--version``, ``put``, ``get``) and, given ``--mypy PATH``, that a user's
 mypy sees walkv's type hints.
@@ -39,7 +40,23 @@ def check_installed() -> str:
         assert not json.loads(direct).get("dir_info", {}).get("editable"), direct
     typed = sorted(str(f) for f in dist.files or () if f.name == "py.typed")
     assert typed == sorted(f"{name}/py.typed" for name in PACKAGES), typed
+    check_compiled(dist)
     return dist.version
+
+
+def check_compiled(dist: metadata.Distribution) -> None:
+    """The wheel holds the mypyc-compiled twin of every module wal.compiled lists, and
+    they are what runs (the build recorded their sources' hashes, which match)."""
+    import wal
+    from wal.compiled import COMPILED_MODULES, is_compiled
+
+    info = wal.build_info()
+    assert info.startswith("compiled (mypyc "), f"the wheel runs {info}"
+    for name in COMPILED_MODULES:
+        module = __import__(name, fromlist=["_"])
+        assert is_compiled(module), f"{name} runs from {module.__file__}, not a compiled extension"
+    extensions = [str(f) for f in dist.files or () if str(f).endswith(".so")]
+    assert len(extensions) == len(COMPILED_MODULES) + 1, extensions  # and mypyc's shared library
 
 
 def check_api(work: str) -> None:

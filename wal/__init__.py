@@ -6,6 +6,10 @@ files, :mod:`wal.record` for the framing, :mod:`wal.recovery` for what open
 checks and :mod:`wal.repair` for what :func:`repair` does.
 """
 
+# First: decides whether the compiled twins of the hot modules load (see wal.compiled).
+from wal.compiled import build_info
+
+# isort: split
 from wal.commit import Group
 from wal.durable import DURABLE_NAME, read_durable_lsn
 from wal.errors import (
@@ -46,6 +50,7 @@ from wal.segment import (
 )
 
 __all__ = [
+    "build_info",
     "Group",
     "DURABLE_NAME",
     "SYNC_MODES",

@@ -13,28 +13,32 @@ from collections.abc import Callable
 
 import crcmod.predefined
 
+BytesLike = bytes | bytearray | memoryview
+"""What :func:`crc32c` and :func:`extend` take (``extend_bytes`` takes ``bytes`` only)."""
+
 MASK_DELTA = 0xA282EAD8
 """The constant LevelDB adds to a rotated CRC (see :func:`mask`); the framing's hot
 loops inline :func:`mask` with it."""
 
 
-def _crcmod_crc32c() -> Callable[[bytes], int]:
+def _crcmod_crc32c() -> Callable[[BytesLike], int]:
     fn: Callable[..., int] = crcmod.predefined.mkCrcFun("crc-32c")
 
-    def crc32c(data: bytes) -> int:
+    def crc32c(data: BytesLike) -> int:
         return fn(data)
     return crc32c
 
 
-def _crcmod_extend() -> Callable[[int, bytes], int]:
+def _crcmod_extend() -> Callable[[int, BytesLike], int]:
     fn: Callable[..., int] = crcmod.predefined.mkCrcFun("crc-32c")
 
-    def extend(crc: int, data: bytes) -> int:
+    def extend(crc: int, data: BytesLike) -> int:
         return fn(data, crc)
     return extend
 
 
-def _fast() -> tuple[str, Callable[[bytes], int], Callable[[int, bytes], int], Callable[[int, bytes], int]] | None:
+def _fast() -> tuple[str, Callable[[BytesLike], int], Callable[[int, BytesLike], int],
+                     Callable[[int, bytes], int]] | None:
     if os.environ.get("WALKV_PURE_CRC"):
         return None
     try:
@@ -65,6 +69,10 @@ pure_extend = _crcmod_extend()
 _chosen = _fast()
 # ``extend_bytes`` is ``extend`` for callers that pass ``bytes`` only (the
 # framing's hot paths), skipping the conversion of other bytes-like objects.
+IMPLEMENTATION: str
+crc32c: Callable[[BytesLike], int]
+extend: Callable[[int, BytesLike], int]
+extend_bytes: Callable[[int, bytes], int]
 if _chosen is None:
     IMPLEMENTATION, crc32c, extend, extend_bytes = "crcmod", pure_crc32c, pure_extend, pure_extend
 else:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import ctypes
 import os
 import weakref
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from wal.errors import ForkedError
 
@@ -98,7 +98,7 @@ class Refusing:
         self._what = what
         self._owner_pid = owner_pid
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> NoReturn:
         raise forked_error(self._what, self._owner_pid)
 
 

@@ -24,6 +24,8 @@ import os
 from collections.abc import Sequence
 from typing import BinaryIO, NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 _HAS_FDATASYNC = hasattr(os, "fdatasync")
 # Files walkv creates are private to their owner unless configured otherwise.
 DEFAULT_FILE_MODE = 0o600
@@ -41,6 +43,7 @@ class FileInfo(NamedTuple):
     is_dir: bool
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests' fault injectors subclass it
 class File:
     """An open file addressed by offset (``pwrite``), as the log uses it."""
 
@@ -117,6 +120,7 @@ class File:
             os.close(fd)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests' fault injectors subclass it
 class FileSystem:
     """The real file system. Subclassed by the tests' fault injector."""
 

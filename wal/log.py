@@ -52,7 +52,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Self
 
+from mypy_extensions import mypyc_attr
+
 from wal.commit import Callback, GroupCommit
+from wal.crc import BytesLike
 from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_error, log_failed
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
@@ -71,6 +74,7 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 _LSN_AND_PAYLOAD = itemgetter(0, 2)
 
 
+@mypyc_attr(native_class=False)  # wal.forkguard holds it weakly: compiled classes take no weak references
 class Log:
     """One log directory, opened by its one writer. Use :func:`wal.open`.
 
@@ -140,7 +144,8 @@ class Log:
             raise file_error(e, f"opening the log at {self.directory}") from None
         self._closed = False
         self._failure: LogFailedError | None = None
-        self._gc = GroupCommit(w.write_group, self._fail, self._refuse, w.written[0] + 1, mutex)
+        # Refusing in a forked child: a declared type mypyc checks at run time, so it says so.
+        self._gc: GroupCommit | Refusing = GroupCommit(w.write_group, self._fail, self._refuse, w.written[0] + 1, mutex)
         self._flusher = w.flusher = BatchFlusher(mutex, sync_interval / 1000.0, self.sync) if sync == "batch" else None
         self._pid = os.getpid()
         track(self)
@@ -151,7 +156,7 @@ class Log:
         if self._closed:
             return
         self._closed = True
-        self._gc = Refusing(f"the log at {self.directory}", self._pid)  # type: ignore[assignment]
+        self._gc = Refusing(f"the log at {self.directory}", self._pid)
 
     # -- properties ----------------------------------------------------------
 
@@ -203,7 +208,7 @@ class Log:
         if self._failure is not None:
             raise self._failure
 
-    def append(self, payload: Payload, context: object = None) -> int:
+    def append(self, payload: Payload | BytesLike, context: object = None) -> int:
         """Append one entry; return its LSN. Durable on return when
         ``sync="always"``, written to the OS otherwise. ``context`` is handed
         to ``on_commit`` with the payload (the log never looks at it).
@@ -214,7 +219,7 @@ class Log:
             payload = check_payload(payload, self.max_record_bytes)
         return self._gc.submit([payload], [context])
 
-    def append_batch(self, payloads: Iterable[bytes]) -> tuple[int, int]:
+    def append_batch(self, payloads: Iterable[Payload | BytesLike]) -> tuple[int, int]:
         """Append several entries, written as one group; return ``(first,
         last)`` LSNs. Durability as :meth:`append`, for all of them at once
         (a crash may keep a prefix of them)."""
@@ -224,7 +229,7 @@ class Log:
         first = self._gc.submit(items, [None] * len(items))
         return first, first + len(items) - 1
 
-    def append_nowait(self, payload: bytes, callback: Callback, context: object = None) -> int:
+    def append_nowait(self, payload: Payload | BytesLike, callback: Callback, context: object = None) -> int:
         """Queue one entry without blocking; return its LSN. ``callback(lsn,
         error)`` runs on the committing thread once the entry is acknowledged
         (durable when ``sync="always"``), or with the error that failed it. It
@@ -232,7 +237,7 @@ class Log:
         :meth:`append`."""
         return self._gc.submit_nowait([check_payload(payload, self.max_record_bytes)], [context], callback)
 
-    def append_many_nowait(self, payloads: Sequence[Payload], callback: Callback,
+    def append_many_nowait(self, payloads: Sequence[Payload | BytesLike], callback: Callback,
                            contexts: Sequence[object]) -> int:
         """Queue several entries (``contexts[i]`` goes with ``payloads[i]``)
         without blocking; return the first LSN (the others follow in order).

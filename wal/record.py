@@ -48,9 +48,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
-from wal.crc import MASK_DELTA, crc32c, extend, extend_bytes, mask
+from wal.crc import MASK_DELTA, BytesLike, crc32c, extend, extend_bytes, mask
 from wal.errors import RecordTooLargeError
 
 BLOCK_SIZE = 32768
@@ -84,7 +84,7 @@ def fragment_crc(fragment_type: int, payload: bytes) -> int:
     return mask(extend(_TYPE_CRC[fragment_type], payload))
 
 
-def frame(payload: bytes, offset: int) -> tuple[bytes, int]:
+def frame(payload: BytesLike, offset: int) -> tuple[bytes, int]:
     """The bytes of one record written at file ``offset``, and the offset
     just after it. (One FULL fragment, the common case, costs one concat.)"""
     if type(payload) is not bytes:
@@ -99,7 +99,7 @@ def frame(payload: bytes, offset: int) -> tuple[bytes, int]:
     return b"".join(parts), end
 
 
-def frame_into(out: list[bytes | memoryview], payload: bytes, offset: int) -> int:
+def frame_into(out: list[bytes | memoryview], payload: BytesLike, offset: int) -> int:
     """Append the bytes of one record written at file ``offset`` to ``out``.
 
     Returns the file offset just after the record. Used by
@@ -149,7 +149,7 @@ def frame_pieces(out: list[bytes | memoryview], pieces: Sequence[bytes | memoryv
             view = views[piece]
             take = min(want, len(view) - at)
             part = view[at : at + take]
-            crc = extend(crc, cast(bytes, part))  # extend takes any bytes-like object
+            crc = extend(crc, part)  # extend takes any bytes-like object
             out.append(part)
             want -= take
             at += take
@@ -185,7 +185,7 @@ class RecordWriter:
         self.offset = f.tell() if offset is None else offset
         self.max_record_bytes = max_record_bytes
 
-    def add_record(self, payload: bytes) -> int:
+    def add_record(self, payload: object) -> int:
         """Write one record; return the offset it starts at."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"record payload must be bytes, not {type(payload).__name__}")
@@ -201,6 +201,9 @@ class RecordWriter:
         framed, end = frame(payload, self.offset)
         data = memoryview(framed)
         while data:  # a raw file may write less than it was given
-            data = data[self._f.write(data) :]
+            # Not `data[self._f.write(data):]`: mypyc 2.4 evaluates a call as the start of
+            # a memoryview slice twice (it tries its bytes/list slice op first): two writes.
+            written = self._f.write(data)
+            data = data[written:]
         self.offset = end  # only once the whole record is in the file
         return start

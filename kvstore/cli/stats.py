@@ -35,6 +35,7 @@ from kvstore.cli.common import (
 from kvstore.cli.progress import Reporter
 from kvstore.layout import SESSION_NAME, StoreLayout
 from kvstore.store.metrics import prometheus_text
+from wal.compiled import build_info
 from wal.errors import CorruptionError, WalkvError
 
 
@@ -162,9 +163,11 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
     if args.prometheus:
         print(prometheus_text(st), end="")
         return EXIT_OK
+    st["build"] = build_info()  # which twin runs in this process: compiled (mypyc) or pure Python
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
         return EXIT_OK
+    print(f"walkv: {st['build']}")
     print_table(_replica_rows(st) if replica is not None else _rows(st))
     return EXIT_OK
 

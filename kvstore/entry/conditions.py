@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from kvstore.entry.codec import (
     CONDITION_CODES,
     OP_DELETE,
@@ -47,6 +49,7 @@ Payload = bytes | tuple[bytes, ...]  # wal.segment.Payload: a large put arrives 
 Read = Callable[[bytes], "bytes | None"]
 
 
+@mypyc_attr(native_class=False)  # mypyc compiles no subclass of list: this one stays a Python class
 class Outcome(list):  # a list of ops, as every context is
     """A conditional batch's operations, as the context that travels with its
     payload through the log; :func:`decide_group` sets :attr:`failed` (the

@@ -55,7 +55,7 @@ from kvstore.replica.promote import promote
 from kvstore.replica.served import ServedState
 from kvstore.replica.source import ReplicaSource, open_source
 from kvstore.state import DEFAULT_MAP_SIZE, State, StateOptions, View
-from kvstore.state.readers import Lookups
+from kvstore.state.lookups import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery
 from kvstore.watch import watcher as watching

@@ -12,6 +12,8 @@ and every read of it.
   LMDB in bulk;
 * :mod:`kvstore.state.readers`, :mod:`kvstore.state.view`: how readers and the
   writer share LMDB without a lock on the read path; consistent views;
+* :mod:`kvstore.state.lookups`: the dict face (``x[key]``, ``key in x``) the
+  store, its views and replicas share;
 * :mod:`kvstore.state.lmdb_env`, :mod:`kvstore.state.lmdb_ops`: opening the
   environment, growing its map, the LMDB operations an entry becomes.
 

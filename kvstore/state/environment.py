@@ -70,7 +70,8 @@ class Environment:
         self._readers_lock = threading.Lock()
         self.views_allowed = threading.Event()  # cleared while a remap waits for views
         self.views_allowed.set()
-        self.gate = ReadGate(self._reader_list, self._on_block, self._on_release)
+        # Refusing in a forked child: compiled readers check the declared type at run time, so it says so.
+        self.gate: ReadGate | Refusing = ReadGate(self._reader_list, self._on_block, self._on_release)
         self.map_grows = 0
         self._last_sweep = time.perf_counter()
         self.env, self.main_db, self.data_db = open_env(
@@ -386,5 +387,5 @@ class Environment:
         self._forked = True
         self._closed = True
         self.gen = -7  # no cached transaction carries it
-        self.gate = Refusing(f"the LMDB environment {self.path}", self._pid)  # type: ignore[assignment]
+        self.gate = Refusing(f"the LMDB environment {self.path}", self._pid)
         keep_forever(self.env, self.path, self._pid)

@@ -53,6 +53,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from wal.forkguard import track
 
 log = logging.getLogger("walkv.state")
@@ -73,6 +75,7 @@ MISSING = object()
 Values = dict[bytes, "bytes | None"]
 
 
+@mypyc_attr(native_class=False)  # wal.forkguard holds it weakly: compiled classes take no weak references
 class Overlay:
     """The two dictionaries, their LSNs and the flushing thread of one state.
 
@@ -90,7 +93,7 @@ class Overlay:
         self.flush_lock = threading.Lock()  # one flush (LMDB write) at a time
         self._wake = threading.Condition(self.lock)
         self._since = 0.0
-        self._thread: threading.Thread | None = None
+        self._applier: threading.Thread | None = None
         self._stopping = False
         self.flushes = 0
         self._on_occupied = on_occupied
@@ -160,8 +163,8 @@ class Overlay:
     def start(self, flush: Callable[[], None]) -> None:
         """Run ``flush()`` :data:`FLUSH_SECONDS` after each first write into
         an empty overlay, in a daemon thread, until :meth:`stop`."""
-        self._thread = threading.Thread(target=self._run, args=(flush,), name="walkv-apply", daemon=True)
-        self._thread.start()
+        self._applier = threading.Thread(target=self._run, args=(flush,), name="walkv-apply", daemon=True)
+        self._applier.start()
 
     def _run(self, flush: Callable[[], None]) -> None:
         with self.lock:
@@ -187,6 +190,6 @@ class Overlay:
         with self.lock:
             self._stopping = True
             self._wake.notify()
-        t = self._thread
+        t = self._applier
         if t is not None and t is not threading.current_thread():
             t.join()

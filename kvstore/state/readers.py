@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from itertools import islice
 from typing import Any, Protocol
 
 import lmdb
+from mypy_extensions import mypyc_attr
 
 from kvstore.state.lmdb_ops import position, read_error
+from wal.forkguard import Refusing
 
 SCAN_HOLD_SECONDS = 0.5
 """A scan renews its read transaction between chunks once it is older than
@@ -103,44 +105,6 @@ class ReadGate:
         self._mutex.release()
 
 
-class Lookups:
-    """The dict face the store, its views and replicas share: ``x[key]`` and
-    ``key in x`` from ``x.get``; ``iter(x)``, ``keys()`` and ``items()`` from
-    ``x.scan()``."""
-
-    __slots__ = ()
-
-    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        raise NotImplementedError
-
-    def scan(self) -> Iterator[tuple[bytes, bytes]]:
-        raise NotImplementedError
-
-    def __iter__(self) -> Iterator[bytes]:
-        for key, _value in self.scan():
-            yield key
-
-    def keys(self) -> Iterator[bytes]:
-        return iter(self)
-
-    def items(self) -> Iterator[tuple[bytes, bytes]]:
-        return self.scan()
-
-    def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
-        """``[self.get(k, default) for k in keys]``, in one call (the store
-        answers it in bulk)."""
-        return [self.get(k, default) for k in keys]
-
-    def __getitem__(self, key: bytes) -> bytes:
-        v = self.get(key)
-        if v is None:
-            raise KeyError(key)
-        return v
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None  # type: ignore[arg-type]  # any non-bytes key: get says why
-
-
 class ReadSource(Protocol):
     """What readers need of the LMDB environment they read
     (:class:`kvstore.state.environment.Environment`)."""
@@ -148,7 +112,7 @@ class ReadSource(Protocol):
     path: str
     env: lmdb.Environment
     data_db: Any
-    gate: ReadGate
+    gate: ReadGate | Refusing  # Refusing in a forked child (wal.forkguard)
     map_gen: int
 
     @property
@@ -186,6 +150,7 @@ def begin_in_gate(state: ReadSource) -> lmdb.Transaction:
         return state.env.begin(db=state.data_db)
 
 
+@mypyc_attr(native_class=False)  # the environment holds readers weakly: compiled classes take no weak references
 class Reader:
     """One thread's cached read transaction."""
 

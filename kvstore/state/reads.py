@@ -81,7 +81,7 @@ class CachedReads:
         r.gen = gen
         return t
 
-    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+    def get(self, key: object, default: bytes | None = None) -> bytes | None:
         """The value of ``key`` or ``default``; sees every group applied
         before it was called: in the overlay's active dictionary, its frozen
         one, or LMDB, looked at in that order (:mod:`kvstore.state.overlay` says
@@ -120,17 +120,17 @@ class CachedReads:
             r.busy = False
         return self._get_slow(r, key, default)
 
-    def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+    def get_many(self, keys: Iterable[object], default: bytes | None = None) -> list[bytes | None]:
         """The values of ``keys`` (``default`` for absent ones), in order:
         each as :meth:`get` would return it, looked up in chunks of
         :data:`GET_MANY_CHUNK` keys, each chunk one pass through this
         thread's read transaction (one Python call per chunk, not per key).
         Not one snapshot across chunks: for that, a view."""
-        keys = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
+        wanted = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
         env = self._env
         out: list[bytes | None] = []
-        for i in range(0, len(keys), GET_MANY_CHUNK):
-            chunk = keys[i:i + GET_MANY_CHUNK]
+        for i in range(0, len(wanted), GET_MANY_CHUNK):
+            chunk = wanted[i:i + GET_MANY_CHUNK]
             overlay = self._overlay  # looked at before LMDB, as get() does
             if overlay.active or overlay.frozen is not None:
                 out.extend(self.get(k, default) for k in chunk)
@@ -139,17 +139,19 @@ class CachedReads:
             if r.ident != _get_ident():
                 r = self._r0 = self._reader()
             r.busy = True
+            done = False  # no `continue` in the try: mypyc compiles none inside try/finally
             try:
                 txn = r.txn if r.gen == env.gen else None
                 if txn is not None:
                     get = txn.get
                     out.extend([get(k, default) for k in chunk])  # type: ignore[misc]  # bytes: no buffers=True
-                    continue
+                    done = True
             except lmdb.Error:
                 pass  # an empty or over-long key, a dead transaction: key by key below
             finally:
                 r.busy = False
-            out.extend(self.get(k, default) for k in chunk)
+            if not done:
+                out.extend(self.get(k, default) for k in chunk)
         return out
 
     def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
@@ -180,7 +182,7 @@ class FreshReads:
     def __init__(self, env: Environment) -> None:
         self._env = env
 
-    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+    def get(self, key: object, default: bytes | None = None) -> bytes | None:
         """The value of ``key`` or ``default``, as LMDB holds it now."""
         if type(key) is not bytes:
             key = as_bytes(key, "key")
@@ -213,8 +215,8 @@ class FreshReads:
             raise read_error(exc, env.path) from None
         return default if v is None else v
 
-    def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+    def get_many(self, keys: Iterable[object], default: bytes | None = None) -> list[bytes | None]:
         """The values of ``keys`` (``default`` for absent ones), in order,
         each as :meth:`get` returns it."""
-        keys = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
-        return [self.get(k, default) for k in keys]
+        wanted = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
+        return [self.get(k, default) for k in wanted]

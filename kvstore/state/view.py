@@ -37,10 +37,12 @@ from collections.abc import Generator
 from itertools import islice
 
 import lmdb
+from mypy_extensions import mypyc_attr
 
 from kvstore.entry.codec import as_bytes
 from kvstore.state.lmdb_ops import position, read_error
-from kvstore.state.readers import Lookups, ReadSource, begin_in_gate
+from kvstore.state.lookups import Lookups
+from kvstore.state.readers import ReadSource, begin_in_gate
 from wal.errors import ClosedError, ViewExpiredError, WalkvError
 
 DEFAULT_MAX_VIEW_SECONDS = 60.0
@@ -57,7 +59,7 @@ def _prefix_end(prefix: bytes) -> bytes | None:
     return p[:-1] + bytes((p[-1] + 1,))
 
 
-def scan_bounds(start: bytes | None, stop: bytes | None, prefix: bytes | None) -> tuple[bytes, bytes | None]:
+def scan_bounds(start: object, stop: object, prefix: object) -> tuple[bytes, bytes | None]:
     """``(lo, hi)`` of a scan with range() semantics, ``start <= key <
     stop``, narrowed to keys starting with ``prefix``."""
     lo = b"" if start is None else as_bytes(start, "start")
@@ -72,6 +74,7 @@ def scan_bounds(start: bytes | None, stop: bytes | None, prefix: bytes | None) -
     return lo, hi
 
 
+@mypyc_attr(native_class=False)  # the environment holds views weakly: compiled classes take no weak references
 class View(Lookups):
     """One consistent read of the store (see the module docstring). Create
     with :meth:`kvstore.KVStore.view`. :attr:`lsn` is the applied LSN it
@@ -153,7 +156,7 @@ class View(Lookups):
 
     # -- reading ------------------------------------------------------------
 
-    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+    def get(self, key: object, default: bytes | None = None) -> bytes | None:
         """The value of ``key`` as of :attr:`lsn`, or ``default``."""
         if type(key) is not bytes:
             key = as_bytes(key, "key")

@@ -1,0 +1,78 @@
+"""Which twin runs (wal/compiled.py): ``WALKV_PURE=1`` runs the sources even
+where the mypyc extensions sit beside them, a source edited after the build runs
+interpreted with a warning (never the stale extension), and ``build_info()``
+says which. Each case runs in a fresh interpreter: the choice is made once, at
+the first import of ``wal``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from wal.compiled import COMPILED_MODULES, MANIFEST
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROBE = ("import json, wal, kvstore.state.machine as m, wal.record as r; "
+         "print(json.dumps([wal.build_info(), r.__file__, m.__file__]))")
+
+
+def probe(root: str, pure: bool = False) -> tuple[list[str], str]:
+    """(build_info, wal.record's file, kvstore.state.machine's file) as a fresh
+    interpreter with ``root`` first on its path sees them; and its stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "WALKV_PURE"}
+    env["PYTHONPATH"] = root
+    if pure:
+        env["WALKV_PURE"] = "1"
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", PROBE], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def built(root: str) -> bool:
+    return os.path.exists(os.path.join(root, "wal", MANIFEST))
+
+
+def copy_tree(dest: str) -> str:
+    """The three packages, extensions and manifest included (mypyc's shared library is wal/core__mypyc)."""
+    for package in ("wal", "snapshot", "kvstore"):
+        shutil.copytree(os.path.join(REPO, package), os.path.join(dest, package),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def test_pure_runs_the_sources_even_beside_the_extensions() -> None:
+    (info, record, machine), _ = probe(REPO, pure=True)
+    assert info == "pure Python (WALKV_PURE set)"
+    assert record.endswith("record.py") and machine.endswith("machine.py")
+
+
+def test_build_info_says_what_was_loaded() -> None:
+    (info, record, machine), err = probe(REPO)
+    if built(REPO):  # `pip install -e .` / `make` compiled this checkout: its extensions run
+        assert info.startswith("compiled (mypyc "), (info, err)
+        assert not record.endswith(".py") and not machine.endswith(".py")
+    else:
+        assert info == "pure Python (not compiled at install)"
+        assert record.endswith("record.py")
+
+
+def test_an_edited_source_runs_interpreted_with_a_warning(tmp_path) -> None:
+    root = copy_tree(str(tmp_path))
+    manifest = os.path.join(root, "wal", MANIFEST)
+    if not built(root):  # an uncompiled checkout: a manifest as a build writes it, for sources that differ
+        with open(manifest, "w") as f:
+            json.dump({"mypyc": "0", "sources": {m: "0" * 64 for m in COMPILED_MODULES}}, f)
+    else:
+        (info, record, _), err = probe(root)  # the copy, unedited, runs compiled
+        assert info.startswith("compiled (mypyc ") and not record.endswith(".py"), (info, err)
+    edited = os.path.join(root, "kvstore", "state", "overlay.py")
+    with open(edited, "a") as f:
+        f.write("\n# edited after the build\n")
+    (info, record, machine), err = probe(root)
+    assert info == "pure Python (sources changed since the build)"
+    assert record.endswith("record.py") and machine.endswith("machine.py")  # all of them, not the edited one alone
+    assert "StaleBuildWarning" in err and edited in err and "pip install -e ." in err
