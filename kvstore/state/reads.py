@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import lmdb
 
-from kvstore.entry.codec import as_bytes
+from kvstore.entry.codec import MAX_KEY_BYTES, as_bytes
 from kvstore.state.environment import Environment
 from kvstore.state.lmdb_ops import read_error
 from kvstore.state.overlay import MISSING, Overlay
@@ -202,3 +202,22 @@ class FreshReads:
         each as :meth:`get` returns it."""
         keys = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
         return [self.get(k, default) for k in keys]
+
+
+def read_in(env: Environment, keyspace: str, keys: Iterable[bytes], default: bytes | None
+            ) -> list[bytes | None]:
+    """The values of ``keys`` (``default`` for absent ones) in the named
+    ``keyspace``, from one fresh read transaction: a keyspace is never in the
+    overlay (:meth:`kvstore.state.machine.State.apply` writes its groups to
+    LMDB at once), and its handle is opened before the transaction begins,
+    as LMDB requires."""
+    keys = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
+    db = env.keyspace_db(keyspace)
+    if db is None:
+        return [default] * len(keys)
+
+    def read(txn: lmdb.Transaction) -> list[bytes | None]:
+        get = txn.get
+        return [get(k, default, db) if 0 < len(k) <= MAX_KEY_BYTES else default  # type: ignore[misc]
+                for k in keys]  # bytes: walkv never sets buffers=True
+    return env.read(read)
