@@ -169,3 +169,26 @@ def test_a_readonly_process_sees_keyspaces_created_after_it_opened(tmp_path):
         finally:
             reader.stdin.close()  # type: ignore[union-attr]
             assert reader.wait(timeout=60) == 0
+
+
+def test_the_async_front_has_keyspaces(tmp_path):
+    import asyncio
+
+    async def main() -> None:
+        async with kvstore.open_async(tmp_path / "s") as adb:
+            users = adb.keyspace("users")
+            lsns = await asyncio.gather(*(users.put(b"k%d" % i, b"v%d" % i) for i in range(50)))
+            assert sorted(lsns) == list(range(1, 51))
+            async with adb.batch() as b:
+                b.put(b"k0", b"default")
+                b.put(b"k0", b"again", keyspace="users")
+            assert await users.get(b"k0") == b"again" and await adb.get(b"k0") == b"default"
+            assert await users.compare_and_set(b"k0", b"again", b"cas")
+            assert await users.get_many([b"k0", b"k1", b"nope"]) == [b"cas", b"v1", None]
+            assert await users.count() == 50 and await adb.keyspaces() == ["users"]
+            await users.delete_range(b"k1", b"k2")  # k1, k10..k19
+            assert await users.count() == 39
+            await adb.drop_keyspace("users")
+            assert await adb.keyspaces() == [] and await adb.count() == 1
+
+    asyncio.run(main())

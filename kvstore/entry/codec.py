@@ -263,8 +263,8 @@ def delete_range_entry(start: object, end: object) -> tuple[bytes, list[list]]:
     return pack_ops(ops), ops
 
 
-def in_keyspace(keyspace: str, payload: bytes | tuple[bytes, bytes], ops: list[list]
-                ) -> tuple[bytes | tuple[bytes, bytes], list[list]]:
+def in_keyspace(keyspace: str, payload: bytes | tuple[bytes, ...], ops: list[list]
+                ) -> tuple[bytes | tuple[bytes, ...], list[list]]:
     """``(payload, ops)`` of a one-op write (:func:`put_entry` and the
     others) moved into the named ``keyspace`` (``""``: as it is)."""
     if not keyspace:

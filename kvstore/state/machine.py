@@ -75,6 +75,7 @@ from kvstore.entry.codec import (
     OP_DELETE,
     OP_KEYSPACE,
     OP_PUT,
+    as_bytes,
 )
 from kvstore.state.environment import K_APPLIED, Environment
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
@@ -171,6 +172,7 @@ class State:
         reads = FreshReads(self.lmdb) if readonly else CachedReads(self.lmdb, self.overlay)
         self.get = reads.get
         self.get_many = reads.get_many
+        self._get_in = reads.get_in
         if self.use_overlay:
             self.overlay.start(self.flush)
 
@@ -424,9 +426,16 @@ class State:
 
     def read(self, keyspace: str, key: bytes) -> bytes | None:
         """``key``'s value in ``keyspace`` ("": the default one), or None."""
+        return self.get_in(keyspace, key)
+
+    def get_in(self, keyspace: str, key: bytes, default: bytes | None = None) -> bytes | None:
+        """``key``'s value in ``keyspace`` ("": the default one), or ``default``."""
         if not keyspace:
-            return self.get(key)
-        return read_in(self.lmdb, keyspace, [key], None)[0]
+            return self.get(key, default)
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        db = self.lmdb.keyspace_db(keyspace)
+        return default if db is None else self._get_in(db, key, default)
 
     def get_many_in(self, keyspace: str, keys: Iterable[bytes], default: bytes | None = None
                     ) -> list[bytes | None]:

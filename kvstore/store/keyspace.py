@@ -12,10 +12,8 @@ holds. The log format: :mod:`kvstore.entry.codec` (``[16, name]``,
 ``[17, name]``).
 
 Durability, reads and watching are the store's (:mod:`kvstore.store.store`),
-with two differences: a group that writes a keyspace is applied to LMDB at
-once, not through the overlay (which holds the default keyspace only), and a
-get in a keyspace takes a fresh LMDB read transaction (about 2 us more than
-the default keyspace's cached one).
+with one difference: a group that writes a keyspace is applied to LMDB at
+once, not through the overlay (which holds the default keyspace only).
 
 Named LMDB databases, not a key prefix in ``data``. Measured
 (``python -m benchmarks kv.keyspace``: a put and a get of 16-byte keys and
@@ -150,7 +148,7 @@ class Keyspace(Lookups):
         """The value of ``key`` in this keyspace, or ``default``; sees every
         write that returned before it was called."""
         self.store._check_open()
-        return self.store._state.get_many_in(self.name, [key], default)[0]
+        return self.store._state.get_in(self.name, key, default)
 
     def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
         """The values of ``keys`` in this keyspace, in order, from one LMDB read transaction."""
