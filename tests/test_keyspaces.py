@@ -192,3 +192,25 @@ def test_the_async_front_has_keyspaces(tmp_path):
             assert await adb.keyspaces() == [] and await adb.count() == 1
 
     asyncio.run(main())
+
+
+def test_the_cli_takes_keyspace(tmp_path):
+    from tests.test_cli import one_line_error, walkv
+
+    s = str(tmp_path / "s")
+    assert walkv("put", s, "k", "in-users", "--keyspace", "users").returncode == 0
+    assert walkv("put", s, "k", "default").returncode == 0
+    assert walkv("get", s, "k", "--keyspace", "users").stdout == "in-users\n"
+    assert walkv("get", s, "k").stdout == "default\n"
+    rows = '{"key": "a", "value": "1"}\n{"key": "b", "value": "2"}\n'
+    assert walkv("load", s, "-", "--format", "jsonl", "--keyspace", "users", input=rows).returncode == 0
+    assert walkv("scan", s, "--keyspace", "users", "--keys-only").stdout.split() == ["a", "b", "k"]
+    assert walkv("scan", s, "--keys-only").stdout.split() == ["k"]
+    assert walkv("delete", s, "a", "b", "--keyspace", "users").returncode == 0
+    assert walkv("scan", s, "--keyspace", "users").stdout == "k\tin-users\n"
+    missing = walkv("get", s, "a", "--keyspace", "users")
+    assert missing.returncode == 1 and "keyspace 'users'" in one_line_error(missing)
+    bad = walkv("put", s, "k", "v", "--keyspace", "no/slash")
+    assert bad.returncode == 2 and "--keyspace 'no/slash'" in one_line_error(bad)
+    with kvstore.open(s) as db:
+        assert db.keyspaces() == ["users"] and db.last_lsn == 4  # put, put, one load batch, one delete batch
