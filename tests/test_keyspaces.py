@@ -214,3 +214,13 @@ def test_the_cli_takes_keyspace(tmp_path):
     assert bad.returncode == 2 and "--keyspace 'no/slash'" in one_line_error(bad)
     with kvstore.open(s) as db:
         assert db.keyspaces() == ["users"] and db.last_lsn == 4  # put, put, one load batch, one delete batch
+
+
+def test_a_batch_counts_writes_not_keyspace_switches(tmp_path):
+    with kvstore.open(tmp_path / "s") as db:
+        with db.batch() as b:
+            b.put(b"a", b"1", keyspace="x")
+            b.put(b"a", b"1")
+            b.delete(b"a", keyspace="y")
+            assert len(b) == 3
+        assert b.lsn == 1 and db.keyspace("x").get(b"a") == b"1"

@@ -90,7 +90,7 @@ class WriteBatch(CommitOnExit):
     """
 
     __slots__ = ("_ops", "_commit", "_max_value", "_max_payload", "_done",
-                 "lsn", "_keyspace", "_at", "_check_keyspace")
+                 "lsn", "_keyspace", "_at", "_check_keyspace", "_switches")
 
     def __init__(self, commit: Callable[[bytes, list], int], max_value: int,
                  max_payload: int, keyspace: str = "",
@@ -104,6 +104,7 @@ class WriteBatch(CommitOnExit):
         self._keyspace = keyspace  # where writes without keyspace= go
         self._at = ""  # the keyspace the ops so far leave the entry in
         self._check_keyspace = check_keyspace
+        self._switches = 0  # [16, name] ops among _ops (not writes)
 
     def _switch(self, keyspace: str | None) -> None:
         """Make the next op go to ``keyspace`` (None: the batch's own)."""
@@ -111,6 +112,7 @@ class WriteBatch(CommitOnExit):
         if ks != self._at:
             self._ops.append((OP_KEYSPACE, ks))
             self._at = ks
+            self._switches += 1
 
     def put(self, key: bytes, value: bytes, *, keyspace: str | None = None) -> None:
         """Set ``key`` to ``value`` (in ``keyspace``) when the batch commits."""
@@ -155,7 +157,8 @@ class WriteBatch(CommitOnExit):
         self._ops.append((OP_DELETE_RANGE, start, end))
 
     def __len__(self) -> int:
-        return 0 if self._done else len(self._ops)
+        """The writes collected (keyspace switches are not writes)."""
+        return 0 if self._done else len(self._ops) - self._switches
 
     def _seal(self) -> tuple[bytes, list] | None:
         """Close the batch; return its payload and operations (None if
