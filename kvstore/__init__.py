@@ -48,6 +48,7 @@ from wal.errors import (
     Damage,
     DiskFullError,
     ForkedError,
+    KeyspaceLimitError,
     LockedError,
     LogFailedError,
     LogGapError,
@@ -83,7 +84,7 @@ def open_async(path, sync: str = "always", **options):
 __all__ = [
     "MAX_KEY_BYTES", "build_info", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError",
     "ArchiveUnavailableError", "ClosedError", "CorruptionError", "Damage",
-    "DiskFullError", "ForkedError", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
+    "DiskFullError", "ForkedError", "KeyspaceLimitError", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
     "ReplicaLagError", "RestoreTimeError", "SnapshotError",
     "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "open_replica",

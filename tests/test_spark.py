@@ -40,7 +40,7 @@ def test_snapshot_changes_state_equal_the_store(walkv_spark, tmp_path):
     read = spark.read.format("walkv")
 
     s = read.option("table", "snapshot").load(built.path)
-    assert [f.name for f in s.schema] == ["key", "value", "lsn"]
+    assert [f.name for f in s.schema] == ["key", "value", "lsn", "keyspace"]
     got = {as_bytes(r.key): (as_bytes(r.value), r.lsn) for r in s.collect()}
     assert got == {k: (v, snap) for k, v in built.snapshots[snap].items()}
 
@@ -67,7 +67,7 @@ def test_string_keys_and_values(walkv_spark, tmp_path):
     built = build_store(str(tmp_path / "store"), seed=9, n_batches=40, text=True, snapshot_after=(20,))
     df = (walkv_spark.read.format("walkv").option("table", "state").option("keyFormat", "string")
           .option("valueFormat", "string").load(built.path))
-    assert [f.dataType.simpleString() for f in df.schema] == ["string", "string", "bigint"]
+    assert [f.dataType.simpleString() for f in df.schema] == ["string", "string", "bigint", "string"]
     assert {r.key.encode(): r.value.encode() for r in df.collect()} == built.model
     # Spark compares the strings as UTF-8 bytes, so the range join agrees too.
     from kvstore.spark import read_state

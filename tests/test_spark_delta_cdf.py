@@ -19,7 +19,7 @@ from tests.test_spark_helpers import apply, as_bytes, log_timestamps, random_ops
 pytestmark = pytest.mark.spark
 
 SCHEMA = ("struct<key:binary,value:binary,end_key:binary,_change_type:string,_commit_version:bigint,"
-          "_commit_timestamp:timestamp,_op_index:int>")
+          "_commit_timestamp:timestamp,_op_index:int,keyspace:string>")
 INSERT, PRE, POST, DELETE = "insert", "update_preimage", "update_postimage", "delete"
 
 

@@ -178,6 +178,11 @@ class RecordOverLimitError(WalkvError):
         super().__init__(message)
 
 
+class KeyspaceLimitError(WalkvError):
+    """A write would create one keyspace more than a store holds
+    (``kvstore.state.lmdb_env.MAX_KEYSPACES``). Nothing was written."""
+
+
 class LockedError(WalkvError):
     """Another writer holds the directory's lock file."""
 

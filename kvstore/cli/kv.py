@@ -11,6 +11,9 @@ TEXT}``, where a key or value that is not valid UTF-8 is given as hex under
 batch; a bad line stops it with the line number, and the batch holding that
 line is not written.
 
+``--keyspace NAME`` makes any of them work in the named keyspace
+(:mod:`kvstore.store.keyspace`) instead of the default one.
+
 Writers open the store read-write (taking its lock: exit 3 if another process
 has it); ``get`` and ``scan`` open it read-only, so they work beside a writer.
 """
@@ -40,6 +43,8 @@ from kvstore.cli.common import (
     to_bytes,
 )
 from kvstore.cli.progress import Reporter
+from kvstore.store.keyspace import Keyspace
+from kvstore.store.store import KVStore
 
 
 def add_commands(add: AddCommand) -> None:
@@ -48,6 +53,7 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("key", metavar="KEY")
     p.add_argument("value", metavar="VALUE")
     hex_arg(p)
+    keyspace_arg(p)
     sync_arg(p)
 
     p = add("get", "print the value of a key (exit 1 if it is absent)", cmd_get)
@@ -55,12 +61,14 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("key", metavar="KEY")
     hex_arg(p)
     p.add_argument("--raw", action="store_true", help="no newline after the value when piped")
+    keyspace_arg(p)
 
     p = add("delete", "delete keys (atomically, in one batch), or a range with --range", cmd_delete)
     p.add_argument("store", metavar="STORE")
     p.add_argument("keys", metavar="KEY", nargs="+")
     p.add_argument("--range", action="store_true", help="delete every key with START <= key < END")
     hex_arg(p)
+    keyspace_arg(p)
     sync_arg(p)
 
     p = add("scan", "print key/value pairs in key order (tab-separated, or JSON lines)", cmd_scan)
@@ -76,6 +84,7 @@ def add_commands(add: AddCommand) -> None:
                         'that is not UTF-8 is hex under "key_hex"/"value_hex")')
     p.add_argument("--count", action="store_true", help="print the number of pairs on stderr")
     hex_arg(p)
+    keyspace_arg(p)
 
     p = add("load", "load key/value pairs from JSON lines or CSV, in atomic batches", cmd_load,
             description="Load key/value pairs from FILE ('-' for stdin): JSON lines "
@@ -91,7 +100,23 @@ def add_commands(add: AddCommand) -> None:
                                                               "name, else from its first byte)")
     p.add_argument("--batch-size", type=int, default=1000, help="rows per atomic batch (default 1000)")
     hex_arg(p)
+    keyspace_arg(p)
     sync_arg(p)
+
+
+def keyspace_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keyspace", metavar="NAME", default="",
+                   help="work in the named keyspace (default: the default keyspace)")
+
+
+def in_keyspace(db: KVStore, name: str) -> KVStore | Keyspace:
+    """``db``, or its keyspace ``name`` (a bad name: a usage error)."""
+    if not name:
+        return db
+    try:
+        return db.keyspace(name)
+    except (TypeError, ValueError) as e:
+        raise CliError(f"--keyspace {name!r}: {e}", EXIT_USAGE) from None
 
 
 # -- put / get / delete / scan ---------------------------------------------------
@@ -101,7 +126,7 @@ def cmd_put(args: argparse.Namespace, rep: Reporter) -> int:
     key = to_bytes(args.key, args.hex, "key")
     value = to_bytes(args.value, args.hex, "value")
     with open_store(args.store, create=True, reporter=rep, sync=args.sync) as db:
-        lsn = db.put(key, value)
+        lsn = in_keyspace(db, args.keyspace).put(key, value)
     if not args.quiet:
         print(f"ok: LSN {lsn}", file=sys.stderr)
     return EXIT_OK
@@ -110,9 +135,10 @@ def cmd_put(args: argparse.Namespace, rep: Reporter) -> int:
 def cmd_get(args: argparse.Namespace, rep: Reporter) -> int:
     key = to_bytes(args.key, args.hex, "key")
     with open_store(args.store, readonly=True) as db:
-        value = db.get(key)
+        value = in_keyspace(db, args.keyspace).get(key)
     if value is None:
-        raise CliError(f"key {args.key!r} not found in {args.store}")
+        where = f"keyspace {args.keyspace!r} of " if args.keyspace else ""
+        raise CliError(f"key {args.key!r} not found in {where}{args.store}")
     out = sys.stdout.buffer
     if args.hex:
         out.write(value.hex().encode() + b"\n")
@@ -128,14 +154,15 @@ def cmd_delete(args: argparse.Namespace, rep: Reporter) -> int:
     keys = [to_bytes(k, args.hex, "key") for k in args.keys]
     lsn: int | None
     with open_store(args.store, reporter=rep, sync=args.sync) as db:
+        space = in_keyspace(db, args.keyspace)
         if args.range:
             if len(keys) != 2:
                 raise CliError("--range takes exactly two keys: START END", EXIT_USAGE)
-            lsn = db.delete_range(keys[0], keys[1])
+            lsn = space.delete_range(keys[0], keys[1])
         elif len(keys) == 1:
-            lsn = db.delete(keys[0])
+            lsn = space.delete(keys[0])
         else:
-            with db.batch() as b:
+            with space.batch() as b:
                 for k in keys:
                     b.delete(k)
             lsn = b.lsn
@@ -154,7 +181,7 @@ def cmd_scan(args: argparse.Namespace, rep: Reporter) -> int:
     if args.json and hasattr(out, "reconfigure"):
         out.reconfigure(encoding="utf-8")  # what load reads, whatever the locale says
     with open_store(args.store, readonly=True) as db:
-        it = db.scan(start, stop, prefix=prefix, reverse=args.reverse)
+        it = in_keyspace(db, args.keyspace).scan(start, stop, prefix=prefix, reverse=args.reverse)
         try:
             for key, value in it:
                 if args.limit is not None and n >= args.limit:
@@ -324,7 +351,7 @@ def cmd_load(args: argparse.Namespace, rep: Reporter) -> int:
                 pending = 0
                 first_line = 0
                 try:
-                    with db.batch() as b:
+                    with in_keyspace(db, args.keyspace).batch() as b:
                         for lineno, key, value, pos in rows:
                             if not first_line:
                                 first_line = lineno

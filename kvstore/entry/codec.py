@@ -10,6 +10,9 @@ Format (one log entry's payload; the log adds LSN and timestamp around it)::
              | [5, key]                       condition: key is absent
              | [6, key]                       condition: key is present
              | [7, index]                     failed: condition ``index`` did not hold
+             | [16, name]                     the ops after it, up to the next [16],
+                                              are in keyspace ``name`` ("": the default)
+             | [17, name]                     drop keyspace ``name``: every key of it goes
     key, value, start, end := msgpack bin     (never str: text must be encoded
                                                by the caller, so no codec is
                                                ever guessed on replay)
@@ -36,6 +39,18 @@ Rules, and the reason for each:
   archive and Spark read outcomes from the bytes and never decide again.
   ``[7, i]`` only ever stands first, followed by conditions only; a
   condition after a write is not a batch (the order would be ambiguous).
+* Keyspaces (:mod:`kvstore.store.keyspace`): a batch starts in the default
+  keyspace (``""``); ``[16, name]`` switches the keyspace of the ops after it,
+  writes and conditions alike, so one entry (one LSN) may span keyspaces
+  atomically, and every entry written before keyspaces existed reads exactly
+  as it did. ``[16]`` is not a write: it may stand anywhere, also among the
+  leading conditions and in a failed batch. ``[17, name]`` (a write) empties
+  keyspace ``name`` in one entry, whatever it holds: one op, not one per key.
+  ``name`` is a msgpack str (names are text, chosen by the program, never
+  data): 1..64 characters of ``[A-Za-z0-9_.-]``, not starting with ``__``
+  (reserved), or ``""`` for the default keyspace in ``[16]`` (a default
+  keyspace is never dropped). Codes 8..15 are TTL's and leases', interpreted
+  in the batch's current keyspace; 18 and 19 are kept for keyspaces.
 * Decoding is strict: a payload that is valid msgpack but not a batch of this
   shape is corruption (:class:`~wal.errors.CorruptionError` naming the LSN),
   never silently skipped, because skipping it would lose an acknowledged write.
@@ -60,10 +75,20 @@ OP_REQUIRE_EQUALS = 4
 OP_REQUIRE_ABSENT = 5
 OP_REQUIRE_PRESENT = 6
 OP_FAILED = 7
+OP_KEYSPACE = 16
+OP_DROP_KEYSPACE = 17
 CONDITION_CODES = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT))
 NO_WRITE_CODES = CONDITION_CODES | {OP_FAILED}
 """Op codes that change nothing (a reader skips them; a batch starting with
 ``OP_FAILED`` applies nothing)."""
+KEYSPACE_CODES = frozenset((OP_KEYSPACE, OP_DROP_KEYSPACE))
+"""Op codes of keyspaces: a batch holding one is applied op by op, keyspace by keyspace."""
+
+DEFAULT_KEYSPACE = ""
+KEYSPACE_SECTION = "ks:"
+"""Keyspace ``name`` is the snapshot section ``ks:<name>`` (the default keyspace is the default section)."""
+MAX_KEYSPACE_NAME = 64
+_KEYSPACE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 # What a change is called, wherever changes are shown (the Spark ``changes``
 # table's ``_change_type``, :meth:`kvstore.KVStore.watch`): named once, here.
@@ -126,6 +151,34 @@ def check_key(key: object) -> bytes:
         f"key is {n} bytes; the limit is {MAX_KEY_BYTES} bytes "
         f"(LMDB's default maximum key size). Nothing was written."
     )
+
+
+def keyspace_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a keyspace, or None (``""``, the default
+    keyspace, is fine: callers that refuse it say so)."""
+    if type(name) is not str:
+        return f"a keyspace name is a str, not {type(name).__name__}"
+    if name == DEFAULT_KEYSPACE:
+        return None
+    if len(name) > MAX_KEYSPACE_NAME:
+        return f"a keyspace name has at most {MAX_KEYSPACE_NAME} characters, not {len(name)}"
+    if not _KEYSPACE_CHARS.issuperset(name):
+        return f"a keyspace name holds only A-Z a-z 0-9 _ . - (got {name!r:.80})"
+    if name.startswith("__"):
+        return f"keyspace names starting with '__' are reserved (got {name!r})"
+    return None
+
+
+def check_keyspace(name: object, *, default_ok: bool = True) -> str:
+    """Validate a keyspace name (module docstring); returns it. A name that
+    is not a str is a TypeError, a bad one a ValueError."""
+    why = keyspace_problem(name)
+    if why is None and (default_ok or name != DEFAULT_KEYSPACE):
+        return name  # type: ignore[return-value]  # a str: keyspace_problem checked it
+    if type(name) is not str:
+        raise TypeError(why)
+    raise ValueError(why or "the default keyspace cannot be dropped (drop a named keyspace, "
+                            "or delete_range(None, None) to empty the default one)")
 
 
 def check_value(value: object, limit: int) -> bytes:
@@ -207,6 +260,16 @@ def delete_range_entry(start: object, end: object) -> tuple[bytes, list[list]]:
     """``(payload, ops)`` of one range delete, its bounds checked
     (:func:`check_range`)."""
     ops = [[OP_DELETE_RANGE, *check_range(start, end)]]
+    return pack_ops(ops), ops
+
+
+def in_keyspace(keyspace: str, payload: bytes | tuple[bytes, ...], ops: list[list]
+                ) -> tuple[bytes | tuple[bytes, ...], list[list]]:
+    """``(payload, ops)`` of a one-op write (:func:`put_entry` and the
+    others) moved into the named ``keyspace`` (``""``: as it is)."""
+    if not keyspace:
+        return payload, ops
+    ops = [[OP_KEYSPACE, keyspace], *ops]
     return pack_ops(ops), ops
 
 
@@ -307,6 +370,9 @@ def _parse(payload: bytes) -> list[list]:
         if type(code) is int and code in CONDITION_CODES:
             _check_condition(i, op, writes)
             continue
+        if type(code) is int and code in KEYSPACE_CODES:
+            writes |= _check_keyspace_op(i, op)
+            continue
         writes = True
         if code == OP_PUT and n == 3 and type(code) is int:
             key, value = op[1], op[2]
@@ -337,6 +403,19 @@ def _parse(payload: bytes) -> list[list]:
 def _check_failed(i: int, op: list, ops: list) -> None:
     if i != 0 or len(op) != 2 or type(op[1]) is not int or not 0 <= op[1] < len(ops) - 1:
         raise _NotABatch(f"op {i} (failed) must stand first as [7, index of one of the conditions after it]")
+
+
+def _check_keyspace_op(i: int, op: list) -> bool:
+    """Check ``[16, name]`` or ``[17, name]``; True for a drop (a write)."""
+    code = op[0]
+    if len(op) != 2:
+        raise _NotABatch(f"op {i} has code {code!r} and {len(op)} fields")
+    why = keyspace_problem(op[1])
+    if why is None and code == OP_DROP_KEYSPACE and op[1] == DEFAULT_KEYSPACE:
+        why = "the default keyspace is never dropped"
+    if why is not None:
+        raise _NotABatch(f"op {i} ({'keyspace' if code == OP_KEYSPACE else 'drop_keyspace'}): {why}")
+    return code == OP_DROP_KEYSPACE
 
 
 def _check_condition(i: int, op: list, after_write: bool) -> None:

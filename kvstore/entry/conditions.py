@@ -24,6 +24,10 @@ ops with a ``failed`` slot) that travels with the payload: it is decided
 before the group is written, so before the writer is released. Plain writes
 pass bare op lists, and a group without conditions costs one scan of its op
 codes.
+
+Keyspaces: a condition is decided in the keyspace the batch is in at that
+point (``[16, name]`` ops may stand among the leading conditions), and the
+state a group leaves is tracked per keyspace, drops included.
 """
 
 from __future__ import annotations
@@ -35,9 +39,12 @@ from mypy_extensions import mypyc_attr
 
 from kvstore.entry.codec import (
     CONDITION_CODES,
+    DEFAULT_KEYSPACE,
     OP_DELETE,
     OP_DELETE_RANGE,
+    OP_DROP_KEYSPACE,
     OP_FAILED,
+    OP_KEYSPACE,
     OP_PUT,
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
@@ -46,7 +53,9 @@ from kvstore.entry.codec import (
 
 Ops = Sequence[Sequence[Any]]
 Payload = bytes | tuple[bytes, ...]  # wal.segment.Payload: a large put arrives in pieces
-Read = Callable[[bytes], "bytes | None"]
+Read = Callable[[str, bytes], "bytes | None"]
+"""``read(keyspace, key)``: a key's value as the state holds it ("": the default keyspace)."""
+_LEADING = CONDITION_CODES | {OP_KEYSPACE}
 
 
 @mypyc_attr(native_class=False)  # mypyc compiles no subclass of list: this one stays a Python class
@@ -71,45 +80,67 @@ class GroupSoFar:
 
     def __init__(self, read: Read) -> None:
         self._read = read
-        self._values: dict[bytes, bytes | None] = {}
-        self._ranges: list[tuple[bytes, bytes]] = []  # deleted since, unless in _values
+        self._values: dict[tuple[str, bytes], bytes | None] = {}
+        # deleted since (keyspace, start, end; a drop is the whole keyspace), unless in _values
+        self._ranges: list[tuple[str, bytes, bytes | None]] = []
 
-    def get(self, key: bytes) -> bytes | None:
-        if key in self._values:
-            return self._values[key]
-        for start, end in self._ranges:
-            if start <= key < end:
+    def get(self, keyspace: str, key: bytes) -> bytes | None:
+        v = self._values.get((keyspace, key), self)
+        if v is not self:
+            return v  # type: ignore[return-value]  # bytes or None: the sentinel was not found
+        for ks, start, end in self._ranges:
+            if ks == keyspace and start <= key and (end is None or key < end):
                 return None
-        return self._read(key)
+        return self._read(keyspace, key)
 
     def write(self, ops: Ops) -> None:
+        """Record the writes of one batch (which starts in the default keyspace)."""
+        keyspace = DEFAULT_KEYSPACE
         for op in ops:
             code = op[0]
             if code == OP_PUT:
-                self._values[op[1]] = op[2]
+                self._values[(keyspace, op[1])] = op[2]
             elif code == OP_DELETE:
-                self._values[op[1]] = None
-            elif code == OP_DELETE_RANGE:
-                start, end = op[1], op[2]
-                if start < end:
-                    self._ranges.append((start, end))
-                    for key in [k for k in self._values if start <= k < end]:
-                        self._values[key] = None
+                self._values[(keyspace, op[1])] = None
+            elif code == OP_KEYSPACE:
+                keyspace = op[1]
+            elif code in (OP_DELETE_RANGE, OP_DROP_KEYSPACE):
+                ks = keyspace if code == OP_DELETE_RANGE else op[1]
+                start, end = (op[1], op[2]) if code == OP_DELETE_RANGE else (b"", None)
+                if end is None or start < end:
+                    self._ranges.append((ks, start, end))
+                    for k in [k for k in self._values
+                              if k[0] == ks and start <= k[1] and (end is None or k[1] < end)]:
+                        self._values[k] = None
 
 
 def count_conditions(ops: Ops) -> int:
-    """How many conditions lead ``ops``."""
+    """How many ops lead ``ops`` before its first write: conditions, and the
+    keyspace switches among them."""
     n = 0
-    while n < len(ops) and ops[n][0] in CONDITION_CODES:
+    while n < len(ops) and ops[n][0] in _LEADING:
         n += 1
     return n
 
 
+def is_conditional(ops: Ops) -> bool:
+    """Whether ``ops`` starts with a condition (after any keyspace switches)."""
+    for op in ops:
+        if op[0] != OP_KEYSPACE:
+            return op[0] in CONDITION_CODES
+    return False
+
+
 def first_failing(conditions: Ops, get: Read) -> int | None:
-    """The index of the first condition that does not hold, or None."""
+    """The index (in ``conditions``) of the first condition that does not
+    hold, or None; each is decided in the keyspace the ops before it chose."""
+    keyspace = DEFAULT_KEYSPACE
     for i, op in enumerate(conditions):
         code = op[0]
-        value = get(op[1])
+        if code == OP_KEYSPACE:
+            keyspace = op[1]
+            continue
+        value = get(keyspace, op[1])
         if code == OP_REQUIRE_EQUALS:
             ok = value is not None and value == op[2]
         elif code == OP_REQUIRE_ABSENT:
@@ -129,9 +160,10 @@ def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read) -
     contexts applies exactly what the log says."""
     if len(contexts) == 1:  # the common group: one entry, most often not conditional
         ops = contexts[0]
-        if not ops or ops[0][0] not in CONDITION_CODES:
+        if not ops or ops[0][0] not in _LEADING:
             return None
-    first = next((i for i, ops in enumerate(contexts) if ops and ops[0][0] in CONDITION_CODES), None)
+    first = next((i for i, ops in enumerate(contexts) if ops and ops[0][0] in _LEADING and is_conditional(ops)),
+                 None)
     if first is None:
         return None
     so_far = GroupSoFar(read)
@@ -140,7 +172,7 @@ def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read) -
     out = list(payloads)
     for i in range(first, len(contexts)):
         ops = contexts[i]
-        if not ops or ops[0][0] not in CONDITION_CODES:
+        if not is_conditional(ops):
             so_far.write(ops)
             continue
         n = count_conditions(ops)
@@ -148,7 +180,7 @@ def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read) -
         if isinstance(ops, Outcome):
             ops.failed, ops.decided = failed, True
         if failed is None:
-            so_far.write(ops[n:])
+            so_far.write(writes_of(ops))
         else:
             logged = [[OP_FAILED, failed], *ops[:n]]
             out[i] = pack_ops(logged)
@@ -158,8 +190,12 @@ def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read) -
 
 def writes_of(ops: Ops) -> Ops:
     """The writes a logged batch applies: none when it failed (its first op
-    is ``OP_FAILED``), else the ops after its conditions."""
+    is ``OP_FAILED``), else the ops after its conditions, led by the last
+    keyspace switch among the conditions (the keyspace they are in)."""
     if not ops or ops[0][0] == OP_FAILED:
         return ()
     n = count_conditions(ops)
-    return ops[n:] if n else ops
+    if not n:
+        return ops
+    switch = next((op for op in reversed(ops[:n]) if op[0] == OP_KEYSPACE), None)
+    return ops[n:] if switch is None else [switch, *ops[n:]]

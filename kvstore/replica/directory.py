@@ -113,5 +113,5 @@ def rebuild(lmdb_dir: str, source: ReplicaSource, options: StateOptions) -> Stat
     source.reset()
     return recovery.rebuild_state(
         lmdb_dir, source.log_source(durable), store_id=source.store_id,
-        base=iter(snap) if snap is not None else None, base_lsn=snap.lsn if snap is not None else 0,
+        base=snap, base_lsn=snap.lsn if snap is not None else 0,
         state_options=options)

@@ -70,7 +70,7 @@ def promote(rep: Promotable, options: dict[str, Any]) -> KVStore:
             with wal.open(wal_dir, start_lsn=applied + 1) as new_log:
                 store_id = new_log.store_id
             with state.read_view() as view:
-                snapshot.write(snaps, view.lsn, view.pairs(), store_id=store_id, total=view.count)
+                snapshot.write(snaps, view.lsn, view.pairs(), sections=view.sections(), store_id=store_id, total=view.count)
             OS_FS.unlink(os.path.join(path, REPLICA_NAME))
             OS_FS.fsync_dir(path)
             state.initialize(store_id, applied, complete=True)

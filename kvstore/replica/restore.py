@@ -195,7 +195,7 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
         lmdb_dir = os.path.join(tmp, LMDB_DIR)
         state = recovery.rebuild_state(
             lmdb_dir, log_source, store_id=store_id,
-            base=iter(base) if base is not None else None, base_lsn=base_lsn, progress=progress,
+            base=base, base_lsn=base_lsn, progress=progress,
         )
         try:
             replayed = target_lsn - base_lsn
@@ -204,7 +204,7 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
                     raise CorruptionError(f"restore reached LSN {view.lsn}, not {target_lsn}",
                                           kind=Damage.SEQUENCE, path=source, offset=0, lsn=view.lsn + 1)
                 count = view.count
-                snapshot.write(os.path.join(tmp, SNAPSHOTS_DIR), view.lsn, view.pairs(), store_id=store_id,
+                snapshot.write(os.path.join(tmp, SNAPSHOTS_DIR), view.lsn, view.pairs(), sections=view.sections(), store_id=store_id,
                                total=count)
         finally:
             state.close(sync=True)

@@ -34,6 +34,13 @@ Three tables, one schema each; ``K`` and ``V`` are ``binary`` by default, or
 ``state``      key K not null, value V not null, lsn bigint not null (the LSN
                that last wrote the key; the snapshot's LSN for untouched keys)
 
+Every table ends with ``keyspace`` string not null: the keyspace of the row
+("" the default one, :mod:`kvstore.store.keyspace`). A read covers the
+keyspace the option ``keyspace`` names (default ""), or with ``*`` every
+keyspace (``snapshot`` and ``changes``); a drop of a keyspace is a
+``delete_range`` of all its keys (``key`` b"", ``end_key`` 512 bytes of
+0xff) in ``changes``.
+
 Arrow types match what Spark expects for these schemas exactly
 (``binary``/``string``, ``int64``, ``int32``, ``timestamp[us, tz=UTC]``, with
 the same nullability), because Spark rejects record batches that differ.
@@ -52,9 +59,12 @@ from kvstore.entry.codec import (
     CONDITION_CODES,
     DELETE,
     DELETE_RANGE,
+    END_OF_KEYS,
     OP_DELETE,
     OP_DELETE_RANGE,
+    OP_DROP_KEYSPACE,
     OP_FAILED,
+    OP_KEYSPACE,
     OP_PUT,
     UPSERT,
 )
@@ -83,9 +93,15 @@ COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
         ("_commit_version", "long", False),
         ("_commit_timestamp", "timestamp", False),
         ("_op_index", "int", False),
+        ("keyspace", "string", False),
     ],
-    STATE: [("key", "K", False), ("value", "V", False), ("lsn", "long", False)],
+    STATE: [("key", "K", False), ("value", "V", False), ("lsn", "long", False), ("keyspace", "string", False)],
 }
+COLUMNS[SNAPSHOT].append(("keyspace", "string", False))
+ALL_KEYSPACES = "*"
+"""The option ``keyspace`` that reads every keyspace."""
+Keyspaces = frozenset[str] | None
+"""The keyspaces a read keeps (None: every one)."""
 
 _ARROW_KINDS = {
     BINARY: pa.binary(),
@@ -167,17 +183,23 @@ def snapshot_batch(
     value_format: str,
     where: Callable[[], str],
     table: str = SNAPSHOT,
+    keyspace: str = "",
 ) -> pa.RecordBatch:
-    """One record batch of ``snapshot`` (or ``state``) rows, all at ``lsn``."""
+    """One record batch of ``snapshot`` (or ``state``) rows of ``keyspace``, all at ``lsn``."""
     k = as_format(_binary(keys), key_format, "key", where)
     v = as_format(_binary(values), value_format, "value", where)
     n = len(k)
     lsns = pa.repeat(pa.scalar(lsn, pa.int64()), n)
-    return pa.RecordBatch.from_arrays([k, v, lsns], schema=arrow_schema(table, key_format, value_format))
+    return pa.RecordBatch.from_arrays([k, v, lsns, _constant(keyspace, n)],
+                                      schema=arrow_schema(table, key_format, value_format))
+
+
+def _constant(keyspace: str, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(keyspace, pa.string()), n)
 
 
 def snapshot_change_batch(keys: pa.Array, values: pa.Array, lsn: int, timestamp_us: int, key_format: str,
-                          value_format: str, where: Callable[[], str]) -> pa.RecordBatch:
+                          value_format: str, where: Callable[[], str], keyspace: str = "") -> pa.RecordBatch:
     """Snapshot rows as ``changes`` rows (a stream's ``startingFrom=snapshot``):
     ``upsert`` at the snapshot's LSN and time, ``_op_index`` -1."""
     k = as_format(keys, key_format, "key", where)
@@ -186,18 +208,46 @@ def snapshot_change_batch(keys: pa.Array, values: pa.Array, lsn: int, timestamp_
     nulls = pa.nulls(n, k.type)
     return pa.RecordBatch.from_arrays(
         [k, v, nulls, pa.repeat(pa.scalar(UPSERT, pa.string()), n), pa.repeat(pa.scalar(lsn, pa.int64()), n),
-         pa.repeat(pa.scalar(timestamp_us, pa.timestamp("us", tz="UTC")), n), pa.repeat(pa.scalar(-1, pa.int32()), n)],
+         pa.repeat(pa.scalar(timestamp_us, pa.timestamp("us", tz="UTC")), n), pa.repeat(pa.scalar(-1, pa.int32()), n),
+         _constant(keyspace, n)],
         schema=arrow_schema(CHANGES, key_format, value_format),
     )
 
 
 def state_batch(keys: Sequence[bytes], values: Sequence[bytes], lsns: Sequence[int], key_format: str,
-                value_format: str, where: Callable[[], str]) -> pa.RecordBatch:
+                value_format: str, where: Callable[[], str], keyspace: str = "") -> pa.RecordBatch:
     k = as_format(binary_array([keys]), key_format, "key", where)
     v = as_format(binary_array([values]), value_format, "value", where)
     return pa.RecordBatch.from_arrays(
-        [k, v, pa.array(lsns, pa.int64())], schema=arrow_schema(STATE, key_format, value_format)
+        [k, v, pa.array(lsns, pa.int64()), _constant(keyspace, len(k))],
+        schema=arrow_schema(STATE, key_format, value_format)
     )
+
+
+def keyspace_writes(ops: list[Any], wanted: Keyspaces, lsn: int, path: str | None = None
+                    ) -> Iterator[tuple[int, str, Any]]:
+    """``(op index, keyspace, op)`` of the writes of one logged batch (put,
+    delete, delete_range) in the ``wanted`` keyspaces (None: every one): its
+    conditions change nothing, a failed batch nothing at all, and a drop of a
+    keyspace is a ``delete_range`` of every key of it. Anything else is damage."""
+    keyspace = ""  # a batch starts in the default keyspace
+    for i, op in enumerate(ops):
+        try:
+            code = op[0]
+            if code == OP_PUT or code == OP_DELETE or code == OP_DELETE_RANGE:
+                if wanted is None or keyspace in wanted:
+                    yield i, keyspace, op
+            elif code == OP_KEYSPACE:
+                keyspace = op[1]
+            elif code == OP_DROP_KEYSPACE:
+                if wanted is None or op[1] in wanted:
+                    yield i, op[1], (OP_DELETE_RANGE, b"", END_OF_KEYS)
+            elif code == OP_FAILED and i == 0:
+                return  # a conditional batch that failed: nothing of it applies
+            elif code not in CONDITION_CODES:  # a condition that held changes nothing
+                raise bad_op(lsn, i, op, path)
+        except (IndexError, TypeError):
+            raise bad_op(lsn, i, op, path) from None
 
 
 # -- change rows -------------------------------------------------------------
@@ -219,9 +269,11 @@ def change_batches(
     value_format: str = BINARY,
     path: str | None = None,
     rows_per_batch: int = ROWS_PER_BATCH,
+    keyspaces: Keyspaces = frozenset([""]),
 ) -> Iterator[pa.RecordBatch]:
     """``changes`` rows of log entries (``(lsn, timestamp_us, payload)``),
-    in LSN order and, within an entry, in batch order."""
+    in LSN order and, within an entry, in batch order, of the keyspaces
+    ``keyspaces`` (None: every one)."""
     schema = arrow_schema(CHANGES, key_format, value_format)
     keys: list[bytes] = []
     values: list[bytes | None] = []
@@ -230,6 +282,7 @@ def change_batches(
     lsns: list[int] = []
     stamps: list[int] = []
     idxs: list[int] = []
+    spaces: list[str] = []
     first_lsn = [0]
     pending = 0
 
@@ -243,10 +296,10 @@ def change_batches(
         t = _TYPE_NAMES.take(pa.array(codes, pa.int8()))
         batch = pa.RecordBatch.from_arrays(
             [k, v, e, t, pa.array(lsns, pa.int64()), pa.array(stamps, pa.timestamp("us", tz="UTC")),
-             pa.array(idxs, pa.int32())],
+             pa.array(idxs, pa.int32()), pa.array(spaces, pa.string())],
             schema=schema,
         )
-        for lst in (keys, values, ends, codes, lsns, stamps, idxs):
+        for lst in (keys, values, ends, codes, lsns, stamps, idxs, spaces):
             lst.clear()
         return batch
 
@@ -258,23 +311,15 @@ def change_batches(
             first_lsn[0] = lsn
         ops = decode(payload, lsn, path)
         pending += len(payload)
-        for i, op in enumerate(ops):
-            try:
-                code = op[0]
-                if code == OP_PUT:
-                    key, value, end = op[1], op[2], None
-                elif code == OP_DELETE:
-                    key, value, end = op[1], None, None
-                elif code == OP_DELETE_RANGE:
-                    key, value, end = op[1], None, op[2]
-                elif code in CONDITION_CODES:
-                    continue  # a condition that held changes nothing
-                elif code == OP_FAILED and i == 0:
-                    break  # a conditional batch that failed: nothing of it applies
-                else:
-                    raise bad_op(lsn, i, op, path)
-            except (IndexError, TypeError):
-                raise bad_op(lsn, i, op, path) from None
+        for i, keyspace, op in keyspace_writes(ops, keyspaces, lsn, path):
+            code = op[0]
+            if code == OP_PUT:
+                key, value, end = op[1], op[2], None
+            elif code == OP_DELETE:
+                key, value, end = op[1], None, None
+            else:
+                key, value, end = op[1], None, op[2]
+            spaces.append(keyspace)
             k_append(key)
             v_append(value)
             e_append(end)
@@ -297,32 +342,24 @@ class TailState:
     last put/delete of each key and every range delete, with their positions
     ``(lsn, op index)``. Built entry by entry, in LSN order (:meth:`add`)."""
 
-    def __init__(self, lo: bytes | None = None, hi: bytes | None = None) -> None:
+    def __init__(self, lo: bytes | None = None, hi: bytes | None = None, keyspace: str = "") -> None:
         self.lo, self.hi = lo, hi
+        self.keyspaces = frozenset([keyspace])  # the one keyspace it follows
         self.latest: dict[bytes, tuple[int, int, bytes | None]] = {}
         self.ranges: list[tuple[bytes, bytes, int, int]] = []
 
     def add(self, lsn: int, ops: list[Any], path: str | None = None) -> None:
         lo, hi = self.lo, self.hi
-        for i, op in enumerate(ops):
-            try:
-                code = op[0]
-                if code == OP_PUT or code == OP_DELETE:
-                    key = op[1]
-                    if (lo is None or key >= lo) and (hi is None or key < hi):
-                        self.latest[key] = (lsn, i, op[2] if code == OP_PUT else None)
-                elif code == OP_DELETE_RANGE:
-                    start, end = op[1], op[2]
-                    if start < end and (hi is None or start < hi) and (lo is None or end > lo):
-                        self.ranges.append((start, end, lsn, i))
-                elif code in CONDITION_CODES:
-                    continue  # a condition that held changes nothing
-                elif code == OP_FAILED and i == 0:
-                    return  # a conditional batch that failed: nothing of it applies
-                else:
-                    raise bad_op(lsn, i, op, path)
-            except (IndexError, TypeError):
-                raise bad_op(lsn, i, op, path) from None
+        for i, _keyspace, op in keyspace_writes(ops, self.keyspaces, lsn, path):
+            code = op[0]
+            if code == OP_PUT or code == OP_DELETE:
+                key = op[1]
+                if (lo is None or key >= lo) and (hi is None or key < hi):
+                    self.latest[key] = (lsn, i, op[2] if code == OP_PUT else None)
+            else:
+                start, end = op[1], op[2]
+                if start < end and (hi is None or start < hi) and (lo is None or end > lo):
+                    self.ranges.append((start, end, lsn, i))
 
     def merged_ranges(self) -> list[tuple[bytes, bytes]]:
         """The union of the range deletes as disjoint sorted ``[start, end)``."""

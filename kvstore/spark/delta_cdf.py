@@ -70,6 +70,7 @@ class Rows:
     def __init__(self, opts: Options, store_id: str | None, where: str) -> None:
         self.kf, self.vf, self.where = opts.key_format, opts.value_format, where
         self.schema = sa.arrow_schema(sa.CHANGES, self.kf, self.vf)
+        self.keyspace = opts.keyspace  # one keyspace per read (kvstore.spark.options)
         self.keys: list[bytes] = []
         self.values: list[bytes | None] = []
         self.types: list[int] = []
@@ -108,7 +109,8 @@ class Rows:
         batch = pa.RecordBatch.from_arrays(
             [k, sa.as_format(pa.array(self.values, pa.binary()), self.vf, "value", where), pa.nulls(len(k), k.type),
              _NAMES.take(pa.array(self.types, pa.int8())), pa.array(lsns, pa.int64()),
-             pa.array(self.stamps, pa.timestamp("us", tz="UTC")), pa.array(self.idxs, pa.int32())],
+             pa.array(self.stamps, pa.timestamp("us", tz="UTC")), pa.array(self.idxs, pa.int32()),
+             pa.repeat(pa.scalar(self.keyspace, pa.string()), len(k))],
             schema=self.schema,
         )
         for col in (self.keys, self.values, self.types, self.lsns, self.stamps, self.idxs):

@@ -35,13 +35,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 import snapshot
-from kvstore.entry.codec import CONDITION_CODES, OP_DELETE, OP_DELETE_RANGE, OP_FAILED, OP_PUT
+from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_PUT
 from kvstore.spark import arrow as sa
 from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles
@@ -127,9 +127,9 @@ def partitions_from(files: StoreFiles, opts: Options, base: snapshot.Snapshot | 
     base_lsn = base.lsn if base is not None else 0
     pieces = tuple(files.plan_log(base_lsn + 1, end, durable, opts.max_partition_bytes))
     sid = files.store_id()
-    if base is None or not base.chunks:
+    chunks = ss.keyspace_chunks(base, opts.keyspace) if base is not None else ()
+    if base is None or not chunks:
         return [ImagePartition(None, None, None, None, pieces, emit_from, False, 0, sid)]
-    chunks = base.chunks
     return [
         ImagePartition(base.path, chunk, None if i == 0 else chunk.first_key,
                        chunks[i + 1].first_key if i + 1 < len(chunks) else None, pieces, emit_from,
@@ -150,12 +150,15 @@ def images(files: StoreFiles, opts: Options, p: ImagePartition) -> Iterator[Imag
                 if p.snapshot_rows:
                     yield Image(key, None, value, chunk.lsn, p.created_us, -1, True)
     lo, hi = p.lo, p.hi
+    keyspaces = frozenset([opts.keyspace])  # one keyspace: a key's previous value is in its own
     for piece in p.pieces:
         shown = files.display(piece.path)
         for entry in files.iter_slice(piece):
             lsn, ts, emit = entry.lsn, entry.timestamp_us, entry.lsn >= p.emit_from
-            for i, op in enumerate(decode_batch(entry.payload, lsn, shown)):
-                code, a, b = _parts(op, lsn, i, shown)
+            ops = decode_batch(entry.payload, lsn, shown)
+            for i, _keyspace, op in sa.keyspace_writes(ops, keyspaces, lsn, shown):
+                code, a = op[0], op[1]
+                b: bytes = op[2] if code != OP_DELETE else b""
                 if code == OP_PUT or code == OP_DELETE:
                     if (lo is not None and a < lo) or (hi is not None and a >= hi):
                         continue
@@ -173,26 +176,6 @@ def images(files: StoreFiles, opts: Options, p: ImagePartition) -> Iterator[Imag
                         before = state.pop(key)
                         if emit:
                             yield Image(key, before, None, lsn, ts, i, False)
-                elif code == OP_FAILED:
-                    break  # a conditional batch that failed: nothing of it applies
-                # else: a condition that held changes nothing
-
-
-def _parts(op: Any, lsn: int, i: int, shown: str) -> tuple[int, Any, Any]:
-    """``(code, key or start, value or end)`` of one operation; anything
-    that is not a put, delete, range delete, condition or (first) failure
-    marker is damage."""
-    try:
-        code = op[0]
-        if code == OP_PUT or code == OP_DELETE_RANGE:
-            return code, op[1], op[2]
-        if code == OP_DELETE:
-            return code, op[1], None
-        if code in CONDITION_CODES or (code == OP_FAILED and i == 0):
-            return code, None, None
-    except (IndexError, TypeError):
-        pass
-    raise sa.bad_op(lsn, i, op, shown)
 
 
 def read(files: StoreFiles, opts: Options, p: ImagePartition, shape: ShapeFactory) -> Iterator[pa.RecordBatch]:

@@ -9,6 +9,13 @@ option                 meaning (names are case-insensitive, as Spark's are)
 ``table``              ``changes`` (default; the only table a stream reads),
                        ``snapshot`` or ``state``
 ``keyFormat``          ``binary`` (default) or ``string`` (UTF-8, validated)
+``keyspace``           the keyspace read (:mod:`kvstore.store.keyspace`): a
+                       name, ``""`` (default: the default keyspace, all a
+                       store made before keyspaces holds) or ``*``: every
+                       keyspace (``snapshot`` and ``changes``; ``state``,
+                       Debezium's events and Delta's vocabulary follow one
+                       keyspace). Each row names its own in the ``keyspace``
+                       column; a filter on it prunes snapshot sections
 ``valueFormat``        ``binary`` (default) or ``string``
 ``snapshotLsn``        use the snapshot at exactly this LSN (default: the newest
                        valid one, or the newest at or before ``endingLsn``);
@@ -93,7 +100,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvstore.spark.arrow import BINARY, CHANGES, FORMATS, STRING, TABLES
+from kvstore.entry.codec import check_keyspace
+from kvstore.spark.arrow import ALL_KEYSPACES, BINARY, CHANGES, FORMATS, STATE, STRING, TABLES
 
 EARLIEST = "earliest"
 LATEST = "latest"
@@ -105,6 +113,7 @@ KNOWN = {
     "path": "path",
     "table": "table",
     "keyformat": "keyFormat",
+    "keyspace": "keyspace",
     "valueformat": "valueFormat",
     "snapshotlsn": "snapshotLsn",
     "startinglsn": "startingLsn",
@@ -147,6 +156,13 @@ class Options:
     rows_per_batch: int = DEFAULT_ROWS_PER_BATCH
     debezium: bool = False
     vocabulary: str = WALKV
+    keyspace: str = ""
+    """The keyspace read ("": the default one; ``*``: every keyspace)."""
+
+    @property
+    def keyspaces(self) -> frozenset[str] | None:
+        """The keyspaces the read keeps (None: every one)."""
+        return None if self.keyspace == ALL_KEYSPACES else frozenset([self.keyspace])
 
     @property
     def needs_images(self) -> bool:
@@ -279,6 +295,12 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         raise ValueError(f"option startingFrom must be 'log' or 'snapshot', not {raw['startingFrom']!r}")
     if starting_from == "snapshot" and (starting is not None or starting_ts is not None):
         raise ValueError("startingFrom=snapshot starts at the newest snapshot; leave startingLsn/startingTimestamp out")
+    keyspace = str(raw.get("keyspace", ""))
+    if keyspace != ALL_KEYSPACES:
+        check_keyspace(keyspace)  # ValueError naming what is wrong
+    elif table == STATE or fmt == DEBEZIUM or vocabulary == DELTA:
+        raise ValueError("option keyspace=* (every keyspace) applies to table=snapshot or changes in walkv's "
+                         "vocabulary; name one keyspace for this read")
     return Options(
         path=str(path),
         table=table,
@@ -297,4 +319,5 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         rows_per_batch=_int("rowsPerBatch", raw.get("rowsPerBatch", str(DEFAULT_ROWS_PER_BATCH)), 1),
         debezium=fmt == DEBEZIUM,
         vocabulary=vocabulary,
+        keyspace=keyspace,
     )

@@ -40,6 +40,7 @@ class ChunkPartition(InputPartition):
     directory: str
     chunk: snapshot.ChunkInfo
     bounds: Bounds | None = None  # pushed-down key bounds: only these rows
+    keyspace: str = ""  # the keyspace whose section the chunk is of
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,15 @@ class SnapshotChangesPartition(InputPartition):
     directory: str
     chunk: snapshot.ChunkInfo
     created_us: int
+    keyspace: str = ""
 
 
 @dataclass(frozen=True)
 class LogPartition(InputPartition):
-    """A run of LSNs inside one segment: ``changes`` rows."""
+    """A run of LSNs inside one segment: ``changes`` rows of ``keyspaces`` (None: every one)."""
 
     piece: LogSlice
+    keyspaces: frozenset[str] | None = frozenset([""])
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class StatePartition(InputPartition):
     hi: bytes | None
     pieces: tuple[LogSlice, ...]
     bounds: Bounds | None = None  # pushed-down key bounds: only these rows
+    keyspace: str = ""  # the keyspace it computes
 
 
 @dataclass(frozen=True)
@@ -149,18 +153,23 @@ def partitions_for(files: StoreFiles, opts: Options, p: Plan, bounds: Bounds | N
     if b.empty:
         return []
     keyed = b if b.on_keys else None
+    wanted = b.within(opts.keyspaces)
     if opts.table == sa.SNAPSHOT:
         if p.snapshot is None:
             return []
-        return [ChunkPartition(p.snapshot.path, c, keyed) for c in p.snapshot.chunks if b.chunk_may_match(c)]
+        snap = p.snapshot
+        return [ChunkPartition(snap.path, c, keyed, ks) for ks in ss.keyspaces_of(snap, wanted)
+                for c in ss.keyspace_chunks(snap, ks) if b.chunk_may_match(c)]
     if opts.table == sa.CHANGES:
         first, last = b.lsn_range(p.from_lsn, p.to_lsn)
-        return [LogPartition(piece) for piece in files.plan_log(first, last, p.durable_lsn, opts.max_partition_bytes)]
-    # state: one task per snapshot chunk's key range, covering every key.
+        return [LogPartition(piece, wanted)
+                for piece in files.plan_log(first, last, p.durable_lsn, opts.max_partition_bytes)]
+    # state: one task per snapshot chunk's key range (of its keyspace's section), covering every key.
+    ks = opts.keyspace
     pieces = tuple(files.plan_log(p.from_lsn, p.to_lsn, p.durable_lsn, opts.max_partition_bytes))
-    if p.snapshot is None or not p.snapshot.chunks:
-        return [StatePartition(p.snapshot.path if p.snapshot else None, None, b.lo, b.hi, pieces, keyed)]
-    chunks = p.snapshot.chunks
+    chunks = ss.keyspace_chunks(p.snapshot, ks) if p.snapshot is not None else ()
+    if p.snapshot is None or not chunks:
+        return [StatePartition(p.snapshot.path if p.snapshot else None, None, b.lo, b.hi, pieces, keyed, ks)]
     out = []
     for i, chunk in enumerate(chunks):
         lo = None if i == 0 else chunk.first_key
@@ -170,7 +179,7 @@ def partitions_for(files: StoreFiles, opts: Options, p: Plan, bounds: Bounds | N
             continue
         if b.keys is not None and not any((lo is None or k >= lo) and (hi is None or k < hi) for k in b.keys):
             continue
-        out.append(StatePartition(p.snapshot.path, chunk, lo, hi, pieces, keyed))
+        out.append(StatePartition(p.snapshot.path, chunk, lo, hi, pieces, keyed, ks))
     return out
 
 
@@ -199,18 +208,19 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
     if isinstance(partition, LogPartition):
         piece = partition.piece
         yield from sa.change_batches(
-            files.iter_slice(piece), decode_batch, kf, vf, files.display(piece.path), rows
+            files.iter_slice(piece), decode_batch, kf, vf, files.display(piece.path), rows, partition.keyspaces
         )
     elif isinstance(partition, ChunkPartition):
         directory, chunk = partition.directory, partition.chunk
         for keys, values in ss.read_chunk_arrays(files, directory, chunk, rows):
             k, v = _only(partition.bounds, keys, values)
-            yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, lambda: ss.where(files, directory, chunk))
+            yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, lambda: ss.where(files, directory, chunk),
+                                    keyspace=partition.keyspace)
     elif isinstance(partition, SnapshotChangesPartition):
         d, c, t = partition.directory, partition.chunk, partition.created_us
         for keys, values in ss.read_chunk_arrays(files, d, c, rows):
             yield sa.snapshot_change_batch(keys, values, c.lsn, t, kf, vf,
-                                           lambda: ss.where(files, d, c))
+                                           lambda: ss.where(files, d, c), partition.keyspace)
     elif isinstance(partition, StatePartition):
         yield from _read_state_partition(files, opts, partition)
     elif partition is None or type(partition) is InputPartition:
@@ -220,7 +230,7 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
 
 
 def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -> Iterator[Any]:
-    tail = sa.TailState(p.lo, p.hi)
+    tail = sa.TailState(p.lo, p.hi, p.keyspace)
     for piece in p.pieces:
         shown = files.display(piece.path)
         for entry in files.iter_slice(piece):
@@ -235,11 +245,12 @@ def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -
         for keys, values in ss.read_chunk_arrays(files, directory, chunk, opts.rows_per_batch):
             k, v = tail.filter_snapshot(*_only(p.bounds, keys, values))
             if len(k):
-                yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, where, sa.STATE)
+                yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, where, sa.STATE, p.keyspace)
     keys_, values_, lsns = tail.survivors()
     if p.bounds is not None and p.bounds.keys is not None:
         kept = [i for i, k in enumerate(keys_) if k in p.bounds.keys]
         keys_, values_, lsns = [keys_[i] for i in kept], [values_[i] for i in kept], [lsns[i] for i in kept]
     for i in range(0, len(keys_), opts.rows_per_batch):
         j = i + opts.rows_per_batch
-        yield sa.state_batch(keys_[i:j], values_[i:j], lsns[i:j], kf, vf, lambda: f"{files.display()}, log tail")
+        yield sa.state_batch(keys_[i:j], values_[i:j], lsns[i:j], kf, vf, lambda: f"{files.display()}, log tail",
+                             p.keyspace)

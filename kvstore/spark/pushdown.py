@@ -11,7 +11,11 @@ Those this source understands become :class:`Bounds`:
   task keeps only the rows in the range (the ``state`` tail included);
 * on ``_commit_version`` (``changes``): the same comparisons and ``IN``
   narrow the LSN range, so the log segments (or sparse-index slices) outside
-  it are never opened.
+  it are never opened;
+* on ``keyspace``: ``=`` and ``IN`` narrow the keyspaces read, so the
+  snapshot sections of the others are never opened (``changes`` rows of
+  other keyspaces are dropped as they are decoded: a log segment holds
+  every keyspace).
 
 Pruning only: every filter is handed back to Spark, which still evaluates it
 on the rows, so a filter understood here partly (or a key range on
@@ -33,6 +37,7 @@ import snapshot
 
 KEY = ("key",)
 COMMIT_VERSION = ("_commit_version",)
+KEYSPACE = ("keyspace",)
 
 
 def _bytes(value: Any) -> bytes | None:
@@ -52,16 +57,26 @@ def prefix_end(prefix: bytes) -> bytes | None:
 @dataclass(frozen=True)
 class Bounds:
     """Keys in ``[lo, hi)`` (``None``: unbounded) and, when ``keys`` is set,
-    only those; LSNs in ``[min_lsn, max_lsn]``. ``empty``: nothing matches."""
+    only those; LSNs in ``[min_lsn, max_lsn]``; keyspaces in ``keyspaces``
+    (None: any). ``empty``: nothing matches."""
 
     lo: bytes | None = None
     hi: bytes | None = None
     keys: frozenset[bytes] | None = None
     min_lsn: int | None = None
     max_lsn: int | None = None
+    keyspaces: frozenset[str] | None = None
+
+    def within(self, keyspaces: frozenset[str] | None) -> frozenset[str] | None:
+        """The keyspaces both ``keyspaces`` (a read's option) and these bounds keep."""
+        if keyspaces is None or self.keyspaces is None:
+            return keyspaces if self.keyspaces is None else self.keyspaces
+        return keyspaces & self.keyspaces
 
     @property
     def empty(self) -> bool:
+        if self.keyspaces is not None and not self.keyspaces:
+            return True
         if self.lo is not None and self.hi is not None and self.lo >= self.hi:
             return True
         if self.keys is not None and not any(self.key_in(k) for k in self.keys):
@@ -123,9 +138,14 @@ def bounds_of(filters: Iterable[Any], lsn_column: tuple[str, ...] | None) -> Bou
         StringStartsWith,
     )
 
-    b: dict[str, Any] = {"lo": None, "hi": None, "keys": None, "min_lsn": None, "max_lsn": None}
+    b: dict[str, Any] = {"lo": None, "hi": None, "keys": None, "min_lsn": None, "max_lsn": None, "keyspaces": None}
     for f in filters:
         col = tuple(getattr(f, "attribute", ()))
+        if col == KEYSPACE and isinstance(f, (EqualTo, In)):
+            names = list(f.value) if isinstance(f, In) else [f.value]
+            if all(isinstance(n, str) for n in names):
+                _tighten(b, "keyspaces", frozenset(names), frozenset.intersection)
+            continue
         if col == KEY:
             if isinstance(f, In):
                 wanted = [_bytes(v) for v in f.value]

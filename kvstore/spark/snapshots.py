@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import pyarrow as pa
 
 import snapshot
+from kvstore.entry.codec import KEYSPACE_SECTION
 from kvstore.spark.arrow import MAX_BATCH_BYTES
 from kvstore.spark.columnar import read_chunk_arrays as read_chunk_arrays_of
 from kvstore.spark.files import StoreFiles
@@ -128,3 +129,18 @@ def _gone_is_retention(files: StoreFiles, directory: str, chunk: snapshot.ChunkI
             f"snapshot chunk {exc.path} is gone (the snapshot at LSN {chunk.lsn} was deleted by retention "
             "while the query ran); rerun the query"
         ) from exc
+
+
+def keyspaces_of(snap: snapshot.Snapshot, wanted: frozenset[str] | None) -> list[str]:
+    """The keyspaces ``snap`` holds ("" always; the others as sections
+    ``ks:<name>``), of ``wanted`` (None: every one)."""
+    held = [""] + [n[len(KEYSPACE_SECTION):] for n in snap.section_names() if n.startswith(KEYSPACE_SECTION)]
+    return [ks for ks in held if wanted is None or ks in wanted]
+
+
+def keyspace_chunks(snap: snapshot.Snapshot, keyspace: str) -> tuple[snapshot.ChunkInfo, ...]:
+    """The chunks of ``keyspace`` in ``snap`` (none when it holds no section of it)."""
+    if not keyspace:
+        return snap.chunks
+    section = KEYSPACE_SECTION + keyspace
+    return snap.section_chunks(section) if section in snap.section_names() else ()

@@ -175,12 +175,13 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start.get(SNAPSHOT_KEY) is not None:
             snap = ss.choose(self.files, int(start[SNAPSHOT_KEY]), None)
             if snap is not None:
-                out.extend(SnapshotChangesPartition(snap.path, c, snap.created_us) for c in snap.chunks)
+                out.extend(SnapshotChangesPartition(snap.path, c, snap.created_us, ks)
+                           for ks in ss.keyspaces_of(snap, self.opts.keyspaces) for c in ss.keyspace_chunks(snap, ks))
         if b <= a:
             return out
         first = self._first(a, b)
         pieces: list[LogSlice] = self.files.plan_log(first, b, b, self.opts.max_partition_bytes) if first <= b else []
-        out.extend(LogPartition(piece) for piece in pieces)
+        out.extend(LogPartition(piece, self.opts.keyspaces) for piece in pieces)
         return out
 
     def _first(self, a: int, b: int) -> int:

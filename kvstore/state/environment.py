@@ -27,7 +27,7 @@ from typing import TypeVar
 
 import lmdb
 
-from kvstore.state.lmdb_env import MIB, clear_stale_readers, grow_size, open_env, reader_table
+from kvstore.state.lmdb_env import MAX_KEYSPACES, MIB, clear_stale_readers, grow_size, open_env, reader_table
 from kvstore.state.lmdb_ops import preallocate, read_error
 from kvstore.state.readers import Reader, ReadGate
 from kvstore.state.view import View
@@ -38,6 +38,9 @@ log = logging.getLogger("walkv.state")
 
 K_APPLIED = b"walkv.applied"
 """The applied LSN's key in the main database (the layout: :mod:`kvstore.state.machine`)."""
+KEYSPACE_PREFIX = b"ks:"
+"""Keyspace ``name`` is the named database ``ks:<name>`` (the default
+keyspace is ``data``)."""
 SWEEP_SECONDS = 1.0
 """How often the writer sweeps stale readers and expired views."""
 MAX_GROW_STEP = 256 << 20
@@ -77,7 +80,70 @@ class Environment:
         self.env, self.main_db, self.data_db = open_env(
             path, readonly=readonly, map_size=map_size, writemap=self.writemap,
             max_readers=max_readers)
+        # Keyspaces' named databases, opened once and kept (LMDB handles are
+        # shared by every transaction begun after they were opened; opening
+        # one is serialized, as LMDB requires).
+        self._keyspaces: dict[str, lmdb._Database] = {}
+        self._keyspaces_lock = threading.Lock()
+        self._created: list[str] = []  # opened in the write transaction in progress
+        self.keyspace_epoch = 0  # bumped whenever a handle is added
         track(self)
+
+    # -- keyspaces: named databases ----------------------------------------------
+
+    def keyspace_db(self, name: str) -> lmdb._Database | None:
+        """The handle of keyspace ``name``'s database ("": ``data``), opened
+        on first use; None when it does not exist (never written)."""
+        if not name:
+            return self.data_db
+        db = self._keyspaces.get(name)
+        if db is not None and not self._created:
+            return db
+        with self._keyspaces_lock:
+            if name in self._created:
+                return None  # created by the write transaction in progress: not there yet
+            db = self._keyspaces.get(name)
+            if db is None:
+                try:
+                    db = self.env.open_db(KEYSPACE_PREFIX + name.encode("ascii"), create=False)
+                except lmdb.NotFoundError:
+                    return None
+                except lmdb.Error as exc:
+                    raise read_error(exc, self.path) from None
+                self._keyspaces[name] = db
+                self.keyspace_epoch += 1
+            return db
+
+    def keyspace_db_in(self, txn: lmdb.Transaction, name: str) -> lmdb._Database:
+        """In the write transaction ``txn``: keyspace ``name``'s database,
+        created if need be (forgotten again if ``txn`` does not commit)."""
+        if not name:
+            return self.data_db
+        db = self._keyspaces.get(name)
+        if db is not None:
+            return db
+        with self._keyspaces_lock:
+            db = self.env.open_db(KEYSPACE_PREFIX + name.encode("ascii"), txn=txn, create=True)
+            self._keyspaces[name] = db
+            self._created.append(name)
+            self.keyspace_epoch += 1
+        return db
+
+    def keyspace_names(self, txn: lmdb.Transaction) -> list[str]:
+        """The keyspaces with a database in ``txn``'s snapshot, sorted (empty
+        ones too: a dropped keyspace keeps its emptied database)."""
+        cur = txn.cursor(db=self.main_db)
+        names = []
+        if cur.set_range(KEYSPACE_PREFIX):
+            for key in cur.iternext(keys=True, values=False):
+                if not key.startswith(KEYSPACE_PREFIX):  # type: ignore[union-attr]  # bytes: no buffers=True
+                    break
+                names.append(key[len(KEYSPACE_PREFIX):].decode("ascii"))  # type: ignore[union-attr]
+        return names
+
+    def keyspace_slots_left(self) -> int:
+        """How many more keyspaces this environment can hold (:data:`MAX_KEYSPACES`)."""
+        return MAX_KEYSPACES - len(self.read(self.keyspace_names))
 
     # -- what may be inside LMDB: the gate waits for it ------------------------
 
@@ -278,11 +344,21 @@ class Environment:
                 txn.commit()
                 break
             except lmdb.MapFullError:
+                self._forget_created()
                 self.grow(txn)
             except BaseException:
+                self._forget_created()
                 self._abort_write(txn)
                 raise
+            finally:
+                self._created.clear()
         self.gen += 1
+
+    def _forget_created(self) -> None:
+        """The write transaction did not commit: the handles it opened die with it."""
+        with self._keyspaces_lock:
+            for name in self._created:
+                self._keyspaces.pop(name, None)
 
     def make_room(self, nbytes: int) -> None:
         """Before a write transaction that adds about ``nbytes`` of keys and

@@ -19,7 +19,11 @@ The options, and why:
   disk filled asks only for what it has. :meth:`kvstore.state.environment.Environment.grow`
   grows it later in bounded steps that fit the free space
   (:func:`grow_size`).
-* ``max_dbs=2``: the main database (walkv's bookkeeping) and ``data``.
+* ``max_dbs`` (:data:`MAX_DBS`): the main database (walkv's bookkeeping),
+  ``data`` (the default keyspace), one named database ``ks:<name>`` per
+  keyspace (:data:`MAX_KEYSPACES`) and up to 8 of walkv's own (``ttl:...``,
+  ``lease:...``). LMDB sizes every read transaction by it (about 50 bytes a
+  slot), so it is a bound, not a guess.
 
 Stale readers: LMDB never reuses the pages an open read transaction may
 see, and a reader whose process died (SIGKILL in the middle of a scan)
@@ -42,6 +46,13 @@ from wal.errors import CorruptionError, DiskFullError, WalkvError, file_error
 from wal.forkguard import forked_error, inherited_from
 
 MIB = 1 << 20
+MAX_KEYSPACES = 200
+"""Keyspaces an environment holds at most: named databases are never
+deleted from a live environment (a dropped keyspace is emptied; a rebuild
+leaves it out), so this counts every keyspace written since LMDB was built."""
+MAX_DBS = 256
+"""The main database, ``data``, the keyspaces, walkv's own (<= 8), and room
+for 46 new keyspaces whose writers raced past the limit's check at once."""
 
 # What only a damaged environment raises: walkv then rebuilds it from the log.
 # Anything else (permissions, memory, reader slots) is the machine's, and a
@@ -74,7 +85,7 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
         env = lmdb.open(
             path, map_size=size, subdir=True, readonly=readonly,
             metasync=False, sync=False, writemap=writemap,
-            map_async=False, max_dbs=2, max_readers=max_readers,
+            map_async=False, max_dbs=MAX_DBS, max_readers=max_readers,
             max_spare_txns=16, lock=True, mode=0o600, create=not readonly,
             readahead=False,
         )

@@ -11,12 +11,12 @@ from __future__ import annotations
 import errno
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lmdb
 
-from kvstore.entry.codec import MAX_KEY_BYTES, OP_DELETE, OP_PUT
+from kvstore.entry.codec import KEYSPACE_CODES, MAX_KEY_BYTES, OP_DELETE, OP_KEYSPACE, OP_PUT
 from wal.errors import CorruptionError, DiskFullError, WalkvError
 
 _key_value = operator.itemgetter(1, 2)
@@ -62,19 +62,20 @@ def position(cur: lmdb.Cursor, lo: bytes, hi: bytes | None, last: bytes | None,
     return cur.iterprev() if ok else None
 
 
-def put_run(txn: lmdb.Transaction, run: Sequence[Sequence[Any]]) -> None:
-    """Put a run of put ops ([1, key, value] or tuples) in one LMDB call."""
+def put_run(txn: lmdb.Transaction, run: Sequence[Sequence[Any]], db: Any = None) -> None:
+    """Put a run of put ops ([1, key, value] or tuples) in one LMDB call, into
+    ``db`` (None: the transaction's, ``data``)."""
     if len(run) == 1:
         op = run[0]
-        txn.put(op[1], op[2])
+        txn.put(op[1], op[2], db=db)
     else:
-        txn.cursor().putmulti(map(_key_value, run))
+        txn.cursor(db).putmulti(map(_key_value, run))
 
 
-def delete_range(txn: lmdb.Transaction, start: bytes, end: bytes) -> None:
+def delete_range(txn: lmdb.Transaction, start: bytes, end: bytes, db: Any = None) -> None:
     if start >= end:
         return
-    cur = txn.cursor()
+    cur = txn.cursor(db)
     if not seek_ge(cur, start):
         return
     delete = cur.delete
@@ -140,23 +141,39 @@ def write_values(txn: lmdb.Transaction, values: dict[bytes, bytes | None]) -> No
         delete(key)
 
 
-def apply_ops(txn: lmdb.Transaction, ops: Sequence[Sequence[Any]]) -> None:
-    """Apply operations in order inside ``txn``. Puts go to LMDB in runs,
-    through one putmulti call each: py-lmdb releases the GIL on every call,
-    and with another thread running Python each release costs a GIL
-    hand-off (a put goes from ~1.5 to ~20 us), so calls are few."""
+KeyspaceDB = Callable[[lmdb.Transaction, str], Any]
+"""``keyspace_db(txn, name)``: keyspace ``name``'s database in the write
+transaction ``txn``, created if need be
+(:meth:`kvstore.state.environment.Environment.keyspace_db_in`)."""
+
+
+def apply_ops(txn: lmdb.Transaction, ops: Sequence[Sequence[Any]], keyspace_db: KeyspaceDB | None = None) -> None:
+    """Apply operations in order inside ``txn``, starting in the default
+    keyspace (``data``). Puts go to LMDB in runs, through one putmulti call
+    each: py-lmdb releases the GIL on every call, and with another thread
+    running Python each release costs a GIL hand-off (a put goes from ~1.5
+    to ~20 us), so calls are few. Keyspace ops (``[16, name]``, ``[17,
+    name]``) need ``keyspace_db``."""
     run: list[Sequence[Any]] = []
+    db = None  # the transaction's own: data, the default keyspace
     for op in ops:
         code = op[0]
         if code == OP_PUT:
             run.append(op)
             continue
         if run:
-            put_run(txn, run)
+            put_run(txn, run, db)
             run = []
         if code == OP_DELETE:
-            txn.delete(op[1])
+            txn.delete(op[1], db=db)
+        elif code in KEYSPACE_CODES:  # keyspaces: switch the database, or empty one
+            assert keyspace_db is not None, "keyspace ops need keyspace_db"
+            target = keyspace_db(txn, op[1])
+            if code == OP_KEYSPACE:
+                db = target
+            else:
+                txn.drop(target, delete=False)  # emptied, not deleted: handles stay valid (lmdb_env)
         else:
-            delete_range(txn, op[1], op[2])
+            delete_range(txn, op[1], op[2], db)
     if run:
-        put_run(txn, run)
+        put_run(txn, run, db)

@@ -8,7 +8,12 @@ Layout of ``STORE/lmdb/`` (an LMDB environment directory)::
 Inside the environment:
 
 * the named database ``data`` holds the user's keys and values, as given
-  (LMDB's byte order: memcmp, shorter first);
+  (LMDB's byte order: memcmp, shorter first): the default keyspace;
+* the named database ``ks:<name>`` holds keyspace ``name``'s (created by
+  the first write into it, emptied by its drop: a keyspace exists while it
+  holds a key, so a rebuild from a snapshot, which leaves out empty ones,
+  lists the same keyspaces). Why named databases and not a key prefix in
+  ``data``: :mod:`kvstore.store.keyspace`;
 * walkv's bookkeeping are plain keys of LMDB's main (unnamed) database, beside
   the record of ``data``. (Keeping them there rather than in a second named
   database saves a page copy per write transaction: the main database's leaf
@@ -55,20 +60,29 @@ import logging
 import operator
 import struct
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, NamedTuple
 
 import lmdb
 
 from kvstore.entry import conditions
-from kvstore.entry.codec import NO_WRITE_CODES, OP_DELETE, OP_PUT
+from kvstore.entry.codec import (
+    DEFAULT_KEYSPACE,
+    KEYSPACE_CODES,
+    KEYSPACE_SECTION,
+    NO_WRITE_CODES,
+    OP_DELETE,
+    OP_KEYSPACE,
+    OP_PUT,
+    as_bytes,
+)
 from kvstore.state.environment import K_APPLIED, Environment
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView, scan
-from kvstore.state.reads import CachedReads, FreshReads, Get
-from kvstore.state.view import View
+from kvstore.state.reads import CachedReads, FreshReads, Get, read_in
+from kvstore.state.view import ABSENT, View
 from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
 from wal.segment import Payload, payload_size
 
@@ -92,11 +106,16 @@ _pack_u64 = _U64.pack
 _first = operator.itemgetter(0)
 _PUT_CODES = {OP_PUT}
 _OVERLAY_CODES = {OP_PUT, OP_DELETE}
+_TO_DEFAULT = (OP_KEYSPACE, DEFAULT_KEYSPACE)
 DIRECT_OPS = 4096
 """A group of at least this many operations is written to LMDB at once (with
 the overlay) rather than through the overlay: it is a bulk write already."""
 Ops = Sequence[Sequence[Any]]
 """One log entry's operations, as :func:`kvstore.entry.codec.decode` returns them."""
+
+
+def _nothing() -> Generator[tuple[bytes, bytes], None, None]:
+    yield from ()
 
 
 class StateOptions(NamedTuple):
@@ -154,10 +173,10 @@ class State:
         self.get: Get
         if readonly:
             fresh = FreshReads(self.lmdb)
-            self.get, self.get_many = fresh.get, fresh.get_many
+            self.get, self.get_many, self._get_in = fresh.get, fresh.get_many, fresh.get_in
         else:
             self._reads = cached = CachedReads(self.lmdb, self.overlay)
-            self.get, self.get_many = cached.get_lmdb, cached.get_many
+            self.get, self.get_many, self._get_in = cached.get_lmdb, cached.get_many, cached.get_in
         if self.use_overlay:
             self.overlay.start(self.flush)
 
@@ -201,20 +220,28 @@ class State:
         self.initialized = True
 
     def load_base(self, pairs: Iterator[tuple[bytes, bytes]], base_lsn: int,
-                  chunk: int = 10000) -> int:
-        """Bulk-load (key, value) pairs sorted by key, then mark the
-        environment complete at ``base_lsn``. Returns the number loaded."""
+                  chunk: int = 10000, *, sections: Mapping[str, Iterable[tuple[bytes, bytes]]] | None = None) -> int:
+        """Bulk-load (key, value) pairs sorted by key, and each keyspace's
+        (``sections``: a snapshot's, ``"ks:<name>"`` -> pairs; others are
+        not the state's), then mark the environment complete at
+        ``base_lsn``. Returns the number loaded."""
+        runs: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [(DEFAULT_KEYSPACE, pairs)]
+        runs += [(name[len(KEYSPACE_SECTION):], items) for name, items in sorted((sections or {}).items())
+                 if name.startswith(KEYSPACE_SECTION)]
         n = 0
-        it = iter(pairs)
-        data = self.lmdb.data_db
-        while True:
-            items = list(islice(it, chunk))
-            if not items:
-                break
-            def load(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]] = items) -> None:
-                txn.cursor(db=data).putmulti(items, dupdata=False, overwrite=True, append=False)
-            self.lmdb.write(load)
-            n += len(items)
+        for keyspace, run in runs:
+            it = iter(run)
+            while True:
+                items = list(islice(it, chunk))
+                if not items:
+                    break
+
+                def load(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]] = items,
+                         keyspace: str = keyspace) -> None:
+                    db = self.lmdb.keyspace_db_in(txn, keyspace)
+                    txn.cursor(db=db).putmulti(items, dupdata=False, overwrite=True, append=False)
+                self.lmdb.write(load)
+                n += len(items)
         main = self.lmdb.main_db
 
         def finish(txn: lmdb.Transaction) -> None:
@@ -253,6 +280,9 @@ class State:
             batches = batches[applied + 1 - first_lsn:]
         flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
         codes = set(map(_first, flat))
+        if not codes.isdisjoint(KEYSPACE_CODES):  # keyspaces: a separate branch, op by op
+            self._apply_keyspaces(batches, last, payloads)
+            return
         if not codes.isdisjoint(NO_WRITE_CODES):  # conditional batches: decided in the log
             flat = [op for ops in batches for op in conditions.writes_of(ops)]
             codes = set(map(_first, flat))
@@ -271,6 +301,20 @@ class State:
                 self.lmdb.maintain_now_and_then()
         else:
             self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES)
+
+    def _apply_keyspaces(self, batches: Sequence[Ops], last: int, payloads: Sequence[Payload]) -> None:
+        """Apply a group in which some batch uses a keyspace: its writes,
+        each batch starting in the default keyspace, to LMDB now (the
+        overlay holds the default keyspace only), in one write transaction
+        after the overlay."""
+        flat: list[Sequence[Any]] = []
+        for ops in batches:
+            flat.append(_TO_DEFAULT)
+            flat.extend(conditions.writes_of(ops))
+        self.applied_groups += 1
+        self.applied_entries += len(batches)
+        self._count(flat)
+        self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=False)
 
     def flush(self) -> None:
         """Write the overlay to LMDB (one write transaction, one
@@ -304,7 +348,7 @@ class State:
                 self.puts += 1
             elif code == OP_DELETE:
                 self.deletes += 1
-            else:
+            elif code not in KEYSPACE_CODES:
                 self.delete_ranges += 1
 
     def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool) -> None:
@@ -322,7 +366,7 @@ class State:
                 if puts_only:
                     put_run(txn, ops)
                 else:
-                    apply_ops(txn, ops)
+                    apply_ops(txn, ops, self.lmdb.keyspace_db_in)
                 txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)
             self._write_applied(write, last)
             if frozen is not None:
@@ -359,13 +403,24 @@ class State:
         self.flush()
         return View(self.lmdb, max_seconds)
 
+    def view_in(self, keyspace: str, max_seconds: float) -> View:
+        """:meth:`view` of the named ``keyspace``."""
+        db = self.lmdb.keyspace_db(keyspace)
+        return View(self.lmdb, max_seconds, db=ABSENT if db is None else db)
+
     def read_view(self) -> ReadView:
         """The state at one LSN, from one read transaction: ``.lsn``,
         ``.count``, ``.pairs()`` (see :class:`kvstore.state.readers.ReadView`),
-        the overlay flushed first. Use as a context manager; it holds off
+        the overlay flushed first, and each keyspace's pairs as snapshot
+        sections (``.sections()``). Use as a context manager; it holds off
         map growth while open."""
         self.flush()
-        return ReadView(self.lmdb)
+        while True:
+            epoch, dbs = self._keyspace_dbs()
+            view = ReadView(self.lmdb, {KEYSPACE_SECTION + name: db for name, db in dbs.items()})
+            if self.lmdb.keyspace_epoch == epoch:
+                return view  # every keyspace in its snapshot has its handle (opened before it began)
+            view.close()  # a keyspace was created meanwhile: again
 
     def count(self) -> int:
         self.flush()
@@ -377,6 +432,55 @@ class State:
         """See :func:`kvstore.state.readers.scan` (which flushes the overlay
         before each snapshot it takes)."""
         return scan(self.lmdb, self.flush, lo, hi, reverse)
+
+    # -- keyspaces (the default one is ``get``, ``scan``, ...) ---------------------
+
+    def read(self, keyspace: str, key: bytes) -> bytes | None:
+        """``key``'s value in ``keyspace`` ("": the default one), or None."""
+        return self.get_in(keyspace, key)
+
+    def get_in(self, keyspace: str, key: bytes, default: bytes | None = None) -> bytes | None:
+        """``key``'s value in ``keyspace`` ("": the default one), or ``default``."""
+        if not keyspace:
+            return self.get(key, default)
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        db = self.lmdb.keyspace_db(keyspace)
+        return default if db is None else self._get_in(db, key, default)
+
+    def get_many_in(self, keyspace: str, keys: Iterable[bytes], default: bytes | None = None
+                    ) -> list[bytes | None]:
+        """The values of ``keys`` in the named ``keyspace``, in order, from
+        one read transaction (keyspaces never pass through the overlay)."""
+        return read_in(self.lmdb, keyspace, keys, default)
+
+    def scan_in(self, keyspace: str, lo: bytes, hi: bytes | None, reverse: bool = False
+                ) -> Generator[tuple[bytes, bytes], None, None]:
+        """:meth:`scan` of the named ``keyspace`` (nothing when it does not exist)."""
+        db = self.lmdb.keyspace_db(keyspace)
+        if db is None:
+            return _nothing()
+        return scan(self.lmdb, self.flush, lo, hi, reverse, db=db)
+
+    def count_in(self, keyspace: str) -> int:
+        """The number of keys in ``keyspace`` ("": the default one)."""
+        if not keyspace:
+            return self.count()
+        db = self.lmdb.keyspace_db(keyspace)
+        return 0 if db is None else self.lmdb.read(lambda txn: txn.stat(db)["entries"])
+
+    def keyspaces(self) -> list[str]:
+        """The named keyspaces that hold at least one key, sorted."""
+        return sorted(self._keyspace_dbs()[1])
+
+    def _keyspace_dbs(self) -> tuple[int, dict[str, Any]]:
+        """``(epoch, {name: handle})`` of the keyspaces that hold a key, the
+        handles opened before the read that counted them."""
+        env = self.lmdb
+        epoch = env.keyspace_epoch
+        dbs = {name: env.keyspace_db(name) for name in env.read(env.keyspace_names)}
+        return epoch, dict(env.read(lambda txn: [(n, db) for n, db in dbs.items()
+                                                 if db is not None and txn.stat(db)["entries"]]))
 
     def read_meta_applied(self) -> int:
         """The applied LSN as LMDB holds it now (read-only opens: the

@@ -163,10 +163,11 @@ class Reader:
         self.ident = ident
 
 
-def scan(state: ReadSource, flush: Callable[[], None], lo: bytes, hi: bytes | None, reverse: bool = False
-         ) -> Generator[tuple[bytes, bytes], None, None]:
+def scan(state: ReadSource, flush: Callable[[], None], lo: bytes, hi: bytes | None, reverse: bool = False,
+         *, db: Any = None) -> Generator[tuple[bytes, bytes], None, None]:
     """Yield (key, value) for ``lo <= key < hi`` (``hi`` None: no bound;
-    bounds of any length), ascending or descending.
+    bounds of any length), ascending or descending, of the database ``db``
+    (a keyspace's; None: ``data``, the default keyspace).
 
     Each snapshot is taken after ``flush()`` wrote the overlay
     (:mod:`kvstore.state.overlay`) to LMDB, so it holds every write applied before it.
@@ -212,7 +213,7 @@ def scan(state: ReadSource, flush: Callable[[], None], lo: bytes, hi: bytes | No
                         txn = state.env.begin(db=state.data_db)
                     gen = state.map_gen
                     since = _monotonic()
-                    it = position(txn.cursor(), lo, hi, last, reverse)
+                    it = position(txn.cursor(db), lo, hi, last, reverse)
                 chunk = list(islice(it, n)) if it is not None else []
                 if len(chunk) < n:  # the last chunk: let go of the snapshot now
                     it = None
@@ -254,28 +255,33 @@ def scan(state: ReadSource, flush: Callable[[], None], lo: bytes, hi: bytes | No
 
 class ReadView:
     """The state at one LSN, from one LMDB read transaction: :attr:`lsn`
-    (the applied LSN, read in that same transaction), :attr:`count` (keys)
-    and :meth:`pairs`. Create with :meth:`kvstore.state.machine.State.read_view`.
+    (the applied LSN, read in that same transaction), :attr:`count` (keys,
+    of every keyspace), :meth:`pairs` (the default keyspace's) and
+    :meth:`sections` (the other keyspaces', as snapshot sections). Create
+    with :meth:`kvstore.state.machine.State.read_view`.
 
     While it is open the LMDB map cannot be grown (py-lmdb needs no live
     transaction for that), so a writer that fills the map meanwhile waits
     for it: :meth:`pairs` therefore releases the view (its transaction and
     its place in the read gate) as soon as the pairs are exhausted or the
     iterator is closed, and :meth:`close` (or leaving the ``with`` block)
-    releases it in any case. Closing twice is harmless.
+    releases it in any case (with sections, only the ``with`` block does).
+    Closing twice is harmless. ``sections`` maps section names to the
+    databases they are read from, each opened before this view began.
     """
 
-    __slots__ = ("_open", "_state", "_txn", "count", "lsn")
+    __slots__ = ("_open", "_state", "_txn", "_sections", "count", "lsn")
 
-    def __init__(self, state: ReadSource) -> None:
+    def __init__(self, state: ReadSource, sections: dict[str, Any] | None = None) -> None:
         self._state = state
         self._open = False
+        self._sections = sections or {}
         state.enter_read()
         txn = None
         try:
             txn = begin_in_gate(state)
             self.lsn = state.applied_in(txn)
-            self.count = txn.stat(state.data_db)["entries"]
+            self.count = sum(txn.stat(db)["entries"] for db in (state.data_db, *self._sections.values()))
         except BaseException as exc:
             if txn is not None:
                 txn.abort()
@@ -287,18 +293,27 @@ class ReadView:
         self._open = True
 
     def pairs(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every (key, value) in key order; the view closes when they end
-        (or when this iterator is closed)."""
+        """Every (key, value) of the default keyspace in key order; without
+        sections the view closes when they end (or when this iterator is closed)."""
         try:
-            if not self._open:
-                return
-            try:
-                # bytes, not memoryviews: walkv never opens LMDB with buffers=True
-                yield from self._txn.cursor().iternext(keys=True, values=True)  # type: ignore[misc]
-            except lmdb.Error as exc:
-                raise read_error(exc, self._state.path) from None
+            yield from self._pairs(None)
         finally:
-            self.close()
+            if not self._sections:
+                self.close()
+
+    def sections(self) -> dict[str, Iterator[tuple[bytes, bytes]]]:
+        """Each section's (key, value) pairs in key order, from this view's
+        transaction (read them before the view closes)."""
+        return {name: self._pairs(db) for name, db in sorted(self._sections.items())}
+
+    def _pairs(self, db: Any) -> Iterator[tuple[bytes, bytes]]:
+        if not self._open:
+            return
+        try:
+            # bytes, not memoryviews: walkv never opens LMDB with buffers=True
+            yield from self._txn.cursor(db).iternext(keys=True, values=True)  # type: ignore[misc]
+        except lmdb.Error as exc:
+            raise read_error(exc, self._state.path) from None
 
     def close(self) -> None:
         """Release the transaction and the read gate."""

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import lmdb
 
-from kvstore.entry.codec import as_bytes
+from kvstore.entry.codec import MAX_KEY_BYTES, as_bytes
 from kvstore.state.environment import Environment
 from kvstore.state.lmdb_ops import read_error
 from kvstore.state.overlay import MISSING, Overlay
@@ -154,17 +154,39 @@ class CachedReads:
                 out.extend(self.get(k, default) for k in chunk)
         return out
 
-    def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
+    def get_in(self, db: Any, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key`` in the keyspace database ``db`` (never in the
+        overlay: keyspaces' groups are written to LMDB at once), through this
+        thread's cached read transaction as :meth:`get`; a transaction begun
+        before ``db`` was opened cannot see it, so any LMDB error renews it."""
+        r = self._r0
+        if r.ident != _get_ident():
+            r = self._r0 = self._reader()
+        r.busy = True
+        try:
+            if r.gen == self._env.gen:
+                return r.txn.get(key, default, db)  # type: ignore[union-attr,return-value]
+        except lmdb.BadValsizeError:
+            return default
+        except lmdb.Error:
+            pass
+        finally:
+            r.busy = False
+        return self._get_slow(r, key, default, db, renew=True)
+
+    def _get_slow(self, r: Reader, key: bytes, default: bytes | None, db: Any = None,
+                  renew: bool = False) -> bytes | None:
         """A commit happened since this thread's last read, or a writer holds
-        the gate, or the cached transaction died: renew it (announced by the
-        reader's ``busy`` flag, as on the fast path)."""
+        the gate, or the cached transaction died (``renew``: or may predate
+        ``db``): renew it (announced by the reader's ``busy`` flag, as on the
+        fast path)."""
         env = self._env
         env.gate.announce(r)
         try:
             if env.closed:
                 raise env.closed_error()
-            txn = self._renew(r) if r.gen != env.gen or r.txn is None else r.txn
-            return txn.get(key, default)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
+            txn = self._renew(r) if renew or r.gen != env.gen or r.txn is None else r.txn
+            return txn.get(key, default, db)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
         except lmdb.BadValsizeError:
             return default
         except lmdb.Error as exc:
@@ -220,3 +242,30 @@ class FreshReads:
         each as :meth:`get` returns it."""
         wanted = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
         return [self.get(k, default) for k in wanted]
+
+    def get_in(self, db: Any, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key`` in the keyspace database ``db``, as LMDB holds it now."""
+        return read_in_db(self._env, db, [key], default)[0]
+
+
+def read_in(env: Environment, keyspace: str, keys: Iterable[bytes], default: bytes | None
+            ) -> list[bytes | None]:
+    """The values of ``keys`` (``default`` for absent ones) in the named
+    ``keyspace``, from one fresh read transaction: a keyspace is never in the
+    overlay (:meth:`kvstore.state.machine.State.apply` writes its groups to
+    LMDB at once), and its handle is opened before the transaction begins,
+    as LMDB requires."""
+    keys = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
+    db = env.keyspace_db(keyspace)
+    if db is None:
+        return [default] * len(keys)
+    return read_in_db(env, db, keys, default)
+
+
+def read_in_db(env: Environment, db: Any, keys: list[bytes], default: bytes | None) -> list[bytes | None]:
+    """The values of ``keys`` (bytes) in the database ``db``, from one fresh read transaction."""
+    def read(txn: lmdb.Transaction) -> list[bytes | None]:
+        get = txn.get
+        return [get(k, default, db) if 0 < len(k) <= MAX_KEY_BYTES else default  # type: ignore[misc]
+                for k in keys]  # bytes: walkv never sets buffers=True
+    return env.read(read)

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Generator
 from itertools import islice
+from typing import Any
 
 import lmdb
 from mypy_extensions import mypyc_attr
@@ -46,6 +47,8 @@ from kvstore.state.readers import ReadSource, begin_in_gate
 from wal.errors import ClosedError, ViewExpiredError, WalkvError
 
 DEFAULT_MAX_VIEW_SECONDS = 60.0
+ABSENT = object()
+"""The ``db`` of a view of a keyspace that does not exist."""
 _monotonic = time.monotonic
 _CHUNK = 256
 
@@ -78,12 +81,14 @@ def scan_bounds(start: object, stop: object, prefix: object) -> tuple[bytes, byt
 class View(Lookups):
     """One consistent read of the store (see the module docstring). Create
     with :meth:`kvstore.KVStore.view`. :attr:`lsn` is the applied LSN it
-    sees: every write up to it, none after."""
+    sees: every write up to it, none after. ``db``: the database it reads
+    (a keyspace's, opened before the view; None: ``data``, the default
+    keyspace; :data:`ABSENT`: a keyspace that does not exist, read as empty)."""
 
     __slots__ = ("_state", "_txn", "_error", "busy", "lsn", "_count", "opened", "max_seconds",
-                 "owner", "__weakref__")
+                 "owner", "_db", "__weakref__")
 
-    def __init__(self, state: ReadSource, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> None:
+    def __init__(self, state: ReadSource, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS, db: Any = None) -> None:
         if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or max_seconds <= 0:
             raise ValueError(f"max_seconds must be a positive number, not {max_seconds!r}")
         self._state = state
@@ -92,13 +97,14 @@ class View(Lookups):
         self.busy = False
         self.max_seconds = float(max_seconds)
         self.owner = threading.get_ident()
+        self._db = db
         state.views_allowed.wait()  # a remap waiting for views goes first
         state.enter_read()
         try:
             txn = begin_in_gate(state)
             try:
                 self.lsn = state.applied_in(txn)
-                self._count = txn.stat(state.data_db)["entries"]
+                self._count = 0 if db is ABSENT else txn.stat(db or state.data_db)["entries"]
             except BaseException:
                 txn.abort()
                 raise
@@ -162,7 +168,9 @@ class View(Lookups):
             key = as_bytes(key, "key")
         txn = self._enter()
         try:
-            return txn.get(key, default)  # type: ignore[return-value]  # bytes: never buffers=True
+            if self._db is ABSENT:
+                return default
+            return txn.get(key, default, self._db)  # type: ignore[return-value]  # bytes: never buffers=True
         except lmdb.BadValsizeError:
             return default
         except lmdb.Error as exc:
@@ -192,7 +200,7 @@ class View(Lookups):
             try:
                 if first:
                     first = False
-                    it = position(txn.cursor(), lo, hi, None, reverse)
+                    it = None if self._db is ABSENT else position(txn.cursor(self._db), lo, hi, None, reverse)
                 chunk = list(islice(it, _CHUNK)) if it is not None else []
             except lmdb.Error as exc:
                 raise read_error(exc, self._state.path) from None

@@ -45,9 +45,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Iterator, NoReturn
+from typing import Any, Iterable, Iterator, NoReturn
 
-from kvstore.entry.codec import delete_entry, delete_range_entry, encode, put_entry
+from kvstore.entry.codec import (
+    OP_DROP_KEYSPACE,
+    check_keyspace,
+    delete_entry,
+    delete_range_entry,
+    encode,
+    in_keyspace,
+    put_entry,
+)
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
 from kvstore.store.store import KVStore
 from kvstore.store.txn import cas_outcome, decided
@@ -176,21 +184,39 @@ class AsyncKVStore:
         payload, ops = delete_range_entry(start, end)
         return self._submit(payload, ops)
 
-    def batch(self) -> "AsyncWriteBatch":
+    def batch(self, keyspace: str = "") -> "AsyncWriteBatch":
         """``async with adb.batch() as b:`` collects ``b.put``/``b.delete``/
-        ``b.delete_range`` (plain calls) and commits them atomically, one LSN,
-        when the block ends normally (awaiting durability); nothing is written
-        when it raises."""
+        ``b.delete_range`` (plain calls, each may name its ``keyspace=``) and
+        commits them atomically, one LSN, when the block ends normally
+        (awaiting durability); nothing is written when it raises.
+        ``keyspace``: where writes that name none go."""
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
-        return AsyncWriteBatch(self)
+        return AsyncWriteBatch(self, keyspace)
 
-    async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
+    async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes, keyspace: str = "") -> bool:
         """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
         decided in log order (:mod:`kvstore.store.txn`)."""
-        outcome = cas_outcome(self._max_value, key, expected, new)
+        outcome = cas_outcome(self._max_value, key, expected, new, self.store._writable_keyspace(keyspace))
         lsn = await self._submit(encode(outcome), outcome)
         return decided(outcome, lsn) is None
+
+    # -- keyspaces (kvstore/store/keyspace.py) ---------------------------------
+
+    def keyspace(self, name: str) -> "AsyncKeyspace":
+        """The keyspace ``name``, with this front's API (:meth:`KVStore.keyspace`)."""
+        return AsyncKeyspace(self, check_keyspace(name, default_ok=False))
+
+    async def keyspaces(self) -> list[str]:
+        return self.store.keyspaces()
+
+    def drop_keyspace(self, name: str) -> "asyncio.Future[int]":
+        """Remove every key of keyspace ``name`` in one entry; the awaited result is its LSN."""
+        ops = [[OP_DROP_KEYSPACE, check_keyspace(name, default_ok=False)]]
+        return self._submit(encode(ops), ops)
+
+    def _submit_in(self, keyspace: str, payload: Payload, ops: list) -> "asyncio.Future[int]":
+        return self._submit(*in_keyspace(self.store._writable_keyspace(keyspace), payload, ops))
 
     def watch(self, prefix: bytes | None = None, **options: Any) -> AsyncWatcher:
         """``async for change in adb.watch(...)``: :meth:`KVStore.watch`, its
@@ -270,6 +296,56 @@ class AsyncKVStore:
         return f"<AsyncKVStore {self.store!r}>"
 
 
+class AsyncKeyspace:
+    """A keyspace of an :class:`AsyncKVStore` (``adb.keyspace("users")``):
+    :class:`kvstore.store.keyspace.Keyspace`'s API, writes awaited as the
+    front's are, reads answered directly."""
+
+    __slots__ = ("adb", "name", "_sync")
+
+    def __init__(self, adb: AsyncKVStore, name: str) -> None:
+        self.adb = adb
+        self.name = name
+        self._sync = adb.store.keyspace(name)  # its reads
+
+    def put(self, key: bytes, value: bytes) -> "asyncio.Future[int]":
+        return self.adb._submit_in(self.name, *put_entry(key, value, self.adb._max_value))
+
+    def delete(self, key: bytes) -> "asyncio.Future[int]":
+        return self.adb._submit_in(self.name, *delete_entry(key))
+
+    def delete_range(self, start: bytes | None, end: bytes | None) -> "asyncio.Future[int]":
+        return self.adb._submit_in(self.name, *delete_range_entry(start, end))
+
+    def batch(self) -> AsyncWriteBatch:
+        return self.adb.batch(self.name)
+
+    async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
+        return await self.adb.compare_and_set(key, expected, new, self.name)
+
+    def drop(self) -> "asyncio.Future[int]":
+        return self.adb.drop_keyspace(self.name)
+
+    async def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        return self._sync.get(key, default)
+
+    async def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        return self._sync.get_many(keys, default)
+
+    async def count(self) -> int:
+        return len(self._sync)
+
+    def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
+             prefix: bytes | None = None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        return self._sync.scan(start, stop, prefix=prefix, reverse=reverse)
+
+    def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
+        return self._sync.view(max_seconds)
+
+    def watch(self, prefix: bytes | None = None, **options: Any) -> AsyncWatcher:
+        return AsyncWatcher(self.adb.store.watch(prefix, keyspace=self.name, **options))
+
+
 def _fail(futures: list[asyncio.Future], error: BaseException) -> None:
     for fut in futures:
         if not fut.done():
@@ -281,8 +357,9 @@ class AsyncWriteBatch(WriteBatch):
 
     __slots__ = ("_adb",)
 
-    def __init__(self, adb: AsyncKVStore) -> None:
-        super().__init__(self._refuse_sync_commit, adb._max_value, adb.store._max_payload)
+    def __init__(self, adb: AsyncKVStore, keyspace: str = "") -> None:
+        super().__init__(self._refuse_sync_commit, adb._max_value, adb.store._max_payload,
+                         adb.store._writable_keyspace(keyspace), check_keyspace=adb.store._writable_keyspace)
         self._adb = adb
 
     @staticmethod

@@ -46,6 +46,7 @@ import shutil
 import time
 from typing import Iterable, Iterator, NamedTuple, Protocol
 
+import snapshot
 import wal
 from kvstore.entry.codec import decode_all
 from kvstore.layout import SESSION_NAME
@@ -265,15 +266,16 @@ def rebuild_state(
     wal_log: LogSource,
     *,
     store_id: str,
-    base: Iterable[tuple[bytes, bytes]] | None = None,
+    base: snapshot.Snapshot | None = None,
     base_lsn: int = 0,
     progress: Progress | None = None,
     fs: FileSystem = OS_FS,
     state_options: StateOptions = StateOptions(),
 ) -> State:
-    """Delete LMDB and build it again: the ``base`` (key, value) pairs, sorted
-    by key, as of ``base_lsn`` (the newest snapshot; none: an empty state at
-    LSN 0), then the log from ``base_lsn + 1``. Returns the open state.
+    """Delete LMDB and build it again: the ``base`` snapshot (every section:
+    the keyspaces' too) as of ``base_lsn`` (the newest snapshot; none: an
+    empty state at LSN 0), then the log from ``base_lsn + 1``. Returns the
+    open state.
 
     Crash-safe: the old environment is deleted durably first, SESSION says
     "not clean" before the first LMDB write, and ``complete`` is set only once
@@ -300,7 +302,9 @@ def rebuild_state(
     try:
         state.initialize(store_id, base_lsn, complete=base is None)
         if base is not None:
-            n = state.load_base(iter_pairs(base), base_lsn)
+            n = state.load_base(iter_pairs(base), base_lsn,
+                                sections={name: iter_pairs(base.section_items(name))
+                                          for name in base.section_names()})
             log.info("rebuild of %s: loaded %d pairs of the snapshot at LSN %d",
                      lmdb_dir, n, base_lsn)
         replay(state, wal_log, progress=progress, what="rebuild")

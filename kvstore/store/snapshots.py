@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable, Iterator
+from typing import Callable
 
 import snapshot
 import wal
@@ -133,7 +133,7 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
             return newest[-1]
         _move_foreign_aside(parent, lsn, store_id, fs)
         info = snapshot.write(
-            parent, lsn, view.pairs(), store_id=store_id, fs=fs, progress=progress, total=view.count,
+            parent, lsn, view.pairs(), sections=view.sections(), store_id=store_id, fs=fs, progress=progress, total=view.count,
             before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
             max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES),
         )
@@ -237,8 +237,8 @@ def choose_base(snapshot_dirs: list[str], wal_dir: str | None, log_first: int, t
 
 
 def rebuild_base(store_path: str, store_id: str | None = None
-                 ) -> tuple[Iterator[tuple[bytes, bytes]], int] | None:
-    """``(pairs, lsn)`` of the snapshot a rebuild of the store's LMDB starts
+                 ) -> tuple[snapshot.Snapshot, int] | None:
+    """``(snapshot, lsn)`` of the snapshot a rebuild of the store's LMDB starts
     from (see :func:`choose_base`), or None: replay the whole log."""
     wal_dir = os.path.join(store_path, WAL_DIR)
     segments = list_segments(wal_dir) if os.path.isdir(wal_dir) else []
@@ -249,7 +249,7 @@ def rebuild_base(store_path: str, store_id: str | None = None
     except SnapshotError as e:
         raise CorruptionError(f"cannot rebuild the state: {e}", kind=Damage.MISSING,
                               path=snapshots_dir(store_path), offset=0, hint="`walkv verify STORE` lists the damage") from None
-    return None if snap is None else (iter(snap), snap.lsn)
+    return None if snap is None else (snap, snap.lsn)
 
 
 class AutoSnapshot:

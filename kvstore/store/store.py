@@ -51,17 +51,23 @@ from kvstore.entry.codec import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
     MAX_KEY_BYTES,
+    OP_DROP_KEYSPACE,
     as_bytes,
+    check_keyspace,
     delete_entry,
     delete_range_entry,
+    in_keyspace,
+    pack_ops,
     parse,
     put_entry,
 )
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions, View
+from kvstore.state.lmdb_env import MAX_KEYSPACES
 from kvstore.state.lookups import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
+from kvstore.store.keyspace import Keyspace
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
 from kvstore.watch import consumers
@@ -69,7 +75,7 @@ from kvstore.watch import watcher as watching
 from kvstore.watch.consumers import SubscriptionInfo
 from kvstore.watch.subscription import Subscription, subscribe
 from snapshot import SnapshotInfo
-from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
+from wal.errors import ArchiveError, ClosedError, KeyspaceLimitError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
@@ -169,7 +175,7 @@ class KVStore(Lookups):
     def _on_prepare(self, group: wal.Group) -> list[Payload] | None:
         # Called by the group's leader before it is written: decide its
         # conditional writes in log order and write the decisions into the log.
-        return conditions.decide_group(group.payloads, group.contexts, self._state.get)
+        return conditions.decide_group(group.payloads, group.contexts, self._state.read)
 
     def _on_commit(self, group: wal.Group) -> None:
         # Called by the log's committing thread for every group, after its
@@ -227,6 +233,63 @@ class KVStore(Lookups):
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.put(key, value)
 
+    # -- keyspaces (kvstore/store/keyspace.py) -------------------------------------
+
+    def keyspace(self, name: str) -> Keyspace:
+        """The keyspace ``name`` (1..64 characters of ``[A-Za-z0-9_.-]``, not
+        starting with ``__``): a handle with this store's API over its own
+        keys, created by its first write (:mod:`kvstore.store.keyspace`).
+        ``""`` is not a name: the default keyspace is the store itself."""
+        return Keyspace(self, check_keyspace(name, default_ok=False))
+
+    def keyspaces(self) -> list[str]:
+        """The named keyspaces that hold at least one key, sorted."""
+        self._check_open()
+        return self._state.keyspaces()
+
+    def drop_keyspace(self, name: str) -> int:
+        """Remove every key of keyspace ``name`` as ONE log entry (one op,
+        however many keys it holds); return its LSN. Durable and visible as
+        any write. A keyspace that holds nothing is dropped too (logged)."""
+        ops = [[OP_DROP_KEYSPACE, check_keyspace(name, default_ok=False)]]
+        return self._append(pack_ops(ops), ops)
+
+    def _writable_keyspace(self, name: str) -> str:
+        """``name``, checked, before a write into it is logged: a keyspace this
+        store does not hold yet past :data:`MAX_KEYSPACES` is refused."""
+        name = check_keyspace(name)
+        if name and self._log is not None and self._state.lmdb.keyspace_db(name) is None:
+            if self._state.lmdb.keyspace_slots_left() <= 0:
+                raise KeyspaceLimitError(
+                    f"the store {self.path} holds {MAX_KEYSPACES} keyspaces, its most; keyspace {name!r} "
+                    f"would be one more. Nothing was written. Drop keyspaces no longer used (their "
+                    f"slots come back when LMDB is next rebuilt) or keep related data in one keyspace.")
+        return name
+
+    def _put_in(self, keyspace: str, key: bytes, value: bytes) -> int:
+        """:meth:`put` in ``keyspace``: the one write path of a put into a
+        named keyspace (:meth:`Keyspace.put`)."""
+        payload, ops = put_entry(key, value, self.max_value_bytes)
+        return self._append(*in_keyspace(self._writable_keyspace(keyspace), payload, ops))
+
+    def _delete_in(self, keyspace: str, key: bytes) -> int:
+        payload, ops = delete_entry(key)
+        return self._append(*in_keyspace(self._writable_keyspace(keyspace), payload, ops))
+
+    def _delete_range_in(self, keyspace: str, start: bytes | None, end: bytes | None) -> int:
+        payload, ops = delete_range_entry(start, end)
+        return self._append(*in_keyspace(self._writable_keyspace(keyspace), payload, ops))
+
+    def _batch_in(self, keyspace: str) -> WriteBatch:
+        self._check_writable()
+        return WriteBatch(self._append, self.max_value_bytes, self._max_payload, keyspace,
+                          check_keyspace=self._writable_keyspace)
+
+    def _transaction_in(self, keyspace: str) -> txn.Transaction:
+        self._check_writable()
+        return txn.Transaction(self._append, self.max_value_bytes, self._max_payload, keyspace,
+                               check_keyspace=self._writable_keyspace)
+
     def __delitem__(self, key: bytes) -> None:
         """``del db[k]``: KeyError when ``k`` is absent (checked just before
         the delete is logged; a concurrent writer may race it)."""
@@ -243,8 +306,7 @@ class KVStore(Lookups):
         Committed when the ``with`` block ends normally (durable per the sync
         mode, then visible), discarded when it raises. ``b.lsn`` is the LSN.
         """
-        self._check_writable()
-        return WriteBatch(self._append, self.max_value_bytes, self._max_payload)
+        return self._batch_in("")
 
     def update(self, pairs: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> int | None:
         """Put every (key, value) of ``pairs`` (a mapping or an iterable of
@@ -275,8 +337,7 @@ class KVStore(Lookups):
     def transaction(self) -> txn.Transaction:
         """Conditions plus writes, applied atomically only if every condition
         holds in log order (:class:`kvstore.store.txn.Transaction`)."""
-        self._check_writable()
-        return txn.Transaction(self._append, self.max_value_bytes, self._max_payload)
+        return self._transaction_in("")
 
     def _check_writable(self) -> None:
         """Before handing out a batch or transaction: refuse at once what
@@ -347,14 +408,17 @@ class KVStore(Lookups):
 
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,
-              progress_every: float | None = None, on_gap: str = "error") -> watching.Watcher:
+              progress_every: float | None = None, on_gap: str = "error",
+              keyspace: str | None = "") -> watching.Watcher:
         """Follow the store's durable changes in log order, from ``from_lsn``
         (default: only new ones), for keys under ``prefix`` and in
-        ``[start, stop)``: an iterator (and context manager) of
-        :class:`kvstore.watch.Change`. See :mod:`kvstore.watch.watcher`."""
+        ``[start, stop)``, in ``keyspace`` ("": the default one; None: every
+        keyspace, each change naming its own): an iterator (and context
+        manager) of :class:`kvstore.watch.Change`. See :mod:`kvstore.watch.watcher`."""
         self._check_open()
         return watching.Watcher(self._watch_source(), prefix, start=start, stop=stop, from_lsn=from_lsn,
-                                timeout=timeout, progress_every=progress_every, on_gap=on_gap)
+                                timeout=timeout, progress_every=progress_every, on_gap=on_gap,
+                                keyspace=keyspace)
 
     def subscribe(self, name: str, prefix: bytes | None = None, *, start: bytes | None = None,
                   stop: bytes | None = None, from_lsn: int | None = None, timeout: float | None = None,

@@ -27,11 +27,13 @@ from typing import NamedTuple
 from kvstore.entry.codec import (
     OP_DELETE,
     OP_DELETE_RANGE,
+    OP_KEYSPACE,
     OP_PUT,
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
     OP_REQUIRE_PRESENT,
     check_key,
+    check_keyspace,
     check_range,
     check_value,
     pack_ops,
@@ -49,11 +51,13 @@ PRESENT = "present"
 
 class Condition(NamedTuple):
     """One condition of a transaction: ``kind`` is ``"equals"`` (then
-    ``value`` is the expected value), ``"absent"`` or ``"present"``."""
+    ``value`` is the expected value), ``"absent"`` or ``"present"``, of
+    ``key`` in ``keyspace`` ("": the default one)."""
 
     key: bytes
     kind: str
     value: bytes | None = None
+    keyspace: str = ""
 
     def as_op(self) -> list:
         if self.kind == EQUALS:
@@ -71,35 +75,54 @@ def decided(outcome: Outcome, lsn: int) -> int | None:
 
 
 def conditional_write(append: Append, conds: list[Condition], writes: list[list]) -> tuple[int, int | None]:
-    """Log one entry: ``conds`` then ``writes`` (validated ops). Returns
-    (LSN, index of the failed condition or None)."""
-    outcome = Outcome([c.as_op() for c in conds] + writes)
+    """Log one entry: ``conds`` then ``writes`` (validated ops, in the
+    keyspace of the last condition). Returns (LSN, index of the failed
+    condition or None)."""
+    ops, index = in_keyspaces([(c.keyspace, c.as_op()) for c in conds])
+    outcome = Outcome(ops + writes)
     lsn = append(pack_ops(outcome), outcome)
-    return lsn, decided(outcome, lsn)
+    failed = decided(outcome, lsn)
+    return lsn, None if failed is None else index[failed]
 
 
-def cas_outcome(max_value: int, key: bytes, expected: bytes | None, new: bytes) -> Outcome:
+def in_keyspaces(ops: list[tuple[str, list]], at: str = "") -> tuple[list[list], dict[int, int]]:
+    """``ops`` (each with its keyspace) as one entry's ops, a ``[16, name]``
+    before each change of keyspace (starting from ``at``), and where each
+    of them landed (its index in the entry -> its index in ``ops``)."""
+    out: list[list] = []
+    index: dict[int, int] = {}
+    for i, (keyspace, op) in enumerate(ops):
+        if keyspace != at:
+            out.append([OP_KEYSPACE, keyspace])
+            at = keyspace
+        index[len(out)] = i
+        out.append(op)
+    return out, index
+
+
+def cas_outcome(max_value: int, key: bytes, expected: bytes | None, new: bytes, keyspace: str = "") -> Outcome:
     """The validated operations of a compare-and-set (see :func:`compare_and_set`)."""
     key = check_key(key)
     new = check_value(new, max_value)
     cond = (Condition(key, ABSENT) if expected is None
             else Condition(key, EQUALS, check_value(expected, max_value)))
-    return Outcome([cond.as_op(), [OP_PUT, key, new]])
+    head = [[OP_KEYSPACE, keyspace]] if keyspace else []
+    return Outcome([*head, cond.as_op(), [OP_PUT, key, new]])
 
 
 def compare_and_set(append: Append, max_value: int, key: bytes, expected: bytes | None,
-                    new: bytes) -> bool:
+                    new: bytes, keyspace: str = "") -> bool:
     """Set ``key`` to ``new`` if its value is ``expected`` (None: if it is
-    absent), decided in log order. True when it was set."""
-    outcome = cas_outcome(max_value, key, expected, new)
+    absent), decided in log order, in ``keyspace``. True when it was set."""
+    outcome = cas_outcome(max_value, key, expected, new, keyspace)
     lsn = append(pack_ops(outcome), outcome)
     return decided(outcome, lsn) is None
 
 
-def delete_if(append: Append, max_value: int, key: bytes, expected: bytes) -> bool:
-    """Delete ``key`` if its value is ``expected``; True when it was deleted."""
+def delete_if(append: Append, max_value: int, key: bytes, expected: bytes, keyspace: str = "") -> bool:
+    """Delete ``key`` if its value is ``expected`` (in ``keyspace``); True when it was deleted."""
     key = check_key(key)
-    cond = Condition(key, EQUALS, check_value(expected, max_value))
+    cond = Condition(key, EQUALS, check_value(expected, max_value), keyspace)
     return conditional_write(append, [cond], [[OP_DELETE, key]])[1] is None
 
 
@@ -120,12 +143,15 @@ class Transaction(CommitOnExit):
     not hold (None on success).
     """
 
-    def __init__(self, append: Append, max_value: int, max_payload: int) -> None:
+    def __init__(self, append: Append, max_value: int, max_payload: int, keyspace: str = "",
+                 check_keyspace: Callable[[str], str] = check_keyspace) -> None:
         self._append = append
         self._max_value = max_value
         self._max_payload = max_payload
+        self._keyspace = keyspace  # where conditions and writes without keyspace= go
+        self._check_keyspace = check_keyspace
         self._conds: list[Condition] = []
-        self._writes: list[list] = []
+        self._writes: list[tuple[str, list]] = []
         self._done = False
         self.lsn: int | None = None
         self.succeeded: bool | None = None
@@ -136,34 +162,42 @@ class Transaction(CommitOnExit):
             raise ClosedError("this transaction was already committed or discarded; "
                               "start a new one with db.transaction()")
 
+    def _in(self, keyspace: str | None) -> str:
+        return self._keyspace if keyspace is None else self._check_keyspace(keyspace)
+
     def require(self, key: bytes, *, equals: bytes | None = None, absent: bool = False,
-                present: bool = False) -> None:
+                present: bool = False, keyspace: str | None = None) -> None:
         """Require, in log order, that ``key``'s value equals ``equals``, or that
-        ``key`` is ``absent``, or ``present`` (exactly one of the three)."""
+        ``key`` is ``absent``, or ``present`` (exactly one of the three), in
+        ``keyspace`` (default: the transaction's)."""
         self._open()
         if (equals is not None) + bool(absent) + bool(present) != 1:
             raise ValueError("require() takes exactly one of equals=..., absent=True, present=True")
         key = check_key(key)
+        ks = self._in(keyspace)
         if equals is not None:
-            self._conds.append(Condition(key, EQUALS, check_value(equals, self._max_value)))
+            self._conds.append(Condition(key, EQUALS, check_value(equals, self._max_value), ks))
         else:
-            self._conds.append(Condition(key, ABSENT if absent else PRESENT))
+            self._conds.append(Condition(key, ABSENT if absent else PRESENT, None, ks))
 
-    def put(self, key: bytes, value: bytes) -> None:
-        """Set ``key`` to ``value`` if the transaction succeeds."""
+    def put(self, key: bytes, value: bytes, *, keyspace: str | None = None) -> None:
+        """Set ``key`` to ``value`` (in ``keyspace``) if the transaction succeeds."""
         self._open()
-        self._writes.append([OP_PUT, check_key(key), check_value(value, self._max_value)])
+        op = [OP_PUT, check_key(key), check_value(value, self._max_value)]
+        self._writes.append((self._in(keyspace), op))
 
-    def delete(self, key: bytes) -> None:
-        """Remove ``key`` if the transaction succeeds."""
+    def delete(self, key: bytes, *, keyspace: str | None = None) -> None:
+        """Remove ``key`` (in ``keyspace``) if the transaction succeeds."""
         self._open()
-        self._writes.append([OP_DELETE, check_key(key)])
+        op = [OP_DELETE, check_key(key)]
+        self._writes.append((self._in(keyspace), op))
 
-    def delete_range(self, start: bytes | None, end: bytes | None) -> None:
-        """Delete every key with ``start <= key < end`` (None: unbounded) if
-        the transaction succeeds."""
+    def delete_range(self, start: bytes | None, end: bytes | None, *, keyspace: str | None = None) -> None:
+        """Delete every key with ``start <= key < end`` (None: unbounded), in
+        ``keyspace``, if the transaction succeeds."""
         self._open()
-        self._writes.append([OP_DELETE_RANGE, *check_range(start, end)])
+        op = [OP_DELETE_RANGE, *check_range(start, end)]
+        self._writes.append((self._in(keyspace), op))
 
     def commit(self) -> bool:
         """Log the transaction; return whether it succeeded (also in
@@ -174,7 +208,7 @@ class Transaction(CommitOnExit):
         if not self._conds and not self._writes:
             self.succeeded = True
             return True
-        ops = [c.as_op() for c in self._conds] + self._writes
+        ops, index = in_keyspaces([(c.keyspace, c.as_op()) for c in self._conds] + self._writes)
         outcome = Outcome(ops)
         payload = pack_ops(outcome)
         if len(payload) > self._max_payload:
@@ -184,7 +218,7 @@ class Transaction(CommitOnExit):
         self.lsn = self._append(payload, outcome)
         failed = decided(outcome, self.lsn) if self._conds else None
         self.succeeded = failed is None
-        self.failed_condition = None if failed is None else self._conds[failed]
+        self.failed_condition = None if failed is None else self._conds[index[failed]]
         return self.succeeded
 
     def discard(self) -> None:

@@ -13,8 +13,10 @@ from kvstore.entry.codec import (
     MAX_KEY_BYTES,
     OP_DELETE,
     OP_DELETE_RANGE,
+    OP_KEYSPACE,
     OP_PUT,
     check_key,
+    check_keyspace,
     check_range,
     check_value,
     pack_ops,
@@ -79,29 +81,51 @@ class WriteBatch(CommitOnExit):
     ``commit`` is called as ``commit(payload, ops)`` and returns the LSN: the
     ops travel with the payload through the log, so that the store applies
     them without decoding its own payload again.
+
+    Keyspaces: each write goes to ``keyspace=`` when given ("": the default
+    keyspace), else to the batch's own (``keyspace``: the one of the handle
+    that made it, "" for the store's), so one batch may span keyspaces and
+    stays one atomic entry (a ``[16, name]`` op goes before each change of
+    keyspace, :mod:`kvstore.entry.codec`).
     """
 
     __slots__ = ("_ops", "_commit", "_max_value", "_max_payload", "_done",
-                 "lsn")
+                 "lsn", "_keyspace", "_at", "_check_keyspace", "_switches")
 
     def __init__(self, commit: Callable[[bytes, list], int], max_value: int,
-                 max_payload: int) -> None:
+                 max_payload: int, keyspace: str = "",
+                 check_keyspace: Callable[[str], str] = check_keyspace) -> None:
         self._ops: list = []
         self._commit = commit
         self._max_value = max_value
         self._max_payload = max_payload
         self._done = False
         self.lsn: int | None = None
+        self._keyspace = keyspace  # where writes without keyspace= go
+        self._at = ""  # the keyspace the ops so far leave the entry in
+        self._check_keyspace = check_keyspace
+        self._switches = 0  # [16, name] ops among _ops (not writes)
 
-    def put(self, key: bytes, value: bytes) -> None:
-        """Set ``key`` to ``value`` when the batch commits."""
+    def _switch(self, keyspace: str | None) -> None:
+        """Make the next op go to ``keyspace`` (None: the batch's own)."""
+        ks = self._keyspace if keyspace is None else self._check_keyspace(keyspace)
+        if ks != self._at:
+            self._ops.append((OP_KEYSPACE, ks))
+            self._at = ks
+            self._switches += 1
+
+    def put(self, key: bytes, value: bytes, *, keyspace: str | None = None) -> None:
+        """Set ``key`` to ``value`` (in ``keyspace``) when the batch commits."""
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
             key = check_key(key)
         if type(value) is not bytes or len(value) > self._max_value:
             value = check_value(value, self._max_value)
+        if keyspace is not None or self._keyspace != self._at:
+            self._switch(keyspace)
         self._ops.append((OP_PUT, key, value))
 
-    def update(self, pairs: "Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]") -> None:
+    def update(self, pairs: "Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]", *,
+               keyspace: str | None = None) -> None:
         """Add a put for every (key, value) of ``pairs`` (a mapping or an
         iterable of pairs), checked as :meth:`put` checks them but in bulk:
         the fast way to load many pairs."""
@@ -116,20 +140,25 @@ class WriteBatch(CommitOnExit):
                 or min(map(len, keys)) == 0 or max(map(len, keys)) > MAX_KEY_BYTES
                 or max(map(len, values)) > self._max_value):
             ops = [(OP_PUT, check_key(k), check_value(v, self._max_value)) for _, k, v in ops]
+        if keyspace is not None or self._keyspace != self._at:
+            self._switch(keyspace)
         self._ops.extend(ops)
 
-    def delete(self, key: bytes) -> None:
-        """Remove ``key`` when the batch commits."""
+    def delete(self, key: bytes, *, keyspace: str | None = None) -> None:
+        """Remove ``key`` (in ``keyspace``) when the batch commits."""
         key = check_key(key)
+        self._switch(keyspace)
         self._ops.append((OP_DELETE, key))
 
-    def delete_range(self, start: bytes | None, end: bytes | None) -> None:
-        """Delete every key with ``start <= key < end`` (``None``: unbounded)."""
+    def delete_range(self, start: bytes | None, end: bytes | None, *, keyspace: str | None = None) -> None:
+        """Delete every key with ``start <= key < end`` (``None``: unbounded), in ``keyspace``."""
         start, end = check_range(start, end)
+        self._switch(keyspace)
         self._ops.append((OP_DELETE_RANGE, start, end))
 
     def __len__(self) -> int:
-        return 0 if self._done else len(self._ops)
+        """The writes collected (keyspace switches are not writes)."""
+        return 0 if self._done else len(self._ops) - self._switches
 
     def _seal(self) -> tuple[bytes, list] | None:
         """Close the batch; return its payload and operations (None if

@@ -5,7 +5,7 @@ the read-only seam), never the writers' memory, up to the durable LSN: it
 never shows an entry that a crash could take back. A slow watcher costs the
 writers nothing but page cache.
 
-What it yields: :class:`Change` ``(lsn, time, op, key, value, end_key)``:
+What it yields: :class:`Change` ``(lsn, time, op, key, value, end_key, keyspace)``:
 
 * ``op`` is the Spark ``changes`` table's ``_change_type``
   (``kvstore.entry.codec.UPSERT``/``DELETE``/``DELETE_RANGE``: ``"upsert"``,
@@ -15,6 +15,12 @@ What it yields: :class:`Change` ``(lsn, time, op, key, value, end_key)``:
   meets them). The operations of one batch share its LSN, in batch order.
 * ``time`` is the entry's commit time as an int: microseconds since the Unix
   epoch, UTC (the log's own resolution, and the Spark table's).
+* ``keyspace`` is the keyspace the change is in ("": the default one). A
+  watcher follows one keyspace (``keyspace=``, default ""), or every one
+  (``keyspace=None``). A drop of a keyspace is shown as what it does, a
+  ``delete_range`` of every key (``key`` b"", ``end_key``
+  ``kvstore.entry.codec.END_OF_KEYS``), so a consumer that applies
+  changes needs nothing new for it.
 * A conditional write (:mod:`kvstore.store.txn`) is shown only if its conditions
   held (its conditions are not changes); one that failed shows nothing. The
   log itself says which (:mod:`kvstore.entry.conditions`), so a watcher never
@@ -66,7 +72,20 @@ from typing import Any, NamedTuple
 
 import snapshot
 from kvstore.entry import conditions
-from kvstore.entry.codec import DELETE, DELETE_RANGE, OP_DELETE, OP_PUT, UPSERT, as_bytes, decode
+from kvstore.entry.codec import (
+    DELETE,
+    DELETE_RANGE,
+    END_OF_KEYS,
+    KEYSPACE_SECTION,
+    OP_DELETE,
+    OP_DROP_KEYSPACE,
+    OP_KEYSPACE,
+    OP_PUT,
+    UPSERT,
+    as_bytes,
+    check_keyspace,
+    decode,
+)
 from kvstore.watch.log_tail import LogTail
 from wal.errors import ClosedError, LogGapError
 from wal.fs import OS_FS
@@ -94,6 +113,7 @@ class Change(NamedTuple):
     key: bytes
     value: bytes | None
     end_key: bytes | None
+    keyspace: str = ""
 
 
 class WatchHub:
@@ -161,11 +181,13 @@ class Watcher:
 
     def __init__(self, source: Source, prefix: bytes | None = None, *, start: bytes | None = None,
                  stop: bytes | None = None, from_lsn: int | None = None, timeout: float | None = None,
-                 progress_every: float | None = None, on_gap: str = "error") -> None:
+                 progress_every: float | None = None, on_gap: str = "error", keyspace: str | None = "") -> None:
         """Changes of keys under ``prefix`` and in ``[start, stop)``, from
-        ``from_lsn`` (None: the first LSN after ``source.durable_lsn()``)."""
+        ``from_lsn`` (None: the first LSN after ``source.durable_lsn()``),
+        in ``keyspace`` ("": the default one; None: every keyspace)."""
         if on_gap not in ON_GAP:
             raise ValueError(f"on_gap must be one of {ON_GAP}, not {on_gap!r}")
+        self._keyspace = None if keyspace is None else check_keyspace(keyspace)
         self._lo, self._hi = key_bounds(prefix, start, stop)
         if from_lsn is None:
             from_lsn = source.durable_lsn() + 1
@@ -282,17 +304,28 @@ class Watcher:
 
     def _matching(self, lsn: int, ts: int, ops: Sequence[Sequence[Any]]) -> list[Change]:
         lo, hi = self._lo, self._hi
+        watched = self._keyspace
+        ks = ""  # a batch starts in the default keyspace
         out = []
         for op in ops:
             code = op[0]
+            if code == OP_KEYSPACE:
+                ks = op[1]
+                continue
+            if code == OP_DROP_KEYSPACE:  # every key of it goes: a delete_range of all
+                if watched is None or watched == op[1]:
+                    out.append(Change(lsn, ts, DELETE_RANGE, b"", None, END_OF_KEYS, op[1]))
+                continue
+            if watched is not None and ks != watched:
+                continue
             if code == OP_PUT or code == OP_DELETE:
                 key = op[1]
                 if key >= lo and (hi is None or key < hi):
-                    out.append(Change(lsn, ts, _OPS[code], key, op[2] if code == OP_PUT else None, None))
+                    out.append(Change(lsn, ts, _OPS[code], key, op[2] if code == OP_PUT else None, None, ks))
             else:
                 start, end = op[1], op[2]
                 if start < end and end > lo and (hi is None or start < hi):
-                    out.append(Change(lsn, ts, DELETE_RANGE, start, None, end))
+                    out.append(Change(lsn, ts, DELETE_RANGE, start, None, end, ks))
         return out
 
     def _from_snapshot(self, gap: LogGapError) -> Iterator[Change]:
@@ -306,8 +339,14 @@ class Watcher:
                               first_available=gap.first_available) from gap
         info = snap.info
         hi = self._hi
-        for key, value in snap.items(self._lo or None, hi):
-            yield Change(info.lsn, info.created_us, SNAPSHOT, key, value, None)
+        sections = snap.section_names()
+        keyspaces = [""] + [n[len(KEYSPACE_SECTION):] for n in sections if n.startswith(KEYSPACE_SECTION)]
+        for ks in keyspaces if self._keyspace is None else [self._keyspace]:
+            section = KEYSPACE_SECTION + ks if ks else ""
+            if section and section not in sections:
+                continue
+            for key, value in snap.section_items(section, self._lo or None, hi):
+                yield Change(info.lsn, info.created_us, SNAPSHOT, key, value, None, ks)
         self.next_lsn = info.lsn + 1
 
 
