@@ -47,7 +47,8 @@ async def bounds(request: web.Request) -> web.Response:
     durable = store.durable_lsn
     segments = await _in_thread(lambda: list_segments(store._wal_dir))
     return json_response({"first_lsn": segments[0].first_lsn if segments else durable + 1,
-                          "durable_lsn": durable, "last_lsn": store.last_lsn, "store_id": store.store_id})
+                          "durable_lsn": durable, "last_lsn": store.last_lsn, "applied_lsn": store.applied_lsn,
+                          "store_id": store.store_id})
 
 
 async def entries(request: web.Request) -> web.Response:
