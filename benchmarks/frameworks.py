@@ -43,7 +43,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 
-
 def baseline_seconds() -> float:
     """The machine's ``sum(range(10**7))`` time (printed beside the ratios)."""
     t0 = time.perf_counter()
