@@ -22,6 +22,7 @@ from kvstore.client.wire import BadRequest, PayloadTooLarge, TooManyStreams, b64
 from kvstore.server.auth import Tokens
 from kvstore.store.aio import AsyncKVStore
 from kvstore.store.store import KVStore
+from kvstore.watch.subscription import Subscription
 from kvstore.watch.watcher import AsyncWatcher
 from wal.errors import ReplicaLagError
 
@@ -63,6 +64,7 @@ class Served:
         self.store: KVStore = db.store if isinstance(db, AsyncKVStore) else db
         self.streams: weakref.WeakSet[AsyncWatcher] = weakref.WeakSet()
         self.stream_count = 0
+        self.subscriptions: dict[str, Subscription] = {}  # name -> its newest stream's (for acks)
         self.shutting_down = False
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
