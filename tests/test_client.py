@@ -180,7 +180,7 @@ def test_paged_scans_in_both_directions_and_min_lsn(tmp_path) -> None:
 
 def test_the_log_endpoints_give_a_follower_what_the_log_holds(tmp_path) -> None:
     store = str(tmp_path / "s")
-    with ServerThread(store, segment_bytes=64 << 10) as server, kvstore.connect(server.url) as db:
+    with ServerThread(store, segment_bytes=1 << 20) as server, kvstore.connect(server.url) as db:
         for i in range(300):
             db.put(b"k%03d" % i, b"v" * 500)
         bounds = db.bounds()
@@ -197,14 +197,27 @@ def test_the_log_endpoints_give_a_follower_what_the_log_holds(tmp_path) -> None:
             fh.seek(offset)
             assert r.content == fh.read(len(r.content))  # the file's bytes, up to the last durable record
         assert os.path.getsize(segment) > offset + len(r.content)  # not the preallocated rest
+        for i in range(300, 400):
+            db.put(b"k%03d" % i, b"v" * 500)
+        active = db._http.request("GET", "/v1/log/segment", params={"from_lsn": 395})
+        nxt = db._http.request("GET", "/v1/log/segment", params={"from_lsn": 401, "wait": 0})
+        assert (nxt.headers["Walkv-Segment"], nxt.content) == (active.headers["Walkv-Segment"], b"")
+        db.put(b"late", b"x")
+        nxt = db._http.request("GET", "/v1/log/segment", params={"from_lsn": 401})
+        start = int(nxt.headers["Walkv-Offset"])
+        # the active segment has no index: from where the last answer ended, not from its start
+        assert start > 0 and 0 < len(nxt.content) < 32768 + 600
+        follow = [db._http.request("GET", "/v1/log/entries", params={"from_lsn": n, "limit": 50}).json()
+                  for n in (301, 351)]
+        assert [e["lsn"] for f in follow for e in f["entries"]] == list(range(301, 401))
         db.snapshot()
         listed = db._http.request("GET", "/v1/snapshots").json()["snapshots"]
-        assert [s["lsn"] for s in listed] == [300]
+        assert [s["lsn"] for s in listed] == [401]
         name = listed[0]["files"][0]["name"]
-        body = db._http.request("GET", f"/v1/snapshots/300/{name}").content
+        body = db._http.request("GET", f"/v1/snapshots/401/{name}").content
         assert len(body) == listed[0]["files"][0]["size"]
         for bad in ("../LOCK", "nope"):
-            assert httpx.get(f"{server.url}/v1/snapshots/300/{bad}").status_code == 404
+            assert httpx.get(f"{server.url}/v1/snapshots/401/{bad}").status_code == 404
 
 
 def test_subscriptions_over_http(tmp_path) -> None:
