@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import kvstore
 import wal
 from kvstore.client import wire
 from kvstore.client.events import END, Event, EventParser, Resumption
-from kvstore.server import Limits, Tokens
+from kvstore.server import Limits, Tokens, tls_context
 from kvstore.server.auth import ADMIN, READ, WRITE
 from tests.served import KINDS, ServerThread, open_store_async
 from wal.errors import LogGapError, ReplicaLagError, SubscriptionInvalidatedError
@@ -303,3 +304,40 @@ def test_walkv_serve_refuses_a_network_address_without_tokens(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "kvstore.cli", "serve", str(tmp_path / "s"), "--listen", "0.0.0.0:0"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 1 and "without --tokens" in r.stderr and "--insecure" in r.stderr
+
+
+# -- TLS ---------------------------------------------------------------------------------
+
+def _openssl(*args: str, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def pki(tmp_path):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    d = tmp_path / "pki"
+    d.mkdir()
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=walkv test CA", cwd=d)
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", "2", *(["-extfile", "san.ext"] if name == "server" else []), cwd=d)
+    return d
+
+
+def test_tls_with_and_without_client_certificates(tmp_path, pki) -> None:
+    tls = tls_context(str(pki / "server.pem"), str(pki / "server.key"), str(pki / "ca.pem"))
+    with ServerThread(tmp_path / "s", tls=tls) as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        client_cert = (str(pki / "client.pem"), str(pki / "client.key"))
+        with kvstore.connect(server.url, verify=str(pki / "ca.pem"), cert=client_cert) as db:
+            assert db.put(b"k", b"v") == 1 and db.get(b"k") == b"v"
+        with pytest.raises(wire.ServerUnavailable):  # the server requires a client certificate
+            kvstore.connect(server.url, verify=str(pki / "ca.pem"))
+        with pytest.raises(wire.ServerUnavailable):  # the client does not trust the server's CA
+            kvstore.connect(server.url, cert=client_cert)
