@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 
@@ -341,3 +342,26 @@ def test_tls_with_and_without_client_certificates(tmp_path, pki) -> None:
             kvstore.connect(server.url, verify=str(pki / "ca.pem"))
         with pytest.raises(wire.ServerUnavailable):  # the client does not trust the server's CA
             kvstore.connect(server.url, cert=client_cert)
+
+
+# -- what a request gets wrong -----------------------------------------------------------
+
+def test_bad_requests_get_the_json_error_and_change_nothing(tmp_path) -> None:
+    with ServerThread(tmp_path / "s") as server, kvstore.connect(server.url) as db:
+        db.put(b"keep", b"1")
+        for path, body in [("/v1/delete_range", b"{}"), ("/v1/batch", b'{"ops": [{"op": "delete_range"}]}'),
+                           ("/v1/batch", b"not json"), ("/v1/txn", b'{"conditions": [{"key": "a"}]}'),
+                           ("/v1/batch", b'{"ops": [{"op": "put", "key": "!!", "value": ""}]}')]:
+            r = httpx.post(server.url + path, content=body)
+            assert r.status_code == 400 and r.json()["error"]["type"] in ("BadRequest", "ValueError"), (path, body)
+        port = int(server.url.rsplit(":", 1)[1])
+        for raw in (b"GARBAGE\r\n\r\n", b"GET /v1/info HTTP/1.1\r\nAuthorization: Bearer " + b"t" * 20000 + b"\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(raw)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.0 400") and b"application/json" in head
+            assert json.loads(body)["error"]["type"] == "BadRequest" and b"ttt" not in answer  # nothing echoed
+        assert db.last_lsn == 1 and db.get(b"keep") == b"1"

@@ -80,6 +80,7 @@ class AsyncRemoteWatcher:
             failures += 1
             if failures >= RECONNECTS:
                 raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
+            await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
 
     async def aclose(self) -> None:
         self._closed = True

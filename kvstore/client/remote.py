@@ -167,6 +167,7 @@ class RemoteWatcher:
             failures += 1  # the server ended the stream without saying why (it is stopping)
             if failures >= RECONNECTS:
                 raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
+            time.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
 
     def close(self) -> None:
         """Stop: the iteration ends."""

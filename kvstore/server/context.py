@@ -217,11 +217,11 @@ async def read_json(request: web.Request, served_: Served) -> dict[str, Any]:
 
 
 def key_field(doc: dict[str, Any], name: str, *, nullable: bool = False) -> bytes | None:
-    """A base64 key or value field of a JSON object."""
+    """A base64 key or value field of a JSON object; ``nullable``: null is
+    allowed (an unbounded range end). A missing field is always an error: a
+    ``delete_range`` without its bounds must not mean "everything"."""
     if name not in doc:
-        if nullable:
-            return None
-        raise BadRequest(f"missing field {name!r}")
+        raise BadRequest(f"missing field {name!r}" + (" (null for unbounded)" if nullable else ""))
     value = doc[name]
     if value is None:
         if nullable:
