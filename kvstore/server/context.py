@@ -190,8 +190,16 @@ async def read_body(request: web.Request, served_: Served) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the request body of {request.content_length} bytes is over this server's "
                               f"limit of {limit} bytes")
+    length = request.content_length
+    head = b""
+    if length is not None:  # a small body usually arrived with the headers: no timer needed
+        head = request.content.read_nowait(length)
+        if len(head) == length:
+            return head
     try:
         async with asyncio.timeout(served_.limits.body_timeout):
+            if length is not None:
+                return head + await request.content.readexactly(length - len(head))
             chunks: list[bytes] = []
             size = 0
             async for chunk in request.content.iter_chunked(64 * 1024):
@@ -199,9 +207,11 @@ async def read_body(request: web.Request, served_: Served) -> bytes:
                 if size > limit:
                     raise PayloadTooLarge(f"the request body is over this server's limit of {limit} bytes")
                 chunks.append(chunk)
+            return b"".join(chunks)
     except TimeoutError:
         raise BadRequest(f"the request body took longer than {served_.limits.body_timeout:g} s") from None
-    return b"".join(chunks)
+    except asyncio.IncompleteReadError:
+        raise BadRequest("the request body ended before its Content-Length") from None
 
 
 async def read_json(request: web.Request, served_: Served) -> dict[str, Any]:

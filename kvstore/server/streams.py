@@ -22,13 +22,13 @@ stream (they end without ``end``: clients resume elsewhere or later).
 from __future__ import annotations
 
 import asyncio
-import urllib.parse
 from typing import Any
 
 from aiohttp import web
 
 from kvstore.client.wire import NotFound, change_json, error_body
 from kvstore.server.context import MAX_LSN, Query, Served, dumps, json_response, lsn_field, read_json, served
+from kvstore.watch.consumers import check_name
 from kvstore.watch.consumers import read as read_subscription
 from kvstore.watch.watcher import ON_GAP, PROGRESS, AsyncWatcher, Change, Changes
 from wal.errors import LogGapError, SubscriptionInvalidatedError
@@ -120,7 +120,9 @@ async def watch(request: web.Request) -> web.StreamResponse:
 
 
 def _name(request: web.Request) -> str:
-    return urllib.parse.unquote(request.match_info["name"])
+    """The subscription's name (aiohttp decoded the path; names are plain
+    letters, digits, ``.``, ``_``, ``-``, checked by the store)."""
+    return check_name(request.match_info["name"])
 
 
 async def subscriptions(request: web.Request) -> web.Response:
