@@ -304,7 +304,7 @@ def test_walkv_serve_says_where_it_listens_and_sigterm_closes_the_store_cleanly(
 def test_walkv_serve_refuses_a_network_address_without_tokens(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "kvstore.cli", "serve", str(tmp_path / "s"), "--listen", "0.0.0.0:0"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert r.returncode == 1 and "without --tokens" in r.stderr and "--insecure" in r.stderr
+    assert r.returncode == 2 and "without --tokens" in r.stderr and "--insecure" in r.stderr
 
 
 # -- TLS ---------------------------------------------------------------------------------
@@ -351,9 +351,12 @@ def test_bad_requests_get_the_json_error_and_change_nothing(tmp_path) -> None:
         db.put(b"keep", b"1")
         for path, body in [("/v1/delete_range", b"{}"), ("/v1/batch", b'{"ops": [{"op": "delete_range"}]}'),
                            ("/v1/batch", b"not json"), ("/v1/txn", b'{"conditions": [{"key": "a"}]}'),
-                           ("/v1/batch", b'{"ops": [{"op": "put", "key": "!!", "value": ""}]}')]:
+                           ("/v1/batch", b'{"ops": [{"op": "put", "key": "!!", "value": ""}]}'),
+                           ("/v1/get_many", b"[" * 100_000 + b"]" * 100_000)]:
             r = httpx.post(server.url + path, content=body)
             assert r.status_code == 400 and r.json()["error"]["type"] in ("BadRequest", "ValueError"), (path, body)
+        for params in ({"after": "!!"}, {"after": ":"}, {"min_lsn": "1", "min_lsn_timeout": "-1"}):
+            assert httpx.get(server.url + "/v1/scan", params=params).status_code == 400, params
         port = int(server.url.rsplit(":", 1)[1])
         for raw in (b"GARBAGE\r\n\r\n", b"GET /v1/info HTTP/1.1\r\nAuthorization: Bearer " + b"t" * 20000 + b"\r\n\r\n"):
             with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:

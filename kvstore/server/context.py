@@ -102,9 +102,9 @@ class Served:
         """``min_lsn``: wait (bounded by ``min_lsn_timeout``, default 5 s, at
         most 60) until that LSN is applied; ReplicaLagError (503) after."""
         target = q.integer("min_lsn", None, 0, MAX_LSN)
+        timeout = q.number("min_lsn_timeout", 5.0, 0.0, 60.0)  # checked whether or not a wait happens
         if target is None or self.store.applied_lsn >= target:
             return
-        timeout = q.number("min_lsn_timeout", 5.0, 0.0, 60.0)
         deadline = time.monotonic() + timeout
         pause = 0.001
         while (applied := self.store.applied_lsn) < target:
@@ -221,6 +221,8 @@ async def read_json(request: web.Request, served_: Served) -> dict[str, Any]:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the request body's JSON is nested too deeply") from None
     if not isinstance(doc, dict):
         raise BadRequest(f"the request body must be a JSON object, not {type(doc).__name__}")
     return doc

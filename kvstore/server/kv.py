@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
+import re
 import urllib.parse
 from typing import Any
 
@@ -100,8 +101,14 @@ def _token(key: bytes) -> str:
     return base64.urlsafe_b64encode(key).decode("ascii")
 
 
+_TOKEN = re.compile(rb"(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2}==|[A-Za-z0-9_-]{3}=)?")
+
+
 def _untoken(token: bytes) -> bytes:
+    """The last key of the page before (the token is its URL-safe base64)."""
     try:
+        if not token or not _TOKEN.fullmatch(token):
+            raise ValueError(token)
         return base64.urlsafe_b64decode(token)
     except (binascii.Error, ValueError):
         raise BadRequest("parameter 'after' is not a continuation token this server gave") from None
