@@ -239,7 +239,8 @@ def test_watch_as_ndjson_and_the_cap_on_streams(tmp_path) -> None:
         db.put(b"a", b"1")
         with httpx.stream("GET", server.url + "/v1/watch", params={"from_lsn": "1", "format": "ndjson"}) as r:
             assert r.headers["content-type"].startswith("application/x-ndjson")
-            line = next(r.iter_lines())
+            lines = r.iter_lines()  # held: dropping it would close the stream
+            line = next(lines)
             assert json.loads(line)["key"] == wire.b64encode(b"a")
             over = httpx.get(server.url + "/v1/watch")  # the one slot is taken
             assert over.status_code == 429 and over.json()["error"]["type"] == "TooManyStreams"

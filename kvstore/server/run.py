@@ -101,8 +101,10 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
+    # handler_cancellation: a client that disconnects cancels its handler, so an idle watch
+    # stream gives back its slot at once (a cancelled write is still written: kvstore.store.aio)
     runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=limits.idle_timeout,
-                           shutdown_timeout=limits.shutdown_timeout, access_log=None)
+                           shutdown_timeout=limits.shutdown_timeout, access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
