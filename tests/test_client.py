@@ -171,6 +171,8 @@ def test_paged_scans_in_both_directions_and_min_lsn(tmp_path) -> None:
         assert [k for k, _ in db.scan(prefix=b"p/", reverse=True, page=3)] == want[::-1]
         assert [k for k, _ in db.scan(b"p/02", b"p/05", page=1)] == want[2:5]
         assert db.get(b"q", min_lsn=1) == b"q"
+        many = [b"p/%02d" % (i % 9) for i in range(wire.MAX_GET_MANY + 5)]  # two requests
+        assert db.get_many(many) == [k if k in keys else None for k in many]
         r = httpx.get(server.url + "/v1/kv/q", params={"min_lsn": "99", "min_lsn_timeout": "0.05"})
         assert r.status_code == 503 and r.json()["error"]["type"] == "ReplicaLagError"
         assert r.json()["error"]["target_lsn"] == 99

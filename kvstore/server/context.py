@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvstore.client.wire import BadRequest, PayloadTooLarge, TooManyStreams, b64decode
+from kvstore.client.wire import MAX_PAGE, BadRequest, PayloadTooLarge, TooManyStreams, b64decode
 from kvstore.server.auth import Tokens
 from kvstore.store.aio import AsyncKVStore
 from kvstore.store.store import KVStore
@@ -45,7 +45,7 @@ class Limits:
     the connection's start and after each answer): a slow client is cut."""
     body_timeout: float = 30.0
     """Seconds a request may take to send its body."""
-    max_page: int = 10_000
+    max_page: int = MAX_PAGE
     """Most items of one scan page (the default page is 1,000)."""
     shutdown_timeout: float = 10.0
     """Seconds SIGTERM gives requests in flight before they are cancelled."""

@@ -25,13 +25,12 @@ from typing import Any
 
 from aiohttp import web
 
-from kvstore.client.wire import BadRequest, ConditionFailed, b64encode
+from kvstore.client.wire import MAX_GET_MANY, BadRequest, ConditionFailed, b64encode
 from kvstore.server.context import Query, json_response, key_field, read_body, read_json, served
 from kvstore.store.aio import AsyncTransaction, AsyncWriteBatch
 
 KV_PREFIX = "/v1/kv/"
 DEFAULT_PAGE = 1000
-MAX_KEYS = 10_000
 
 
 def lsn_response(lsn: int) -> web.Response:
@@ -79,8 +78,8 @@ async def get_many(request: web.Request) -> web.Response:
     doc = await read_json(request, s)
     await s.wait_applied(_lsn_query(request, doc))
     keys = doc.get("keys")
-    if not isinstance(keys, list) or len(keys) > MAX_KEYS:
-        raise BadRequest(f"field 'keys' must be a list of at most {MAX_KEYS} base64 keys")
+    if not isinstance(keys, list) or len(keys) > MAX_GET_MANY:
+        raise BadRequest(f"field 'keys' must be a list of at most {MAX_GET_MANY} base64 keys")
     decoded = [key_field({"key": k}, "key") for k in keys]
     with s.store.view() as v:
         values = [v.get(k) for k in decoded]  # type: ignore[arg-type]  # key_field is bytes when not nullable
