@@ -22,7 +22,7 @@ SMOKE   = build/smoke-venv
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	WALKV_NO_COMPILE=1 $(PY) -m pip install -q -e '.[dev,spark,cli,bench,docs]'
+	WALKV_NO_COMPILE=1 $(PY) -m pip install -q -e '.[dev,spark,cli,bench,docs,server]'
 	touch $(STAMP)
 
 # The hot modules compiled with mypyc (setup.py), beside their sources: `pip install -e .`, walkv

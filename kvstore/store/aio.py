@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Iterable, Iterator, NoReturn
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Iterator, NoReturn
 
 from kvstore.entry.codec import (
     OP_DROP_KEYSPACE,
@@ -58,7 +59,7 @@ from kvstore.entry.codec import (
 )
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
 from kvstore.store.store import KVStore
-from kvstore.store.txn import cas_outcome, decided
+from kvstore.store.txn import Transaction, cas_outcome, decided
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch.watcher import AsyncWatcher
 from wal.errors import ClosedError, ReadOnlyError
@@ -192,7 +193,18 @@ class AsyncKVStore:
         ``keyspace``: where writes that name none go."""
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
-        return AsyncWriteBatch(self, keyspace)
+        return AsyncWriteBatch(self._submit, self._max_value, self.store._max_payload,
+                               self.store._writable_keyspace(keyspace), self.store._writable_keyspace)
+
+    def transaction(self, keyspace: str = "") -> "AsyncTransaction":
+        """``async with adb.transaction() as t:``: :meth:`KVStore.transaction`
+        (``t.require``, ``t.put``, ... are plain calls), committed when the
+        block ends normally, awaiting durability and the decision.
+        ``keyspace``: where conditions and writes that name none go."""
+        if self._closing:
+            raise ClosedError(f"the store {self.store.path} is closed")
+        return AsyncTransaction(self._submit, self._max_value, self.store._max_payload,
+                                self.store._writable_keyspace(keyspace), self.store._writable_keyspace)
 
     async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes, keyspace: str = "") -> bool:
         """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
@@ -200,6 +212,13 @@ class AsyncKVStore:
         outcome = cas_outcome(self._max_value, key, expected, new, self.store._writable_keyspace(keyspace))
         lsn = await self._submit(encode(outcome), outcome)
         return decided(outcome, lsn) is None
+
+    async def delete_if(self, key: bytes, expected: bytes) -> bool:
+        """As :meth:`KVStore.delete_if`: True when ``key`` was deleted."""
+        t = self.transaction()
+        t.require(key, equals=expected)
+        t.delete(key)
+        return await t.acommit()
 
     # -- keyspaces (kvstore/store/keyspace.py) ---------------------------------
 
@@ -227,6 +246,9 @@ class AsyncKVStore:
 
     async def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         return self.store.get(key, default)
+
+    async def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        return self.store.get_many(keys, default)
 
     async def contains(self, key: bytes) -> bool:
         return self.store.get(key) is not None
@@ -352,15 +374,20 @@ def _fail(futures: list[asyncio.Future], error: BaseException) -> None:
             fut.set_exception(error)
 
 
+Submit = Callable[[bytes, list], Awaitable[int]]
+
+
 class AsyncWriteBatch(WriteBatch):
-    """A :class:`~kvstore.store.write_batch.WriteBatch` committed with ``async with``."""
+    """A :class:`~kvstore.store.write_batch.WriteBatch` committed with ``async
+    with`` (or ``await b.acommit()``); ``submit(payload, ops)`` logs it and
+    resolves to its LSN."""
 
-    __slots__ = ("_adb",)
+    __slots__ = ("_submit",)
 
-    def __init__(self, adb: AsyncKVStore, keyspace: str = "") -> None:
-        super().__init__(self._refuse_sync_commit, adb._max_value, adb.store._max_payload,
-                         adb.store._writable_keyspace(keyspace), check_keyspace=adb.store._writable_keyspace)
-        self._adb = adb
+    def __init__(self, submit: Submit, max_value: int, max_payload: int, keyspace: str = "",
+                 check_keyspace: Callable[[str], str] = check_keyspace) -> None:
+        super().__init__(self._refuse_sync_commit, max_value, max_payload, keyspace, check_keyspace=check_keyspace)
+        self._submit = submit
 
     @staticmethod
     def _refuse_sync_commit(payload: bytes, ops: list) -> int:
@@ -371,10 +398,38 @@ class AsyncWriteBatch(WriteBatch):
         sealed = self._seal()
         if sealed is None:
             return None
-        self.lsn = await self._adb._submit(sealed[0], sealed[1])
+        self.lsn = await self._submit(sealed[0], sealed[1])
         return self.lsn
 
     async def __aenter__(self) -> "AsyncWriteBatch":
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            if not self._done:
+                await self.acommit()
+        else:
+            self.discard()
+
+
+class AsyncTransaction(Transaction):
+    """A :class:`~kvstore.store.txn.Transaction` committed with ``async with``
+    (or ``await t.acommit()``); ``submit`` as :class:`AsyncWriteBatch`'s."""
+
+    def __init__(self, submit: Submit, max_value: int, max_payload: int, keyspace: str = "",
+                 check_keyspace: Callable[[str], str] = check_keyspace) -> None:
+        super().__init__(AsyncWriteBatch._refuse_sync_commit, max_value, max_payload, keyspace,
+                         check_keyspace=check_keyspace)
+        self._submit = submit
+
+    async def acommit(self) -> bool:
+        """Log the transaction (durable and decided when it returns); whether it succeeded."""
+        sealed = self._seal()
+        if sealed is None:
+            return True
+        return self._settle(await self._submit(sealed[0], sealed[1]), sealed[1])
+
+    async def __aenter__(self) -> "AsyncTransaction":
         return self
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:

@@ -140,7 +140,7 @@ class Transaction(CommitOnExit):
     mode, outcome decided), discarded when it raises. A transaction with no
     conditions and no writes writes nothing (``lsn`` None, ``succeeded``
     True). :attr:`failed_condition` is the first :class:`Condition` that did
-    not hold (None on success).
+    not hold (None on success), :attr:`failed_index` its index.
     """
 
     def __init__(self, append: Append, max_value: int, max_payload: int, keyspace: str = "",
@@ -156,6 +156,9 @@ class Transaction(CommitOnExit):
         self.lsn: int | None = None
         self.succeeded: bool | None = None
         self.failed_condition: Condition | None = None
+        self.failed_index: int | None = None
+        self._placed: dict[int, int] = {}  # a logged op's index -> its condition's index (in_keyspaces)
+        """The index of :attr:`failed_condition` among the conditions."""
 
     def _open(self) -> None:
         if self._done:
@@ -203,22 +206,35 @@ class Transaction(CommitOnExit):
         """Log the transaction; return whether it succeeded (also in
         :attr:`succeeded`, with :attr:`lsn` and :attr:`failed_condition`).
         Over the log's record size: RecordTooLargeError, nothing written."""
+        sealed = self._seal()
+        if sealed is None:
+            return True
+        return self._settle(self._append(sealed[0], sealed[1]), sealed[1])
+
+    def _seal(self) -> tuple[bytes, Outcome] | None:
+        """Close the transaction; its payload and operations (None: nothing
+        to write, and it succeeded)."""
         self._open()
         self._done = True
         if not self._conds and not self._writes:
             self.succeeded = True
-            return True
-        ops, index = in_keyspaces([(c.keyspace, c.as_op()) for c in self._conds] + self._writes)
+            return None
+        ops, self._placed = in_keyspaces([(c.keyspace, c.as_op()) for c in self._conds] + self._writes)
         outcome = Outcome(ops)
         payload = pack_ops(outcome)
         if len(payload) > self._max_payload:
             raise RecordTooLargeError(
                 f"transaction of {len(ops)} operations is {len(payload)} bytes, over the "
                 f"log's record limit of {self._max_payload} bytes. Nothing was written.")
-        self.lsn = self._append(payload, outcome)
-        failed = decided(outcome, self.lsn) if self._conds else None
+        return payload, outcome
+
+    def _settle(self, lsn: int, outcome: Outcome) -> bool:
+        """Record the outcome of the entry logged at ``lsn``."""
+        self.lsn = lsn
+        failed = decided(outcome, lsn) if self._conds else None
         self.succeeded = failed is None
-        self.failed_condition = None if failed is None else self._conds[index[failed]]
+        self.failed_index = None if failed is None else self._placed[failed]
+        self.failed_condition = None if self.failed_index is None else self._conds[self.failed_index]
         return self.succeeded
 
     def discard(self) -> None:
