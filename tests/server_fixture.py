@@ -188,7 +188,8 @@ class ServedStore:
         if self.tls is not None:
             kwargs.setdefault("verify", self.tls.client_context())
         kwargs.setdefault("timeout", 30.0)
-        return httpx.Client(base_url=self.url, headers=headers, **kwargs)
+        kwargs.setdefault("base_url", self.url)
+        return httpx.Client(headers=headers, **kwargs)
 
     def async_client(self, role: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {self.tokens[role]}"} if role is not None else {}
@@ -281,10 +282,7 @@ def seed_store(path: str, keys: int = 20) -> None:
         db.snapshot()
         db.put(b"after-snapshot", b"x")
         with db.subscribe(SUBSCRIPTION, prefix=b"k", from_lsn=1) as sub:
-            for change in sub:
-                if change.lsn == 3:
-                    sub.ack(3)
-                    break
+            sub.ack(next(sub).lsn)  # the first change (LSN 1) acknowledged
 
 
 def fingerprint(path: str) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def endpoints() -> list[Endpoint]:
                        "ops": [{"op": "delete", "key": b64(b"k04")}]}),
         Endpoint("GET", f"/v1/subscriptions/{SUBSCRIPTION}/events", "write", params=(("prefix", "k"),)),
         Endpoint("GET", "/v1/subscriptions/fresh/events", "write", params=(("from_lsn", "1"),)),
-        Endpoint("POST", f"/v1/subscriptions/{SUBSCRIPTION}/ack", "write", json={"lsn": 5}),
+        Endpoint("POST", f"/v1/subscriptions/{SUBSCRIPTION}/ack", "write", json={"lsn": 1}),
         Endpoint("DELETE", f"/v1/subscriptions/{SUBSCRIPTION}", "write"),
         # admin
         Endpoint("POST", "/v1/admin/snapshot", "admin"),
