@@ -174,6 +174,7 @@ class ServedStore:
             raise AssertionError(f"walkv serve did not print 'listening on': exit {self.proc.returncode}\n"
                                  f"stdout:\n{self.stdout.text()}\nstderr:\n{self.stderr.text()}")
         self.url = m.group(1).rstrip("/")
+        self._sessions: dict[str | None, httpx.Client] = {}
         parts = httpx.URL(self.url)
         self.host = parts.host
         self.port = int(parts.port or (443 if parts.scheme == "https" else 80))
@@ -191,6 +192,14 @@ class ServedStore:
         kwargs.setdefault("base_url", self.url)
         return httpx.Client(headers=headers, **kwargs)
 
+    def session(self, role: str | None = None) -> httpx.Client:
+        """One shared client per role (``None``: no token) for this server's
+        lifetime: cheaper than a client per request (each makes an SSL
+        context); closed when the server stops."""
+        if role not in self._sessions:
+            self._sessions[role] = self.client(role)
+        return self._sessions[role]
+
     def async_client(self, role: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {self.tokens[role]}"} if role is not None else {}
         if self.tls is not None:
@@ -207,8 +216,14 @@ class ServedStore:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def _close_sessions(self) -> None:
+        for client in self._sessions.values():
+            client.close()
+        self._sessions.clear()
+
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM, then the exit code (SIGKILL and fail if it does not exit in ``timeout``)."""
+        self._close_sessions()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -222,6 +237,7 @@ class ServedStore:
         return code
 
     def kill(self) -> None:
+        self._close_sessions()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()

@@ -17,7 +17,9 @@ server's judgement of the request, not of the caller):
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import socket
 import urllib.parse
 from typing import Any, Iterator
 
@@ -350,6 +352,35 @@ def test_huge_and_strange_headers_are_refused(served, kind, size):
     resp = raw_request(served.server.host, served.server.port, "PUT", "/v1/kv/header-test",
                        headers={"Authorization": f"Bearer {TOKENS['admin']}", **headers}, body=b"v")
     served.check(resp.status, resp.body, resp.headers, f"{kind} headers x{size}")
+
+
+MALFORMED_HTTP = [
+    b"PUT /v1/kv/smuggle HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"PUT /v1/kv/twice HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+    b"PUT /v1/kv/negative HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"PUT /v1/kv/huge HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+    b"PUT /v1/kv/chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
+    b"GARBAGE\r\n\r\n",
+    b"GET * HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/kv/k\x00 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/kv/k\xff HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/kv/k00 HTTP/1.1\r\nHost: x\r\nBad Header Name: 1\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED_HTTP, ids=lambda b: b.split(b"\r\n")[0][:40].decode("latin-1"))
+def test_malformed_http_is_a_json_400_and_writes_nothing(served, request_bytes):
+    """What the HTTP parser refuses (request smuggling's CL+TE, two lengths,
+    bad lengths and chunks, a request line that is not one) gets the same
+    JSON error as everything else, and no write."""
+    auth = f"Authorization: Bearer {TOKENS['admin']}\r\n".encode()
+    line, _, rest = request_bytes.partition(b"\r\n")
+    with socket.create_connection((served.server.host, served.server.port), timeout=30) as sock:
+        sock.sendall(line + b"\r\n" + auth + rest)
+        resp = http.client.HTTPResponse(sock, method="GET")
+        resp.begin()
+        body = resp.read()
+    served.check(resp.status, body, {k.lower(): v for k, v in resp.getheaders()}, repr(request_bytes[:60]))
 
 
 def test_an_unknown_route_or_method_is_the_json_404_or_405(served):
