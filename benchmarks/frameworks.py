@@ -7,13 +7,13 @@ child process over a fresh store (``sync="always"``): ``walkv serve`` (aiohttp,
 the whole server) and a Starlette app with the same two handlers
 (``PUT``/``GET /v1/kv/{key}``, routed by the raw path, writes through
 :class:`kvstore.store.aio.AsyncKVStore`) on uvicorn with httptools, both on
-the default asyncio loop. It preloads 10,000 keys, then drives puts and gets
+uvloop (as ``walkv serve`` runs). It preloads 10,000 keys, then drives puts and gets
 with 16 and 256 concurrent clients and prints requests per second, the
 ratio aiohttp/Starlette and the machine's ``sum(range(10**7))`` time.
 
-Measured 2026-11-25 on the 2-core build machine (``--seconds 3``; the load
-generator shares the 2 cores with the server; ``sum(range(10**7))`` 0.206 s),
-requests per second:
+Measured 2026-11-25 on the 2-core build machine, quiet (``--seconds 3``; the
+load generator shares the 2 cores with the server; ``sum(range(10**7))``
+0.206 s), both servers on asyncio's own loop then, requests per second:
 
 ============  =======  =========  =================
 run           aiohttp  Starlette  aiohttp/Starlette
@@ -25,6 +25,10 @@ get, 256      4,404    2,547      1.73x
 ============  =======  =========  =================
 
 p99 at 256 clients: aiohttp 97 ms (puts) / 104 ms (gets), Starlette 217 / 229 ms.
+Two later runs, both on uvloop but with the machine at load 8-9 from other
+work (``sum(range(10**7))`` 0.65 s and 0.34 s), gave ratios from 0.62x to
+2.15x: on a loaded machine the order of the runs decides, so compare on a
+quiet one.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def starlette_child(path: str, port: int) -> None:
             await app(scope, receive, send)
 
     uvicorn.run(asgi, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="httptools",
-                loop="asyncio")
+                loop="uvloop")
 
 
 def _free_port() -> int:

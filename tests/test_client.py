@@ -171,6 +171,8 @@ def test_paged_scans_in_both_directions_and_min_lsn(tmp_path) -> None:
         assert [k for k, _ in db.scan(prefix=b"p/", reverse=True, page=3)] == want[::-1]
         assert [k for k, _ in db.scan(b"p/02", b"p/05", page=1)] == want[2:5]
         assert db.get(b"q", min_lsn=1) == b"q"
+        many = [b"p/%02d" % (i % 9) for i in range(wire.MAX_GET_MANY + 5)]  # two requests
+        assert db.get_many(many) == [k if k in keys else None for k in many]
         r = httpx.get(server.url + "/v1/kv/q", params={"min_lsn": "99", "min_lsn_timeout": "0.05"})
         assert r.status_code == 503 and r.json()["error"]["type"] == "ReplicaLagError"
         assert r.json()["error"]["target_lsn"] == 99
@@ -239,7 +241,8 @@ def test_watch_as_ndjson_and_the_cap_on_streams(tmp_path) -> None:
         db.put(b"a", b"1")
         with httpx.stream("GET", server.url + "/v1/watch", params={"from_lsn": "1", "format": "ndjson"}) as r:
             assert r.headers["content-type"].startswith("application/x-ndjson")
-            line = next(r.iter_lines())
+            lines = r.iter_lines()  # held: dropping it would close the stream
+            line = next(lines)
             assert json.loads(line)["key"] == wire.b64encode(b"a")
             over = httpx.get(server.url + "/v1/watch")  # the one slot is taken
             assert over.status_code == 429 and over.json()["error"]["type"] == "TooManyStreams"
@@ -304,7 +307,7 @@ def test_walkv_serve_says_where_it_listens_and_sigterm_closes_the_store_cleanly(
 def test_walkv_serve_refuses_a_network_address_without_tokens(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "kvstore.cli", "serve", str(tmp_path / "s"), "--listen", "0.0.0.0:0"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert r.returncode == 1 and "without --tokens" in r.stderr and "--insecure" in r.stderr
+    assert r.returncode == 2 and "without --tokens" in r.stderr and "--insecure" in r.stderr
 
 
 # -- TLS ---------------------------------------------------------------------------------
@@ -351,9 +354,12 @@ def test_bad_requests_get_the_json_error_and_change_nothing(tmp_path) -> None:
         db.put(b"keep", b"1")
         for path, body in [("/v1/delete_range", b"{}"), ("/v1/batch", b'{"ops": [{"op": "delete_range"}]}'),
                            ("/v1/batch", b"not json"), ("/v1/txn", b'{"conditions": [{"key": "a"}]}'),
-                           ("/v1/batch", b'{"ops": [{"op": "put", "key": "!!", "value": ""}]}')]:
+                           ("/v1/batch", b'{"ops": [{"op": "put", "key": "!!", "value": ""}]}'),
+                           ("/v1/get_many", b"[" * 100_000 + b"]" * 100_000)]:
             r = httpx.post(server.url + path, content=body)
             assert r.status_code == 400 and r.json()["error"]["type"] in ("BadRequest", "ValueError"), (path, body)
+        for params in ({"after": "!!"}, {"after": ":"}, {"min_lsn": "1", "min_lsn_timeout": "-1"}):
+            assert httpx.get(server.url + "/v1/scan", params=params).status_code == 400, params
         port = int(server.url.rsplit(":", 1)[1])
         for raw in (b"GARBAGE\r\n\r\n", b"GET /v1/info HTTP/1.1\r\nAuthorization: Bearer " + b"t" * 20000 + b"\r\n\r\n"):
             with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:

@@ -7,14 +7,14 @@ requests, and serves until SIGTERM or SIGINT: then it stops accepting,
 finishes the requests in flight (at most ``--shutdown-timeout`` seconds) and
 closes the store cleanly. It listens on 127.0.0.1 unless ``--listen`` says
 otherwise, and refuses a non-loopback address without ``--tokens`` unless
-``--insecure``.
+``--insecure`` (exit code 2, a usage error).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from kvstore.cli.common import EXIT_OK, AddCommand, CliError
+from kvstore.cli.common import EXIT_OK, EXIT_USAGE, AddCommand, CliError
 from kvstore.cli.progress import Reporter
 
 
@@ -47,7 +47,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
-    from kvstore.server import Limits, Tokens, serve, tls_context
+    from kvstore.server import Limits, ServeError, Tokens, serve, tls_context
 
     host, port = _listen(args.listen)
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -57,6 +57,10 @@ def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
     limits = Limits(max_body_bytes=args.max_body_bytes, max_streams=args.max_streams,
                     max_connections=args.max_connections, idle_timeout=args.idle_timeout,
                     shutdown_timeout=args.shutdown_timeout)
-    serve(args.store, host, port, tokens=tokens, tls=tls, insecure=args.insecure, limits=limits,
-          store_options={"sync": args.sync}, on_listening=lambda url: print(f"walkv: listening on {url}", flush=True))
+    try:
+        serve(args.store, host, port, tokens=tokens, tls=tls, insecure=args.insecure, limits=limits,
+              store_options={"sync": args.sync},
+              on_listening=lambda url: print(f"walkv: listening on {url}", flush=True))
+    except ServeError as exc:  # the command line as given is refused: a usage error
+        raise CliError(str(exc), code=EXIT_USAGE) from None
     return EXIT_OK

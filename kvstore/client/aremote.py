@@ -26,7 +26,16 @@ from typing import Any
 from kvstore.client.events import BACKOFF, END, RECONNECTS, EventParser, Resumption
 from kvstore.client.http import AsyncHttp, Cert, Verify
 from kvstore.client.remote import ops_request, read_key, scan_params, settle, watch_params
-from kvstore.client.wire import ConditionFailed, NotFound, ServerUnavailable, b64_or_none, b64decode, b64encode, quote
+from kvstore.client.wire import (
+    MAX_GET_MANY,
+    ConditionFailed,
+    NotFound,
+    ServerUnavailable,
+    b64_or_none,
+    b64decode,
+    b64encode,
+    quote,
+)
 from kvstore.entry.codec import as_bytes, check_key, check_range, check_value
 from kvstore.store.aio import AsyncTransaction, AsyncWriteBatch
 from kvstore.watch.watcher import Change
@@ -167,9 +176,12 @@ class AsyncRemoteStore:
             return default
 
     async def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
-        body = {"keys": [b64encode(k if type(k) is bytes else as_bytes(k, "key")) for k in keys]}
-        values = (await self._request("POST", "/v1/get_many", json=body)).json()["values"]
-        return [default if v is None else b64decode(v) for v in values]
+        encoded = [b64encode(k if type(k) is bytes else as_bytes(k, "key")) for k in keys]
+        out: list[bytes | None] = []
+        for i in range(0, len(encoded), MAX_GET_MANY):
+            answer = await self._request("POST", "/v1/get_many", json={"keys": encoded[i:i + MAX_GET_MANY]})
+            out.extend(default if v is None else b64decode(v) for v in answer.json()["values"])
+        return out
 
     async def contains(self, key: bytes) -> bool:
         return await self.get(key) is not None

@@ -33,6 +33,7 @@ from typing import Any
 from kvstore.client.events import BACKOFF, END, RECONNECTS, EventParser, Resumption
 from kvstore.client.http import Cert, Http, Verify
 from kvstore.client.wire import (
+    MAX_GET_MANY,
     ConditionFailed,
     NotFound,
     ServerUnavailable,
@@ -293,9 +294,15 @@ class RemoteStore(Lookups):
             return default
 
     def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
-        keys = [k if type(k) is bytes else _as_key(k) for k in keys]
-        values = self._request("POST", "/v1/get_many", json={"keys": [b64encode(k) for k in keys]}).json()["values"]
-        return [default if v is None else b64decode(v) for v in values]
+        """As :meth:`KVStore.get_many`: each request of up to :data:`MAX_GET_MANY`
+        keys is read at one LSN (not one snapshot across requests)."""
+        encoded = [b64encode(k if type(k) is bytes else _as_key(k)) for k in keys]
+        out: list[bytes | None] = []
+        for i in range(0, len(encoded), MAX_GET_MANY):
+            body = {"keys": encoded[i:i + MAX_GET_MANY]}
+            out.extend(default if v is None else b64decode(v)
+                       for v in self._request("POST", "/v1/get_many", json=body).json()["values"])
+        return out
 
     def __len__(self) -> int:
         return int(self._request("GET", "/v1/count").json()["count"])

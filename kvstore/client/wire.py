@@ -30,6 +30,11 @@ from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_PUT
 from kvstore.watch.watcher import Change
 from wal.errors import RecordTooLargeError, WalkvError
 
+MAX_GET_MANY = 10_000
+"""Most keys of one ``POST /v1/get_many`` (clients ask in chunks of it)."""
+MAX_PAGE = 10_000
+"""Most items of one scan page (``limit``)."""
+
 # -- HTTP-only error types -------------------------------------------------------
 
 

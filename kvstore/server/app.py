@@ -133,6 +133,9 @@ def make_app(db: KVStore | AsyncKVStore, *, tokens: Tokens | None = None, limits
                           handler_args={"max_field_size": 16 * 1024, "max_line_size": 16 * 1024})
     app[SERVED] = served
     app[log.CURSORS] = log.LogCursors()
+    for method, (handler, _role) in _KV.items():  # matched first and fast; the handler is chosen by raw path
+        if method != "HEAD":
+            app.router.add_route(method, kv.KV_PREFIX + "{key:.*}", handler)
     for method, path, handler, _role in ROUTES:
         app.router.add_route(method, path, handler)
     app.on_startup.append(_on_startup)

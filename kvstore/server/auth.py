@@ -19,14 +19,15 @@ import hashlib
 import hmac
 import os
 
-from kvstore.client.wire import BadRequest, Forbidden, Unauthorized
+from kvstore.client.wire import Forbidden, Unauthorized
+from wal.errors import WalkvError
 
 OPEN, READ, WRITE, ADMIN = 0, 1, 2, 3
 ROLES = {"read": READ, "write": WRITE, "admin": ADMIN}
 ROLE_NAMES = {v: k for k, v in ROLES.items()}
 
 
-class TokensFileError(BadRequest):
+class TokensFileError(WalkvError, ValueError):
     """The tokens file is malformed (the message names the line, never the token)."""
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvstore.client.wire import BadRequest, PayloadTooLarge, TooManyStreams, b64decode
+from kvstore.client.wire import MAX_PAGE, BadRequest, PayloadTooLarge, TooManyStreams, b64decode
 from kvstore.server.auth import Tokens
 from kvstore.store.aio import AsyncKVStore
 from kvstore.store.store import KVStore
@@ -45,7 +45,7 @@ class Limits:
     the connection's start and after each answer): a slow client is cut."""
     body_timeout: float = 30.0
     """Seconds a request may take to send its body."""
-    max_page: int = 10_000
+    max_page: int = MAX_PAGE
     """Most items of one scan page (the default page is 1,000)."""
     shutdown_timeout: float = 10.0
     """Seconds SIGTERM gives requests in flight before they are cancelled."""
@@ -102,9 +102,9 @@ class Served:
         """``min_lsn``: wait (bounded by ``min_lsn_timeout``, default 5 s, at
         most 60) until that LSN is applied; ReplicaLagError (503) after."""
         target = q.integer("min_lsn", None, 0, MAX_LSN)
+        timeout = q.number("min_lsn_timeout", 5.0, 0.0, 60.0)  # checked whether or not a wait happens
         if target is None or self.store.applied_lsn >= target:
             return
-        timeout = q.number("min_lsn_timeout", 5.0, 0.0, 60.0)
         deadline = time.monotonic() + timeout
         pause = 0.001
         while (applied := self.store.applied_lsn) < target:
@@ -190,8 +190,16 @@ async def read_body(request: web.Request, served_: Served) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the request body of {request.content_length} bytes is over this server's "
                               f"limit of {limit} bytes")
+    length = request.content_length
+    head = b""
+    if length is not None:  # a small body usually arrived with the headers: no timer needed
+        head = request.content.read_nowait(length)
+        if len(head) == length:
+            return head
     try:
         async with asyncio.timeout(served_.limits.body_timeout):
+            if length is not None:
+                return head + await request.content.readexactly(length - len(head))
             chunks: list[bytes] = []
             size = 0
             async for chunk in request.content.iter_chunked(64 * 1024):
@@ -199,9 +207,11 @@ async def read_body(request: web.Request, served_: Served) -> bytes:
                 if size > limit:
                     raise PayloadTooLarge(f"the request body is over this server's limit of {limit} bytes")
                 chunks.append(chunk)
+            return b"".join(chunks)
     except TimeoutError:
         raise BadRequest(f"the request body took longer than {served_.limits.body_timeout:g} s") from None
-    return b"".join(chunks)
+    except asyncio.IncompleteReadError:
+        raise BadRequest("the request body ended before its Content-Length") from None
 
 
 async def read_json(request: web.Request, served_: Served) -> dict[str, Any]:
@@ -211,6 +221,8 @@ async def read_json(request: web.Request, served_: Served) -> dict[str, Any]:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the request body's JSON is nested too deeply") from None
     if not isinstance(doc, dict):
         raise BadRequest(f"the request body must be a JSON object, not {type(doc).__name__}")
     return doc

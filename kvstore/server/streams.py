@@ -22,13 +22,13 @@ stream (they end without ``end``: clients resume elsewhere or later).
 from __future__ import annotations
 
 import asyncio
-import urllib.parse
 from typing import Any
 
 from aiohttp import web
 
 from kvstore.client.wire import NotFound, change_json, error_body
 from kvstore.server.context import MAX_LSN, Query, Served, dumps, json_response, lsn_field, read_json, served
+from kvstore.watch.consumers import check_name
 from kvstore.watch.consumers import read as read_subscription
 from kvstore.watch.watcher import ON_GAP, PROGRESS, AsyncWatcher, Change, Changes
 from wal.errors import LogGapError, SubscriptionInvalidatedError
@@ -37,13 +37,30 @@ MAX_PROGRESS_EVERY = 3600.0
 
 
 class _Stream:
-    """Writes events to one response as SSE or NDJSON."""
+    """Writes events to one response as SSE or NDJSON. A write that cannot
+    go on for ``write_timeout`` seconds (the client stopped reading, its
+    buffers are full) aborts the connection: a stuck reader does not keep
+    its stream slot, its coroutine and the events buffered for it."""
 
-    def __init__(self, response: web.StreamResponse, ndjson: bool) -> None:
+    def __init__(self, request: web.Request, response: web.StreamResponse, ndjson: bool,
+                 write_timeout: float) -> None:
+        self.request = request
         self.response = response
         self.ndjson = ndjson
+        self.write_timeout = write_timeout
         self._lsn = -1
         self._index = 0
+
+    async def write(self, data: bytes) -> None:
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                await self.response.write(data)
+        except TimeoutError:
+            transport = self.request.transport
+            if transport is not None:
+                transport.abort()
+            raise ConnectionResetError(f"the client read nothing for {self.write_timeout:g} s; "
+                                       f"its stream was dropped") from None
 
     async def change(self, change: Change) -> None:
         if change.op == PROGRESS:
@@ -53,16 +70,15 @@ class _Stream:
         self._lsn = change.lsn
         doc = change_json(change, self._index)
         if self.ndjson:
-            await self.response.write(dumps(doc) + b"\n")
+            await self.write(dumps(doc) + b"\n")
         else:
-            await self.response.write(b"id: %d\ndata: %s\n\n" % (change.lsn, dumps(doc)))
+            await self.write(b"id: %d\ndata: %s\n\n" % (change.lsn, dumps(doc)))
 
     async def event(self, name: str, doc: dict[str, Any]) -> None:
         if self.ndjson:
-            await self.response.write(dumps(dict(doc, op=name) if name == "progress" else {"event": name, **doc})
-                                      + b"\n")
+            await self.write(dumps(dict(doc, op=name) if name == "progress" else {"event": name, **doc}) + b"\n")
         else:
-            await self.response.write(b"event: %s\ndata: %s\n\n" % (name.encode(), dumps(doc)))
+            await self.write(b"event: %s\ndata: %s\n\n" % (name.encode(), dumps(doc)))
 
 
 def _wants_ndjson(request: web.Request, q: Query) -> bool:
@@ -88,7 +104,7 @@ async def _pump(request: web.Request, s: Served, changes: Changes, ndjson: bool)
     s.streams.add(watcher)
     try:
         await response.prepare(request)
-        stream = _Stream(response, ndjson)
+        stream = _Stream(request, response, ndjson, s.limits.idle_timeout)
         try:
             async for change in watcher:
                 await stream.change(change)
@@ -96,7 +112,7 @@ async def _pump(request: web.Request, s: Served, changes: Changes, ndjson: bool)
                 await stream.event("end", {})
         except (LogGapError, SubscriptionInvalidatedError) as exc:
             await stream.event("gap", error_body(exc)[1])
-        except ConnectionError:  # the client went away (or the server is stopping): nobody to tell
+        except ConnectionError:  # the client went away or stopped reading (aborted): nobody to tell
             pass
         except Exception as exc:  # the store failed or closed: say so, then end
             await stream.event("error", error_body(exc)[1])
@@ -120,7 +136,9 @@ async def watch(request: web.Request) -> web.StreamResponse:
 
 
 def _name(request: web.Request) -> str:
-    return urllib.parse.unquote(request.match_info["name"])
+    """The subscription's name (aiohttp decoded the path; names are plain
+    letters, digits, ``.``, ``_``, ``-``, checked by the store)."""
+    return check_name(request.match_info["name"])
 
 
 async def subscriptions(request: web.Request) -> web.Response:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from wal.errors import WalkvError
+
 # (name, type, help, where in the stats: key under the top level or "log"/"archive")
 _METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("walkv_last_lsn", "gauge", "Last LSN written to the log.", "", "last_lsn"),
@@ -108,7 +110,11 @@ def prometheus_text(stats: Mapping[str, Any]) -> str:
     """The metrics in ``stats`` (:meth:`kvstore.KVStore.stats`, or what
     ``walkv stats --json`` prints) in Prometheus' text format; metrics the
     stats lack are left out."""
-    from prometheus_client import CollectorRegistry, generate_latest
+    try:
+        from prometheus_client import CollectorRegistry, generate_latest
+    except ImportError as exc:
+        raise WalkvError("Prometheus metrics need the prometheus-client package: "
+                         "pip install 'walkv[cli]' (or 'walkv[server]')") from exc
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_StatsCollector(stats))
