@@ -290,6 +290,7 @@ def test_insecure_says_it_means_it(tmp_path):
         with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as c:
             assert c.get("/v1/kv/k00").content == b"value 0"
         assert server.stop() == 0
+        assert "--insecure" in server.stderr.text(), server.output()  # it says so, every start
 
 
 def test_a_non_loopback_address_with_tokens_but_no_tls_warns(tmp_path):
