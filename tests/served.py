@@ -11,6 +11,8 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import uvloop
+
 import kvstore
 from kvstore.server import serve_async
 
@@ -18,8 +20,9 @@ KINDS = ["embedded", "http"]
 
 
 class ServerThread:
-    """``kvstore.server.serve_async`` of the store at ``path`` on 127.0.0.1:0,
-    in a thread with its own event loop; :attr:`url` once it accepts."""
+    """``kvstore.server.serve_async`` of the store at ``path`` on 127.0.0.1
+    (``port`` 0: any free one), in a thread with its own event loop (uvloop's,
+    as ``walkv serve``); :attr:`url` once it accepts."""
 
     def __init__(self, path: Any, port: int = 0, **options: Any) -> None:
         self.url = ""
@@ -43,7 +46,8 @@ class ServerThread:
             await serve_async(path, "127.0.0.1", self._port, stop=self._stop, store_options=options,
                               on_listening=self._listening, **server_options)
         try:
-            asyncio.run(main())
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the loop walkv serve runs on
+                runner.run(main())
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             self._error = exc
         finally:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -63,9 +64,9 @@ class _Refused(asyncio.Protocol):
         payload = dumps(body)
         head = (f"HTTP/1.1 {status} Too Many Requests\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(head + payload)
-        transport.close()
+        writable = cast(asyncio.WriteTransport, transport)  # asyncio's or uvloop's: both write and close
+        writable.write(head + payload)
+        writable.close()
 
 
 def guarded_server(server: web.Server, limits: Limits) -> Callable[[], asyncio.BaseProtocol]:
