@@ -245,17 +245,18 @@ def bad_bodies(draw: st.DrawFn) -> tuple[str, bytes]:
 # Query parameters: (path, parameter, values that must be refused). A scan's
 # continuation token is opaque, but any text that is not URL-safe base64 is
 # surely not one the server gave.
+over_page = st.integers(10_001, 2**63).map(str)  # a page is at most 10000 items (never an unbounded answer)
 URLSAFE_BASE64 = re.compile(r"([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2}==|[A-Za-z0-9_-]{3}=)?")
 QUERY_TARGETS: list[tuple[str, str, st.SearchStrategy[str]]] = [
     ("/v1/kv/k01", "min_lsn", bad_int_text),
     ("/v1/kv/k01", "min_lsn_timeout", st.one_of(st.sampled_from(["-1", "nan", "inf", "x", "1e999", "61"]),
                                                  st.integers(max_value=-1).map(str))),
-    ("/v1/scan", "limit", st.one_of(bad_int_text, st.just("0"))),
+    ("/v1/scan", "limit", st.one_of(bad_int_text, st.just("0"), over_page)),
     ("/v1/scan", "reverse", st.sampled_from(["2", "-1", "yes", "truthy", "1.0"])),
     ("/v1/scan", "after", st.text(min_size=1, max_size=30).filter(lambda t: not URLSAFE_BASE64.fullmatch(t))),
     ("/v1/scan", "min_lsn", bad_int_text),
     ("/v1/log/entries", "from_lsn", bad_int_text),
-    ("/v1/log/entries", "limit", st.one_of(bad_int_text, st.just("0"))),
+    ("/v1/log/entries", "limit", st.one_of(bad_int_text, st.just("0"), over_page)),
     ("/v1/log/segment", "from_lsn", bad_int_text),
     ("/v1/watch", "from_lsn", bad_int_text),
     ("/v1/watch", "progress_every", st.sampled_from(["-1", "0", "nan", "inf", "x", "1e999"])),
