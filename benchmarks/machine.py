@@ -79,6 +79,19 @@ def _crc_backend() -> str | None:
     return None
 
 
+def python_speed() -> float:
+    """Seconds this interpreter takes for ``sum(range(10**7))`` (best of 3):
+    how fast this machine runs Python now, printed beside the ratios."""
+    import time
+
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        sum(range(10**7))
+        best = min(best, time.perf_counter() - t0)
+    return round(best, 3)
+
+
 def describe(bench_dir: str) -> dict[str, Any]:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
@@ -101,4 +114,5 @@ def describe(bench_dir: str) -> dict[str, Any]:
         "crc32c_backend": _crc_backend(),
         "versions": versions(),
         "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "sum_range_1e7_seconds": python_speed(),
     }

@@ -43,6 +43,13 @@ def rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
             value = f"{lim['value']:.0f} {lim['unit']}" if lim["value"] is not None else "-"
             out.append((name, value, f"max {lim['metric']}", "-", "-",
                         f"< {lim['maximum']:g} {lim['unit']}", lim["verdict"]))
+        for metric in w.get("report", []):  # extras reported without a target: walkv's beside each peer's
+            own = walkv.get("reported", {}).get(metric)
+            peers = [(e["label"], e.get("reported", {}).get(metric))
+                     for c, e in w["contenders"].items() if c != "walkv"]
+            for label, value in [(lbl, v) for lbl, v in peers if v is not None] or [("-", None)]:
+                if own is not None or value is not None:
+                    out.append((f"{name} {metric}", _num(own), label, _num(value), "-", "-", "reported"))
         if not w["comparisons"] and not w["limits"]:
             out.append((name, walkv_text, "-", "-", "-", "-", w["status"]))
         if walkv.get("error"):
@@ -66,7 +73,8 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None, plain: boo
     m = report["machine"]
     title = (f"walkv benchmarks ({'quick' if report['config']['quick'] else 'full'}, "
              f"{report['config']['repeats']} repeats, medians) on {m['cpu']}, {m['cores']} cores, "
-             f"{m['filesystem'].get('type', '?')} at {m['bench_dir']}")
+             f"{m['filesystem'].get('type', '?')} at {m['bench_dir']}; sum(range(10**7)) "
+             f"{m.get('sum_range_1e7_seconds', '?')} s")
     if not plain:
         try:
             from rich.console import Console
