@@ -17,7 +17,7 @@ SMOKE   = build/smoke-venv
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark,cli,bench,docs]'
+	$(PY) -m pip install -q -e '.[dev,spark,cli,bench,docs,server]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -19,6 +19,8 @@
     async with kvstore.open_async(path) as adb:
         await adb.put(b"k", b"v")            # thousands of coroutines share each fsync
 
+    db = kvstore.connect("http://127.0.0.1:7379", token=...)  # a `walkv serve` server, same API
+
 See :mod:`kvstore.store.store` for durability and locking, :mod:`kvstore.entry.codec` for
 the log entry format, :mod:`kvstore.state.machine` for the LMDB state machine and
 :mod:`kvstore.store.recovery` for what open checks and rebuilds.
@@ -68,6 +70,23 @@ def open_replica(source, path, **options):
     return _open_replica(source, path, **options)
 
 
+def connect(url: str, **options):
+    """A client of a walkv server (``walkv serve``) with :class:`KVStore`'s
+    API: ``kvstore.connect("https://host:7379", token=...)``. See
+    :mod:`kvstore.client.remote` (needs the ``client`` extra: httpx)."""
+    from kvstore.client.remote import connect as _connect
+
+    return _connect(url, **options)
+
+
+def connect_async(url: str, **options):
+    """The asyncio client: ``async with kvstore.connect_async(url) as db:``
+    or ``db = await kvstore.connect_async(url)``. See :mod:`kvstore.client.aremote`."""
+    from kvstore.client.aremote import connect_async as _connect_async
+
+    return _connect_async(url, **options)
+
+
 def open_async(path, sync: str = "always", **options):
     """Open the store for asyncio: ``adb = await kvstore.open_async(path)`` or
     ``async with kvstore.open_async(path) as adb:``. See :mod:`kvstore.store.aio`."""
@@ -82,6 +101,7 @@ __all__ = [
     "DiskFullError", "ForkedError", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
     "ReplicaLagError", "RestoreTimeError", "SnapshotError",
-    "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "open", "open_async", "open_replica",
+    "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "connect", "connect_async", "open", "open_async",
+    "open_replica",
     "prometheus_text", "restore", "restore_from_archive",
 ]

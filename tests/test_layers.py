@@ -22,7 +22,9 @@ FLOORS = [
     {"kvstore.state"},
     {"kvstore.archive", "kvstore.watch"},
     {"kvstore.store"},
+    {"kvstore.client"},
     {"kvstore.replica"},
+    {"kvstore.server"},
     {"kvstore"},  # the public face (kvstore/__init__.py)
     {"kvstore.spark"},
     {"benchmarks"},  # `walkv bench` runs them from a source checkout

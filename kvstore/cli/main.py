@@ -5,7 +5,7 @@ This module parses arguments and maps errors to exit codes; the commands live
 in :mod:`kvstore.cli.kv` (put, get, delete, scan, load),
 :mod:`kvstore.cli.stats` (stats), :mod:`kvstore.cli.inspection` (inspect),
 :mod:`kvstore.cli.files` (verify, repair), :mod:`kvstore.cli.admin`
-(snapshot, restore, export, bench), :mod:`kvstore.cli.replica` (replica) and
+(snapshot, restore, export, bench), :mod:`kvstore.cli.replica` (replica), :mod:`kvstore.cli.serve` (serve) and
 :mod:`kvstore.cli.demo` (the main job).
 
 Exit codes, for scripts::
@@ -41,7 +41,7 @@ import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 
-from kvstore.cli import admin, archive, demo, files, inspection, kv, replica, stats, subscriptions
+from kvstore.cli import admin, archive, demo, files, inspection, kv, replica, serve, stats, subscriptions
 from kvstore.cli.common import (
     EXIT_CORRUPT,
     EXIT_LOCKED,
@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     archive.add_commands(add)
     replica.add_commands(add)
     subscriptions.add_commands(add)
+    serve.add_commands(add)
 
     return parser
 

@@ -45,12 +45,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Iterator, NoReturn
 
 from kvstore.entry.codec import delete_entry, delete_range_entry, encode, put_entry
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
 from kvstore.store.store import KVStore
-from kvstore.store.txn import cas_outcome, decided
+from kvstore.store.txn import Transaction, cas_outcome, decided
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch.watcher import AsyncWatcher
 from wal.errors import ClosedError, ReadOnlyError
@@ -183,7 +184,15 @@ class AsyncKVStore:
         when it raises."""
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
-        return AsyncWriteBatch(self)
+        return AsyncWriteBatch(self._submit, self._max_value, self.store._max_payload)
+
+    def transaction(self) -> "AsyncTransaction":
+        """``async with adb.transaction() as t:``: :meth:`KVStore.transaction`
+        (``t.require``, ``t.put``, ... are plain calls), committed when the
+        block ends normally, awaiting durability and the decision."""
+        if self._closing:
+            raise ClosedError(f"the store {self.store.path} is closed")
+        return AsyncTransaction(self._submit, self._max_value, self.store._max_payload)
 
     async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
@@ -191,6 +200,13 @@ class AsyncKVStore:
         outcome = cas_outcome(self._max_value, key, expected, new)
         lsn = await self._submit(encode(outcome), outcome)
         return decided(outcome, lsn) is None
+
+    async def delete_if(self, key: bytes, expected: bytes) -> bool:
+        """As :meth:`KVStore.delete_if`: True when ``key`` was deleted."""
+        t = self.transaction()
+        t.require(key, equals=expected)
+        t.delete(key)
+        return await t.acommit()
 
     def watch(self, prefix: bytes | None = None, **options: Any) -> AsyncWatcher:
         """``async for change in adb.watch(...)``: :meth:`KVStore.watch`, its
@@ -201,6 +217,9 @@ class AsyncKVStore:
 
     async def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         return self.store.get(key, default)
+
+    async def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        return self.store.get_many(keys, default)
 
     async def contains(self, key: bytes) -> bool:
         return self.store.get(key) is not None
@@ -276,14 +295,19 @@ def _fail(futures: list[asyncio.Future], error: BaseException) -> None:
             fut.set_exception(error)
 
 
+Submit = Callable[[bytes, list], Awaitable[int]]
+
+
 class AsyncWriteBatch(WriteBatch):
-    """A :class:`~kvstore.store.write_batch.WriteBatch` committed with ``async with``."""
+    """A :class:`~kvstore.store.write_batch.WriteBatch` committed with ``async
+    with`` (or ``await b.acommit()``); ``submit(payload, ops)`` logs it and
+    resolves to its LSN."""
 
-    __slots__ = ("_adb",)
+    __slots__ = ("_submit",)
 
-    def __init__(self, adb: AsyncKVStore) -> None:
-        super().__init__(self._refuse_sync_commit, adb._max_value, adb.store._max_payload)
-        self._adb = adb
+    def __init__(self, submit: Submit, max_value: int, max_payload: int) -> None:
+        super().__init__(self._refuse_sync_commit, max_value, max_payload)
+        self._submit = submit
 
     @staticmethod
     def _refuse_sync_commit(payload: bytes, ops: list) -> int:
@@ -294,10 +318,36 @@ class AsyncWriteBatch(WriteBatch):
         sealed = self._seal()
         if sealed is None:
             return None
-        self.lsn = await self._adb._submit(sealed[0], sealed[1])
+        self.lsn = await self._submit(sealed[0], sealed[1])
         return self.lsn
 
     async def __aenter__(self) -> "AsyncWriteBatch":
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            if not self._done:
+                await self.acommit()
+        else:
+            self.discard()
+
+
+class AsyncTransaction(Transaction):
+    """A :class:`~kvstore.store.txn.Transaction` committed with ``async with``
+    (or ``await t.acommit()``); ``submit`` as :class:`AsyncWriteBatch`'s."""
+
+    def __init__(self, submit: Submit, max_value: int, max_payload: int) -> None:
+        super().__init__(AsyncWriteBatch._refuse_sync_commit, max_value, max_payload)
+        self._submit = submit
+
+    async def acommit(self) -> bool:
+        """Log the transaction (durable and decided when it returns); whether it succeeded."""
+        sealed = self._seal()
+        if sealed is None:
+            return True
+        return self._settle(await self._submit(sealed[0], sealed[1]), sealed[1])
+
+    async def __aenter__(self) -> "AsyncTransaction":
         return self
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:

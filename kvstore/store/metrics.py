@@ -9,9 +9,10 @@ process can read from the files (LSNs; the archived LSN a sidecar publishes;
 for a replica's directory, its applied LSN, its source's durable LSN and the
 lag): fsync counters live in the writing process only.
 
-Written by hand (the format is a few lines per metric), so it needs no
-``prometheus-client``; serve the text from any HTTP handler at ``/metrics``.
-Every sample carries the label ``store="<path>"``.
+Made with prometheus-client (the ``server`` or ``cli`` extra: ``pip install
+walkv[server]``), which owns the exposition format; ``walkv serve`` answers
+``GET /metrics`` with it, and any HTTP handler may serve it (content type
+:data:`CONTENT_TYPE`). Every sample carries the label ``store="<path>"``.
 """
 
 from __future__ import annotations
@@ -51,53 +52,67 @@ _LATENCY = ("walkv_log_fsync_seconds", "fsync latency of the log over the last 4
             (("0.5", "fsync_p50_ms"), ("0.99", "fsync_p99_ms")))
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The content type of :func:`prometheus_text` (Prometheus' text format 0.0.4)."""
 
 
-def _number(value: Any) -> str | None:
+def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return repr(float(value)) if isinstance(value, float) else str(value)
+    return float(value)
 
 
-def _lines(stats: Mapping[str, Any]) -> Iterator[str]:
-    labels = f'{{store="{_label(str(stats.get("path", "")))}"}}'
-    for name, kind, text, section, key in _METRICS:
-        source = stats.get(section) if section else stats
-        value = _number(source.get(key)) if isinstance(source, Mapping) else None
-        if value is None:
-            continue
-        yield f"# HELP {name} {text}"
-        yield f"# TYPE {name} {kind}"
-        yield f"{name}{labels} {value}"
-    log = stats.get("log")
-    if isinstance(log, Mapping) and log.get("fsyncs"):
-        name, text, quantiles = _LATENCY
-        yield f"# HELP {name} {text}"
-        yield f"# TYPE {name} summary"
-        for q, key in quantiles:
-            yield f'{name}{labels[:-1]},quantile="{q}"}} {float(log[key]) / 1e3!r}'
-        yield f"{name}_count{labels} {log['fsyncs']}"
-    subs = [s for s in stats.get("subscriptions") or () if isinstance(s, Mapping)]
-    if subs:
-        for name, text, key in _SUBSCRIPTION_METRICS:
-            yield f"# HELP {name} {text}"
-            yield f"# TYPE {name} gauge"
+class _StatsCollector:
+    """A prometheus-client collector of one ``stats()`` mapping."""
+
+    def __init__(self, stats: Mapping[str, Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+        stats = self._stats
+        store = str(stats.get("path", ""))
+        for name, kind, text, section, key in _METRICS:
+            source = stats.get(section) if section else stats
+            value = _number(source.get(key)) if isinstance(source, Mapping) else None
+            if value is None:
+                continue
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, text, labels=["store"])
+            family.add_metric([store], value)
+            yield family
+        log = stats.get("log")
+        if isinstance(log, Mapping) and log.get("fsyncs"):
+            name, text, quantiles = _LATENCY
+            summary = Metric(name, text, "summary")
+            for q, key in quantiles:
+                summary.add_sample(name, {"store": store, "quantile": q}, float(log[key]) / 1e3)
+            summary.add_sample(name + "_count", {"store": store}, float(log["fsyncs"]))
+            yield summary
+        subs = [s for s in stats.get("subscriptions") or () if isinstance(s, Mapping)]
+        if subs:
+            for name, text, key in _SUBSCRIPTION_METRICS:
+                gauge = GaugeMetricFamily(name, text, labels=["store", "subscription"])
+                for sub in subs:
+                    gauge.add_metric([store, str(sub["name"])], float(sub[key]))
+                yield gauge
+            gauge = GaugeMetricFamily("walkv_subscription_invalidated",
+                                      "1 when retention gave up on a subscription (past max_retained_bytes).",
+                                      labels=["store", "subscription"])
             for sub in subs:
-                yield f'{name}{labels[:-1]},subscription="{_label(str(sub["name"]))}"}} {int(sub[key])}'
-        name = "walkv_subscription_invalidated"
-        yield f"# HELP {name} 1 when retention gave up on a subscription (past max_retained_bytes)."
-        yield f"# TYPE {name} gauge"
-        for sub in subs:
-            yield f'{name}{labels[:-1]},subscription="{_label(str(sub["name"]))}"}} {int(bool(sub["invalidated"]))}'
+                gauge.add_metric([store, str(sub["name"])], float(bool(sub["invalidated"])))
+            yield gauge
 
 
 def prometheus_text(stats: Mapping[str, Any]) -> str:
     """The metrics in ``stats`` (:meth:`kvstore.KVStore.stats`, or what
     ``walkv stats --json`` prints) in Prometheus' text format; metrics the
     stats lack are left out."""
-    return "".join(line + "\n" for line in _lines(stats))
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_StatsCollector(stats))
+    return generate_latest(registry).decode("utf-8")
 
 
-__all__ = ["prometheus_text"]
+__all__ = ["CONTENT_TYPE", "prometheus_text"]

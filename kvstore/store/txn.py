@@ -117,7 +117,7 @@ class Transaction(CommitOnExit):
     mode, outcome decided), discarded when it raises. A transaction with no
     conditions and no writes writes nothing (``lsn`` None, ``succeeded``
     True). :attr:`failed_condition` is the first :class:`Condition` that did
-    not hold (None on success).
+    not hold (None on success), :attr:`failed_index` its index.
     """
 
     def __init__(self, append: Append, max_value: int, max_payload: int) -> None:
@@ -130,6 +130,8 @@ class Transaction(CommitOnExit):
         self.lsn: int | None = None
         self.succeeded: bool | None = None
         self.failed_condition: Condition | None = None
+        self.failed_index: int | None = None
+        """The index of :attr:`failed_condition` among the conditions."""
 
     def _open(self) -> None:
         if self._done:
@@ -169,11 +171,19 @@ class Transaction(CommitOnExit):
         """Log the transaction; return whether it succeeded (also in
         :attr:`succeeded`, with :attr:`lsn` and :attr:`failed_condition`).
         Over the log's record size: RecordTooLargeError, nothing written."""
+        sealed = self._seal()
+        if sealed is None:
+            return True
+        return self._settle(self._append(sealed[0], sealed[1]), sealed[1])
+
+    def _seal(self) -> tuple[bytes, Outcome] | None:
+        """Close the transaction; its payload and operations (None: nothing
+        to write, and it succeeded)."""
         self._open()
         self._done = True
         if not self._conds and not self._writes:
             self.succeeded = True
-            return True
+            return None
         ops = [c.as_op() for c in self._conds] + self._writes
         outcome = Outcome(ops)
         payload = pack_ops(outcome)
@@ -181,9 +191,14 @@ class Transaction(CommitOnExit):
             raise RecordTooLargeError(
                 f"transaction of {len(ops)} operations is {len(payload)} bytes, over the "
                 f"log's record limit of {self._max_payload} bytes. Nothing was written.")
-        self.lsn = self._append(payload, outcome)
-        failed = decided(outcome, self.lsn) if self._conds else None
+        return payload, outcome
+
+    def _settle(self, lsn: int, outcome: Outcome) -> bool:
+        """Record the outcome of the entry logged at ``lsn``."""
+        self.lsn = lsn
+        failed = decided(outcome, lsn) if self._conds else None
         self.succeeded = failed is None
+        self.failed_index = failed
         self.failed_condition = None if failed is None else self._conds[failed]
         return self.succeeded
 

@@ -62,7 +62,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import snapshot
 from kvstore.entry import conditions
@@ -311,13 +311,23 @@ class Watcher:
         self.next_lsn = info.lsn + 1
 
 
+class Changes(Protocol):
+    """What :class:`AsyncWatcher` drives: a :class:`Watcher`, or a named
+    subscription (:class:`kvstore.watch.subscription.Subscription`)."""
+
+    def __next__(self) -> Change: ...
+
+    def close(self) -> None: ...
+
+
 class AsyncWatcher:
-    """``async for change in adb.watch(...)``: a :class:`Watcher` whose
+    """``async for change in adb.watch(...)``: a :class:`Watcher` (or any
+    :class:`Changes`) whose
     blocking steps run on a thread of its own (never a busy poll on the
     loop, and a slow watcher does not hold the default executor).
     ``async with`` it, or :meth:`aclose` it, to stop."""
 
-    def __init__(self, watcher: Watcher) -> None:
+    def __init__(self, watcher: Changes) -> None:
         self.watcher = watcher
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="walkv-watch")
         # Dropped without aclose() (a bare ``async for`` left by break or an
@@ -349,6 +359,6 @@ class AsyncWatcher:
         await self.aclose()
 
 
-def _stop(watcher: Watcher, pool: ThreadPoolExecutor) -> None:
+def _stop(watcher: Changes, pool: ThreadPoolExecutor) -> None:
     watcher.close()  # a next() blocked in the pool's thread returns promptly
     pool.shutdown(wait=False)

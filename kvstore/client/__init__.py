@@ -1,0 +1,1 @@
+"""walkv's HTTP clients and the wire format they share with the server."""

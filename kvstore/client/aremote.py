@@ -1,0 +1,257 @@
+"""The asyncio client: ``kvstore.connect_async(url)``, an :class:`AsyncRemoteStore`
+with :class:`~kvstore.store.aio.AsyncKVStore`'s API over HTTP (httpx.AsyncClient)::
+
+    async with kvstore.connect_async("http://127.0.0.1:7379", token=TOKEN) as db:
+        lsn = await db.put(b"k", b"v"); await db.get(b"k")
+        async with db.batch() as b: b.put(b"a", b"1")
+        async with db.transaction() as t: t.require(b"a", equals=b"1"); t.put(b"a", b"2")
+        async for key, value in db.scan(prefix=b"a"): ...
+        async for change in db.watch(b"a", from_lsn=lsn): ...
+
+Batches and transactions are the asyncio front's own classes
+(:class:`~kvstore.store.aio.AsyncWriteBatch`, :class:`~kvstore.store.aio.AsyncTransaction`),
+committed through the server; errors, durability and retries as the sync
+client's (:mod:`kvstore.client.remote`). Where the embedded front answers
+without awaiting (``scan``, the LSN properties), a network client must
+await: ``scan`` is an async iterator and the LSNs come from ``await
+db.bounds()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Iterable
+from typing import Any
+
+from kvstore.client.events import BACKOFF, END, RECONNECTS, EventParser, Resumption
+from kvstore.client.http import AsyncHttp
+from kvstore.client.remote import ops_request, read_key, scan_params, settle, watch_params
+from kvstore.client.wire import ConditionFailed, NotFound, ServerUnavailable, b64_or_none, b64decode, b64encode, quote
+from kvstore.entry.codec import as_bytes, check_key, check_range, check_value
+from kvstore.store.aio import AsyncTransaction, AsyncWriteBatch
+from kvstore.watch.watcher import Change
+from wal.errors import ClosedError
+
+
+class AsyncRemoteWatcher:
+    """``async for change in db.watch(...)``: as the sync client's
+    :class:`~kvstore.client.remote.RemoteWatcher` (resumes after a broken connection)."""
+
+    def __init__(self, http: AsyncHttp, path: str, resumption: Resumption) -> None:
+        self._http = http
+        self._path = path
+        self._position = resumption
+        self._closed = False
+        self._gen = self._run()
+
+    def __aiter__(self) -> "AsyncRemoteWatcher":
+        return self
+
+    async def __anext__(self) -> Change:
+        return await self._gen.__anext__()
+
+    async def _run(self) -> AsyncGenerator[Change, None]:
+        failures = 0
+        while not self._closed:
+            position = self._position
+            position.delivered = False
+            try:
+                async with self._http.stream("GET", self._path, params=position.params()) as response:
+                    parser = EventParser()
+                    async for line in response.aiter_lines():
+                        event = parser.feed(line)
+                        if event is None:
+                            continue
+                        out = position.handle(event)
+                        if out is END:
+                            return
+                        if isinstance(out, Change):
+                            failures = 0
+                            yield out
+            except ServerUnavailable:
+                if self._closed:
+                    return
+                if not position.delivered:
+                    failures += 1
+                if failures >= RECONNECTS:
+                    raise
+                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+                continue
+            failures += 1
+            if failures >= RECONNECTS:
+                raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._gen.aclose()
+
+    async def __aenter__(self) -> "AsyncRemoteWatcher":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncRemoteStore:
+    """A store served over HTTP, for asyncio (module docstring). Create with
+    ``await kvstore.connect_async(url)``."""
+
+    def __init__(self, http: AsyncHttp, info: dict[str, Any]) -> None:
+        self._http = http
+        self.url = http.url
+        self._closed = False
+        self.store_id: str | None = info.get("store_id")
+        self.readonly = bool(info.get("readonly"))
+        self.max_value_bytes = int(info["max_value_bytes"])
+        self._max_payload = int(info["max_payload_bytes"])
+
+    async def _request(self, method: str, path: str, **kw: Any) -> Any:
+        if self._closed:
+            raise ClosedError(f"the connection to {self.url} is closed")
+        return await self._http.request(method, path, **kw)
+
+    # -- writes --------------------------------------------------------------
+
+    async def put(self, key: bytes, value: bytes) -> int:
+        path = "/v1/kv/" + quote(check_key(key))
+        value = check_value(value, self.max_value_bytes)
+        return int((await self._request("PUT", path, content=value)).json()["lsn"])
+
+    async def delete(self, key: bytes) -> int:
+        return int((await self._request("DELETE", "/v1/kv/" + quote(check_key(key)))).json()["lsn"])
+
+    async def delete_range(self, start: bytes | None, end: bytes | None) -> int:
+        start, end = check_range(start, end)
+        body = {"start": b64_or_none(start), "end": b64_or_none(end)}
+        return int((await self._request("POST", "/v1/delete_range", json=body)).json()["lsn"])
+
+    async def _commit(self, payload: bytes, ops: list) -> int:
+        path, body = ops_request(ops)
+        try:
+            answer: dict[str, Any] | ConditionFailed = (await self._request("POST", path, json=body)).json()
+        except ConditionFailed as failed:
+            answer = failed
+        return settle(ops, answer)
+
+    def batch(self) -> AsyncWriteBatch:
+        return AsyncWriteBatch(self._commit, self.max_value_bytes, self._max_payload)
+
+    def transaction(self) -> AsyncTransaction:
+        return AsyncTransaction(self._commit, self.max_value_bytes, self._max_payload)
+
+    async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
+        t = self.transaction()
+        if expected is None:
+            t.require(key, absent=True)
+        else:
+            t.require(key, equals=expected)
+        t.put(key, new)
+        return await t.acommit()
+
+    async def delete_if(self, key: bytes, expected: bytes) -> bool:
+        t = self.transaction()
+        t.require(key, equals=expected)
+        t.delete(key)
+        return await t.acommit()
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get(self, key: bytes, default: bytes | None = None, *, min_lsn: int | None = None) -> bytes | None:
+        checked = read_key(key)
+        if checked is None:
+            return default
+        try:
+            return (await self._request("GET", "/v1/kv/" + quote(checked), params={"min_lsn": min_lsn})).content
+        except NotFound:
+            return default
+
+    async def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        body = {"keys": [b64encode(k if type(k) is bytes else as_bytes(k, "key")) for k in keys]}
+        values = (await self._request("POST", "/v1/get_many", json=body)).json()["values"]
+        return [default if v is None else b64decode(v) for v in values]
+
+    async def contains(self, key: bytes) -> bool:
+        return await self.get(key) is not None
+
+    async def count(self) -> int:
+        return int((await self._request("GET", "/v1/count")).json()["count"])
+
+    async def scan(self, start: bytes | None = None, stop: bytes | None = None, *, prefix: bytes | None = None,
+                   reverse: bool = False, page: int = 1000) -> AsyncGenerator[tuple[bytes, bytes], None]:
+        params = scan_params(start, stop, prefix, reverse, page)
+        while True:
+            doc = (await self._request("GET", "/v1/scan", params=params)).json()
+            for k, v in doc["items"]:
+                yield b64decode(k), b64decode(v)
+            if doc["after"] is None:
+                return
+            params["after"] = doc["after"].encode()
+
+    def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
+              from_lsn: int | None = None, timeout: float | None = None, progress_every: float | None = None,
+              on_gap: str = "error") -> AsyncRemoteWatcher:
+        """As the sync client's; without ``from_lsn``, from after the server's
+        durable LSN when the stream starts."""
+        params = watch_params(prefix, start, stop, timeout, progress_every, on_gap)
+        return AsyncRemoteWatcher(self._http, "/v1/watch", Resumption(from_lsn, params))
+
+    # -- the rest ------------------------------------------------------------
+
+    async def bounds(self) -> dict[str, Any]:
+        """``{"first_lsn", "durable_lsn", "last_lsn", "store_id"}`` of the server's log."""
+        return (await self._request("GET", "/v1/log/bounds")).json()
+
+    async def stats(self) -> dict[str, Any]:
+        return (await self._request("GET", "/v1/stats")).json()
+
+    async def snapshot(self) -> dict[str, Any]:
+        return (await self._request("POST", "/v1/admin/snapshot")).json()
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncRemoteStore":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncRemoteStore {self.url}{' closed' if self._closed else ''}>"
+
+
+class _Connecting:
+    """What :func:`connect_async` returns: awaitable, and an async context manager."""
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        self._url = url
+        self._options = options
+        self._db: AsyncRemoteStore | None = None
+
+    async def _connect(self) -> AsyncRemoteStore:
+        http = AsyncHttp(self._url, **self._options)
+        try:
+            info = (await http.request("GET", "/v1/info")).json()
+        except BaseException:
+            await http.aclose()
+            raise
+        return AsyncRemoteStore(http, info)
+
+    def __await__(self):
+        return self._connect().__await__()
+
+    async def __aenter__(self) -> AsyncRemoteStore:
+        self._db = await self._connect()
+        return self._db
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._db is not None:
+            await self._db.close()
+
+
+def connect_async(url: str, *, token: str | None = None, timeout: float = 10.0, verify: bool | str = True,
+                  max_connections: int = 100) -> _Connecting:
+    """``db = await kvstore.connect_async(url)`` or ``async with kvstore.connect_async(url) as db:``."""
+    return _Connecting(url, dict(token=token, timeout=timeout, verify=verify, max_connections=max_connections))

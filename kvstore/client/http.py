@@ -1,0 +1,153 @@
+"""The HTTP transport of walkv's clients: :class:`Http` (sync) and
+:class:`AsyncHttp` (asyncio), on httpx.
+
+Both keep one connection pool per client (HTTP/1.1 keep-alive: a request
+reuses an idle connection), send ``Authorization: Bearer TOKEN`` when given a
+token, and turn every non-2xx answer into the walkv exception it names
+(:func:`kvstore.client.wire.raise_for_error`). Timeouts: ``timeout`` seconds
+to connect, and between two reads or writes of a request (a watch stream's
+reads have none: the server sends progress while idle).
+
+Retries: only GETs (reads, which change nothing), only on a transport
+error (the connection was refused or broke before an answer), at most
+:data:`RETRIES` more times, after 50 ms then 200 ms. A write that meets a
+transport error is never retried: it raises :class:`ServerUnavailable`,
+whose message says the write may or may not have been applied.
+
+Query parameters that are bytes are percent-encoded as keys are
+(:func:`kvstore.client.wire.quote`); the query string is built here, so
+httpx never re-encodes a ``%``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import httpx
+
+from kvstore.client.wire import ServerUnavailable, quote, raise_for_error
+
+RETRIES = 2
+_BACKOFF = (0.05, 0.2)
+Params = Mapping[str, "bytes | str | int | float | bool | None"]
+
+
+def query(params: Params | None) -> str:
+    """``?a=1&b=%00`` for ``params`` (None values left out; bytes percent-encoded)."""
+    if not params:
+        return ""
+    parts = []
+    for name, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bytes):
+            text = quote(value)
+        elif isinstance(value, bool):
+            text = "1" if value else "0"
+        else:
+            text = urllib.parse.quote(str(value), safe="")
+        parts.append(f"{name}={text}")
+    return "?" + "&".join(parts) if parts else ""
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _unreachable(url: str, method: str, path: str, exc: Exception) -> ServerUnavailable:
+    unknown = "" if method in ("GET", "HEAD") else "; the request may or may not have been applied"
+    return ServerUnavailable(f"{method} {path} to the walkv server at {url} failed: "
+                             f"{type(exc).__name__}: {exc}{unknown}")
+
+
+class Http:
+    """A pooled HTTP/1.1 connection to a walkv server at ``url``."""
+
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
+                 verify: bool | str = True, max_connections: int = 100) -> None:
+        self.url = url.rstrip("/")
+        self._client = httpx.Client(
+            base_url=self.url, headers=_headers(token), timeout=httpx.Timeout(timeout), verify=verify,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+
+    def request(self, method: str, path: str, *, params: Params | None = None, json: Any = None,
+                content: bytes | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
+        """Send one request; the answer when 2xx, else the walkv exception it names."""
+        target = path + query(params)
+        attempts = RETRIES + 1 if method == "GET" else 1
+        for attempt in range(attempts):
+            try:
+                resp = self._client.request(method, target, json=json, content=content, headers=headers)
+                break
+            except httpx.TransportError as exc:
+                if attempt + 1 == attempts:
+                    raise _unreachable(self.url, method, path, exc) from exc
+                time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+        if resp.status_code >= 300:
+            raise_for_error(resp.status_code, resp.content)
+        return resp
+
+    @contextlib.contextmanager
+    def stream(self, method: str, path: str, *, params: Params | None = None,
+               headers: Mapping[str, str] | None = None) -> Iterator[httpx.Response]:
+        """A response whose body is read incrementally (no read timeout);
+        raises the walkv exception of an error answer."""
+        timeout = httpx.Timeout(self._client.timeout.connect, read=None)
+        try:
+            with self._client.stream(method, path + query(params), headers=headers, timeout=timeout) as resp:
+                if resp.status_code >= 300:
+                    raise_for_error(resp.status_code, resp.read())
+                yield resp
+        except httpx.TransportError as exc:
+            raise _unreachable(self.url, method, path, exc) from exc
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class AsyncHttp:
+    """:class:`Http` for asyncio (httpx.AsyncClient)."""
+
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
+                 verify: bool | str = True, max_connections: int = 100) -> None:
+        self.url = url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            base_url=self.url, headers=_headers(token), timeout=httpx.Timeout(timeout), verify=verify,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+
+    async def request(self, method: str, path: str, *, params: Params | None = None, json: Any = None,
+                      content: bytes | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
+        target = path + query(params)
+        attempts = RETRIES + 1 if method == "GET" else 1
+        for attempt in range(attempts):
+            try:
+                resp = await self._client.request(method, target, json=json, content=content, headers=headers)
+                break
+            except httpx.TransportError as exc:
+                if attempt + 1 == attempts:
+                    raise _unreachable(self.url, method, path, exc) from exc
+                await asyncio.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+        if resp.status_code >= 300:
+            raise_for_error(resp.status_code, resp.content)
+        return resp
+
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, path: str, *, params: Params | None = None,
+                     headers: Mapping[str, str] | None = None) -> AsyncIterator[httpx.Response]:
+        timeout = httpx.Timeout(self._client.timeout.connect, read=None)
+        try:
+            async with self._client.stream(method, path + query(params), headers=headers,
+                                           timeout=timeout) as resp:
+                if resp.status_code >= 300:
+                    raise_for_error(resp.status_code, await resp.aread())
+                yield resp
+        except httpx.TransportError as exc:
+            raise _unreachable(self.url, method, path, exc) from exc
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,226 @@
+"""The wire format shared by walkv's HTTP server and its clients (docs/http-api.md).
+
+* Keys and values in JSON are standard base64 (RFC 4648, with padding):
+  :func:`b64encode`/:func:`b64decode`. In a path or a query parameter a key
+  is percent-encoded bytes (:func:`quote`; the server decodes the raw target
+  with :func:`urllib.parse.unquote_to_bytes`), so any byte string travels,
+  ``/`` and ``%`` and non-UTF-8 bytes included.
+* Every error answer is ``{"error": {"type", "message", ...fields}}``:
+  :func:`error_body` makes it from an exception (the status from
+  :data:`STATUS`, by the nearest class in the exception's MRO),
+  :func:`raise_for_error` raises it again on the client as the same class,
+  with the same attributes. The HTTP-only types (:class:`BadRequest`,
+  :class:`NotFound`, ...) are defined here so that both ends share them.
+* Operations of a batch or transaction in JSON (:func:`op_json`,
+  :func:`op_from_json`) and a watch change (:func:`change_json`,
+  :func:`change_from_json`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import builtins
+import json
+import urllib.parse
+from typing import Any, NoReturn
+
+import wal.errors
+from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_PUT
+from kvstore.watch.watcher import Change
+from wal.errors import RecordTooLargeError, WalkvError
+
+# -- HTTP-only error types -------------------------------------------------------
+
+
+class HttpError(WalkvError):
+    """An error only the HTTP face has (the request, not the store, is wrong)."""
+
+
+class BadRequest(HttpError, ValueError):
+    """400: bad JSON, bad base64, a bad parameter."""
+
+
+class Unauthorized(HttpError):
+    """401: no token, or not a token the server knows."""
+
+
+class Forbidden(HttpError):
+    """403: the token's role does not allow the request."""
+
+
+class NotFound(HttpError):
+    """404: no such key (``GET /v1/kv/{key}``), route, snapshot or subscription."""
+
+
+class ConditionFailed(HttpError):
+    """409: a transaction's condition did not hold. ``lsn``: the entry that
+    recorded the attempt; ``failed``: the index of the first condition that
+    did not hold."""
+
+    lsn: int | None = None
+    failed: int | None = None
+
+
+class PayloadTooLarge(HttpError, RecordTooLargeError):
+    """413: the request body is over the server's limit."""
+
+
+class TooManyStreams(HttpError):
+    """429: over the server's cap on open watch streams (or connections)."""
+
+
+class InternalError(HttpError):
+    """500: a bug in the server (its log has the traceback; the client never gets one)."""
+
+
+class ServerUnavailable(HttpError):
+    """The client could not reach the server, or the connection broke. For a
+    write the outcome is unknown: the write may have been applied."""
+
+
+# -- the status table -------------------------------------------------------------
+
+STATUS: dict[type[BaseException], int] = {
+    BadRequest: 400, ValueError: 400, TypeError: 400,
+    Unauthorized: 401, Forbidden: 403, NotFound: 404,
+    ConditionFailed: 409, wal.errors.ReadOnlyError: 409, wal.errors.SnapshotError: 409,
+    wal.errors.LogGapError: 410, wal.errors.SubscriptionInvalidatedError: 410,
+    RecordTooLargeError: 413, PayloadTooLarge: 413,
+    TooManyStreams: 429,
+    wal.errors.LogFailedError: 503, wal.errors.ArchiveError: 503, wal.errors.ClosedError: 503,
+    wal.errors.ReplicaError: 503, wal.errors.CorruptionError: 503, wal.errors.LockedError: 503,
+    ServerUnavailable: 503,
+    InternalError: 500,
+}
+"""Status of an error answer, by exception class (the nearest in the MRO wins)."""
+
+_TYPES: dict[str, type[BaseException]] = {
+    name: cls for name, cls in vars(wal.errors).items()
+    if isinstance(cls, type) and issubclass(cls, WalkvError)
+}
+_TYPES.update({cls.__name__: cls for cls in (
+    HttpError, BadRequest, Unauthorized, Forbidden, NotFound, ConditionFailed, PayloadTooLarge,
+    TooManyStreams, InternalError, ServerUnavailable, builtins.ValueError, builtins.TypeError)})
+_BY_STATUS: dict[int, type[BaseException]] = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
+                                              409: ConditionFailed, 413: PayloadTooLarge, 429: TooManyStreams}
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status an exception answers with (500 for anything unknown: a bug)."""
+    for cls in type(exc).__mro__:
+        status = STATUS.get(cls)
+        if status is not None:
+            return status
+    return 500
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """``(status, {"error": {"type", "message", ...fields}})`` for ``exc``.
+    The fields are the exception's attributes that are JSON scalars. An
+    exception the table does not know is a bug: 500 ``InternalError``,
+    whose message names only the exception's class (the server logs the rest)."""
+    status = status_of(exc)
+    if status == 500:
+        return 500, {"error": {"type": "InternalError",
+                               "message": f"internal error in the walkv server ({type(exc).__name__}); "
+                                          f"this is a bug: the server's log has the details"}}
+    name = next(cls.__name__ for cls in type(exc).__mro__ if _TYPES.get(cls.__name__) is cls)
+    err: dict[str, Any] = {"type": name, "message": str(exc)}
+    for key, value in vars(exc).items():
+        if not key.startswith("_") and key not in err and isinstance(value, _SCALARS):
+            err[key] = value
+    return status, {"error": err}
+
+
+def error_from_json(status: int, err: Any) -> BaseException:
+    """The exception an error answer describes (the same class the server
+    raised, with the same attributes)."""
+    if not isinstance(err, dict):
+        err = {}
+    message = str(err.get("message") or f"HTTP {status}")
+    cls = _TYPES.get(str(err.get("type")))
+    if cls is None or status_of_class(cls) != status:
+        cls = _BY_STATUS.get(status, ServerUnavailable if status in (502, 503, 504) else InternalError)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    for key, value in err.items():
+        if key not in ("type", "message") and isinstance(key, str):
+            setattr(exc, key, value)
+    return exc
+
+
+def status_of_class(cls: type[BaseException]) -> int:
+    for c in cls.__mro__:
+        if c in STATUS:
+            return STATUS[c]
+    return 500
+
+
+def raise_for_error(status: int, body: bytes) -> NoReturn:
+    """Raise the exception of an error answer (``body``: its JSON)."""
+    try:
+        err = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        text = body[:200].decode("utf-8", "replace")
+        err = {"message": f"HTTP {status} from the server, not a walkv error answer: {text!r}"}
+    raise error_from_json(status, err)
+
+
+# -- encodings ---------------------------------------------------------------------
+
+
+def b64encode(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64decode(text: Any, what: str = "value") -> bytes:
+    """Standard base64 with padding; anything else is :class:`BadRequest`."""
+    if not isinstance(text, str):
+        raise BadRequest(f"{what} must be a base64 string, not {type(text).__name__}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{what} is not valid base64 (RFC 4648, with padding): {text[:40]!r}") from None
+
+
+def b64_or_none(data: bytes | None) -> str | None:
+    return None if data is None else b64encode(data)
+
+
+def quote(key: bytes) -> str:
+    """A key for a path or a query parameter: every byte but unreserved ones percent-encoded."""
+    return urllib.parse.quote_from_bytes(key, safe="")
+
+
+def op_json(op: Any) -> dict[str, Any]:
+    """A batch operation (``kvstore.entry.codec``'s ``(code, ...)``) as JSON."""
+    code = op[0]
+    if code == OP_PUT:
+        return {"op": "put", "key": b64encode(op[1]), "value": b64encode(op[2])}
+    if code == OP_DELETE:
+        return {"op": "delete", "key": b64encode(op[1])}
+    if code == OP_DELETE_RANGE:
+        return {"op": "delete_range", "start": b64_or_none(op[1]), "end": b64_or_none(op[2])}
+    raise ValueError(f"not a write operation: {op!r}")
+
+
+def change_json(change: Change, index: int) -> dict[str, Any]:
+    """A watch change as the stream's JSON (``index``: its place in its batch)."""
+    return {"lsn": change.lsn, "op": change.op, "key": b64encode(change.key), "value": b64_or_none(change.value),
+            "end_key": b64_or_none(change.end_key), "time": change.time, "index": index}
+
+
+def change_from_json(data: dict[str, Any]) -> Change:
+    end = data.get("end_key")
+    value = data.get("value")
+    return Change(int(data["lsn"]), int(data.get("time") or 0), str(data["op"]), b64decode(data.get("key") or ""),
+                  None if value is None else b64decode(value), None if end is None else b64decode(end))
+
+
+__all__ = [
+    "BadRequest", "ConditionFailed", "Forbidden", "HttpError", "InternalError", "NotFound", "PayloadTooLarge",
+    "ServerUnavailable", "STATUS", "TooManyStreams", "Unauthorized", "b64decode", "b64encode", "change_from_json",
+    "change_json", "error_body", "error_from_json", "op_json", "quote", "raise_for_error",
+]

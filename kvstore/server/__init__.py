@@ -1,0 +1,31 @@
+"""walkv over HTTP: the server (docs/http-api.md is the wire contract).
+
+::
+
+    kvstore.server.serve(db_or_path, "127.0.0.1", 7379, tokens=Tokens.from_file(path))  # until SIGTERM
+    app = kvstore.server.make_app(db)        # an aiohttp Application to mount in your own server
+
+Why aiohttp (rather than Starlette on uvicorn): measured with the same load
+generator (``python -m benchmarks.http_load``, the put and get endpoints of
+both, one store, ``sync="always"``), aiohttp served more requests per second
+at 16 and at 256 concurrent clients; the numbers are in
+``benchmarks/http_load.py``'s docstring. It is also one dependency (server
+and routing) where the other is two, and its streaming responses and
+protocol factory give the watch streams and the connection cap directly.
+
+Modules: :mod:`~kvstore.server.app` (the application, its one middleware:
+routing by raw path, roles, the error shape), :mod:`~kvstore.server.kv`
+(keys), :mod:`~kvstore.server.streams` (watch, subscriptions),
+:mod:`~kvstore.server.log` (log and snapshots for followers),
+:mod:`~kvstore.server.admin` (snapshot, stats, metrics, health),
+:mod:`~kvstore.server.auth` (tokens), :mod:`~kvstore.server.context`
+(limits, parsing), :mod:`~kvstore.server.connections` (the connection cap),
+:mod:`~kvstore.server.run` (serve, TLS, shutdown).
+"""
+
+from kvstore.server.app import make_app
+from kvstore.server.auth import Tokens
+from kvstore.server.context import Limits
+from kvstore.server.run import DEFAULT_PORT, ServeError, serve, serve_async, tls_context
+
+__all__ = ["DEFAULT_PORT", "Limits", "ServeError", "Tokens", "make_app", "serve", "serve_async", "tls_context"]

@@ -1,0 +1,56 @@
+"""Admin and health: ``POST /v1/admin/snapshot``, ``POST /v1/admin/sync``,
+``GET /v1/stats``, ``GET /metrics`` (Prometheus text, made by
+:func:`kvstore.store.metrics.prometheus_text` through prometheus-client),
+``GET /healthz`` (200 while the process serves) and ``GET /readyz`` (200
+when the store is open and its log accepts writes, else 503 with the error
+JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from kvstore.client.wire import error_body
+from kvstore.server.context import json_response, served
+from kvstore.store.metrics import CONTENT_TYPE, prometheus_text
+from wal.errors import ClosedError
+
+
+async def take_snapshot(request: web.Request) -> web.Response:
+    store = served(request).store
+    info = await asyncio.get_running_loop().run_in_executor(None, store.snapshot)
+    return json_response({"lsn": info.lsn, "count": info.count, "bytes": info.bytes, "created_us": info.created_us})
+
+
+async def sync(request: web.Request) -> web.Response:
+    store = served(request).store
+    return json_response({"durable_lsn": await asyncio.get_running_loop().run_in_executor(None, store.sync)})
+
+
+async def stats(request: web.Request) -> web.Response:
+    s = served(request)
+    return json_response(s.adb.stats() if s.adb is not None else s.store.stats())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=prometheus_text(served(request).store.stats()).encode(),
+                        headers={"Content-Type": CONTENT_TYPE})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    s = served(request)
+    store = s.store
+    problem: BaseException | None = None
+    if store.closed or s.shutting_down:
+        problem = ClosedError(f"the store {store.path} is closed (the server is stopping)")
+    elif store._log is not None and store._log.failure is not None:
+        problem = store._log.failure
+    if problem is not None:
+        status, body = error_body(problem)
+        return json_response(body, status)
+    return json_response({"ok": True, "applied_lsn": store.applied_lsn, "readonly": store.readonly})

@@ -1,0 +1,90 @@
+"""Bearer tokens and roles of walkv's HTTP server.
+
+The tokens file has one token a line, ``ROLE TOKEN`` (ROLE: ``read``,
+``write`` or ``admin``); ``#`` starts a comment, blank lines are ignored. A
+request carries ``Authorization: Bearer TOKEN``.
+
+Tokens are held in memory only as SHA-256 digests: a memory dump or a
+log of this object shows no token. A presented token is hashed and compared
+with EVERY known digest by :func:`hmac.compare_digest` (constant time, and
+no early exit), so the time an answer takes says nothing about how much of
+a token was right. Roles are ordered: ``read`` < ``write`` < ``admin``; a
+route needs one of them (:data:`READ`, :data:`WRITE`, :data:`ADMIN`) or none
+(:data:`OPEN`: ``/healthz``, ``/readyz``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+from kvstore.client.wire import BadRequest, Forbidden, Unauthorized
+
+OPEN, READ, WRITE, ADMIN = 0, 1, 2, 3
+ROLES = {"read": READ, "write": WRITE, "admin": ADMIN}
+ROLE_NAMES = {v: k for k, v in ROLES.items()}
+
+
+class TokensFileError(BadRequest):
+    """The tokens file is malformed (the message names the line, never the token)."""
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+class Tokens:
+    """The known tokens, as (digest, role) pairs."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self._known: list[tuple[bytes, int]] = []
+        for role, token in pairs:
+            if role not in ROLES:
+                raise TokensFileError(f"unknown role {role!r} (one of read, write, admin)")
+            self._known.append((_digest(token), ROLES[role]))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> "Tokens":
+        """Parse a tokens file (module docstring); errors name the file and line."""
+        pairs: list[tuple[str, str]] = []
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                text = line.split("#", 1)[0].strip()
+                if not text:
+                    continue
+                fields = text.split()
+                if len(fields) != 2 or fields[0] not in ROLES:
+                    raise TokensFileError(f"{os.fspath(path)} line {number}: expected `ROLE TOKEN` with ROLE one "
+                                          f"of read, write, admin (the line is not shown: it may hold a token)")
+                pairs.append((fields[0], fields[1]))
+        if not pairs:
+            raise TokensFileError(f"{os.fspath(path)} holds no token; every request would get 401")
+        return cls(pairs)
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def __repr__(self) -> str:
+        return f"<Tokens: {len(self._known)} tokens>"
+
+    def role_of(self, header: str | None) -> int | None:
+        """The role of the token in an ``Authorization`` header, or None."""
+        if not header or not header.startswith("Bearer "):
+            return None
+        digest = _digest(header[7:].strip())
+        role = None
+        for known, known_role in self._known:  # every digest, always: no early exit
+            if hmac.compare_digest(known, digest):
+                role = known_role
+        return role
+
+    def check(self, header: str | None, needed: int) -> None:
+        """Unauthorized without a known token; Forbidden when its role is below ``needed``."""
+        if needed == OPEN:
+            return
+        role = self.role_of(header)
+        if role is None:
+            raise Unauthorized("this server needs `Authorization: Bearer TOKEN` with a token from its tokens file")
+        if role < needed:
+            raise Forbidden(f"a {ROLE_NAMES[role]} token cannot do this; it needs a {ROLE_NAMES[needed]} token")

@@ -1,0 +1,154 @@
+"""The log and snapshots, as a follower reads them (docs/http-api.md):
+``/v1/log/bounds``, ``/v1/log/entries``, ``/v1/log/segment``,
+``/v1/snapshots`` and a snapshot's files.
+
+Only durable entries are served: an entry after the durable LSN may still be
+mid-write, and a crash could take it back. ``/v1/log/segment`` sends the
+bytes of a segment file as they are, from the start of the 32 KiB block that
+holds the record of ``from_lsn`` (or one before it: the nearest indexed
+record) to the file's size when asked; ``Walkv-Durable-Lsn`` is read BEFORE
+the bytes, so every entry up to it is whole in them, and a follower must
+not apply anything after it. File reads run in the default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+from aiohttp import web
+
+from kvstore.client.wire import NotFound, b64encode
+from kvstore.server.context import MAX_LSN, Query, json_response, served
+from kvstore.store.snapshots import snapshots_dir
+from kvstore.watch.log_tail import LogTail
+from snapshot import list_snapshots
+from wal.index import read_index
+from wal.record import BLOCK_SIZE
+from wal.segment import find_segment, list_segments
+
+MAX_ENTRIES = 10_000
+SEGMENT_CHUNK = 256 * 1024
+T = TypeVar("T")
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
+def _wal_dir(request: web.Request) -> str:
+    return served(request).store._wal_dir
+
+
+async def bounds(request: web.Request) -> web.Response:
+    store = served(request).store
+    durable = store.durable_lsn
+    segments = await _in_thread(lambda: list_segments(store._wal_dir))
+    return json_response({"first_lsn": segments[0].first_lsn if segments else durable + 1,
+                          "durable_lsn": durable, "last_lsn": store.last_lsn, "store_id": store.store_id})
+
+
+async def entries(request: web.Request) -> web.Response:
+    """Durable entries from ``from_lsn``, at most ``limit``; with ``wait=S``
+    (at most 30), wait up to S seconds for the first one."""
+    s = served(request)
+    q = Query(request)
+    first = q.integer("from_lsn", None, 1, MAX_LSN)
+    if first is None:
+        raise ValueError("from_lsn is required: GET /v1/log/entries?from_lsn=N")
+    limit = q.integer("limit", 1000, 1, MAX_ENTRIES)
+    assert limit is not None
+    wait = q.number("wait", 0.0, 0.0, 30.0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    pause = 0.001
+    while s.store.durable_lsn < first and loop.time() < deadline:
+        await asyncio.sleep(min(pause, deadline - loop.time()))
+        pause = min(pause * 2, 0.05)
+    durable = min(s.store.durable_lsn, first + limit - 1)
+
+    def read() -> list[dict]:
+        if durable < first:
+            return []
+        tail = LogTail(s.store._wal_dir, first)
+        try:
+            return [{"lsn": e.lsn, "time": e.timestamp_us, "payload": b64encode(e.payload)}
+                    for e in tail.read(durable)]
+        finally:
+            tail.close()
+
+    out = await _in_thread(read)
+    return json_response({"entries": out, "next_lsn": out[-1]["lsn"] + 1 if out else first})
+
+
+async def segment(request: web.Request) -> web.StreamResponse:
+    s = served(request)
+    first = Query(request).integer("from_lsn", None, 1, MAX_LSN)
+    if first is None:
+        raise ValueError("from_lsn is required: GET /v1/log/segment?from_lsn=N")
+    durable = s.store.durable_lsn
+    wal_dir = s.store._wal_dir
+
+    def locate() -> tuple[str, int, int]:
+        segments = list_segments(wal_dir)
+        i = find_segment(segments, first)
+        if i < 0:
+            LogTail(wal_dir, first).close()  # raises the LogGapError naming the first LSN available
+        seg = segments[i]
+        index = read_index(seg.path)
+        offset = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
+        offset -= offset % BLOCK_SIZE
+        return seg.path, offset, os.path.getsize(seg.path)
+
+    path, offset, size = await _in_thread(locate)
+    response = web.StreamResponse(headers={
+        "Content-Type": "application/octet-stream", "Content-Length": str(max(0, size - offset)),
+        "Walkv-Segment": os.path.basename(path), "Walkv-Offset": str(offset), "Walkv-Durable-Lsn": str(durable)})
+    with open(path, "rb") as fh:  # an open handle stays readable if retention deletes the file meanwhile
+        fh.seek(offset)
+        await response.prepare(request)
+        left = size - offset
+        while left > 0:
+            chunk = await asyncio.get_running_loop().run_in_executor(None, fh.read, min(SEGMENT_CHUNK, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            await response.write(chunk)
+    return response
+
+
+def _snapshot_files(path: str) -> list[dict]:
+    return [{"name": name, "size": os.path.getsize(os.path.join(path, name))}
+            for name in sorted(os.listdir(path)) if os.path.isfile(os.path.join(path, name))]
+
+
+async def snapshots(request: web.Request) -> web.Response:
+    store = served(request).store
+
+    def read() -> list[dict]:
+        return [{"lsn": info.lsn, "count": info.count, "created_us": info.created_us, "store_id": info.store_id,
+                 "files": _snapshot_files(info.path)} for info in list_snapshots(snapshots_dir(store.path))]
+
+    return json_response({"snapshots": await _in_thread(read)})
+
+
+async def snapshot_file(request: web.Request) -> web.StreamResponse:
+    """A file of a verified snapshot, by name (only names the listing has)."""
+    store = served(request).store
+    try:
+        lsn = int(request.match_info["lsn"])
+    except ValueError:
+        raise NotFound(f"no snapshot {request.match_info['lsn'][:40]!r}") from None
+    name = request.match_info["name"]
+
+    def find() -> str:
+        for info in list_snapshots(snapshots_dir(store.path)):
+            if info.lsn == lsn:
+                if any(f["name"] == name for f in _snapshot_files(info.path)):
+                    return os.path.join(info.path, name)
+                raise NotFound(f"snapshot {lsn} has no file {name[:80]!r}")
+        raise NotFound(f"no snapshot at LSN {lsn}")
+
+    return web.FileResponse(await _in_thread(find), headers={"Content-Type": "application/octet-stream"})

@@ -1,0 +1,131 @@
+"""Running the server: :func:`serve` (what ``walkv serve`` calls).
+
+Security by default: it listens on loopback (127.0.0.1) unless told
+otherwise, refuses a non-loopback address without a tokens file unless
+``insecure=True`` says it means it, and warns (stderr) when it serves
+tokens without TLS (they would cross the network in the clear). TLS comes
+from :mod:`ssl`: a certificate and key, and optionally a CA file whose
+client certificates it requires (``tls_client_ca``).
+
+Shutdown: SIGTERM or SIGINT stops accepting connections, ends the open
+watch streams, gives requests in flight up to
+:attr:`~kvstore.server.context.Limits.shutdown_timeout` seconds, then closes
+the store (every acknowledged write is durable already, per its sync mode;
+close flushes LMDB and records a clean close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import signal
+import socket
+import ssl
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from kvstore.server.app import make_app
+from kvstore.server.auth import Tokens
+from kvstore.server.connections import guarded_server
+from kvstore.server.context import Limits
+from kvstore.store.aio import AsyncKVStore, open_async
+from kvstore.store.store import KVStore
+from wal.errors import WalkvError
+
+DEFAULT_PORT = 7379
+
+
+class ServeError(WalkvError):
+    """The server refuses to start as asked (the message says why and what to do)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """A server TLS context (TLS 1.2 or newer); with ``client_ca``, clients
+    must present a certificate that CA signed."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    if client_ca is not None:
+        ctx.load_verify_locations(client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def check_listen(host: str, tokens: Tokens | None, tls: bool, insecure: bool,
+                 warn: Callable[[str], None]) -> None:
+    """Refuse a non-loopback address without tokens (unless ``insecure``);
+    warn about tokens or a network address without TLS."""
+    if not is_loopback(host):
+        if tokens is None and not insecure:
+            raise ServeError(f"refusing to listen on {host} without --tokens: anyone who can reach it could read "
+                             f"and write the store. Give a tokens file, or --insecure if you mean it")
+        if tokens is None:
+            warn(f"walkv serve: WARNING: listening on {host} with no tokens (--insecure): anyone who can reach "
+                 f"it can read and write the store")
+    if not tls and (tokens is not None or not is_loopback(host)):
+        warn("walkv serve: WARNING: no TLS (--tls-cert/--tls-key): tokens and data cross the network in the clear")
+
+
+async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host: str = "127.0.0.1",
+                      port: int = DEFAULT_PORT, *, tokens: Tokens | None = None, tls: ssl.SSLContext | None = None,
+                      insecure: bool = False, limits: Limits = Limits(), store_options: dict[str, Any] | None = None,
+                      on_listening: Callable[[str], None] | None = None,
+                      stop: asyncio.Event | None = None, warn: Callable[[str], None] | None = None) -> None:
+    """Serve ``db`` (a store, its asyncio front, or a path to open) until
+    ``stop`` is set or SIGTERM/SIGINT arrives; ``on_listening(url)`` once it
+    accepts requests (the URL has the real port when ``port`` is 0)."""
+    warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
+    check_listen(host, tokens, tls is not None, insecure, warn)
+    owns = isinstance(db, (str, os.PathLike))
+    opened = await open_async(db, **(store_options or {})) if isinstance(db, (str, os.PathLike)) else db
+    app = make_app(opened, tokens=tokens, limits=limits, close_store=owns)
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
+    runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=limits.idle_timeout,
+                           shutdown_timeout=limits.shutdown_timeout, access_log=None)
+    await runner.setup()
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=1024, reuse_port=False)
+        server = await loop.create_server(guarded_server(runner.server, limits), sock=sock,  # type: ignore[arg-type]
+                                          ssl=tls)
+        real_port = sock.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        url = f"{'https' if tls else 'http'}://{shown}:{real_port}"
+        if on_listening is not None:
+            on_listening(url)
+        await stop.wait()
+        server.close()  # stop accepting
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()  # streams end, requests in flight finish (bounded), the store closes
+
+
+def serve(db: KVStore | AsyncKVStore | str | os.PathLike[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          **options: Any) -> None:
+    """Serve ``db`` over HTTP until SIGTERM/SIGINT (options as :func:`serve_async`)::
+
+        kvstore.server.serve("/data/store", "127.0.0.1", 7379, tokens=Tokens.from_file("tokens"))
+    """
+    asyncio.run(serve_async(db, host, port, **options))

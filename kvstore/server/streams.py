@@ -1,0 +1,169 @@
+"""Streams of changes: ``GET /v1/watch`` and named subscriptions (docs/http-api.md).
+
+A stream is Server-Sent Events (``text/event-stream``) or, with ``Accept:
+application/x-ndjson`` or ``format=ndjson``, one JSON object a line. Each
+change is one event, ``id: LSN`` and ``data:`` its JSON
+(:func:`kvstore.client.wire.change_json`, ``index`` its place in its batch);
+while idle, with ``progress_every=S``, ``event: progress`` ``{"lsn": N}``
+(every change up to N was sent). When the log no longer holds what the
+stream needs (``on_gap=error``): ``event: gap`` with the error JSON, and the
+stream ends; any other error likewise ends it with ``event: error``. With
+``timeout=S`` the stream ends after S seconds without a change, with
+``event: end``; a stream that ends without ``end``, ``gap`` or ``error``
+broke (the client resumes it). ``Last-Event-ID: L`` resumes at LSN ``L``: the
+batch ``L`` is sent whole again (at least once, never a lost change).
+
+Each stream holds one of :attr:`~kvstore.server.context.Limits.max_streams`
+slots (429 past it) and one thread, where the blocking watcher runs
+(:class:`kvstore.watch.watcher.AsyncWatcher`). Server shutdown closes every
+stream (they end without ``end``: clients resume elsewhere or later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from typing import Any
+
+from aiohttp import web
+
+from kvstore.client.wire import NotFound, change_json, error_body
+from kvstore.server.context import MAX_LSN, Query, Served, dumps, json_response, lsn_field, read_json, served
+from kvstore.watch.consumers import read as read_subscription
+from kvstore.watch.watcher import ON_GAP, PROGRESS, AsyncWatcher, Change, Changes
+from wal.errors import LogGapError, SubscriptionInvalidatedError
+
+MAX_PROGRESS_EVERY = 3600.0
+
+
+class _Stream:
+    """Writes events to one response as SSE or NDJSON."""
+
+    def __init__(self, response: web.StreamResponse, ndjson: bool) -> None:
+        self.response = response
+        self.ndjson = ndjson
+        self._lsn = -1
+        self._index = 0
+
+    async def change(self, change: Change) -> None:
+        if change.op == PROGRESS:
+            await self.event("progress", {"lsn": change.lsn})
+            return
+        self._index = self._index + 1 if change.lsn == self._lsn else 0
+        self._lsn = change.lsn
+        doc = change_json(change, self._index)
+        if self.ndjson:
+            await self.response.write(dumps(doc) + b"\n")
+        else:
+            await self.response.write(b"id: %d\ndata: %s\n\n" % (change.lsn, dumps(doc)))
+
+    async def event(self, name: str, doc: dict[str, Any]) -> None:
+        if self.ndjson:
+            await self.response.write(dumps(dict(doc, op=name) if name == "progress" else {"event": name, **doc})
+                                      + b"\n")
+        else:
+            await self.response.write(b"event: %s\ndata: %s\n\n" % (name.encode(), dumps(doc)))
+
+
+def _wants_ndjson(request: web.Request, q: Query) -> bool:
+    fmt = q.text("format")
+    if fmt is not None:
+        return fmt == "ndjson"
+    return "application/x-ndjson" in request.headers.get("Accept", "")
+
+
+def _from_lsn(request: web.Request, q: Query) -> int | None:
+    last = request.headers.get("Last-Event-ID")
+    if last is not None:
+        q.values["from_lsn"] = last.strip().encode()
+    return q.integer("from_lsn", None, 1, MAX_LSN)
+
+
+async def _pump(request: web.Request, s: Served, changes: Changes, ndjson: bool) -> web.StreamResponse:
+    """Send ``changes`` as a stream until it ends, breaks or the server stops."""
+    watcher = AsyncWatcher(changes)
+    response = web.StreamResponse(headers={
+        "Content-Type": "application/x-ndjson" if ndjson else "text/event-stream",
+        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    s.streams.add(watcher)
+    try:
+        await response.prepare(request)
+        stream = _Stream(response, ndjson)
+        try:
+            async for change in watcher:
+                await stream.change(change)
+            if not s.shutting_down:
+                await stream.event("end", {})
+        except (LogGapError, SubscriptionInvalidatedError) as exc:
+            await stream.event("gap", error_body(exc)[1])
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # the store failed or closed: say so, then end
+            await stream.event("error", error_body(exc)[1])
+    finally:
+        await watcher.aclose()
+    return response
+
+
+async def watch(request: web.Request) -> web.StreamResponse:
+    s = served(request)
+    q = Query(request)
+    on_gap = q.text("on_gap", "error")
+    if on_gap not in ON_GAP:
+        raise ValueError(f"on_gap must be one of {ON_GAP}, not {on_gap!r}")
+    options = dict(start=q.bytes("start"), stop=q.bytes("stop"), from_lsn=_from_lsn(request, q),
+                   timeout=q.number_or_none("timeout", 0.0, MAX_PROGRESS_EVERY),
+                   progress_every=q.number_or_none("progress_every", 0.01, MAX_PROGRESS_EVERY), on_gap=on_gap)
+    async with s.stream_slot():
+        watcher = s.store.watch(q.bytes("prefix"), **options)  # type: ignore[arg-type]
+        return await _pump(request, s, watcher, _wants_ndjson(request, q))
+
+
+def _name(request: web.Request) -> str:
+    return urllib.parse.unquote(request.match_info["name"])
+
+
+async def subscriptions(request: web.Request) -> web.Response:
+    s = served(request)
+    return json_response({"subscriptions": [info._asdict() for info in s.store.subscriptions()]})
+
+
+async def subscription_events(request: web.Request) -> web.StreamResponse:
+    """The subscription's changes from after its last acknowledged LSN
+    (created at ``from_lsn`` by the first call, over ``prefix``/``start``/``stop``)."""
+    s = served(request)
+    q = Query(request)
+    name = _name(request)
+    options = dict(start=q.bytes("start"), stop=q.bytes("stop"), from_lsn=_from_lsn(request, q),
+                   timeout=q.number_or_none("timeout", 0.0, MAX_PROGRESS_EVERY),
+                   progress_every=q.number_or_none("progress_every", 0.01, MAX_PROGRESS_EVERY))
+    async with s.stream_slot():
+        loop = asyncio.get_running_loop()
+        sub = await loop.run_in_executor(None, lambda: s.store.subscribe(name, q.bytes("prefix"),
+                                                                         **options))  # type: ignore[arg-type]
+        return await _pump(request, s, sub, _wants_ndjson(request, q))
+
+
+async def subscription_ack(request: web.Request) -> web.Response:
+    """Acknowledge every change up to ``lsn`` (durable when it answers)."""
+    s = served(request)
+    name = _name(request)
+    lsn = lsn_field(await read_json(request, s), "lsn")
+    rec = read_subscription(s.store.path, name)
+    if rec is None:
+        raise NotFound(f"no subscription {name!r}")
+
+    def ack() -> int:
+        with s.store.subscribe(name, rec.prefix, start=rec.start, stop=rec.stop) as sub:
+            sub.ack(lsn)
+            return sub.acked_lsn
+
+    acked = await asyncio.get_running_loop().run_in_executor(None, ack)
+    return json_response({"acked_lsn": acked})
+
+
+async def subscription_drop(request: web.Request) -> web.Response:
+    name = _name(request)
+    if not served(request).store.drop_subscription(name):
+        raise NotFound(f"no subscription {name!r}")
+    return json_response({"dropped": name})
