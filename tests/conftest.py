@@ -108,3 +108,16 @@ def reboot(monkeypatch: pytest.MonkeyPatch):
 
     _reboot.count = state  # type: ignore[attr-defined]
     return _reboot
+
+
+@pytest.fixture(params=["embedded", "http"])
+def open_api(request: pytest.FixtureRequest):
+    """``open_api(path, **options)``: a context manager giving the embedded
+    store, or a client of a server of it (tests/served.py): API tests run
+    their one body against both."""
+    from functools import partial
+
+    from tests.served import open_store
+
+    return partial(open_store, request.param)
+

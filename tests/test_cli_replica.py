@@ -95,8 +95,8 @@ def test_stats_shows_the_lag_behind_the_source(tmp_path, store):
     assert "applied LSN         11" in table and "source durable LSN  16" in table
     assert "lag                 5 entries behind its source" in table and "not being followed" in table
     prom = walkv("stats", replica, "--prometheus").stdout
-    assert f'walkv_replica_lag_lsns{{store="{replica}"}} 5' in prom
-    assert f'walkv_applied_lsn{{store="{replica}"}} 11' in prom
+    assert f'walkv_replica_lag_lsns{{store="{replica}"}} 5.0' in prom  # prometheus-client's number format
+    assert f'walkv_applied_lsn{{store="{replica}"}} 11.0' in prom
 
 
 def test_stats_of_a_replica_of_an_archive_and_of_a_source_gone(tmp_path, store):

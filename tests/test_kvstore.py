@@ -20,6 +20,7 @@ import kvstore
 import wal
 from kvstore.entry.codec import MAX_KEY_BYTES
 from kvstore.store import recovery
+from tests.served import KINDS, open_store
 from wal.errors import WalkvError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,12 +106,18 @@ def store(tmp_path):
 
 
 @pytest.fixture
-def db(store):
-    d = kvstore.open(store, segment_bytes=64 << 10)
-    yield d
-    d.close()
+def db(store, request):
+    """The store; for tests marked :data:`API`, once embedded and once a
+    client of a server of it (tests/served.py)."""
+    with open_store(getattr(request, "param", "embedded"), store, segment_bytes=64 << 10) as d:
+        yield d
 
 
+API = pytest.mark.parametrize("db", KINDS, indirect=True)
+"""The test is about the API: it runs against the embedded store and over HTTP."""
+
+
+@API
 # -- the basics -------------------------------------------------------------------
 
 def test_put_get_delete_and_lsns(db) -> None:
@@ -125,12 +132,14 @@ def test_put_get_delete_and_lsns(db) -> None:
     assert db.delete(b"never-there") == 4  # logged anyway
     assert (db.last_lsn, db.durable_lsn, db.applied_lsn) == (4, 4, 4)
 
+@API
 
 def test_bytes_like_keys_and_values(db) -> None:
     db.put(bytearray(b"k"), memoryview(b"v"))
     assert db.get(b"k") == b"v" and db.get(bytearray(b"k")) == b"v"
     assert db.get(memoryview(b"k")) == b"v"
 
+@API
 
 def test_empty_value_is_a_value(db) -> None:
     db.put(b"k", b"")
@@ -138,6 +147,7 @@ def test_empty_value_is_a_value(db) -> None:
     assert b"k" in db
     assert db[b"k"] == b""
 
+@API
 
 def test_dict_face(db) -> None:
     db[b"x"] = b"1"
@@ -155,18 +165,21 @@ def test_dict_face(db) -> None:
     with pytest.raises(KeyError):
         del db[b"x"]
 
+@API
 
 def test_lookups_of_keys_that_cannot_exist(db) -> None:
     assert db.get(b"") is None
     assert b"" not in db
     assert db.get(b"k" * 600) is None
 
+@API
 
 def test_values_up_to_large(db) -> None:
     big = os.urandom(3 << 20)
     db.put(b"big", big)
     assert db.get(b"big") == big
 
+@API
 
 def test_delete_range(db) -> None:
     for k in (b"a", b"b", b"ba", b"bz", b"c", b"d"):
@@ -216,6 +229,7 @@ def model_scan(start=None, stop=None, prefix=None, reverse=False):
     return out[::-1] if reverse else out
 
 
+@API
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize(
     "start, stop, prefix",
@@ -227,11 +241,12 @@ def model_scan(start=None, stop=None, prefix=None, reverse=False):
         (None, None, b""), (b"aa", b"abcd", None), (b"b\xff\xff\xff", None, None),
     ],
 )
-def test_scan_has_range_semantics(scandb, start, stop, prefix, reverse) -> None:
+def test_scan_has_range_semantics(db, scandb, start, stop, prefix, reverse) -> None:
     got = [k for k, _ in scandb.scan(start, stop, prefix=prefix, reverse=reverse)]
     assert got == model_scan(start, stop, prefix, reverse)
     assert all(v == k.upper() for k, v in scandb.scan(start, stop, prefix=prefix, reverse=reverse))
 
+@API
 
 def test_scan_bounds_longer_than_any_key(db) -> None:
     keys = [b"m" * 511, b"m" * 510 + b"n", b"m" * 300]
@@ -340,6 +355,7 @@ def test_lmdb_open_failures_that_are_not_damage_do_not_rebuild(store) -> None:
     with kvstore.open(store, sync="none") as d:  # LMDB kept, nothing replayed
         assert (d.get(b"k"), d.rebuilt, d.replayed) == (b"v", None, 0)
 
+@API
 
 def test_writes_inside_a_scan_loop(db) -> None:
     for i in range(300):
@@ -392,6 +408,7 @@ def test_open_scans_do_not_stall_writers_and_idle_readers_are_swept(store, monke
         assert d.get(b"w299") == b"x"
 
 
+@API
 # -- batches ------------------------------------------------------------------------
 
 def test_batch_is_one_atomic_lsn(db) -> None:
@@ -405,6 +422,7 @@ def test_batch_is_one_atomic_lsn(db) -> None:
     assert b.lsn == 2 == db.last_lsn
     assert list(db.items()) == [(b"a", b"1")]
 
+@API
 
 def test_exception_in_batch_writes_nothing(db) -> None:
     db.put(b"keep", b"1")
@@ -417,6 +435,7 @@ def test_exception_in_batch_writes_nothing(db) -> None:
     assert db.last_lsn == before
     assert db.get(b"a") is None and db.get(b"keep") == b"1"
 
+@API
 
 def test_bad_input_in_batch_writes_nothing(db) -> None:
     with pytest.raises(kvstore.RecordTooLargeError, match="511"):
@@ -425,6 +444,7 @@ def test_bad_input_in_batch_writes_nothing(db) -> None:
             b.put(b"k" * 512, b"1")
     assert db.last_lsn == 0 and db.get(b"a") is None
 
+@API
 
 def test_large_batch(db) -> None:
     with db.batch() as b:
@@ -432,6 +452,7 @@ def test_large_batch(db) -> None:
             b.put(b"%08d" % i, b"v" * 50)
     assert len(db) == 20000 and db.last_lsn == 1
 
+@API
 
 def test_update_is_one_atomic_batch(db) -> None:
     assert db.update({b"a": b"1", b"b": b"2"}) == 1
@@ -441,6 +462,7 @@ def test_update_is_one_atomic_batch(db) -> None:
         db.update([(b"x", b"1"), ("y", b"2")])
     assert len(db) == 1002 and db.last_lsn == 2 and db.get(b"x") is None
 
+@API
 
 def test_empty_batch_logs_nothing(db) -> None:
     with db.batch() as b:
@@ -450,6 +472,7 @@ def test_empty_batch_logs_nothing(db) -> None:
 
 # -- bad input ----------------------------------------------------------------------
 
+@API
 @pytest.mark.parametrize("bad", ["str", 1, None, 2.5, [b"x"]])
 def test_wrong_types_are_type_errors(db, bad) -> None:
     with pytest.raises(TypeError, match="must be bytes"):
@@ -467,6 +490,7 @@ def test_wrong_types_are_type_errors(db, bad) -> None:
             db.delete_range(bad, b"z")
     assert db.last_lsn == 0
 
+@API
 
 def test_oversize_key_names_the_limit_and_writes_nothing(db) -> None:
     with pytest.raises(kvstore.RecordTooLargeError) as info:
@@ -478,6 +502,7 @@ def test_oversize_key_names_the_limit_and_writes_nothing(db) -> None:
     db.put(b"k" * MAX_KEY_BYTES, b"v")  # the limit itself is fine
     assert db.last_lsn == 1
 
+@API
 
 def test_empty_key_is_refused(db) -> None:
     with pytest.raises(ValueError, match="empty"):

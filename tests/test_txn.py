@@ -36,8 +36,8 @@ def outcomes(path: str) -> dict[int, int]:
     return out
 
 
-def test_compare_and_set_and_delete_if(tmp_path):
-    with kvstore.open(tmp_path / "s") as db:
+def test_compare_and_set_and_delete_if(tmp_path, open_api):
+    with open_api(tmp_path / "s") as db:
         assert db.compare_and_set(b"k", None, b"1")
         assert not db.compare_and_set(b"k", None, b"2")
         assert not db.compare_and_set(b"k", b"0", b"2")
@@ -48,11 +48,11 @@ def test_compare_and_set_and_delete_if(tmp_path):
         assert db.get(b"k") is None
         assert not db.delete_if(b"k", b"2")
         assert db.last_lsn == 7  # every attempt consumed its LSN
-        assert sorted(outcomes(db.path)) == [2, 3, 5, 7]
+        assert sorted(outcomes(str(tmp_path / "s"))) == [2, 3, 5, 7]
 
 
-def test_transaction_all_or_nothing_and_which_condition_failed(tmp_path):
-    with kvstore.open(tmp_path / "s") as db:
+def test_transaction_all_or_nothing_and_which_condition_failed(tmp_path, open_api):
+    with open_api(tmp_path / "s") as db:
         db.put(b"stock", b"3")
         with db.transaction() as t:
             t.require(b"stock", equals=b"3")
@@ -76,10 +76,10 @@ def test_transaction_all_or_nothing_and_which_condition_failed(tmp_path):
         assert t.lsn is None and t.succeeded
 
 
-def test_group_of_conditional_entries_decided_in_log_order(tmp_path):
+def test_group_of_conditional_entries_decided_in_log_order(tmp_path, open_api):
     """Entries of one group see each other's writes: of many racing
     'absent' claims on one key exactly one wins, across groups and within."""
-    with kvstore.open(tmp_path / "s") as db:
+    with open_api(tmp_path / "s") as db:
         wins = []
 
         def claim(i: int) -> None:

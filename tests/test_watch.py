@@ -33,8 +33,8 @@ def strip(changes: list[Change]) -> list[tuple]:
     return [(c.lsn, c.op, c.key, c.value, c.end_key) for c in changes]
 
 
-def test_changes_in_log_order_with_batches_ranges_and_bounds(tmp_path):
-    with kvstore.open(tmp_path / "s") as db:
+def test_changes_in_log_order_with_batches_ranges_and_bounds(tmp_path, open_api):
+    with open_api(tmp_path / "s") as db:
         db.put(b"old", b"0")
         w = db.watch(timeout=0.2)  # from the next LSN: "old" is not shown
         db.put(b"o:1", b"a")
@@ -55,8 +55,8 @@ def test_changes_in_log_order_with_batches_ranges_and_bounds(tmp_path):
         assert times == sorted(times) and all(isinstance(t, int) and t > 1_600_000_000 * 10**6 for t in times)
 
 
-def test_failed_conditional_writes_are_not_changes(tmp_path):
-    with kvstore.open(tmp_path / "s") as db:
+def test_failed_conditional_writes_are_not_changes(tmp_path, open_api):
+    with open_api(tmp_path / "s") as db:
         assert db.compare_and_set(b"k", None, b"1")
         assert not db.compare_and_set(b"k", None, b"2")
         with db.transaction() as t:
@@ -66,8 +66,8 @@ def test_failed_conditional_writes_are_not_changes(tmp_path):
             (1, UPSERT, b"k", b"1", None), (3, UPSERT, b"j", b"x", None)]
 
 
-def test_follows_live_writes_across_segment_rolls_and_wakes_on_commit(tmp_path):
-    with kvstore.open(tmp_path / "s", segment_bytes=4096) as db:
+def test_follows_live_writes_across_segment_rolls_and_wakes_on_commit(tmp_path, open_api):
+    with open_api(tmp_path / "s", segment_bytes=4096) as db:
         n = 300
         got: list[Change] = []
         w = db.watch()
@@ -80,8 +80,8 @@ def test_follows_live_writes_across_segment_rolls_and_wakes_on_commit(tmp_path):
         assert [c.lsn for c in got] == list(range(1, n + 1))
 
 
-def test_progress_markers_and_close_from_another_thread(tmp_path):
-    with kvstore.open(tmp_path / "s") as db:
+def test_progress_markers_and_close_from_another_thread(tmp_path, open_api):
+    with open_api(tmp_path / "s") as db:
         db.put(b"x", b"1")
         w = db.watch(b"a", progress_every=0.05)
         db.put(b"y", b"2")  # LSN 2, not watched
@@ -91,9 +91,9 @@ def test_progress_markers_and_close_from_another_thread(tmp_path):
         assert collect(w) == [] or all(c.op == "progress" for c in collect(w))
 
 
-def test_gap_error_names_the_first_lsn_and_snapshot_restart(tmp_path):
+def test_gap_error_names_the_first_lsn_and_snapshot_restart(tmp_path, open_api):
     # max_retained_bytes=0: retention does not wait for live watchers (by default it does)
-    with kvstore.open(tmp_path / "s", segment_bytes=4096, keep_snapshots=1, max_retained_bytes=0) as db:
+    with open_api(tmp_path / "s", segment_bytes=4096, keep_snapshots=1, max_retained_bytes=0) as db:
         for i in range(100):
             db.put(b"k%03d" % i, b"v" * 100)
         db.delete(b"k000")

@@ -357,6 +357,11 @@ class RemoteStore(Lookups):
         return int(self.bounds()["durable_lsn"])
 
     @property
+    def applied_lsn(self) -> int:
+        """The last LSN the server applied (what its reads see)."""
+        return int(self.bounds()["applied_lsn"])
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

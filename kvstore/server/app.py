@@ -100,6 +100,10 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     return json_response(body, status)
 
 
+async def _on_startup(app: web.Application) -> None:
+    app[SERVED].attach(asyncio.get_running_loop())
+
+
 async def _on_shutdown(app: web.Application) -> None:
     s = app[SERVED]
     s.shutting_down = True
@@ -129,6 +133,7 @@ def make_app(db: KVStore | AsyncKVStore, *, tokens: Tokens | None = None, limits
     app[SERVED] = served
     for method, path, handler, _role in ROUTES:
         app.router.add_route(method, path, handler)
+    app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)
     app.on_cleanup.append(_on_cleanup)
     return app

@@ -65,10 +65,17 @@ class Served:
         self.stream_count = 0
         self.shutting_down = False
 
-    def attach(self, loop: asyncio.AbstractEventLoop) -> AsyncKVStore:
-        """The asyncio front (made on the serving loop the first time)."""
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make the asyncio front on the serving loop (at the app's startup)
+        unless the app was given one."""
         if self.adb is None:
             self.adb = AsyncKVStore(self.store, loop)
+
+    @property
+    def front(self) -> AsyncKVStore:
+        """The asyncio front every write goes through."""
+        if self.adb is None:
+            raise RuntimeError("the app was not started (aiohttp calls its on_startup hooks)")
         return self.adb
 
     @property

@@ -57,12 +57,12 @@ async def put_key(request: web.Request) -> web.Response:
     s = served(request)
     key = path_key(request)
     value = await read_body(request, s)
-    return json_response({"lsn": await s.attach(request.app.loop).put(key, value)})
+    return json_response({"lsn": await s.front.put(key, value)})
 
 
 async def delete_key(request: web.Request) -> web.Response:
     s = served(request)
-    return json_response({"lsn": await s.attach(request.app.loop).delete(path_key(request))})
+    return json_response({"lsn": await s.front.delete(path_key(request))})
 
 
 async def get_many(request: web.Request) -> web.Response:
@@ -143,7 +143,7 @@ async def info(request: web.Request) -> web.Response:
 async def delete_range(request: web.Request) -> web.Response:
     s = served(request)
     doc = await read_json(request, s)
-    lsn = await s.attach(request.app.loop).delete_range(key_field(doc, "start", nullable=True),
+    lsn = await s.front.delete_range(key_field(doc, "start", nullable=True),
                                                         key_field(doc, "end", nullable=True))
     return json_response({"lsn": lsn})
 
@@ -168,7 +168,7 @@ def _add_ops(target: AsyncWriteBatch | AsyncTransaction, ops: Any) -> None:
 async def batch(request: web.Request) -> web.Response:
     s = served(request)
     doc = await read_json(request, s)
-    b = s.attach(request.app.loop).batch()
+    b = s.front.batch()
     _add_ops(b, doc.get("ops"))
     return json_response({"lsn": await b.acommit()})
 
@@ -176,7 +176,7 @@ async def batch(request: web.Request) -> web.Response:
 async def txn(request: web.Request) -> web.Response:
     s = served(request)
     doc = await read_json(request, s)
-    t = s.attach(request.app.loop).transaction()
+    t = s.front.transaction()
     conds = doc.get("conditions", [])
     if not isinstance(conds, list):
         raise BadRequest("field 'conditions' must be a list")

@@ -6,9 +6,14 @@ Only durable entries are served: an entry after the durable LSN may still be
 mid-write, and a crash could take it back. ``/v1/log/segment`` sends the
 bytes of a segment file as they are, from the start of the 32 KiB block that
 holds the record of ``from_lsn`` (or one before it: the nearest indexed
-record) to the file's size when asked; ``Walkv-Durable-Lsn`` is read BEFORE
-the bytes, so every entry up to it is whole in them, and a follower must
-not apply anything after it. File reads run in the default executor.
+record) to the end of the last durable record in that segment
+(``Walkv-Durable-Lsn`` is the durable LSN when the request was served; the
+body may end before it when the segment does). So the body holds whole
+records only, never the active segment's preallocated zeros, and a follower
+can read it all and reuse the connection. Both log endpoints take
+``wait=S`` (at most 30): wait up to S seconds for ``from_lsn`` to become
+durable (a long poll) before answering, possibly with nothing. File reads
+run in the default executor.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from aiohttp import web
 
@@ -27,7 +32,7 @@ from kvstore.watch.log_tail import LogTail
 from snapshot import list_snapshots
 from wal.index import read_index
 from wal.record import BLOCK_SIZE
-from wal.segment import find_segment, list_segments
+from wal.segment import SegmentScan, find_segment, list_segments
 
 MAX_ENTRIES = 10_000
 SEGMENT_CHUNK = 256 * 1024
@@ -47,7 +52,19 @@ async def bounds(request: web.Request) -> web.Response:
     durable = store.durable_lsn
     segments = await _in_thread(lambda: list_segments(store._wal_dir))
     return json_response({"first_lsn": segments[0].first_lsn if segments else durable + 1,
-                          "durable_lsn": durable, "last_lsn": store.last_lsn, "store_id": store.store_id})
+                          "durable_lsn": durable, "last_lsn": store.last_lsn, "applied_lsn": store.applied_lsn,
+                          "store_id": store.store_id})
+
+
+async def _wait_durable(request: web.Request, q: Query, first: int) -> None:
+    """``wait=S``: until ``first`` is durable, at most S seconds."""
+    store = served(request).store
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + q.number("wait", 0.0, 0.0, 30.0)
+    pause = 0.001
+    while store.durable_lsn < first and (left := deadline - loop.time()) > 0:
+        await asyncio.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
 
 
 async def entries(request: web.Request) -> web.Response:
@@ -60,13 +77,7 @@ async def entries(request: web.Request) -> web.Response:
         raise ValueError("from_lsn is required: GET /v1/log/entries?from_lsn=N")
     limit = q.integer("limit", 1000, 1, MAX_ENTRIES)
     assert limit is not None
-    wait = q.number("wait", 0.0, 0.0, 30.0)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
-    pause = 0.001
-    while s.store.durable_lsn < first and loop.time() < deadline:
-        await asyncio.sleep(min(pause, deadline - loop.time()))
-        pause = min(pause * 2, 0.05)
+    await _wait_durable(request, q, first)
     durable = min(s.store.durable_lsn, first + limit - 1)
 
     def read() -> list[dict]:
@@ -85,31 +96,48 @@ async def entries(request: web.Request) -> web.Response:
 
 async def segment(request: web.Request) -> web.StreamResponse:
     s = served(request)
-    first = Query(request).integer("from_lsn", None, 1, MAX_LSN)
+    q = Query(request)
+    first = q.integer("from_lsn", None, 1, MAX_LSN)
     if first is None:
         raise ValueError("from_lsn is required: GET /v1/log/segment?from_lsn=N")
+    await _wait_durable(request, q, first)
     durable = s.store.durable_lsn
     wal_dir = s.store._wal_dir
 
-    def locate() -> tuple[str, int, int]:
+    def locate() -> tuple[BinaryIO, str, int, int]:
+        """The segment holding ``first`` (open: a handle stays readable if
+        retention deletes the file meanwhile), the block start and the durable end."""
         segments = list_segments(wal_dir)
         i = find_segment(segments, first)
         if i < 0:
             LogTail(wal_dir, first).close()  # raises the LogGapError naming the first LSN available
         seg = segments[i]
         index = read_index(seg.path)
-        offset = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
-        offset -= offset % BLOCK_SIZE
-        return seg.path, offset, os.path.getsize(seg.path)
+        start = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
+        try:
+            fh = open(seg.path, "rb")
+        except FileNotFoundError:
+            LogTail(wal_dir, first).close()  # retention deleted it just now: the gap
+            raise
+        try:
+            scan = SegmentScan(fh, seg.path, start, seg.first_lsn if start == 0 else None)
+            for _ in scan.batches(first, durable):
+                pass
+        except BaseException:
+            fh.close()
+            raise
+        end = scan.data_end if durable >= first else start
+        block = start - start % BLOCK_SIZE
+        return fh, seg.path, block, max(end, block)
 
-    path, offset, size = await _in_thread(locate)
+    fh, path, offset, end = await _in_thread(locate)
     response = web.StreamResponse(headers={
-        "Content-Type": "application/octet-stream", "Content-Length": str(max(0, size - offset)),
+        "Content-Type": "application/octet-stream", "Content-Length": str(end - offset),
         "Walkv-Segment": os.path.basename(path), "Walkv-Offset": str(offset), "Walkv-Durable-Lsn": str(durable)})
-    with open(path, "rb") as fh:  # an open handle stays readable if retention deletes the file meanwhile
+    with fh:
         fh.seek(offset)
         await response.prepare(request)
-        left = size - offset
+        left = end - offset
         while left > 0:
             chunk = await asyncio.get_running_loop().run_in_executor(None, fh.read, min(SEGMENT_CHUNK, left))
             if not chunk:
