@@ -72,12 +72,15 @@ class _BodyFile:
 class SegmentStream:
     """The entries of one ``/v1/log/segment`` answer from ``from_lsn`` (module
     docstring), read as they arrive. ``next_lsn`` is the LSN the next entry
-    must have; ``durable_lsn`` the server's durable LSN when it answered."""
+    must have; ``durable_lsn`` the server's durable LSN when it answered.
+    ``wait``: seconds the server may wait for ``from_lsn`` to be durable (a
+    long poll; the answer may then hold nothing)."""
 
-    def __init__(self, http: Any, url: str, store_id: str, from_lsn: int) -> None:
+    def __init__(self, http: Any, url: str, store_id: str, from_lsn: int, wait: float = 0.0) -> None:
         self.next_lsn = self._from = from_lsn
         self._stack = ExitStack()
-        resp = self._stack.enter_context(http.stream("GET", "/v1/log/segment", params={"from_lsn": from_lsn}))
+        params = {"from_lsn": from_lsn, "wait": wait} if wait else {"from_lsn": from_lsn}
+        resp = self._stack.enter_context(http.stream("GET", "/v1/log/segment", params=params))
         try:
             name = resp.headers["Walkv-Segment"]
             offset = int(resp.headers["Walkv-Offset"])

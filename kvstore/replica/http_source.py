@@ -10,11 +10,15 @@
 store directory or an archive gives (:class:`kvstore.replica.source.ReplicaSource`),
 with the same guarantees: whole durable entries in LSN order, each checked.
 
-* Store id, first and durable LSN: ``GET /v1/log/bounds`` (a request per
-  poll; ``poll_seconds`` 10 ms while idle: a bounds request costs the
-  server ~0.3 ms of CPU). The store id is checked at every
-  look: a server that now serves another store is
-  :class:`~wal.errors.ReplicaError`.
+* Store id, first and durable LSN: ``GET /v1/log/bounds``, at least once a
+  second (the store id is checked each time: a server that now serves
+  another store is :class:`~wal.errors.ReplicaError`). In between, a replica
+  that had everything at its last look asks for the next entry with a long
+  poll (``/v1/log/segment?from_lsn=NEXT&wait=0.5``): the server answers as
+  soon as that LSN is durable, so a new write reaches the replica in one
+  round trip, and an idle replica costs the server two requests a second,
+  not a poll every few milliseconds. The answer's ``Walkv-Durable-Lsn`` is
+  the durable LSN the replica's lag is measured against.
 * Entries: ``GET /v1/log/segment`` read with :mod:`wal`'s record reader
   (:mod:`kvstore.replica.http_log`): the segment's own bytes, CRC-checked,
   read as they arrive; the answer stays open between the replica's groups
@@ -66,6 +70,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -85,6 +90,8 @@ from wal.segment import Entry
 log = logging.getLogger("walkv.replica")
 
 HTTP_POLL_SECONDS = 0.01
+LONG_POLL_SECONDS = 0.5
+BOUNDS_EVERY_SECONDS = 1.0
 DOWNLOAD_CHUNK_BYTES = 1 << 20
 
 
@@ -132,7 +139,9 @@ class HttpSource:
         self._download_dir = download_dir
         self._temp_dir: str | None = None
         self._gone = False
-        self._durable = 0
+        self._durable = 0  # the server's durable LSN, as last seen
+        self._bounds_at = 0.0  # time.monotonic() of the last bounds request
+        self._next: int | None = None  # the LSN after the last entry delivered (None: unknown)
         try:
             bounds = self._bounds()
             sid = bounds.get("store_id")
@@ -160,12 +169,32 @@ class HttpSource:
             raise ReplicaError(f"{self.name} now serves another store ({sid}); this replica follows store "
                                f"{self.store_id}")
         self._durable = int(bounds["durable_lsn"])
+        self._bounds_at = time.monotonic()
         return bounds
+
+    def _open(self, from_lsn: int, wait: float = 0.0) -> SegmentStream:
+        self.reset()
+        if self._gone:
+            raise SourceGone(f"{self.name} was found gone (promote); the replica reads nothing more from it")
+        stream = self._stream = SegmentStream(self.http, self.name, self.store_id, from_lsn, wait)
+        self._durable = max(self._durable, stream.durable_lsn)
+        return stream
 
     # -- the ReplicaSource protocol -----------------------------------------------
 
     def durable_lsn(self) -> int:
-        return int(self._bounds()["durable_lsn"])
+        """The server's durable LSN; when the replica had everything at the
+        last look, a long poll for the next entry (module docstring)."""
+        nxt = self._next
+        if nxt is None or time.monotonic() - self._bounds_at >= BOUNDS_EVERY_SECONDS:
+            return int(self._bounds()["durable_lsn"])
+        if nxt <= self._durable:
+            return self._durable
+        try:
+            return self._open(nxt, LONG_POLL_SECONDS).durable_lsn
+        except httpx.HTTPError as exc:
+            self.reset()
+            raise self._unreachable(exc) from exc
 
     def first_lsn(self) -> int:
         return max(1, int(self._bounds()["first_lsn"]))
@@ -173,19 +202,18 @@ class HttpSource:
     def entries(self, from_lsn: int, last: int) -> Iterator[Entry]:
         """Entries ``from_lsn..last`` (fewer when the server has fewer
         durable now); the answer stays open for the next call (module docstring)."""
+        self._next = from_lsn
         try:
             while from_lsn <= last:
                 stream = self._stream
                 fresh = stream is None or stream.next_lsn != from_lsn
                 if fresh:
-                    self.reset()
-                    if self._gone:
-                        raise SourceGone(f"{self.name} was found gone (promote)")
-                    stream = self._stream = SegmentStream(self.http, self.name, self.store_id, from_lsn)
+                    stream = self._open(from_lsn)
                 assert stream is not None
                 got = 0
                 for entry in stream.take(last):
                     got += 1
+                    self._next = entry.lsn + 1
                     yield entry
                 from_lsn = stream.next_lsn
                 if from_lsn <= last:  # this answer ended: the segment's durable end, or a roll
@@ -202,6 +230,7 @@ class HttpSource:
             stream.close()
 
     def base(self, last: int) -> snapshot.Snapshot | None:
+        self._next = None  # the replica starts again from what this returns
         first = self.first_lsn()
         listing = self._get_json("/v1/snapshots").get("snapshots", [])
         problems = []
