@@ -7,7 +7,11 @@ promote refused while the server answers, and no token, no replica."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -20,6 +24,7 @@ from kvstore.replica.directory import read_record  # noqa: E402
 from kvstore.replica.http_source import HttpSource  # noqa: E402
 from kvstore.server import Tokens  # noqa: E402
 from tests.served import ServerThread  # noqa: E402
+from tests.test_cli import REPO, walkv  # noqa: E402
 from wal.errors import LockedError, LogGapError  # noqa: E402
 
 READ, WRITE, ADMIN = "read-token-1", "write-token-2", "admin-token-3"
@@ -143,3 +148,32 @@ def test_no_valid_token_no_replica(tmp_path):
             assert rep.wait_for(1, timeout=30) == 1 and rep.get(b"k") == b"v"
     with pytest.raises(ValueError, match="token= and verify= are for a served store"):
         kvstore.open_replica(str(tmp_path / "store"), tmp_path / "rep2", token=READ)
+
+
+def test_walkv_replica_follows_a_url_with_the_token_from_the_environment(tmp_path):
+    replica = str(tmp_path / "rep")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), WALKV_TOKEN=READ)
+    with ServerThread(tmp_path / "store", **SMALL) as server, kvstore.connect(server.url, token=WRITE) as db:
+        lsn = _fill(db, 0, 5)
+        follower = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "replica", server.url, replica],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            assert follower.stderr is not None
+            seen = []
+            for line in follower.stderr:  # lag lines as it follows (never a timing: it ends when it shows lsn)
+                seen.append(line)
+                if f"applied LSN {lsn} " in line:
+                    break
+            else:
+                pytest.fail("walkv replica ended before LSN %d: %s" % (lsn, "".join(seen)))
+            stats = walkv("stats", replica, "--json", env=env)
+            assert stats.returncode == 0, stats.stderr
+            st = json.loads(stats.stdout)
+            assert st["applied_lsn"] == lsn
+            assert st["replica"]["source"] == server.url and st["replica"]["source_durable_lsn"] == lsn
+        finally:
+            follower.send_signal(signal.SIGTERM)
+            follower.communicate(timeout=60)
+        assert follower.returncode == 0
+        bad = walkv("replica", server.url, str(tmp_path / "rep2"), env=dict(env, WALKV_TOKEN="wrong"))
+        assert bad.returncode == 1 and "Bearer TOKEN" in bad.stderr and "wrong" not in bad.stderr
