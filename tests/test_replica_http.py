@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +20,10 @@ pytest.importorskip("httpx")
 pytest.importorskip("aiohttp")
 
 import kvstore  # noqa: E402
-from kvstore.client.wire import Unauthorized  # noqa: E402
+from kvstore.client.wire import ServerUnavailable, Unauthorized  # noqa: E402
 from kvstore.replica.directory import read_record  # noqa: E402
 from kvstore.replica.http_source import HttpSource  # noqa: E402
-from kvstore.server import Tokens  # noqa: E402
+from kvstore.server import Tokens, tls_context  # noqa: E402
 from tests.served import ServerThread  # noqa: E402
 from tests.test_cli import REPO, walkv  # noqa: E402
 from wal.errors import LockedError, LogGapError  # noqa: E402
@@ -177,3 +178,27 @@ def test_walkv_replica_follows_a_url_with_the_token_from_the_environment(tmp_pat
         assert follower.returncode == 0
         bad = walkv("replica", server.url, str(tmp_path / "rep2"), env=dict(env, WALKV_TOKEN="wrong"))
         assert bad.returncode == 1 and "Bearer TOKEN" in bad.stderr and "wrong" not in bad.stderr
+
+
+def _self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key (openssl), PEM files."""
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    return cert, key
+
+
+def test_over_tls_the_replica_checks_the_servers_certificate(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = _self_signed(tmp_path)
+    with ServerThread(tmp_path / "store", tls=tls_context(cert, key), **SMALL) as server:
+        assert server.url.startswith("https://")
+        with kvstore.connect(server.url, token=WRITE, verify=cert) as db:
+            lsn = db.put(b"secret", b"over tls")
+        with pytest.raises(ServerUnavailable, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            kvstore.open_replica(server.url, tmp_path / "rep", token=READ)  # not a CA the system trusts
+        with kvstore.open_replica(server.url, tmp_path / "rep", token=READ, verify=cert) as rep:
+            assert rep.wait_for(lsn, timeout=30) == lsn and rep.get(b"secret") == b"over tls"
