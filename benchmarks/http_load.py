@@ -179,9 +179,13 @@ def load(url: str, kind: str, op: str, clients: int, seconds: float, keys: int =
     ``redis``. Gets read the ``keys`` keys :func:`preload` wrote."""
     if op not in ("put", "get"):
         raise ValueError(f"no operation {op!r}")
+    cpu = time.process_time()
     if kind == "redis":
-        return asyncio.run(_redis(url, op, clients, seconds, keys))
-    return asyncio.run(_http(url, kind, op, clients, seconds, keys, token))
+        out = asyncio.run(_redis(url, op, clients, seconds, keys))
+    else:
+        out = asyncio.run(_http(url, kind, op, clients, seconds, keys, token))
+    out["client_cpu_s"] = round(time.process_time() - cpu, 2)  # near `seconds`: the generator was the limit
+    return out
 
 
 async def _preload_http(url: str, kind: str, keys: int, token: str | None) -> None:

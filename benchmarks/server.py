@@ -13,7 +13,11 @@ PATH"), and the run goes on.
 * ``server.put.{1,16,256}c``: durable puts/s with that many concurrent clients
   (16-byte keys, 100-byte values, each client its own keys); target at 256
   clients: >= 1.5x etcd. ``extra``: latency p50/p99/max in ms (p99 at 16
-  clients is the reported one).
+  clients is the reported one), the server's CPU per operation
+  (``/proc/PID/stat`` before and after: a measure the other jobs of a shared
+  machine disturb less than the rate) and the load generator's own CPU
+  seconds (close to the run's length: the generator, not the server, was
+  the limit).
 * ``server.get.{1,16,256}c``: gets/s of 10,000 preloaded keys; target >= 1.0x
   etcd at every concurrency.
 * ``server.watch``: one watcher of a prefix (walkv: ``GET /v1/watch`` as
@@ -49,6 +53,7 @@ CLIENTS = (1, 16, 256)
 REPLICA_RATE = 10_000
 REPLICA_CLIENTS = 64
 SERVE = ("kvstore.server:serve",)
+REPORTED = ("p50_ms", "p99_ms", "server_cpu_us_per_op", "client_cpu_s")
 STARTERS = {"walkv": start_walkv, "etcd": start_etcd, "redis": start_redis}
 LABELS = {"walkv": "walkv serve (HTTP)", "etcd": "etcd 3.4 (HTTP JSON gateway)",
           "redis": "Redis 7 appendfsync always (redis-py)"}
@@ -79,8 +84,12 @@ def _load(kind: str, op: str, clients: int, seconds: float):
     def run(ctx: Context) -> Measurement:
         server: Server = ctx.state
         server.check_alive()
-        return in_child("benchmarks.http_load:load", url=server.url, kind=kind, op=op, clients=clients,
-                        seconds=seconds, keys=GET_KEYS)
+        cpu = server.cpu_seconds()
+        m = in_child("benchmarks.http_load:load", url=server.url, kind=kind, op=op, clients=clients,
+                     seconds=seconds, keys=GET_KEYS)
+        used = server.cpu_seconds() - cpu  # warm-up requests included: a little over the timed ones
+        m.extra.update(server_cpu_s=round(used, 2), server_cpu_us_per_op=round(used / max(m.ops, 1) * 1e6, 1))
+        return m
 
     return run
 
@@ -203,14 +212,14 @@ def workloads(cfg: Config) -> list[Workload]:
             name=f"server.put.{clients}c", issue=22, unit="puts/s",
             title=f"durable puts over the network, {_clients(clients)}",
             targets=[Target("etcd", 1.5)] if clients == 256 else [],
-            params={"clients": clients, "seconds": secs}, report=("p50_ms", "p99_ms"),
+            params={"clients": clients, "seconds": secs}, report=REPORTED,
             contenders=_contenders(lambda kind, c=clients: _load(kind, "put", c, secs), peers)))
     for clients in CLIENTS:
         out.append(Workload(
             name=f"server.get.{clients}c", issue=22, unit="gets/s",
             title=f"gets over the network of {GET_KEYS:,} keys, {_clients(clients)}",
             targets=[Target("etcd", 1.0)], params={"clients": clients, "seconds": secs, "keys": GET_KEYS},
-            report=("p50_ms", "p99_ms"),
+            report=REPORTED,
             contenders=_contenders(lambda kind, c=clients: _load(kind, "get", c, secs), peers, preload=GET_KEYS)))
     out.append(Workload(
         name="server.watch", issue=22, unit="changes/s",

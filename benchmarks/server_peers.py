@@ -73,6 +73,12 @@ class Server:
         if self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.log_tail()}")
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server process has used so far (Linux /proc)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def log_tail(self) -> str:
         try:
             with open(self.log_path, errors="replace") as f:
