@@ -95,7 +95,6 @@ BOUNDS_EVERY_SECONDS = 1.0
 DOWNLOAD_CHUNK_BYTES = 1 << 20
 
 
-
 def display_url(url: str) -> str:
     """``url`` as messages and the ``REPLICA`` record show it: without a
     user or password, a query or a trailing slash."""
@@ -143,14 +142,15 @@ class HttpSource:
         self._bounds_at = 0.0  # time.monotonic() of the last bounds request
         self._next: int | None = None  # the LSN after the last entry delivered (None: unknown)
         try:
-            bounds = self._bounds()
-            sid = bounds.get("store_id")
+            bounds = self._get_json("/v1/log/bounds")
+            sid = bounds.get("store_id") if isinstance(bounds, dict) else None
             if not isinstance(sid, str) or not sid:
                 raise ReplicaError(f"{self.name} answered /v1/log/bounds without a store id: is it a walkv server?")
+            self.store_id = sid
+            self._note(bounds)
         except BaseException:
             self.http.close()
             raise
-        self.store_id = sid
 
     # -- requests ------------------------------------------------------------------
 
@@ -165,9 +165,12 @@ class HttpSource:
     def _bounds(self) -> dict[str, Any]:
         bounds = self._get_json("/v1/log/bounds")
         sid = bounds.get("store_id")
-        if hasattr(self, "store_id") and sid != self.store_id:
+        if sid != self.store_id:
             raise ReplicaError(f"{self.name} now serves another store ({sid}); this replica follows store "
                                f"{self.store_id}")
+        return self._note(bounds)
+
+    def _note(self, bounds: dict[str, Any]) -> dict[str, Any]:
         self._durable = int(bounds["durable_lsn"])
         self._bounds_at = time.monotonic()
         return bounds
@@ -191,7 +194,8 @@ class HttpSource:
         if nxt <= self._durable:
             return self._durable
         try:
-            return self._open(nxt, LONG_POLL_SECONDS).durable_lsn
+            self._open(nxt, LONG_POLL_SECONDS)
+            return self._durable
         except httpx.HTTPError as exc:
             self.reset()
             raise self._unreachable(exc) from exc
