@@ -81,6 +81,14 @@ def connect(url: str, **options):
     return _connect(url, **options)
 
 
+def serve(db, host: str = "127.0.0.1", port: int = 7379, **options) -> None:
+    """Serve ``db`` (a store, its asyncio front or a path) over HTTP until
+    SIGTERM: :func:`kvstore.server.serve` (needs the ``server`` extra)."""
+    from kvstore.server import serve as _serve
+
+    _serve(db, host, port, **options)
+
+
 def connect_async(url: str, **options):
     """The asyncio client: ``async with kvstore.connect_async(url) as db:``
     or ``db = await kvstore.connect_async(url)``. See :mod:`kvstore.client.aremote`."""
@@ -104,6 +112,6 @@ __all__ = [
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
     "ReplicaLagError", "RestoreTimeError", "SnapshotError",
     "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "connect", "connect_async", "open", "open_async",
-    "open_replica",
+    "open_replica", "serve",
     "prometheus_text", "restore", "restore_from_archive",
 ]

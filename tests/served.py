@@ -21,8 +21,9 @@ class ServerThread:
     """``kvstore.server.serve_async`` of the store at ``path`` on 127.0.0.1:0,
     in a thread with its own event loop; :attr:`url` once it accepts."""
 
-    def __init__(self, path: Any, **options: Any) -> None:
+    def __init__(self, path: Any, port: int = 0, **options: Any) -> None:
         self.url = ""
+        self._port = port
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -39,7 +40,7 @@ class ServerThread:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             server_options = {k: options.pop(k) for k in ("tokens", "limits", "tls") if k in options}
-            await serve_async(path, "127.0.0.1", 0, stop=self._stop, store_options=options,
+            await serve_async(path, "127.0.0.1", self._port, stop=self._stop, store_options=options,
                               on_listening=self._listening, **server_options)
         try:
             asyncio.run(main())

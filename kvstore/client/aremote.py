@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
 from kvstore.client.events import BACKOFF, END, RECONNECTS, EventParser, Resumption
-from kvstore.client.http import AsyncHttp
+from kvstore.client.http import AsyncHttp, Cert, Verify
 from kvstore.client.remote import ops_request, read_key, scan_params, settle, watch_params
 from kvstore.client.wire import ConditionFailed, NotFound, ServerUnavailable, b64_or_none, b64decode, b64encode, quote
 from kvstore.entry.codec import as_bytes, check_key, check_range, check_value
@@ -80,6 +80,7 @@ class AsyncRemoteWatcher:
             failures += 1
             if failures >= RECONNECTS:
                 raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
+            await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
 
     async def aclose(self) -> None:
         self._closed = True
@@ -251,7 +252,8 @@ class _Connecting:
             await self._db.close()
 
 
-def connect_async(url: str, *, token: str | None = None, timeout: float = 10.0, verify: bool | str = True,
-                  max_connections: int = 100) -> _Connecting:
+def connect_async(url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
+                  cert: Cert = None, max_connections: int = 100) -> _Connecting:
     """``db = await kvstore.connect_async(url)`` or ``async with kvstore.connect_async(url) as db:``."""
-    return _Connecting(url, dict(token=token, timeout=timeout, verify=verify, max_connections=max_connections))
+    return _Connecting(url, dict(token=token, timeout=timeout, verify=verify, cert=cert,
+                                 max_connections=max_connections))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -55,6 +56,28 @@ def query(params: Params | None) -> str:
     return "?" + "&".join(parts) if parts else ""
 
 
+Verify = bool | str | ssl.SSLContext
+Cert = str | tuple[str, str] | None
+
+
+def tls_verify(verify: Verify, cert: Cert = None) -> bool | ssl.SSLContext:
+    """What httpx takes for ``verify``: a CA bundle's path becomes a context
+    trusting it; ``cert`` (a PEM file with the key, or ``(certfile, keyfile)``)
+    is the client certificate a server with ``--tls-client-ca`` asks for."""
+    if cert is None:
+        return ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+    if isinstance(verify, ssl.SSLContext):
+        ctx = verify
+    else:
+        ctx = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        if verify is False:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+    certfile, keyfile = (cert, None) if isinstance(cert, str) else cert
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
 def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -69,10 +92,10 @@ class Http:
     """A pooled HTTP/1.1 connection to a walkv server at ``url``."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
-                 verify: bool | str = True, max_connections: int = 100) -> None:
+                 verify: Verify = True, cert: Cert = None, max_connections: int = 100) -> None:
         self.url = url.rstrip("/")
         self._client = httpx.Client(
-            base_url=self.url, headers=_headers(token), timeout=httpx.Timeout(timeout), verify=verify,
+            base_url=self.url, headers=_headers(token), timeout=httpx.Timeout(timeout), verify=tls_verify(verify, cert),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
 
     def request(self, method: str, path: str, *, params: Params | None = None, json: Any = None,
@@ -114,10 +137,10 @@ class AsyncHttp:
     """:class:`Http` for asyncio (httpx.AsyncClient)."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
-                 verify: bool | str = True, max_connections: int = 100) -> None:
+                 verify: Verify = True, cert: Cert = None, max_connections: int = 100) -> None:
         self.url = url.rstrip("/")
         self._client = httpx.AsyncClient(
-            base_url=self.url, headers=_headers(token), timeout=httpx.Timeout(timeout), verify=verify,
+            base_url=self.url, headers=_headers(token), timeout=httpx.Timeout(timeout), verify=tls_verify(verify, cert),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
 
     async def request(self, method: str, path: str, *, params: Params | None = None, json: Any = None,

@@ -31,7 +31,7 @@ from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 from kvstore.client.events import BACKOFF, END, RECONNECTS, EventParser, Resumption
-from kvstore.client.http import Http
+from kvstore.client.http import Cert, Http, Verify
 from kvstore.client.wire import (
     ConditionFailed,
     NotFound,
@@ -167,6 +167,7 @@ class RemoteWatcher:
             failures += 1  # the server ended the stream without saying why (it is stopping)
             if failures >= RECONNECTS:
                 raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
+            time.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
 
     def close(self) -> None:
         """Stop: the iteration ends."""
@@ -209,10 +210,11 @@ class RemoteStore(Lookups):
     """A store served over HTTP (module docstring). Thread-safe: threads
     share the connection pool."""
 
-    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0, verify: bool | str = True,
-                 max_connections: int = 100) -> None:
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
+                 cert: Cert = None, max_connections: int = 100) -> None:
         self.url = url
-        self._http = Http(url, token=token, timeout=timeout, verify=verify, max_connections=max_connections)
+        self._http = Http(url, token=token, timeout=timeout, verify=verify, cert=cert,
+                          max_connections=max_connections)
         self._closed = False
         try:
             info = self._http.request("GET", "/v1/info").json()
@@ -409,8 +411,10 @@ def read_key(key: Any) -> bytes | None:
     return checked if 0 < len(checked) <= MAX_KEY_BYTES else None
 
 
-def connect(url: str, *, token: str | None = None, timeout: float = 10.0, verify: bool | str = True,
-            max_connections: int = 100) -> RemoteStore:
-    """Connect to a walkv server (``walkv serve``); ``verify``: False, or a
-    CA bundle's path, for a server whose certificate the system does not trust."""
-    return RemoteStore(url, token=token, timeout=timeout, verify=verify, max_connections=max_connections)
+def connect(url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
+            cert: Cert = None, max_connections: int = 100) -> RemoteStore:
+    """Connect to a walkv server (``walkv serve``); ``verify``: False, a CA
+    bundle's path or an :class:`ssl.SSLContext`, for a server whose certificate
+    the system does not trust; ``cert``: the client certificate a server with
+    ``--tls-client-ca`` requires (a PEM file with its key, or ``(certfile, keyfile)``)."""
+    return RemoteStore(url, token=token, timeout=timeout, verify=verify, cert=cert, max_connections=max_connections)

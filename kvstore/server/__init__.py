@@ -5,13 +5,15 @@
     kvstore.server.serve(db_or_path, "127.0.0.1", 7379, tokens=Tokens.from_file(path))  # until SIGTERM
     app = kvstore.server.make_app(db)        # an aiohttp Application to mount in your own server
 
-Why aiohttp (rather than Starlette on uvicorn): measured with the same load
-generator (``python -m benchmarks.http_load``, the put and get endpoints of
-both, one store, ``sync="always"``), aiohttp served more requests per second
-at 16 and at 256 concurrent clients; the numbers are in
-``benchmarks/http_load.py``'s docstring. It is also one dependency (server
-and routing) where the other is two, and its streaming responses and
-protocol factory give the watch streams and the connection cap directly.
+Why aiohttp rather than Starlette on uvicorn: measured with the same load
+generator on the same store (``python -m benchmarks.frameworks``: both
+frameworks serving the same put and get handlers over the asyncio front,
+``sync="always"``, uvicorn with httptools), aiohttp served 1.3x (puts, 16
+clients) to 2.0x (puts, 256 clients) the requests per second, and 1.7-1.8x
+the gets, with half the p99 latency at 256 clients (the table is in
+:mod:`benchmarks.frameworks`). It is also one dependency where the other is
+two, and its streaming responses and protocol factory give the watch
+streams and the connection cap directly.
 
 Modules: :mod:`~kvstore.server.app` (the application, its one middleware:
 routing by raw path, roles, the error shape), :mod:`~kvstore.server.kv`

@@ -112,6 +112,7 @@ async def _on_shutdown(app: web.Application) -> None:
 
 
 async def _on_cleanup(app: web.Application) -> None:
+    app[log.CURSORS].close()
     s = app[SERVED]
     if s.owns_store:
         if s.adb is not None:
@@ -131,6 +132,7 @@ def make_app(db: KVStore | AsyncKVStore, *, tokens: Tokens | None = None, limits
     app = web.Application(middlewares=[_guard], client_max_size=served.max_body,
                           handler_args={"max_field_size": 16 * 1024, "max_line_size": 16 * 1024})
     app[SERVED] = served
+    app[log.CURSORS] = log.LogCursors()
     for method, path, handler, _role in ROUTES:
         app.router.add_route(method, path, handler)
     app.on_startup.append(_on_startup)

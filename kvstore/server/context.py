@@ -22,6 +22,7 @@ from kvstore.client.wire import BadRequest, PayloadTooLarge, TooManyStreams, b64
 from kvstore.server.auth import Tokens
 from kvstore.store.aio import AsyncKVStore
 from kvstore.store.store import KVStore
+from kvstore.watch.subscription import Subscription
 from kvstore.watch.watcher import AsyncWatcher
 from wal.errors import ReplicaLagError
 
@@ -63,6 +64,7 @@ class Served:
         self.store: KVStore = db.store if isinstance(db, AsyncKVStore) else db
         self.streams: weakref.WeakSet[AsyncWatcher] = weakref.WeakSet()
         self.stream_count = 0
+        self.subscriptions: dict[str, Subscription] = {}  # name -> its newest stream's (for acks)
         self.shutting_down = False
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -215,11 +217,11 @@ async def read_json(request: web.Request, served_: Served) -> dict[str, Any]:
 
 
 def key_field(doc: dict[str, Any], name: str, *, nullable: bool = False) -> bytes | None:
-    """A base64 key or value field of a JSON object."""
+    """A base64 key or value field of a JSON object; ``nullable``: null is
+    allowed (an unbounded range end). A missing field is always an error: a
+    ``delete_range`` without its bounds must not mean "everything"."""
     if name not in doc:
-        if nullable:
-            return None
-        raise BadRequest(f"missing field {name!r}")
+        raise BadRequest(f"missing field {name!r}" + (" (null for unbounded)" if nullable else ""))
     value = doc[name]
     if value is None:
         if nullable:

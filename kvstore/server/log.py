@@ -10,7 +10,8 @@ record) to the end of the last durable record in that segment
 (``Walkv-Durable-Lsn`` is the durable LSN when the request was served; the
 body may end before it when the segment does). So the body holds whole
 records only, never the active segment's preallocated zeros, and a follower
-can read it all and reuse the connection. Both log endpoints take
+can read it all and reuse the connection. A follower's next request costs
+the new bytes only (:mod:`kvstore.server.cursors`). Both log endpoints take
 ``wait=S`` (at most 30): wait up to S seconds for ``from_lsn`` to become
 durable (a long poll) before answering, possibly with nothing. File reads
 run in the default executor.
@@ -27,6 +28,7 @@ from aiohttp import web
 
 from kvstore.client.wire import NotFound, b64encode
 from kvstore.server.context import MAX_LSN, Query, json_response, served
+from kvstore.server.cursors import LogCursors
 from kvstore.store.snapshots import snapshots_dir
 from kvstore.watch.log_tail import LogTail
 from snapshot import list_snapshots
@@ -35,6 +37,7 @@ from wal.record import BLOCK_SIZE
 from wal.segment import SegmentScan, find_segment, list_segments
 
 MAX_ENTRIES = 10_000
+CURSORS: web.AppKey[LogCursors] = web.AppKey("walkv_log_cursors", LogCursors)
 SEGMENT_CHUNK = 256 * 1024
 T = TypeVar("T")
 
@@ -80,15 +83,20 @@ async def entries(request: web.Request) -> web.Response:
     await _wait_durable(request, q, first)
     durable = min(s.store.durable_lsn, first + limit - 1)
 
+    cursors = request.app[CURSORS]
+
     def read() -> list[dict]:
         if durable < first:
             return []
-        tail = LogTail(s.store._wal_dir, first)
+        tail = cursors.take_tail(first) or LogTail(s.store._wal_dir, first)
         try:
-            return [{"lsn": e.lsn, "time": e.timestamp_us, "payload": b64encode(e.payload)}
-                    for e in tail.read(durable)]
-        finally:
+            out = [{"lsn": e.lsn, "time": e.timestamp_us, "payload": b64encode(e.payload)}
+                   for e in tail.read(durable)]
+        except BaseException:
             tail.close()
+            raise
+        cursors.give_tail(tail)
+        return out
 
     out = await _in_thread(read)
     return json_response({"entries": out, "next_lsn": out[-1]["lsn"] + 1 if out else first})
@@ -103,6 +111,7 @@ async def segment(request: web.Request) -> web.StreamResponse:
     await _wait_durable(request, q, first)
     durable = s.store.durable_lsn
     wal_dir = s.store._wal_dir
+    cursors = request.app[CURSORS]
 
     def locate() -> tuple[BinaryIO, str, int, int]:
         """The segment holding ``first`` (open: a handle stays readable if
@@ -112,23 +121,31 @@ async def segment(request: web.Request) -> web.StreamResponse:
         if i < 0:
             LogTail(wal_dir, first).close()  # raises the LogGapError naming the first LSN available
         seg = segments[i]
-        index = read_index(seg.path)
-        start = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
+        known = cursors.end(first)
+        expected: int | None = first
+        if known is not None and known[0] == seg.path:
+            start = known[1]  # where the last answer ended: the record of `first` starts there
+        else:
+            index = read_index(seg.path)
+            start = index.offset_for(first) if index is not None and index.first_lsn == seg.first_lsn else 0
+            expected = seg.first_lsn if start == 0 else None
         try:
             fh = open(seg.path, "rb")
         except FileNotFoundError:
             LogTail(wal_dir, first).close()  # retention deleted it just now: the gap
             raise
         try:
-            scan = SegmentScan(fh, seg.path, start, seg.first_lsn if start == 0 else None)
+            scan = SegmentScan(fh, seg.path, start, expected)
             for _ in scan.batches(first, durable):
                 pass
         except BaseException:
             fh.close()
             raise
-        end = scan.data_end if durable >= first else start
+        if scan.next_lsn is not None and durable >= first:
+            cursors.remember_end(scan.next_lsn, seg.path, scan.data_end)
         block = start - start % BLOCK_SIZE
-        return fh, seg.path, block, max(end, block)
+        end = scan.data_end if durable >= first else block  # nothing durable from `first` yet: no bytes
+        return fh, seg.path, block, end
 
     fh, path, offset, end = await _in_thread(locate)
     response = web.StreamResponse(headers={

@@ -124,8 +124,6 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
 
 def serve(db: KVStore | AsyncKVStore | str | os.PathLike[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           **options: Any) -> None:
-    """Serve ``db`` over HTTP until SIGTERM/SIGINT (options as :func:`serve_async`)::
-
-        kvstore.server.serve("/data/store", "127.0.0.1", 7379, tokens=Tokens.from_file("tokens"))
-    """
+    """Serve ``db`` over HTTP until SIGTERM/SIGINT (options as :func:`serve_async`),
+    e.g. ``serve("/data/store", "127.0.0.1", 7379, tokens=Tokens.from_file("tokens"))``."""
     asyncio.run(serve_async(db, host, port, **options))

@@ -96,8 +96,8 @@ async def _pump(request: web.Request, s: Served, changes: Changes, ndjson: bool)
                 await stream.event("end", {})
         except (LogGapError, SubscriptionInvalidatedError) as exc:
             await stream.event("gap", error_body(exc)[1])
-        except (ConnectionError, asyncio.CancelledError):
-            raise
+        except ConnectionError:  # the client went away (or the server is stopping): nobody to tell
+            pass
         except Exception as exc:  # the store failed or closed: say so, then end
             await stream.event("error", error_body(exc)[1])
     finally:
@@ -141,29 +141,30 @@ async def subscription_events(request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         sub = await loop.run_in_executor(None, lambda: s.store.subscribe(name, q.bytes("prefix"),
                                                                          **options))  # type: ignore[arg-type]
+        s.subscriptions[name] = sub  # acks go to the newest stream's position
         return await _pump(request, s, sub, _wants_ndjson(request, q))
 
 
 async def subscription_ack(request: web.Request) -> web.Response:
-    """Acknowledge every change up to ``lsn`` (durable when it answers)."""
+    """Acknowledge every change up to ``lsn`` that the subscription's newest
+    stream delivered (durable when it answers), as ``Subscription.ack`` does:
+    the server keeps each subscription's newest stream's position for this."""
     s = served(request)
     name = _name(request)
     lsn = lsn_field(await read_json(request, s), "lsn")
-    rec = read_subscription(s.store.path, name)
-    if rec is None:
-        raise NotFound(f"no subscription {name!r}")
-
-    def ack() -> int:
-        with s.store.subscribe(name, rec.prefix, start=rec.start, stop=rec.stop) as sub:
-            sub.ack(lsn)
-            return sub.acked_lsn
-
-    acked = await asyncio.get_running_loop().run_in_executor(None, ack)
-    return json_response({"acked_lsn": acked})
+    sub = s.subscriptions.get(name)
+    if sub is None:
+        if read_subscription(s.store.path, name) is None:
+            raise NotFound(f"no subscription {name!r}")
+        raise ValueError(f"cannot acknowledge LSN {lsn}: no stream of the subscription {name!r} delivered a "
+                         f"change since this server started; read its events first")
+    await asyncio.get_running_loop().run_in_executor(None, sub.ack, lsn)
+    return json_response({"acked_lsn": sub.acked_lsn})
 
 
 async def subscription_drop(request: web.Request) -> web.Response:
     name = _name(request)
+    served(request).subscriptions.pop(name, None)
     if not served(request).store.drop_subscription(name):
         raise NotFound(f"no subscription {name!r}")
     return json_response({"dropped": name})
