@@ -50,8 +50,10 @@ def _python_blocks() -> list[Block]:
 
 def _run_blocks(tmp_path, monkeypatch, blocks: list[Block]) -> list[Ran]:
     """Each block in a namespace of its own, in order, in ``tmp_path``;
-    tracebacks name the README's lines."""
+    tracebacks name the README's lines. A process a block starts (``walkv
+    serve``) runs this checkout too."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     ran = []
     for block in blocks:
         ns: dict = {"__name__": "__readme__"}
