@@ -18,7 +18,10 @@ segment on disk is (:mod:`wal.segment`):
 * every other record is an entry (:func:`wal.segment.decode_entry`): entries
   before ``N`` in the first block are skipped, and from ``N`` on each LSN must
   follow the one before (a break is :class:`~wal.errors.CorruptionError` of
-  kind SEQUENCE naming the URL, the segment and the offset).
+  kind SEQUENCE naming the URL, the segment and the offset), and none after
+  ``Walkv-Durable-Lsn`` is taken (the server reads it before the bytes and
+  ends the body at a durable record; an entry past it could still be
+  mid-write, and a crash could take it back).
 
 The body is read as it arrives (:class:`_BodyFile`: the reader's
 ``read(32 KiB)`` calls take bytes off the response stream), so a catch-up of
