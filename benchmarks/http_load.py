@@ -29,6 +29,7 @@ import base64
 import json
 import time
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,32 @@ def _summary(latencies: list[float], ops: int, seconds: float, clients: int) -> 
     return out
 
 
+async def _clients(clients: int, seconds: float, one: Callable[[int, int], Awaitable[None]]) -> dict[str, Any]:
+    """``clients`` coroutines each awaiting ``one(client, n)`` for n = 1, 2, ...
+    until ``seconds`` have passed (after ``one(client, 0)`` for all of them at
+    once, untimed: every connection open before the clock starts)."""
+    await asyncio.gather(*(one(c, 0) for c in range(clients)))
+    loop = asyncio.get_running_loop()
+    clock = time.perf_counter
+    latencies: list[float] = []
+    counts = [0] * clients
+    start = clock()
+    end = loop.time() + seconds
+
+    async def worker(client: int) -> None:
+        n = 1
+        add = latencies.append
+        while loop.time() < end:
+            t0 = clock()
+            await one(client, n)
+            add(clock() - t0)
+            n += 1
+        counts[client] = n - 1
+
+    await asyncio.gather(*(worker(c) for c in range(clients)))
+    return _summary(latencies, sum(counts), clock() - start, clients)
+
+
 def _key(op: str, client: int, n: int, keys: int) -> bytes:
     if op == "put":
         return data.key(n, client + 1)  # each client its own keys (stream 0 is the preloaded set)
@@ -96,12 +123,7 @@ async def _http(url: str, kind: str, op: str, clients: int, seconds: float, keys
     dialect = Dialect(kind, token)
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
     timeout = aiohttp.ClientTimeout(total=60)
-    latencies: list[float] = []
-    counts = [0] * clients
     async with aiohttp.ClientSession(url, connector=connector, timeout=timeout) as session:
-        loop = asyncio.get_running_loop()
-        clock = time.perf_counter
-
         async def one(client: int, n: int) -> None:
             key = _key(op, client, n, keys)
             req = dialect.put(key, data.value(n)) if op == "put" else dialect.get(key)
@@ -112,24 +134,7 @@ async def _http(url: str, kind: str, op: str, clients: int, seconds: float, keys
                 elif resp.status != 200:
                     raise RuntimeError(f"{kind} {op} answered {resp.status}: {body[:200]!r}")
 
-        for c in range(clients):  # warm: every connection open before the clock starts
-            await one(c, 0)
-        start = clock()
-        end = loop.time() + seconds
-
-        async def worker(client: int) -> None:
-            n = 1
-            add = latencies.append
-            while loop.time() < end:
-                t0 = clock()
-                await one(client, n)
-                add(clock() - t0)
-                n += 1
-            counts[client] = n - 1
-
-        await asyncio.gather(*(worker(c) for c in range(clients)))
-        took = clock() - start
-    return _summary(latencies, sum(counts), took, clients)
+        return await _clients(clients, seconds, one)
 
 
 async def _redis(url: str, op: str, clients: int, seconds: float, keys: int) -> dict[str, Any]:
@@ -137,12 +142,7 @@ async def _redis(url: str, op: str, clients: int, seconds: float, keys: int) -> 
 
     pool = aioredis.ConnectionPool.from_url(url, max_connections=clients)
     r = aioredis.Redis(connection_pool=pool)
-    latencies: list[float] = []
-    counts = [0] * clients
     try:
-        loop = asyncio.get_running_loop()
-        clock = time.perf_counter
-
         async def one(client: int, n: int) -> None:
             key = _key(op, client, n, keys)
             if op == "put":
@@ -150,26 +150,10 @@ async def _redis(url: str, op: str, clients: int, seconds: float, keys: int) -> 
             elif await r.get(key) is None:
                 raise RuntimeError(f"redis get of a preloaded key {key!r} found nothing")
 
-        await asyncio.gather(*(one(c, 0) for c in range(clients)))  # every connection open
-        start = clock()
-        end = loop.time() + seconds
-
-        async def worker(client: int) -> None:
-            n = 1
-            add = latencies.append
-            while loop.time() < end:
-                t0 = clock()
-                await one(client, n)
-                add(clock() - t0)
-                n += 1
-            counts[client] = n - 1
-
-        await asyncio.gather(*(worker(c) for c in range(clients)))
-        took = clock() - start
+        return await _clients(clients, seconds, one)
     finally:
         await r.aclose()
         await pool.aclose()
-    return _summary(latencies, sum(counts), took, clients)
 
 
 def load(url: str, kind: str, op: str, clients: int, seconds: float, keys: int = 10_000,
