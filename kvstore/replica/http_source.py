@@ -55,7 +55,7 @@ holds the store there, and a store directory's lock could not be taken
 then either). When the connection is refused or nothing answers within the
 timeout, the source counts as gone: nothing more can be read from it, so
 the promoted store holds what the replica had applied
-(:class:`~kvstore.replica.source.SourceGone` ends its catch-up there), and
+(:class:`~wal.errors.SourceGoneError` ends its catch-up there), and
 the server's last durable LSN is logged beside it: the LSNs between were
 acknowledged by the old server and exist only on its disk. Unlike a lock,
 this proves only that nothing answered at that moment: a partition looks
@@ -81,10 +81,9 @@ import snapshot
 from kvstore.client.http import Http
 from kvstore.client.wire import ServerUnavailable
 from kvstore.replica.http_log import SegmentStream
-from kvstore.replica.source import SourceGone
 from kvstore.store.snapshots import choose_base
 from snapshot.layout import MANIFEST_NAME, check_chunk_name, snapshot_dir_name
-from wal.errors import LockedError, ReplicaError, SnapshotError, WalkvError
+from wal.errors import LockedError, ReplicaError, SnapshotError, SourceGoneError, WalkvError
 from wal.segment import Entry
 
 log = logging.getLogger("walkv.replica")
@@ -159,7 +158,7 @@ class HttpSource:
 
     def _get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         if self._gone:
-            raise SourceGone(f"{self.name} was found gone (promote); the replica reads nothing more from it")
+            raise SourceGoneError(f"{self.name} was found gone (promote); the replica reads nothing more from it")
         return self.http.request("GET", path, params=params).json()
 
     def _bounds(self) -> dict[str, Any]:
@@ -178,7 +177,7 @@ class HttpSource:
     def _open(self, from_lsn: int, wait: float = 0.0) -> SegmentStream:
         self.reset()
         if self._gone:
-            raise SourceGone(f"{self.name} was found gone (promote); the replica reads nothing more from it")
+            raise SourceGoneError(f"{self.name} was found gone (promote); the replica reads nothing more from it")
         stream = self._stream = SegmentStream(self.http, self.name, self.store_id, from_lsn, wait)
         self._durable = max(self._durable, stream.durable_lsn)
         return stream

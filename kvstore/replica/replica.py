@@ -53,13 +53,13 @@ from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR
 from kvstore.replica import directory
 from kvstore.replica.promote import promote
 from kvstore.replica.served import ServedState
-from kvstore.replica.source import ReplicaSource, SourceGone, open_source
+from kvstore.replica.source import ReplicaSource, open_source
 from kvstore.state import DEFAULT_MAP_SIZE, State, StateOptions, View
 from kvstore.state.readers import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery
 from kvstore.watch import watcher as watching
-from wal.errors import ClosedError, LogGapError, ReplicaError, ReplicaLagError, WalkvError
+from wal.errors import ClosedError, LogGapError, ReplicaError, ReplicaLagError, SourceGoneError, WalkvError
 from wal.fs import OS_FS
 from wal.lock import DirectoryLock
 
@@ -320,7 +320,7 @@ class Replica(Lookups):
                     return self.applied_lsn
             except (LogGapError, _SourceBehind) as exc:
                 self._rebuild_live(str(exc))
-            except SourceGone:  # its fence found it gone: what was applied is all there is
+            except SourceGoneError:  # its fence found it gone: what was applied is all there is
                 return self.applied_lsn
 
     def _stop_following(self) -> None:

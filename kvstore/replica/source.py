@@ -22,8 +22,8 @@ from, and a fence for :meth:`kvstore.replica.replica.Replica.promote`.
   (``http://`` or ``https://``; :mod:`kvstore.server`): bounded by the
   server's durable LSN, read through its log and snapshot endpoints. Its
   fence is that nothing answers at the URL any more; after it the source is
-  gone, and reading it raises :class:`SourceGone` (promote keeps what the
-  replica applied).
+  gone, and reading it raises :class:`~wal.errors.SourceGoneError` (promote
+  keeps what the replica applied).
 """
 
 from __future__ import annotations
@@ -53,13 +53,6 @@ STORE_POLL_SECONDS = 0.002
 ARCHIVE_POLL_SECONDS = 1.0
 
 log = logging.getLogger("walkv.replica")
-
-
-class SourceGone(ReplicaError):
-    """The source was found gone by its fence (an HTTP source whose server
-    no longer answers): nothing more can be read from it, so a catch-up for
-    :meth:`~kvstore.replica.replica.Replica.promote` ends with what the replica
-    applied."""
 
 
 class Fence(Protocol):
