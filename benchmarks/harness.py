@@ -118,6 +118,7 @@ class Workload:
     repeats: int | None = None  # overrides Config.repeats (big, slow runs)
     slow: bool = False  # runs only when named explicitly in --only
     note: str = ""
+    report: tuple[str, ...] = ()  # Measurement.extra keys shown in the table for each contender (medians)
 
 
 def missing(requirements: tuple[str, ...]) -> str | None:
@@ -153,6 +154,7 @@ def run_workload(workload: Workload, config: Config) -> dict[str, Any]:
         "unit": workload.unit,
         "params": dict(workload.params),
         "note": workload.note,
+        "report": list(workload.report),
         "status": "ok",
         "contenders": {},
         "comparisons": [],
@@ -234,6 +236,7 @@ def _summarise(workload: Workload, result: dict[str, Any]) -> None:
         entry["median"] = _median(entry["rates"])
         entry["rss_mb_median"] = _median(entry["rss_mb"])
         entry["rss_mb_max"] = max((v for v in entry["rss_mb"] if v is not None), default=None)
+        entry["reported"] = {k: _median([x.get(k) for x in entry["extra"]]) for k in result.get("report", [])}
     walkv = entries.get(WALKV, {}).get("median")
     targets = {t.peer: t.ratio for t in workload.targets}
     for name, entry in entries.items():

@@ -43,6 +43,13 @@ def rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
             value = f"{lim['value']:.0f} {lim['unit']}" if lim["value"] is not None else "-"
             out.append((name, value, f"max {lim['metric']}", "-", "-",
                         f"< {lim['maximum']:g} {lim['unit']}", lim["verdict"]))
+        for metric in w.get("report", []):  # extras reported without a target: walkv's beside each peer's
+            own = walkv.get("reported", {}).get(metric)
+            peers = [(e["label"], e.get("reported", {}).get(metric))
+                     for c, e in w["contenders"].items() if c != "walkv"]
+            for label, value in [(lbl, v) for lbl, v in peers if v is not None] or [("-", None)]:
+                if own is not None or value is not None:
+                    out.append((f"{name} {metric}", _num(own), label, _num(value), "-", "-", "reported"))
         if not w["comparisons"] and not w["limits"]:
             out.append((name, walkv_text, "-", "-", "-", "-", w["status"]))
         if walkv.get("error"):

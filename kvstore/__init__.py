@@ -68,8 +68,10 @@ from wal.errors import (
 
 
 def open_replica(source, path, **options):
-    """Open (or create) a read replica of ``source`` (a store directory or an
-    archive location) at ``path``. See :mod:`kvstore.replica.replica`."""
+    """Open (or create) a read replica of ``source`` (a store directory, an
+    archive location, or the ``http://``/``https://`` URL of ``walkv serve``
+    with ``token=`` and ``verify=``) at ``path``. See
+    :mod:`kvstore.replica.replica` and :mod:`kvstore.replica.http_source`."""
     from kvstore.replica.replica import open_replica as _open_replica
 
     return _open_replica(source, path, **options)

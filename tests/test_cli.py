@@ -18,7 +18,7 @@ import kvstore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ["demo", "put", "get", "delete", "scan", "load", "stats", "inspect", "verify", "repair",
-            "snapshot", "restore", "export", "bench", "replica", "subscriptions"]
+            "snapshot", "restore", "export", "bench", "replica", "subscriptions", "serve"]
 
 
 def walkv(*args: str, input: str | bytes | None = None, timeout: float = 120,

@@ -50,8 +50,10 @@ def _python_blocks() -> list[Block]:
 
 def _run_blocks(tmp_path, monkeypatch, blocks: list[Block]) -> list[Ran]:
     """Each block in a namespace of its own, in order, in ``tmp_path``;
-    tracebacks name the README's lines."""
+    tracebacks name the README's lines. A process a block starts (``walkv
+    serve``) runs this checkout too."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     ran = []
     for block in blocks:
         ns: dict = {"__name__": "__readme__"}
@@ -91,9 +93,10 @@ def test_readme_python_blocks_run_each_on_its_own(tmp_path, monkeypatch):
     assert re.fullmatch(r"[1-9]\d* snapshots taken, [1-9]\d* bytes of log deleted", auto[0]), auto
     assert _printed_by(ran, "open_async")[-1] == "b'x'"
     assert _printed_by(ran, "ArchiveReader") == ["2", "0", "1 3 []", "b'paid'"]
-    replica = _printed_by(ran, "open_replica")
+    replica = _printed_by(ran, 'open_replica("orders"')
     assert replica[0].startswith("b'paid' 1 Lag(lsns=0, "), replica
     assert replica[1:] == ["[(b'order:1', b'paid')]", "2"]
+    assert _printed_by(ran, "kvstore.connect(url") == ["b'Grace' [(b'user:2', b'Grace')]", "b'Grace' 3"]
     with kvstore.open(str(tmp_path / "tour-store"), readonly=True) as db:
         assert list(db.scan(prefix=b"order:")) == []  # the "oops" stays in the original
         assert db.get(b"user:2") is None and db.get(b"user:1:orders") == b"2"

@@ -279,6 +279,13 @@ class ReplicaLagError(ReplicaError):
         super().__init__(message)
 
 
+class SourceGoneError(ReplicaError):
+    """A replica's source was found gone by its fence (an HTTP source whose
+    server no longer answers, :mod:`kvstore.replica.http_source`): nothing
+    more can be read from it, so the catch-up of ``rep.promote()`` ends with
+    what the replica applied. Never reaches a caller of ``promote``."""
+
+
 class ForkedError(WalkvError):
     """A log, store or LMDB environment was used in a process forked from the
     one that opened it (``os.fork()``, ``multiprocessing`` with the fork start

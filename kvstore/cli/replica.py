@@ -1,21 +1,29 @@
 """``walkv replica SOURCE DIR``: run a read replica (:mod:`kvstore.replica.replica`)
 until SIGINT or SIGTERM, showing its lag on stderr when it changes.
 
-SOURCE is a store directory (its writer may be another process) or an
-archive (a URI or a local archive directory); DIR is the replica's own
+SOURCE is a store directory (its writer may be another process), an
+archive (a URI or a local archive directory) or a served store (an
+``http://`` or ``https://`` URL of ``walkv serve``; the bearer token comes
+from the environment variable ``WALKV_TOKEN``, never the command line, where
+other users could see it in the process list; ``--tls-ca`` names the CA
+bundle that signed the server's certificate); DIR is the replica's own
 directory (created, or reopened: it goes on from what it applied).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
+from typing import Any
 
-from kvstore.cli.common import EXIT_OK, AddCommand
+from kvstore.cli.common import EXIT_OK, AddCommand, CliError
 from kvstore.cli.progress import Reporter
 from kvstore.replica.replica import Replica, open_replica
+
+TOKEN_VARIABLE = "WALKV_TOKEN"
 
 
 def add_commands(add: AddCommand) -> None:
@@ -29,7 +37,10 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
                    help="seconds between lag lines (default 1)")
     p.add_argument("--poll", type=float, default=None, metavar="S",
-                   help="seconds between looks at an idle source (default: 0.002 for a store, 1 for an archive)")
+                   help="seconds between looks at an idle source (default: 0.002 for a store, 0.01 for a server, "
+                        "1 for an archive)")
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="for an https:// SOURCE: the CA bundle that signed its certificate (the token: $WALKV_TOKEN)")
 
 
 def _lag_line(rep: Replica) -> str:
@@ -43,6 +54,16 @@ def _lag_line(rep: Replica) -> str:
     return text
 
 
+def server_options(source: str, tls_ca: str | None = None) -> dict[str, Any]:
+    """``token`` (from ``$WALKV_TOKEN``) and ``verify`` for a served SOURCE (an
+    http(s) URL); nothing for a store or an archive."""
+    if not source.lower().startswith(("http://", "https://")):
+        if tls_ca is not None:
+            raise CliError(f"--tls-ca is for an https:// SOURCE, not {source}", code=2)
+        return {}
+    return {"token": os.environ.get(TOKEN_VARIABLE) or None, "verify": tls_ca if tls_ca is not None else True}
+
+
 def cmd_replica(args: argparse.Namespace, rep_: Reporter) -> int:
     stop = threading.Event()
 
@@ -51,7 +72,8 @@ def cmd_replica(args: argparse.Namespace, rep_: Reporter) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with open_replica(args.source, args.dir, poll_interval=args.poll) as rep:
+        with open_replica(args.source, args.dir, poll_interval=args.poll, **server_options(args.source, args.tls_ca)
+                          ) as rep:
             print(f"walkv: replica {rep.path} of {rep.source.name} (SIGINT or SIGTERM stops)", file=sys.stderr,
                   flush=True)
             shown = ""

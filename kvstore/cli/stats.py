@@ -97,6 +97,7 @@ def _lmdb_files(layout: StoreLayout) -> dict[str, Any]:
 def _replica_stats(layout: StoreLayout) -> dict[str, Any]:
     """What a replica's directory says (module docstring); its applied LSN
     and the lag come from its LMDB, in :func:`cmd_stats`."""
+    from kvstore.cli.replica import server_options
     from kvstore.replica.directory import read_record
     from kvstore.replica.source import open_source
 
@@ -106,7 +107,7 @@ def _replica_stats(layout: StoreLayout) -> dict[str, Any]:
                                "follower_pid": _lock_holder(layout.lock_path)}
     out: dict[str, Any] = {"path": layout.root, "store_id": rec.get("store_id"), "replica": replica}
     try:
-        src = open_source(source)
+        src = open_source(source, **server_options(source))
         try:
             if src.store_id != rec.get("store_id"):
                 raise WalkvError(f"{source} now holds store {src.store_id}, not {rec.get('store_id')}")

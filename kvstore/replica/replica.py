@@ -49,7 +49,7 @@ from collections.abc import Generator, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from kvstore.entry.codec import decode
-from kvstore.layout import LMDB_DIR
+from kvstore.layout import LMDB_DIR, SNAPSHOTS_DIR
 from kvstore.replica import directory
 from kvstore.replica.promote import promote
 from kvstore.replica.served import ServedState
@@ -59,7 +59,7 @@ from kvstore.state.lookups import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery
 from kvstore.watch import watcher as watching
-from wal.errors import ClosedError, LogGapError, ReplicaError, ReplicaLagError, WalkvError
+from wal.errors import ClosedError, LogGapError, ReplicaError, ReplicaLagError, SourceGoneError, WalkvError
 from wal.fs import OS_FS
 from wal.lock import DirectoryLock
 
@@ -243,8 +243,9 @@ class Replica(Lookups):
         directory only (an archive is not a log directory)."""
         self._check_open()
         if self.source.wal_dir is None or self.source.snapshots_dir is None:
-            raise ReplicaError(f"the replica {self.path} follows the archive {self.source.name}; "
-                               "watch a replica of a store directory (or the store itself)")
+            raise ReplicaError(f"the replica {self.path} follows {self.source.name}, not a store directory; "
+                               "watch a replica of a store directory, or the store itself (a served one: "
+                               "kvstore.connect(url).watch())")
         src = watching.Source(self.source.wal_dir, self.source.snapshots_dir, lambda: self.applied_lsn,
                               self._hub, polls=False)
         return watching.Watcher(src, prefix, start=start, stop=stop, from_lsn=from_lsn, timeout=timeout,
@@ -319,6 +320,8 @@ class Replica(Lookups):
                     return self.applied_lsn
             except (LogGapError, _SourceBehind) as exc:
                 self._rebuild_live(str(exc))
+            except SourceGoneError:  # its fence found it gone: what was applied is all there is
+                return self.applied_lsn
 
     def _stop_following(self) -> None:
         self._stop.set()
@@ -371,13 +374,17 @@ class _SourceBehind(WalkvError):
 
 
 def open_replica(source: Any, path: str | os.PathLike[str], *, poll_interval: float | None = None,
-                 map_size: int = DEFAULT_MAP_SIZE, max_readers: int = 1024) -> Replica:
-    """A replica of ``source`` (a store directory, or an archive: a URI, a
-    ``(filesystem, path)`` pair or a local archive directory) at ``path``
-    (created, or reopened). ``poll_interval``: seconds between looks at the
-    source when it had nothing new (default: 2 ms for a store, 1 s for an
-    archive)."""
-    src = open_source(source)
+                 map_size: int = DEFAULT_MAP_SIZE, max_readers: int = 1024, token: str | None = None,
+                 verify: bool | str = True) -> Replica:
+    """A replica of ``source`` (a store directory; an archive: a URI, a
+    ``(filesystem, path)`` pair or a local archive directory; or a served
+    store: an ``http://`` or ``https://`` URL, with the bearer ``token`` of a
+    ``read`` role and ``verify``, TLS verification: True, False or a CA
+    bundle's path) at ``path`` (created, or reopened). ``poll_interval``:
+    seconds between looks at the source when it had nothing new (default:
+    2 ms for a store, 10 ms for a server, 1 s for an archive)."""
+    src = open_source(source, token=token, verify=verify,
+                      download_dir=os.path.join(os.path.abspath(os.fspath(path)), SNAPSHOTS_DIR))
     try:
         return Replica(src, path, poll_interval=poll_interval, map_size=map_size, max_readers=max_readers)
     except BaseException:

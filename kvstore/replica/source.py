@@ -18,6 +18,12 @@ from, and a fence for :meth:`kvstore.replica.replica.Replica.promote`.
   poll interval is a second), read with :meth:`ArchiveReader.read_entries`
   (whole objects); snapshots from the archive. Its fence is the archive's
   lease: a live archiver still ships the source.
+* :class:`kvstore.replica.http_source.HttpSource`, a store served over HTTP
+  (``http://`` or ``https://``; :mod:`kvstore.server`): bounded by the
+  server's durable LSN, read through its log and snapshot endpoints. Its
+  fence is that nothing answers at the URL any more; after it the source is
+  gone, and reading it raises :class:`~wal.errors.SourceGoneError` (promote
+  keeps what the replica applied).
 """
 
 from __future__ import annotations
@@ -185,11 +191,21 @@ class ArchiveSource:
         pass
 
 
-def open_source(location: Any) -> ReplicaSource:
-    """The source at ``location``: a local directory holding a store's log
-    is a :class:`StoreSource`; anything else (a URI, a ``(filesystem,
-    path)`` pair, a directory holding an ``ARCHIVE`` object) an
-    :class:`ArchiveSource`."""
+def open_source(location: Any, *, token: str | None = None, verify: bool | str = True,
+                download_dir: str | None = None) -> ReplicaSource:
+    """The source at ``location``: an ``http://`` or ``https://`` URL is a
+    served store (:class:`~kvstore.replica.http_source.HttpSource`, with the
+    bearer ``token``, ``verify``: TLS verification as httpx takes it, True, False
+    or a CA bundle's path, and ``download_dir`` for snapshots); a local
+    directory holding a store's log is a :class:`StoreSource`; anything else
+    (a URI, a ``(filesystem, path)`` pair, a directory holding an ``ARCHIVE``
+    object) an :class:`ArchiveSource`."""
+    if isinstance(location, str) and location.lower().startswith(("http://", "https://")):
+        from kvstore.replica.http_source import HttpSource
+
+        return HttpSource(location, token=token, verify=verify, download_dir=download_dir)
+    if token is not None or verify is not True:
+        raise ValueError(f"token= and verify= are for a served store (an http:// or https:// URL), not {location!r}")
     if isinstance(location, (str, os.PathLike)):
         path = os.fspath(location)
         if "://" not in path and not os.path.exists(os.path.join(path, ARCHIVE_NAME)):
