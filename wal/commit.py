@@ -150,14 +150,8 @@ class GroupCommit:
         m.acquire()
         if self._leading or self._queue:
             return self._submit_queued(payloads, contexts)  # releases the mutex
-        try:
-            self._check()
-        except BaseException:
-            m.release()
-            raise
-        first = self.next_lsn
+        first = self._take_lsns(len(payloads))
         last = first + len(payloads) - 1
-        self.next_lsn = last + 1
         self._leading = True
         m.release()
         error: BaseException | None = None
@@ -175,6 +169,18 @@ class GroupCommit:
             self.acked_lsn = last
             self._leading = False
             m.release()
+        return first
+
+    def _take_lsns(self, count: int) -> int:
+        """Mutex held: the first of ``count`` LSNs handed out in order, or the
+        log's refusal (closed, failed; the mutex released)."""
+        try:
+            self._check()
+        except BaseException:
+            self.mutex.release()
+            raise
+        first = self.next_lsn
+        self.next_lsn = first + count
         return first
 
     def _after_direct(self, first: int, last: int, error: BaseException | None) -> None:
@@ -196,13 +202,11 @@ class GroupCommit:
         try:
             while self._frozen:
                 self._thawed.wait()
-            self._check()
         except BaseException:
             m.release()
             raise
-        first = self.next_lsn
+        first = self._take_lsns(len(payloads))
         last = first + len(payloads) - 1
-        self.next_lsn = last + 1
         if len(payloads) == 1:
             self._queue.append(payloads[0])
             self._contexts.append(contexts[0])
