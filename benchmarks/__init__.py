@@ -68,9 +68,9 @@ def run(quick: bool = False, only: Iterable[str] | str | None = None, repeats: i
     ``"spark"``), a list or a comma-separated string; slow workloads (Spark)
     run only when named. ``repeats``: alternating repeats per contender
     (default 3, 2 with ``quick``). ``duration``: seconds per time-boxed run
-    (default 5, 0.5 with ``quick``). ``pure``: after each workload, its walkv
-    side again interpreted (``WALKV_PURE=1``) in a child process, reported as
-    the contender ``walkv-pure`` (:mod:`benchmarks.pure`).
+    (default 5, 0.5 with ``quick``). ``pure``: one more contender per workload,
+    its walkv side interpreted (``WALKV_PURE=1``) in a child process per repeat,
+    ``walkv-pure`` (:mod:`benchmarks.pure`).
     """
     from benchmarks import machine, report
 
@@ -96,12 +96,12 @@ def run(quick: bool = False, only: Iterable[str] | str | None = None, repeats: i
     }
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out["machine"]["bench_dir_same_fs_as_repo"] = os.stat(bench_dir).st_dev == os.stat(repo).st_dev
+    if pure:
+        from benchmarks.pure import with_pure_twin
+
+        chosen = [with_pure_twin(w, cfg) for w in chosen]
     for w in chosen:
         out["workloads"].append(run_workload(w, cfg))
-        if pure:
-            from benchmarks.pure import add_pure_twin
-
-            add_pure_twin(out["workloads"][-1], w, cfg)
     out["elapsed_seconds"] = round(time.perf_counter() - started, 1)
     if hasattr(os, "getloadavg"):
         out["machine"]["load_avg_end"] = os.getloadavg()  # others' work on a shared machine

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain", action="store_true", help="plain-text table even if rich is there")
     parser.add_argument("--walkv-alone", action="store_true", help=argparse.SUPPRESS)  # --pure's child
     parser.add_argument("--pure", action="store_true",
-                        help="after each workload, walkv's side again interpreted (WALKV_PURE=1) in a child "
-                             "process: the compiled/pure ratio (benchmarks.pure)")
+                        help="one more contender per workload: walkv interpreted (WALKV_PURE=1) in a child "
+                             "process per repeat, for the compiled/pure ratio (benchmarks.pure)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     parser.add_argument("--scale", metavar="SIZES",

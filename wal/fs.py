@@ -51,7 +51,7 @@ class File:
         self.path = path
         self.fd = fd
 
-    def pwrite(self, data: bytes, offset: int) -> None:
+    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
         """Write all of ``data`` at ``offset`` (short writes are retried)."""
         n = os.pwrite(self.fd, data, offset)
         if n == len(data):
@@ -137,7 +137,7 @@ class FileSystem:
         flags |= getattr(os, "O_CLOEXEC", 0)
         return File(path, os.open(path, flags, self.file_mode))
 
-    def write_file(self, path: str, data: bytes) -> None:
+    def write_file(self, path: str, data: bytes | bytearray | memoryview) -> None:
         """Create (or replace) ``path`` with ``data`` and fsync it. Not atomic:
         callers write to a temporary name and :meth:`rename`."""
         f = self.open(path, create=True)
