@@ -19,18 +19,16 @@ db.bounds()``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
-from kvstore.client.events import BACKOFF, END, RECONNECTS, EventParser, Resumption
+from kvstore.client.events import AsyncRemoteWatcher, Resumption
 from kvstore.client.http import AsyncHttp, Cert, Verify
 from kvstore.client.remote import ops_request, read_key, scan_params, settle, watch_params
 from kvstore.client.wire import (
     MAX_GET_MANY,
     ConditionFailed,
     NotFound,
-    ServerUnavailable,
     b64_or_none,
     b64decode,
     b64encode,
@@ -38,68 +36,7 @@ from kvstore.client.wire import (
 )
 from kvstore.entry.codec import as_bytes, check_key, check_range, check_value
 from kvstore.store.aio import AsyncTransaction, AsyncWriteBatch
-from kvstore.watch.watcher import Change
 from wal.errors import ClosedError
-
-
-class AsyncRemoteWatcher:
-    """``async for change in db.watch(...)``: as the sync client's
-    :class:`~kvstore.client.remote.RemoteWatcher` (resumes after a broken connection)."""
-
-    def __init__(self, http: AsyncHttp, path: str, resumption: Resumption) -> None:
-        self._http = http
-        self._path = path
-        self._position = resumption
-        self._closed = False
-        self._gen = self._run()
-
-    def __aiter__(self) -> "AsyncRemoteWatcher":
-        return self
-
-    async def __anext__(self) -> Change:
-        return await self._gen.__anext__()
-
-    async def _run(self) -> AsyncGenerator[Change, None]:
-        failures = 0
-        while not self._closed:
-            position = self._position
-            position.delivered = False
-            try:
-                async with self._http.stream("GET", self._path, params=position.params()) as response:
-                    parser = EventParser()
-                    async for line in response.aiter_lines():
-                        event = parser.feed(line)
-                        if event is None:
-                            continue
-                        out = position.handle(event)
-                        if out is END:
-                            return
-                        if isinstance(out, Change):
-                            failures = 0
-                            yield out
-            except ServerUnavailable:
-                if self._closed:
-                    return
-                if not position.delivered:
-                    failures += 1
-                if failures >= RECONNECTS:
-                    raise
-                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
-                continue
-            failures += 1
-            if failures >= RECONNECTS:
-                raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
-            await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
-
-    async def aclose(self) -> None:
-        self._closed = True
-        await self._gen.aclose()
-
-    async def __aenter__(self) -> "AsyncRemoteWatcher":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class AsyncRemoteStore:

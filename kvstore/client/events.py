@@ -8,16 +8,20 @@ of the last change (its batch is sent whole again) skipping the ``index``es
 already delivered, or after the last progress LSN. So a broken connection
 costs neither a lost nor a repeated change. A ``gap`` or ``error`` event
 raises the error it carries; ``end`` ends the iteration.
+:class:`RemoteWatcher` and :class:`AsyncRemoteWatcher` are the clients'
+iterators over such a stream (``db.watch``, a subscription's events).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from kvstore.client.http import Params
-from kvstore.client.wire import change_from_json, error_from_json
+from kvstore.client.http import AsyncHttp, Http, Params
+from kvstore.client.wire import ServerUnavailable, change_from_json, error_from_json
 from kvstore.watch.watcher import PROGRESS, Change
 
 RECONNECTS = 5
@@ -94,3 +98,140 @@ class Resumption:
         self.from_lsn = change.lsn
         self.delivered = True
         return change
+
+
+class RemoteWatcher:
+    """Changes from a stream (``/v1/watch`` or a subscription's events), as
+    :class:`kvstore.watch.Watcher` yields them; reconnects after a broken
+    connection where it stopped (:mod:`kvstore.client.events`)."""
+
+    def __init__(self, http: Http, path: str, resumption: Resumption) -> None:
+        self._http = http
+        self._path = path
+        self._position = resumption
+        self._closed = False
+        self._gen: Iterator[Change] | None = None
+        self._response: Any = None
+
+    def __iter__(self) -> "RemoteWatcher":
+        return self
+
+    def __next__(self) -> Change:
+        if self._gen is None:
+            self._gen = self._run()
+        return next(self._gen)
+
+    def _run(self) -> Generator[Change, None, None]:
+        failures = 0
+        while not self._closed:
+            position = self._position
+            position.delivered = False
+            try:
+                with self._http.stream("GET", self._path, params=position.params()) as response:
+                    self._response = response
+                    parser = EventParser()
+                    for line in response.iter_lines():
+                        if self._closed:  # closed from another thread before the response was there to close
+                            return
+                        event = parser.feed(line)
+                        if event is None:
+                            continue
+                        out = position.handle(event)
+                        if out is END:
+                            return
+                        if isinstance(out, Change):
+                            failures = 0
+                            yield out
+            except ServerUnavailable:
+                if self._closed:
+                    return
+                if not position.delivered:
+                    failures += 1
+                if failures >= RECONNECTS:
+                    raise
+                time.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+                continue
+            finally:
+                self._response = None
+            if self._closed:
+                return
+            failures += 1  # the server ended the stream without saying why (it is stopping)
+            if failures >= RECONNECTS:
+                raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
+            time.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+
+    def close(self) -> None:
+        """Stop: the iteration ends."""
+        self._closed = True
+        response = self._response
+        if response is not None:
+            try:
+                response.close()
+            except Exception:  # noqa: BLE001 - closing from another thread may race the reader
+                pass
+
+    def __enter__(self) -> "RemoteWatcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncRemoteWatcher:
+    """``async for change in db.watch(...)``: as the sync client's
+    :class:`~kvstore.client.remote.RemoteWatcher` (resumes after a broken connection)."""
+
+    def __init__(self, http: AsyncHttp, path: str, resumption: Resumption) -> None:
+        self._http = http
+        self._path = path
+        self._position = resumption
+        self._closed = False
+        self._gen = self._run()
+
+    def __aiter__(self) -> "AsyncRemoteWatcher":
+        return self
+
+    async def __anext__(self) -> Change:
+        return await self._gen.__anext__()
+
+    async def _run(self) -> AsyncGenerator[Change, None]:
+        failures = 0
+        while not self._closed:
+            position = self._position
+            position.delivered = False
+            try:
+                async with self._http.stream("GET", self._path, params=position.params()) as response:
+                    parser = EventParser()
+                    async for line in response.aiter_lines():
+                        event = parser.feed(line)
+                        if event is None:
+                            continue
+                        out = position.handle(event)
+                        if out is END:
+                            return
+                        if isinstance(out, Change):
+                            failures = 0
+                            yield out
+            except ServerUnavailable:
+                if self._closed:
+                    return
+                if not position.delivered:
+                    failures += 1
+                if failures >= RECONNECTS:
+                    raise
+                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+                continue
+            failures += 1
+            if failures >= RECONNECTS:
+                raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
+            await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._gen.aclose()
+
+    async def __aenter__(self) -> "AsyncRemoteWatcher":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -26,17 +26,15 @@ one LSN instead), ``write(payload)``, and the store's files.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from typing import Any
 
-from kvstore.client.events import BACKOFF, END, RECONNECTS, EventParser, Resumption
+from kvstore.client.events import RemoteWatcher, Resumption
 from kvstore.client.http import Cert, Http, Verify
 from kvstore.client.wire import (
     MAX_GET_MANY,
     ConditionFailed,
     NotFound,
-    ServerUnavailable,
     b64_or_none,
     b64decode,
     b64encode,
@@ -58,7 +56,7 @@ from kvstore.state.readers import Lookups
 from kvstore.store import txn
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch.consumers import SubscriptionInfo
-from kvstore.watch.watcher import ON_GAP, Change
+from kvstore.watch.watcher import ON_GAP
 from wal.errors import ClosedError
 
 _CONDITIONS = {OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT}
@@ -110,81 +108,6 @@ def watch_params(prefix: bytes | None, start: bytes | None, stop: bytes | None, 
     return {"prefix": _key_or_none(prefix, "prefix"), "start": _key_or_none(start, "start"),
             "stop": _key_or_none(stop, "stop"), "timeout": timeout, "progress_every": progress_every,
             "on_gap": on_gap}
-
-
-class RemoteWatcher:
-    """Changes from a stream (``/v1/watch`` or a subscription's events), as
-    :class:`kvstore.watch.Watcher` yields them; reconnects after a broken
-    connection where it stopped (:mod:`kvstore.client.events`)."""
-
-    def __init__(self, http: Http, path: str, resumption: Resumption) -> None:
-        self._http = http
-        self._path = path
-        self._position = resumption
-        self._closed = False
-        self._gen: Iterator[Change] | None = None
-        self._response: Any = None
-
-    def __iter__(self) -> "RemoteWatcher":
-        return self
-
-    def __next__(self) -> Change:
-        if self._gen is None:
-            self._gen = self._run()
-        return next(self._gen)
-
-    def _run(self) -> Generator[Change, None, None]:
-        failures = 0
-        while not self._closed:
-            position = self._position
-            position.delivered = False
-            try:
-                with self._http.stream("GET", self._path, params=position.params()) as response:
-                    self._response = response
-                    parser = EventParser()
-                    for line in response.iter_lines():
-                        event = parser.feed(line)
-                        if event is None:
-                            continue
-                        out = position.handle(event)
-                        if out is END:
-                            return
-                        if isinstance(out, Change):
-                            failures = 0
-                            yield out
-            except ServerUnavailable:
-                if self._closed:
-                    return
-                if not position.delivered:
-                    failures += 1
-                if failures >= RECONNECTS:
-                    raise
-                time.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
-                continue
-            finally:
-                self._response = None
-            if self._closed:
-                return
-            failures += 1  # the server ended the stream without saying why (it is stopping)
-            if failures >= RECONNECTS:
-                raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
-            time.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
-
-    def close(self) -> None:
-        """Stop: the iteration ends."""
-        self._closed = True
-        response = self._response
-        if response is not None:
-            try:
-                response.close()
-            except Exception:  # noqa: BLE001 - closing from another thread may race the reader
-                pass
-
-    def __enter__(self) -> "RemoteWatcher":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class RemoteSubscription(RemoteWatcher):
