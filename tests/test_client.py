@@ -281,25 +281,24 @@ def test_tokens_file_roles_and_what_each_may_do(tmp_path) -> None:
 
 def test_walkv_serve_says_where_it_listens_and_sigterm_closes_the_store_cleanly(tmp_path) -> None:
     store = str(tmp_path / "s")
-    proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", store, "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert "listening on http://127.0.0.1:" in line
-        url = line.split("listening on ", 1)[1].strip()
-        r = httpx.put(url + "/v1/kv/a%2Fb", content=b"hello")
-        assert r.status_code == 200 and r.json() == {"lsn": 1}
-        r = httpx.get(url + "/v1/kv/a%2Fb")
-        assert (r.content, r.headers["Walkv-Lsn"], r.headers["content-type"]) == (
-            b"hello", "1", "application/octet-stream")
-        assert httpx.get(url + "/v1/kv/a").status_code == 404
-        assert httpx.get(url + "/metrics").text.count("walkv_last_lsn{") == 1
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", store, "--listen", "127.0.0.1:0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT) as proc:
+        try:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert "listening on http://127.0.0.1:" in line
+            url = line.split("listening on ", 1)[1].strip()
+            r = httpx.put(url + "/v1/kv/a%2Fb", content=b"hello")
+            assert r.status_code == 200 and r.json() == {"lsn": 1}
+            r = httpx.get(url + "/v1/kv/a%2Fb")
+            assert (r.content, r.headers["Walkv-Lsn"], r.headers["content-type"]) == (
+                b"hello", "1", "application/octet-stream")
+            assert httpx.get(url + "/v1/kv/a").status_code == 404
+            assert httpx.get(url + "/metrics").text.count("walkv_last_lsn{") == 1
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     with kvstore.open(store) as db:  # closed cleanly: nothing to replay
         assert db.get(b"a/b") == b"hello" and db.replayed == 0
 

@@ -119,9 +119,11 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
         await stop.wait()
         server.close()  # stop accepting
     finally:
-        for sig in handled:
-            loop.remove_signal_handler(sig)
-        await runner.cleanup()  # streams end, requests in flight finish (bounded), the store closes
+        try:  # a second SIGTERM/SIGINT meanwhile sets the event again: a no-op (the drain is bounded)
+            await runner.cleanup()  # streams end, requests in flight finish (bounded), the store closes
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
 
 
 def serve(db: KVStore | AsyncKVStore | str | os.PathLike[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT,
