@@ -35,10 +35,11 @@ from kvstore.entry.codec import (
     CONDITION_CODES,
     OP_DELETE,
     OP_DELETE_RANGE,
+    OP_EXPIRE,
     OP_FAILED,
-    OP_PUT,
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
+    PUT_CODES,
     pack_ops,
 )
 
@@ -82,9 +83,9 @@ class GroupSoFar:
     def write(self, ops: Ops) -> None:
         for op in ops:
             code = op[0]
-            if code == OP_PUT:
+            if code in PUT_CODES:
                 self._values[op[1]] = op[2]
-            elif code == OP_DELETE:
+            elif code == OP_DELETE or code == OP_EXPIRE:
                 self._values[op[1]] = None
             elif code == OP_DELETE_RANGE:
                 start, end = op[1], op[2]

@@ -19,7 +19,8 @@ The options, and why:
   disk filled asks only for what it has. :meth:`kvstore.state.environment.Environment.grow`
   grows it later in bounded steps that fit the free space
   (:func:`grow_size`).
-* ``max_dbs=2``: the main database (walkv's bookkeeping) and ``data``.
+* ``max_dbs=8``: the main database (walkv's bookkeeping), ``data`` and the
+  expiry metadata's five (:mod:`kvstore.state.expiry`).
 
 Stale readers: LMDB never reuses the pages an open read transaction may
 see, and a reader whose process died (SIGKILL in the middle of a scan)
@@ -74,7 +75,7 @@ def open_env(path: str, *, readonly: bool, map_size: int, writemap: bool,
         env = lmdb.open(
             path, map_size=size, subdir=True, readonly=readonly,
             metasync=False, sync=False, writemap=writemap,
-            map_async=False, max_dbs=2, max_readers=max_readers,
+            map_async=False, max_dbs=8, max_readers=max_readers,
             max_spare_txns=16, lock=True, mode=0o600, create=not readonly,
             readahead=False,
         )

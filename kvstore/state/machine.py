@@ -9,6 +9,8 @@ Inside the environment:
 
 * the named database ``data`` holds the user's keys and values, as given
   (LMDB's byte order: memcmp, shorter first);
+* the named databases ``ttl:...`` and ``lease:...`` hold each key's expiry
+  and the leases (:mod:`kvstore.state.expiry`);
 * walkv's bookkeeping are plain keys of LMDB's main (unnamed) database, beside
   the record of ``data``. (Keeping them there rather than in a second named
   database saves a page copy per write transaction: the main database's leaf
@@ -55,15 +57,17 @@ import logging
 import operator
 import struct
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from functools import partial
 from itertools import islice
 from typing import Any, NamedTuple
 
 import lmdb
 
 from kvstore.entry import conditions
-from kvstore.entry.codec import NO_WRITE_CODES, OP_DELETE, OP_PUT
+from kvstore.entry.codec import EXPIRY_CODES, NO_WRITE_CODES, OP_DELETE, OP_EXPIRE, OP_PUT, PUT_CODES, as_bytes
 from kvstore.state.environment import K_APPLIED, Environment
+from kvstore.state.expiry import Expiry
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView, scan
@@ -149,10 +153,15 @@ class State:
         # The read path, chosen once (kvstore/state/reads.py). Its get and
         # get_many are exposed as they are, bound methods rather than State
         # methods that call them, so that a get costs no extra Python call:
-        # the store calls state.get once per user get.
-        reads = FreshReads(self.lmdb) if readonly else CachedReads(self.lmdb, self.overlay)
+        # the store calls state.get once per user get. While a key has an
+        # expiry they are swapped for the ones that check it (_reads_for_expiry).
+        self.expiry = Expiry(self.lmdb.env, readonly=readonly)
+        self.now_us: Callable[[], int] = lambda: time.time_ns() // 1000
+        """The clock reads compare expiry instants with (the store sets its own)."""
+        self._reads = reads = FreshReads(self.lmdb) if readonly else CachedReads(self.lmdb, self.overlay)
         self.get = reads.get
         self.get_many = reads.get_many
+        self._reads_for_expiry()
         if self.use_overlay:
             self.overlay.start(self.flush)
 
@@ -250,7 +259,10 @@ class State:
             self.puts += len(flat)
         else:
             self._count(flat)
-        if self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
+        if self.expiry.keys or not codes.isdisjoint(EXPIRY_CODES):
+            self._write_through(flat, last, 0, puts_only=False, expiry=True)
+            self._reads_for_expiry()
+        elif self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
             full = bool(flat) and self.overlay.add(flat, last)
             self.applied_lsn = last
             if full:
@@ -288,14 +300,15 @@ class State:
     def _count(self, ops: Ops) -> None:
         for op in ops:
             code = op[0]
-            if code == OP_PUT:
+            if code in PUT_CODES:
                 self.puts += 1
-            elif code == OP_DELETE:
+            elif code == OP_DELETE or code == OP_EXPIRE:
                 self.deletes += 1
-            else:
+            elif code not in EXPIRY_CODES:
                 self.delete_ranges += 1
 
-    def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool) -> None:
+    def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool,
+                       expiry: bool = False) -> None:
         """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
         overlay holds, in one write transaction."""
         overlay = self.overlay
@@ -307,7 +320,9 @@ class State:
             def write(txn: lmdb.Transaction) -> None:
                 if frozen is not None:
                     write_values(txn, frozen[0])
-                if puts_only:
+                if expiry:
+                    self.expiry.apply(txn, ops, self.lmdb.data_db)
+                elif puts_only:
                     put_run(txn, ops)
                 else:
                     apply_ops(txn, ops)
@@ -345,7 +360,7 @@ class State:
         """A consistent view of the state (:class:`kvstore.state.view.View`): of
         LMDB, once the overlay is flushed into it."""
         self.flush()
-        return View(self.lmdb, max_seconds)
+        return View(self.lmdb, max_seconds, alive=self._alive if self._expiring() else None)
 
     def read_view(self) -> ReadView:
         """The state at one LSN, from one read transaction: ``.lsn``,
@@ -356,15 +371,82 @@ class State:
         return ReadView(self.lmdb)
 
     def count(self) -> int:
+        """The number of keys (expired ones not swept yet left out)."""
         self.flush()
         data = self.lmdb.data_db
-        return self.lmdb.read(lambda txn: txn.stat(data)["entries"])
+        if not self._expiring():
+            return self.lmdb.read(lambda txn: txn.stat(data)["entries"])
+        now = self.now_us()
+        return self.lmdb.read(lambda txn: txn.stat(data)["entries"] - self.expiry.expired_keys(txn, now))
 
     def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
              ) -> Generator[tuple[bytes, bytes], None, None]:
         """See :func:`kvstore.state.readers.scan` (which flushes the overlay
-        before each snapshot it takes)."""
-        return scan(self.lmdb, self.flush, lo, hi, reverse)
+        before each snapshot it takes); expired keys left out."""
+        pairs = scan(self.lmdb, self.flush, lo, hi, reverse)
+        return self._alive_pairs(pairs) if self._expiring() else pairs
+
+    # -- expiry (kvstore/state/expiry.py) ---------------------------------------
+
+    def _expiring(self) -> bool:
+        """Whether reads must check expiry: a key has one (a read-only open
+        cannot tell, so it checks whenever the metadata exists)."""
+        return self.expiry.keys > 0 or (self.readonly and self.expiry.present)
+
+    def _reads_for_expiry(self) -> None:
+        """Point :attr:`get` and :attr:`get_many` at the plain read path, or
+        at the one that checks expiry while a key has one."""
+        if self._expiring():
+            if self.get != self._get_alive:
+                self.get, self.get_many = self._get_alive, self._get_many_alive
+        elif self.get != self._reads.get:
+            self.get, self.get_many = self._reads.get, self._reads.get_many
+
+    def _alive(self, txn: lmdb.Transaction, key: bytes) -> bool:
+        return self.expiry.alive(txn, "", key, self.now_us())
+
+    def _get_alive(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """A get that finds a key expired at ``now_us()`` absent: its value
+        and its expiry from one read transaction (the overlay is empty while
+        keys have an expiry: every group is written through)."""
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        self.flush()
+        now = self.now_us()
+        data = self.lmdb.data_db
+        expiry = self.expiry
+
+        def read(txn: lmdb.Transaction) -> bytes | None:
+            try:
+                v = txn.get(key, db=data)
+            except lmdb.BadValsizeError:
+                return None  # an empty or over-long key: no such key can exist
+            return v if v is None or expiry.alive(txn, "", key, now) else None  # type: ignore[return-value]
+        v = self._reads.run(read)
+        return default if v is None else v
+
+    def _get_many_alive(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
+        return [self._get_alive(k, default) for k in keys]
+
+    def _alive_pairs(self, pairs: Iterator[tuple[bytes, bytes]]) -> Generator[tuple[bytes, bytes], None, None]:
+        """``pairs`` without the keys expired when each chunk of them is checked."""
+        while True:
+            chunk = list(islice(pairs, 256))
+            if not chunk:
+                return
+            yield from self.lmdb.read(partial(self._alive_in, chunk, self.now_us()))
+
+    def _alive_in(self, pairs: list[tuple[bytes, bytes]], now_us: int, txn: lmdb.Transaction
+                  ) -> list[tuple[bytes, bytes]]:
+        alive = self.expiry.alive
+        return [kv for kv in pairs if alive(txn, "", kv[0], now_us)]
+
+    def read_expiry(self, fn: Callable[[lmdb.Transaction, Expiry], Any]) -> Any:
+        """``fn(txn, expiry)`` in a fresh read transaction of LMDB (the
+        overlay flushed first): what the store's TTL, lease and sweep
+        questions read."""
+        self.flush()
+        return self.lmdb.read(lambda txn: fn(txn, self.expiry))
 
     def read_meta_applied(self) -> int:
         """The applied LSN as LMDB holds it now (read-only opens: the

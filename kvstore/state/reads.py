@@ -19,7 +19,8 @@ the overlay first.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import lmdb
 
@@ -33,6 +34,7 @@ GET_MANY_CHUNK = 1024
 """Keys :meth:`CachedReads.get_many` looks up per pass (the writer waits at
 most one pass to hold readers out)."""
 _get_ident = threading.get_ident
+T = TypeVar("T")
 
 
 class CachedReads:
@@ -135,6 +137,27 @@ class CachedReads:
             out.extend(self.get(k, default) for k in chunk)
         return out
 
+    def run(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in this thread's cached read transaction (renewed when
+        a commit happened since): several lookups from one snapshot."""
+        r = self._r0
+        if r.ident != _get_ident():
+            r = self._r0 = self._reader()
+        env = self._env
+        env.gate.announce(r)
+        try:
+            if env.closed:
+                raise env.closed_error()
+            txn = self._renew(r) if r.gen != env.gen or r.txn is None else r.txn
+            r.gets += 1
+            return fn(txn)
+        except lmdb.Error as exc:
+            if env.closed:
+                raise env.closed_error() from None
+            raise read_error(exc, env.path) from None
+        finally:
+            r.busy = False
+
     def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
         """A commit happened since this thread's last read, or a writer holds
         the gate, or the cached transaction died: renew it (announced by the
@@ -196,6 +219,10 @@ class FreshReads:
         except lmdb.Error as exc:
             raise read_error(exc, env.path) from None
         return default if v is None else v
+
+    def run(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in a fresh read transaction."""
+        return self._env.read(fn)
 
     def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
         """The values of ``keys`` (``default`` for absent ones), in order,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from itertools import islice
 
 import lmdb
@@ -78,9 +78,12 @@ class View(Lookups):
     sees: every write up to it, none after."""
 
     __slots__ = ("_state", "_txn", "_error", "busy", "lsn", "_count", "opened", "max_seconds",
-                 "owner", "__weakref__")
+                 "owner", "_alive", "__weakref__")
 
-    def __init__(self, state: ReadSource, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> None:
+    def __init__(self, state: ReadSource, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS, *,
+                 alive: Callable[[lmdb.Transaction, bytes], bool] | None = None) -> None:
+        """``alive(txn, key)``: whether a key present is not expired (None:
+        no key has an expiry; :mod:`kvstore.state.expiry`)."""
         if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or max_seconds <= 0:
             raise ValueError(f"max_seconds must be a positive number, not {max_seconds!r}")
         self._state = state
@@ -89,6 +92,7 @@ class View(Lookups):
         self.busy = False
         self.max_seconds = float(max_seconds)
         self.owner = threading.get_ident()
+        self._alive = alive
         state.views_allowed.wait()  # a remap waiting for views goes first
         state.enter_read()
         try:
@@ -159,7 +163,10 @@ class View(Lookups):
             key = as_bytes(key, "key")
         txn = self._enter()
         try:
-            return txn.get(key, default)  # type: ignore[return-value]  # bytes: never buffers=True
+            v = txn.get(key)
+            if v is None or (self._alive is not None and not self._alive(txn, key)):
+                return default
+            return v  # type: ignore[return-value]  # bytes: never buffers=True
         except lmdb.BadValsizeError:
             return default
         except lmdb.Error as exc:
@@ -191,6 +198,10 @@ class View(Lookups):
                     first = False
                     it = position(txn.cursor(), lo, hi, None, reverse)
                 chunk = list(islice(it, _CHUNK)) if it is not None else []
+                n = len(chunk)
+                alive = self._alive
+                if alive is not None:
+                    chunk = [kv for kv in chunk if alive(txn, kv[0])]
             except lmdb.Error as exc:
                 raise read_error(exc, self._state.path) from None
             finally:
@@ -199,7 +210,7 @@ class View(Lookups):
                 if (kv[0] < lo) if reverse else (hi is not None and kv[0] >= hi):
                     return
                 yield kv
-            if len(chunk) < _CHUNK:
+            if n < _CHUNK:
                 return
 
     # -- lifecycle ----------------------------------------------------------

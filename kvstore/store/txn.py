@@ -22,7 +22,7 @@ which the group's leader fills in before the group is written.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kvstore.entry.codec import (
     OP_DELETE,
@@ -120,7 +120,10 @@ class Transaction(CommitOnExit):
     not hold (None on success).
     """
 
-    def __init__(self, append: Append, max_value: int, max_payload: int) -> None:
+    def __init__(self, append: Append, max_value: int, max_payload: int, expiring: Any = None) -> None:
+        """``expiring``: the store's :class:`kvstore.store.expiring.Expiring`
+        (puts with ``ttl=``/``lease=``)."""
+        self._expiring = expiring
         self._append = append
         self._max_value = max_value
         self._max_payload = max_payload
@@ -149,9 +152,15 @@ class Transaction(CommitOnExit):
         else:
             self._conds.append(Condition(key, ABSENT if absent else PRESENT))
 
-    def put(self, key: bytes, value: bytes) -> None:
-        """Set ``key`` to ``value`` if the transaction succeeds."""
+    def put(self, key: bytes, value: bytes, ttl: float | None = None, lease: Any = None) -> None:
+        """Set ``key`` to ``value`` if the transaction succeeds; ``ttl``/``lease``
+        as :meth:`kvstore.KVStore.put` takes them (a lease not alive at the
+        transaction's place in the log raises
+        :class:`~kvstore.LeaseNotFoundError` at commit; nothing applied)."""
         self._open()
+        if ttl is not None or lease is not None:
+            self._writes.append(self._expiring.put_op(key, value, ttl, lease))
+            return
         self._writes.append([OP_PUT, check_key(key), check_value(value, self._max_value)])
 
     def delete(self, key: bytes) -> None:
@@ -182,6 +191,12 @@ class Transaction(CommitOnExit):
                 f"transaction of {len(ops)} operations is {len(payload)} bytes, over the "
                 f"log's record limit of {self._max_payload} bytes. Nothing was written.")
         self.lsn = self._append(payload, outcome)
+        if self._expiring is not None:
+            try:
+                self._expiring.check(outcome, self.lsn)
+            except WalkvError:
+                self.succeeded = False
+                raise
         failed = decided(outcome, self.lsn) if self._conds else None
         self.succeeded = failed is None
         self.failed_condition = None if failed is None else self._conds[failed]

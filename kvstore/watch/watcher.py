@@ -8,9 +8,10 @@ writers nothing but page cache.
 What it yields: :class:`Change` ``(lsn, time, op, key, value, end_key)``:
 
 * ``op`` is the Spark ``changes`` table's ``_change_type``
-  (``kvstore.entry.codec.UPSERT``/``DELETE``/``DELETE_RANGE``: ``"upsert"``,
-  ``"delete"``, ``"delete_range"``), plus ``"snapshot"`` and ``"progress"``
-  below. A delete_range is ONE change, ``key`` its start and ``end_key`` its
+  (``kvstore.entry.codec.UPSERT``/``DELETE``/``DELETE_RANGE``/``EXPIRE``:
+  ``"upsert"``, ``"delete"``, ``"delete_range"``, ``"expire"`` (a key whose TTL
+  or lease ran out, deleted by the sweeper; :mod:`kvstore.store.expiring`)),
+  plus ``"snapshot"`` and ``"progress"`` below. A delete_range is ONE change, ``key`` its start and ``end_key`` its
   end (as written, not clipped to the watched keys; shown when the range
   meets them). The operations of one batch share its LSN, in batch order.
 * ``time`` is the entry's commit time as an int: microseconds since the Unix
@@ -66,7 +67,7 @@ from typing import Any, NamedTuple
 
 import snapshot
 from kvstore.entry import conditions
-from kvstore.entry.codec import DELETE, DELETE_RANGE, OP_DELETE, OP_PUT, UPSERT, as_bytes, decode
+from kvstore.entry.codec import CHANGE_NAMES, DELETE_RANGE, OP_DELETE_RANGE, PUT_CODES, as_bytes, decode
 from kvstore.watch.log_tail import LogTail
 from wal.errors import ClosedError, LogGapError
 from wal.fs import OS_FS
@@ -82,7 +83,6 @@ several group commits per read instead of one wake-up and one read each:
 watchers share the writers' GIL, and without it 8 watchers cost busy writers
 more than half their throughput (kv.watch.8w). It adds at most this much to
 the delivery latency."""
-_OPS = {OP_PUT: UPSERT, OP_DELETE: DELETE}
 
 
 class Change(NamedTuple):
@@ -285,10 +285,13 @@ class Watcher:
         out = []
         for op in ops:
             code = op[0]
-            if code == OP_PUT or code == OP_DELETE:
+            name = CHANGE_NAMES.get(code)
+            if name is None:  # a lease changed: no key did
+                continue
+            if code != OP_DELETE_RANGE:
                 key = op[1]
                 if key >= lo and (hi is None or key < hi):
-                    out.append(Change(lsn, ts, _OPS[code], key, op[2] if code == OP_PUT else None, None))
+                    out.append(Change(lsn, ts, name, key, op[2] if code in PUT_CODES else None, None))
             else:
                 start, end = op[1], op[2]
                 if start < end and end > lo and (hi is None or start < hi):
