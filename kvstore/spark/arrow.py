@@ -52,10 +52,14 @@ from kvstore.entry.codec import (
     CONDITION_CODES,
     DELETE,
     DELETE_RANGE,
+    EXPIRE,
+    LEASE_CODES,
     OP_DELETE,
     OP_DELETE_RANGE,
+    OP_EXPIRE,
     OP_FAILED,
     OP_PUT,
+    PUT_CODES,
     UPSERT,
 )
 from wal.errors import CorruptionError, Damage
@@ -69,7 +73,7 @@ CHANGES = "changes"
 STATE = "state"
 TABLES = (SNAPSHOT, CHANGES, STATE)
 
-CHANGE_TYPES = (UPSERT, DELETE, DELETE_RANGE)
+CHANGE_TYPES = (UPSERT, DELETE, DELETE_RANGE, EXPIRE)
 
 
 # (name, kind, nullable); kind "K"/"V" become binary or string.
@@ -202,7 +206,8 @@ def state_batch(keys: Sequence[bytes], values: Sequence[bytes], lsns: Sequence[i
 
 # -- change rows -------------------------------------------------------------
 
-_TYPE_NAMES = pa.array(["", UPSERT, DELETE, DELETE_RANGE], pa.string())
+_TYPE_NAMES = pa.array(["", UPSERT, DELETE, DELETE_RANGE] + [""] * (OP_EXPIRE - 4) + [EXPIRE], pa.string())
+"""Change type names by op code (puts with an expiry are shown as code 1)."""
 
 
 def bad_op(lsn: int, index: int, op: Any, path: str | None) -> CorruptionError:
@@ -263,8 +268,12 @@ def change_batches(
                 code = op[0]
                 if code == OP_PUT:
                     key, value, end = op[1], op[2], None
-                elif code == OP_DELETE:
+                elif code in PUT_CODES:  # a put with a TTL or a lease
+                    key, value, end, code = op[1], op[2], None, OP_PUT
+                elif code == OP_DELETE or code == OP_EXPIRE:
                     key, value, end = op[1], None, None
+                elif code in LEASE_CODES:
+                    continue  # a lease changed: no key did
                 elif code == OP_DELETE_RANGE:
                     key, value, end = op[1], None, op[2]
                 elif code in CONDITION_CODES:
@@ -307,10 +316,12 @@ class TailState:
         for i, op in enumerate(ops):
             try:
                 code = op[0]
-                if code == OP_PUT or code == OP_DELETE:
+                if code in PUT_CODES or code == OP_DELETE or code == OP_EXPIRE:
                     key = op[1]
                     if (lo is None or key >= lo) and (hi is None or key < hi):
-                        self.latest[key] = (lsn, i, op[2] if code == OP_PUT else None)
+                        self.latest[key] = (lsn, i, op[2] if code in PUT_CODES else None)
+                elif code in LEASE_CODES:
+                    continue  # a lease changed: no key did
                 elif code == OP_DELETE_RANGE:
                     start, end = op[1], op[2]
                     if start < end and (hi is None or start < hi) and (lo is None or end > lo):

@@ -41,7 +41,16 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 import snapshot
-from kvstore.entry.codec import CONDITION_CODES, OP_DELETE, OP_DELETE_RANGE, OP_FAILED, OP_PUT
+from kvstore.entry.codec import (
+    CONDITION_CODES,
+    LEASE_CODES,
+    OP_DELETE,
+    OP_DELETE_RANGE,
+    OP_EXPIRE,
+    OP_FAILED,
+    OP_PUT,
+    PUT_CODES,
+)
 from kvstore.spark import arrow as sa
 from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles
@@ -175,19 +184,24 @@ def images(files: StoreFiles, opts: Options, p: ImagePartition) -> Iterator[Imag
                             yield Image(key, before, None, lsn, ts, i, False)
                 elif code == OP_FAILED:
                     break  # a conditional batch that failed: nothing of it applies
-                # else: a condition that held changes nothing
+                # else: a condition that held, or a lease op, changes nothing
 
 
 def _parts(op: Any, lsn: int, i: int, shown: str) -> tuple[int, Any, Any]:
-    """``(code, key or start, value or end)`` of one operation; anything
-    that is not a put, delete, range delete, condition or (first) failure
-    marker is damage."""
+    """``(code, key or start, value or end)`` of one operation (a put with
+    an expiry as a put, an expire as a delete); anything that is not a put,
+    delete, range delete, expiry op, condition or (first) failure marker is
+    damage."""
     try:
         code = op[0]
         if code == OP_PUT or code == OP_DELETE_RANGE:
             return code, op[1], op[2]
-        if code == OP_DELETE:
-            return code, op[1], None
+        if code in PUT_CODES:
+            return OP_PUT, op[1], op[2]
+        if code == OP_DELETE or code == OP_EXPIRE:
+            return OP_DELETE, op[1], None
+        if code in LEASE_CODES:
+            return code, None, None
         if code in CONDITION_CODES or (code == OP_FAILED and i == 0):
             return code, None, None
     except (IndexError, TypeError):
