@@ -13,7 +13,11 @@ files; read by :mod:`snapshot.chunk_reader`, written by
     snap = snapshot.open(info.path)                       # .lsn .count .chunks
     for key, value in snap: ...
     for key, value in snap.items(b"a", b"m"): ...
-    snap.verify()
+    snap.verify()                                          # every section
+
+    # named sections beside the default one, each its own sorted run of chunks
+    snapshot.write(parent, lsn, default_pairs, sections={"ks:users": user_pairs})
+    snap.section_names(); snap.section_items("ks:users"); snap.section_chunks("ks:users")
     snapshot.list_snapshots(parent); snapshot.newest(parent)
     snapshot.prune(parent, keep=2); snapshot.cleanup_incomplete(parent)
 

@@ -78,6 +78,7 @@ class ChunkInfo:
     bytes: int
     crc32c: int
     max_record_bytes: int = MAX_RECORD_BYTES  # the limit the chunk was written with (from the manifest)
+    section: str = ""  # the snapshot section it belongs to ("": the default one)
 
 
 def encode_header(index: int, lsn: int) -> bytes:

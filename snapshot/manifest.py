@@ -1,11 +1,12 @@
 """The MANIFEST file: what a snapshot holds, and the proof that it is whole.
 
-Format (version 2; version 1 is read too)::
+Format (version 3 when the snapshot has sections, else version 2, which
+walkv before sections reads too; version 1 is read too)::
 
     MANIFEST := one wal.record record, nothing after it
     payload  := msgpack map, str keys:
       "format"     str  = "walkv-snapshot"
-      "version"    int  = 2
+      "version"    int  = 2, or 3 when "sections" is there
       "lsn"        int  the LSN the snapshot is consistent at (0 <= lsn < 2**64)
       "store_id"   str | nil   the store it was taken from (the log's store id)
       "created_us" int  creation time, unix microseconds
@@ -14,7 +15,12 @@ Format (version 2; version 1 is read too)::
       "max_record_bytes" int  the largest data record the chunks may hold
                        (version 2; version 1 manifests state none, and their
                        chunks hold records of at most 64 MiB)
-      "chunks"     array, in key order, of maps:
+      "sections"   array of str (version 3): the named sections, sorted,
+                   distinct, each 1..100 characters; a section with no
+                   pairs is listed and has no chunks
+      "chunks"     array, in (section, key) order, of maps:
+          "section"   str  (version 3; absent = "", the default section)
+                      the section the chunk belongs to, one of "sections"
           "name"      str  chunk file name, a plain name inside the directory
           "first_key" bin  "last_key" bin   the chunk's key range (inclusive)
           "records"   int  data records (the header record not counted), >= 1
@@ -40,8 +46,16 @@ Rules, and the reason for each:
   never more than :data:`~wal.record.MAX_RECORD_LIMIT` (1 GiB: a manifest
   claiming more is corruption). Version 2 added it, so a walkv that reads
   only version 1 says "upgrade" rather than calling large records damage.
+* Sections are named sorted maps beside the default one (the store keeps
+  a keyspace or its own metadata in one): each is its own sorted run of
+  chunks, so key order and disjointness are checked within a section, and
+  a reader of the default section never sees another's pairs. A snapshot
+  with sections is version 3 because a reader that ignored the unknown
+  "section" key would read every section's pairs as the default section's;
+  one without sections stays version 2, readable by walkv before sections.
+  "count" and "bytes" total every section.
 * Unknown keys are ignored, so optional fields can be added without a
-  version change; a version above 2 is refused with
+  version change; a version above 3 is refused with
   :class:`~wal.errors.SnapshotError` (written by a newer walkv, not damaged).
 """
 
@@ -62,7 +76,11 @@ from wal.record import BLOCK_SIZE, MAX_RECORD_LIMIT, RecordWriter
 from wal.record_reader import RecordReader
 
 MANIFEST_FORMAT = "walkv-snapshot"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
+"""The newest version this walkv reads and writes (with sections)."""
+_PLAIN_VERSION = 2
+"""The version written for a snapshot without sections."""
+MAX_SECTION_NAME = 100
 MAX_MANIFEST_BYTES = 64 << 20
 """Largest manifest payload (about 100,000 chunks with 511-byte keys)."""
 MAX_MANIFEST_FILE_BYTES = MAX_MANIFEST_BYTES + MAX_MANIFEST_BYTES // 4096 + BLOCK_SIZE
@@ -91,8 +109,11 @@ class Manifest:
     count: int
     bytes: int
     chunks: tuple[ChunkInfo, ...]
+    """Every chunk of every section, in (section, key) order."""
     version: int = MANIFEST_VERSION
     max_record_bytes: int = MAX_RECORD_BYTES
+    sections: tuple[str, ...] = ()
+    """The named sections, sorted (the default section "" is not listed)."""
 
     def info(self, path: str) -> SnapshotInfo:
         return SnapshotInfo(
@@ -107,10 +128,11 @@ class Manifest:
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
-    """The bytes of a MANIFEST file (framed, ready to write)."""
-    body = {
+    """The bytes of a MANIFEST file (framed, ready to write): version 3
+    when ``manifest`` has sections, else version 2."""
+    body: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
+        "version": MANIFEST_VERSION if manifest.sections else _PLAIN_VERSION,
         "lsn": manifest.lsn,
         "store_id": manifest.store_id,
         "created_us": manifest.created_us,
@@ -126,10 +148,13 @@ def encode_manifest(manifest: Manifest) -> bytes:
                 "pairs": c.pairs,
                 "bytes": c.bytes,
                 "crc32c": c.crc32c,
+                **({"section": c.section} if c.section else {}),
             }
             for c in manifest.chunks
         ],
     }
+    if manifest.sections:
+        body["sections"] = list(manifest.sections)
     payload = msgpack.packb(body, use_bin_type=True)
     out = io.BytesIO()
     RecordWriter(out, offset=0, max_record_bytes=MAX_MANIFEST_BYTES).add_record(payload)
@@ -169,7 +194,7 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
     """Parse and check the bytes of a MANIFEST file.
 
     Raises CorruptionError (naming ``path``) for anything but a well-formed
-    version-1 or version-2 manifest, SnapshotError for a newer version.
+    manifest of version 1 to 3, SnapshotError for a newer version.
     """
     ck = _Checker(path)
     if len(data) > MAX_MANIFEST_FILE_BYTES:
@@ -212,6 +237,7 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
     count = ck.int_(m, "count")
     total_bytes = ck.int_(m, "bytes")
     limit = ck.int_(m, "max_record_bytes", lo=1, hi=MAX_RECORD_LIMIT) if version >= 2 else MAX_RECORD_BYTES
+    sections = _sections(ck, m) if version >= 3 else ()
     raw_chunks = ck.field(m, "chunks")
     if type(raw_chunks) is not list:
         raise ck.fail("manifest 'chunks' is not an array")
@@ -219,6 +245,7 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
     chunks: list[ChunkInfo] = []
     names: set[str] = set()
     prev_last: bytes | None = None
+    prev_section = ""
     sum_pairs = 0
     sum_bytes = 0
     for i, c in enumerate(raw_chunks):
@@ -232,6 +259,13 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
         if name in names:
             raise ck.fail(f"{where}: chunk name {name!r} appears twice")
         names.add(name)
+        section = c.get("section", "") if version >= 3 else ""
+        if section != "" and section not in sections:
+            raise ck.fail(f"{where}: section {section!r:.120} is not one of the manifest's 'sections'")
+        if section < prev_section:
+            raise ck.fail(f"{where}: section {section!r:.120} comes after {prev_section!r:.120}")
+        if section != prev_section:
+            prev_section, prev_last = section, None  # each section is its own sorted run
         first_key = ck.bytes_(c, "first_key", where)
         last_key = ck.bytes_(c, "last_key", where)
         nrecords = ck.int_(c, "records", where, lo=1)
@@ -245,12 +279,35 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
         prev_last = last_key
         sum_pairs += pairs
         sum_bytes += size
-        chunks.append(ChunkInfo(i, name, lsn, first_key, last_key, nrecords, pairs, size, crc, limit))
+        chunks.append(ChunkInfo(i, name, lsn, first_key, last_key, nrecords, pairs, size, crc, limit, section))
     if sum_pairs != count:
         raise ck.fail(f"manifest 'count' is {count} but its chunks hold {sum_pairs} pairs")
     if sum_bytes != total_bytes:
         raise ck.fail(f"manifest 'bytes' is {total_bytes} but its chunks add up to {sum_bytes}")
-    return Manifest(lsn, store_id, created_us, count, total_bytes, tuple(chunks), version, limit)
+    return Manifest(lsn, store_id, created_us, count, total_bytes, tuple(chunks), version, limit, sections)
+
+
+def check_section_name(name: object) -> str | None:
+    """Why ``name`` cannot name a section (a str of 1..100 characters), or None."""
+    if type(name) is not str:
+        return f"a section name is a str, not {type(name).__name__}"
+    if not 1 <= len(name) <= MAX_SECTION_NAME:
+        return f"a section name has 1 to {MAX_SECTION_NAME} characters, not {len(name)}"
+    return None
+
+
+def _sections(ck: _Checker, m: dict[str, Any]) -> tuple[str, ...]:
+    """A version-3 manifest's 'sections': sorted, distinct, valid names."""
+    raw = ck.field(m, "sections")
+    if type(raw) is not list:
+        raise ck.fail("manifest 'sections' is not an array")
+    for name in raw:
+        why = check_section_name(name)
+        if why is not None:
+            raise ck.fail(f"manifest 'sections': {why}")
+    if not all(a < b for a, b in zip(raw, raw[1:])):
+        raise ck.fail("manifest 'sections' are not sorted and distinct")
+    return tuple(raw)
 
 
 def read_manifest(path: str, *, fs: ReadFS = OS_FS, size: int | None = None) -> Manifest:

@@ -6,7 +6,9 @@ way as a local one. Opening lists the directory and reads and checks the
 MANIFEST: every chunk it names must be there, a file, the size it gives; no
 chunk data is read. Iteration streams one record at a time and checks each
 record as it goes and each chunk as a whole when it reaches the chunk's end
-(see :func:`snapshot.chunk_reader.read_chunk_columns`). A Snapshot holds no open
+(see :func:`snapshot.chunk_reader.read_chunk_columns`). Reads go to the
+default section unless a section is named (:meth:`Snapshot.section_items`);
+:meth:`Snapshot.verify` checks every section. A Snapshot holds no open
 files, so it needs no closing and can be used from several threads; it
 pickles (with its file seam) for another process.
 """
@@ -42,7 +44,13 @@ class Snapshot:
         self.store_id = manifest.store_id
         self.created_us = manifest.created_us
         self.version = manifest.version
-        self.chunks: tuple[ChunkInfo, ...] = manifest.chunks
+        self.all_chunks: tuple[ChunkInfo, ...] = manifest.chunks
+        """Every chunk file, of every section (what a copy of the snapshot copies)."""
+        self._sections: dict[str, tuple[ChunkInfo, ...]] = {name: () for name in ("", *manifest.sections)}
+        for c in manifest.chunks:
+            self._sections[c.section] += (c,)
+        self.chunks: tuple[ChunkInfo, ...] = self._sections[""]
+        """The default section's chunks, in key order."""
 
     def __repr__(self) -> str:
         return f"<Snapshot {self.path} lsn={self.lsn} count={self.count} chunks={len(self.chunks)}>"
@@ -54,60 +62,84 @@ class Snapshot:
     def __len__(self) -> int:
         return self.count
 
+    def section_names(self) -> list[str]:
+        """The named sections, sorted (the default section "" is not listed;
+        a section with no pairs is)."""
+        return list(self.manifest.sections)
+
+    def section_chunks(self, name: str) -> tuple[ChunkInfo, ...]:
+        """The chunks of section ``name`` ("" is the default section), in
+        key order; a KeyError names a section the snapshot does not hold."""
+        try:
+            return self._sections[name]
+        except KeyError:
+            raise KeyError(f"snapshot {self.path} has no section {name!r}") from None
+
+    def section_items(self, name: str, start: bytes | None = None,
+                      stop: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Section ``name``'s pairs with ``start <= key < stop``, in key order."""
+        chunks = self.section_chunks(name)
+        return chain.from_iterable(starmap(zip, self.columns(start, stop, chunks=chunks)))
+
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) pair in key order."""
         return self.items()
 
     def chunk_path(self, i: int) -> str:
+        """The path of the default section's chunk ``i``."""
         return self.fs.join(self.path, self.chunks[i].name)
 
     def open_chunk(self, i: int) -> BinaryIO:
-        """Open chunk ``i``'s file for reading (never through a symlink)."""
+        """Open the default section's chunk ``i`` for reading (never through a symlink)."""
         return open_chunk(self.fs, self.path, self.chunks[i])
 
     def iter_chunk_columns(self, i: int, start: bytes | None = None,
                            stop: bytes | None = None) -> Iterator[Columns]:
-        """Chunk ``i`` as ``(keys, values)`` columns, one record at a time."""
+        """The default section's chunk ``i`` as ``(keys, values)`` columns, one record at a time."""
         return read_chunk_file(self.fs, self.path, self.chunks[i], start=start, stop=stop)
 
     def iter_chunk(self, i: int) -> Iterator[tuple[bytes, bytes]]:
-        """Chunk ``i``'s pairs in key order."""
+        """The default section's chunk ``i``'s pairs in key order."""
         return chain.from_iterable(starmap(zip, self.iter_chunk_columns(i)))
 
-    def columns(self, start: bytes | None = None, stop: bytes | None = None) -> Iterator[Columns]:
-        """``(keys, values)`` columns for ``start <= key < stop``, in key order.
+    def columns(self, start: bytes | None = None, stop: bytes | None = None, *,
+                chunks: tuple[ChunkInfo, ...] | None = None) -> Iterator[Columns]:
+        """``(keys, values)`` columns for ``start <= key < stop``, in key order,
+        of ``chunks`` (one section's; default: the default section's).
         Chunks wholly outside the range are not opened."""
         for x, what in ((start, "start"), (stop, "stop")):
             if x is not None and not isinstance(x, bytes):
                 raise TypeError(f"{what} must be bytes or None, not {type(x).__name__}")
-        return self._columns(start, stop)
+        return self._columns(start, stop, self.chunks if chunks is None else chunks)
 
-    def _columns(self, start: bytes | None, stop: bytes | None) -> Iterator[Columns]:
+    def _columns(self, start: bytes | None, stop: bytes | None,
+                 chunks: tuple[ChunkInfo, ...]) -> Iterator[Columns]:
         if start is not None and stop is not None and start >= stop:
             return
-        for i, c in enumerate(self.chunks):
+        for c in chunks:
             if start is not None and c.last_key < start:
                 continue
             if stop is not None and c.first_key >= stop:
                 return
-            yield from self.iter_chunk_columns(i, start, stop)
+            yield from read_chunk_file(self.fs, self.path, c, start=start, stop=stop)
 
     def items(self, start: bytes | None = None, stop: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """Pairs with ``start <= key < stop`` (either bound optional), in key order."""
+        """The default section's pairs with ``start <= key < stop`` (either
+        bound optional), in key order."""
         cols = self.columns(start, stop)
         return chain.from_iterable(starmap(zip, cols))
 
     def verify(self, progress: Callable[[int, int | None], None] | None = None) -> None:
-        """Read every chunk in full and check everything: each record's CRC
-        and shape, key order within and across chunks, counts, key ranges,
-        sizes and checksums against the manifest. Raises CorruptionError
-        naming the file (and offset) at the first problem. ``progress(bytes
-        checked, total bytes)`` is called after each chunk."""
+        """Read every chunk of every section in full and check everything:
+        each record's CRC and shape, key order within and across chunks,
+        counts, key ranges, sizes and checksums against the manifest. Raises
+        CorruptionError naming the file (and offset) at the first problem.
+        ``progress(bytes checked, total bytes)`` is called after each chunk."""
         done = 0
         if progress is not None:
             progress(0, self.bytes)
-        for i, c in enumerate(self.chunks):
-            for _ in self.iter_chunk_columns(i):
+        for c in self.all_chunks:
+            for _ in read_chunk_file(self.fs, self.path, c):
                 pass
             done += c.bytes
             if progress is not None:

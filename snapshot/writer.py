@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from itertools import islice
 from operator import lt
@@ -37,7 +37,7 @@ from snapshot.layout import (
     snapshot_dir_name,
     tmp_dir_name,
 )
-from snapshot.manifest import Manifest, SnapshotInfo, encode_manifest
+from snapshot.manifest import Manifest, SnapshotInfo, check_section_name, encode_manifest
 from snapshot.reader import open_snapshot
 from wal.errors import CorruptionError, SnapshotError
 from wal.fs import OS_FS, FileSystem
@@ -62,6 +62,7 @@ def write(
     lsn: int,
     items: Iterable[tuple[bytes, bytes]],
     *,
+    sections: Mapping[str, Iterable[tuple[bytes, bytes]]] | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     record_bytes: int = DEFAULT_RECORD_BYTES,
     max_record_bytes: int = MAX_RECORD_BYTES,
@@ -78,7 +79,13 @@ def write(
     strictly increasing keys, as a py-lmdb cursor opened with
     ``buffers=False`` does; a key out of order or repeated is a ValueError, a
     key or value that is not bytes (a memoryview, say) a TypeError, and
-    nothing is left behind.
+    nothing is left behind. ``items`` is the default section; ``sections``
+    maps each further section's name (a str of 1..100 characters, not "")
+    to its pairs, in the same form: each is written as its own sorted run
+    of chunks after the default section's, in name order, and listed in the
+    manifest even when it has no pairs (a bad name is a ValueError, before
+    anything is written). The iterables are read one after another, in
+    that order.
     Chunks are closed once they reach ``chunk_bytes``; data records hold
     about ``record_bytes`` of keys and values each. ``max_record_bytes``
     is the record limit the manifest states (readers bound memory by it; a
@@ -118,6 +125,12 @@ def write(
         raise ValueError(f"max_record_bytes must be at most {MAX_RECORD_LIMIT} (1 GiB), not {max_record_bytes}")
     if store_id is not None and (not isinstance(store_id, str) or len(store_id) > 256):
         raise ValueError("store_id must be None or a string of at most 256 characters")
+    named = dict(sections or {})
+    for section in named:
+        why = check_section_name(section)
+        if why is not None:
+            raise ValueError(f"bad snapshot section name {section!r:.120}: {why}")
+    runs: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [("", items), *sorted(named.items())]
     fs = fs or OS_FS
     final = os.path.join(parent, snapshot_dir_name(lsn))
 
@@ -142,25 +155,28 @@ def write(
         chunks: list[ChunkInfo] = []
         count = 0
         limit = max(max_record_bytes, HEADER_SIZE)
-        for records, (payload, first, last, pairs) in enumerate(_records(items, record_bytes), 1):
-            if cw is None:
-                name = chunk_file_name(len(chunks))
-                cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn,
-                                 max_record_bytes=MAX_RECORD_LIMIT)
-            cw.add(payload, first, last, pairs)
-            if len(payload) > limit:
-                limit = len(payload)  # a pair larger than the limit: raised for this snapshot
-            count += pairs
-            if cw.size >= chunk_bytes:
-                chunks.append(cw.finish())
-                cw = None
-                if progress is not None:
+        records = 0
+        for section, pairs_in in runs:
+            for payload, first, last, pairs in _records(pairs_in, record_bytes):
+                records += 1
+                if cw is None:
+                    name = chunk_file_name(len(chunks))
+                    cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn,
+                                     max_record_bytes=MAX_RECORD_LIMIT)
+                cw.add(payload, first, last, pairs)
+                if len(payload) > limit:
+                    limit = len(payload)  # a pair larger than the limit: raised for this snapshot
+                count += pairs
+                if cw.size >= chunk_bytes:
+                    chunks.append(replace(cw.finish(), section=section))
+                    cw = None
+                    if progress is not None:
+                        progress(count, total)
+                elif progress is not None and records % _PROGRESS_EVERY == 0:
                     progress(count, total)
-            elif progress is not None and records % _PROGRESS_EVERY == 0:
-                progress(count, total)
-        if cw is not None:
-            chunks.append(cw.finish())
-            cw = None
+            if cw is not None:  # a section ends its chunk: the next section starts its own
+                chunks.append(replace(cw.finish(), section=section))
+                cw = None
         fs.fsync_dir(tmp)  # every chunk's name is durable before the manifest names it
         manifest = Manifest(
             lsn=lsn,
@@ -170,6 +186,7 @@ def write(
             bytes=sum(c.bytes for c in chunks),
             chunks=tuple(replace(c, max_record_bytes=limit) for c in chunks),
             max_record_bytes=limit,
+            sections=tuple(name for name, _ in runs[1:]),
         )
         fs.write_file(os.path.join(tmp, MANIFEST_NAME), encode_manifest(manifest))
         fs.fsync_dir(tmp)

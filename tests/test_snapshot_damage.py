@@ -466,8 +466,8 @@ def test_directory_named_for_another_lsn(snap):
 def test_unknown_manifest_fields_are_ignored_and_newer_versions_refused(snap):
     _mutate(snap.path, _set(["future"], {"x": [1, 2]}))
     assert list(snapshot.open(snap.path)) == PAIRS
-    _mutate(snap.path, _set(["version"], 3))
-    with pytest.raises(SnapshotError, match="version 3"):
+    _mutate(snap.path, _set(["version"], 4))
+    with pytest.raises(SnapshotError, match="version 4"):
         snapshot.open(snap.path)
 
 
@@ -501,7 +501,8 @@ def test_manifest_file_damage(snap, damage, match):
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=8) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
         st.sampled_from(["format", "version", "lsn", "count", "bytes", "chunks", "name", "first_key",
-                         "last_key", "records", "pairs", "crc32c", "store_id", "created_us"]) | st.text(max_size=3),
+                         "last_key", "records", "pairs", "crc32c", "store_id", "created_us", "sections",
+                         "section"]) | st.text(max_size=3),
         inner, max_size=8),
     max_leaves=30,
 ))

@@ -108,7 +108,7 @@ class Uploader:
         then its MANIFEST. :class:`FileNotFoundError` when it was pruned meanwhile."""
         snap = snapshot.open(path)
         name = snapshot.snapshot_dir_name(lsn)
-        for c in snap.chunks:
+        for c in snap.all_chunks:
             data = OS_FS.read_file(os.path.join(path, c.name))
             if data is None:
                 raise FileNotFoundError(os.path.join(path, c.name))
