@@ -31,6 +31,7 @@ from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.replica.source import ReplicaSource
 from kvstore.state import State, StateOptions
 from kvstore.store import recovery
+from kvstore.store.snapshots import sections_of
 from wal.errors import ReplicaError
 from wal.fs import OS_FS, file_in_the_way
 
@@ -114,4 +115,4 @@ def rebuild(lmdb_dir: str, source: ReplicaSource, options: StateOptions) -> Stat
     return recovery.rebuild_state(
         lmdb_dir, source.log_source(durable), store_id=source.store_id,
         base=iter(snap) if snap is not None else None, base_lsn=snap.lsn if snap is not None else 0,
-        state_options=options)
+        state_options=options, sections=sections_of(snap))

@@ -39,7 +39,7 @@ import wal
 from kvstore.archive.reader import time_to_us, us_to_text
 from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.store import recovery
-from kvstore.store.snapshots import choose_base
+from kvstore.store.snapshots import choose_base, sections_of
 from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
 from wal.errors import CorruptionError, Damage, ReplicaError, RestoreTimeError, SnapshotError, WalkvError
 from wal.fs import OS_FS, file_in_the_way
@@ -196,6 +196,7 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
         state = recovery.rebuild_state(
             lmdb_dir, log_source, store_id=store_id,
             base=iter(base) if base is not None else None, base_lsn=base_lsn, progress=progress,
+            sections=sections_of(base),
         )
         try:
             replayed = target_lsn - base_lsn

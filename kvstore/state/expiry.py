@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lmdb
@@ -285,14 +285,12 @@ class Expiry:
 
     # -- snapshots ------------------------------------------------------------------
 
-    def sections(self, txn: lmdb.Transaction) -> dict[str, Iterator[tuple[bytes, bytes]]]:
-        """Each metadata database's pairs, in key order, as a snapshot section
-        named after it (only those that hold anything)."""
-        # bytes, not memoryviews: walkv never opens LMDB with buffers=True
-        return {name: txn.cursor(db=db).iternext() for name, db in self.dbs.items()  # type: ignore[misc]
-                if txn.stat(db)["entries"]}
+    def sections(self, txn: lmdb.Transaction) -> dict[str, Any]:
+        """The metadata databases that hold anything in ``txn``, by name: each
+        is a snapshot section of the same name."""
+        return {name: db for name, db in self.dbs.items() if txn.stat(db)["entries"]}
 
-    def load(self, txn: lmdb.Transaction, name: str, pairs: list[tuple[bytes, bytes]]) -> None:
+    def load(self, txn: lmdb.Transaction, *, name: str, pairs: list[tuple[bytes, bytes]]) -> None:
         """Bulk-load a snapshot section's pairs into database ``name``."""
         txn.cursor(db=self.dbs[name]).putmulti(pairs, dupdata=False, overwrite=True, append=False)
         self.keys = txn.stat(self._keys_db)["entries"]

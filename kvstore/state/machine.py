@@ -57,7 +57,7 @@ import logging
 import operator
 import struct
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import islice
 from typing import Any, NamedTuple
@@ -67,13 +67,14 @@ import lmdb
 from kvstore.entry import conditions
 from kvstore.entry.codec import EXPIRY_CODES, NO_WRITE_CODES, OP_DELETE, OP_EXPIRE, OP_PUT, PUT_CODES, as_bytes
 from kvstore.state.environment import K_APPLIED, Environment
+from kvstore.state.expiry import DB_NAMES as EXPIRY_DBS
 from kvstore.state.expiry import Expiry
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView, scan
 from kvstore.state.reads import CachedReads, FreshReads
 from kvstore.state.view import View
-from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
+from wal.errors import CorruptionError, Damage, LogFailedError, SnapshotError, WalkvError
 from wal.segment import Payload, payload_size
 
 log = logging.getLogger("walkv.state")
@@ -198,9 +199,12 @@ class State:
         self.initialized = True
 
     def load_base(self, pairs: Iterator[tuple[bytes, bytes]], base_lsn: int,
-                  chunk: int = 10000) -> int:
-        """Bulk-load (key, value) pairs sorted by key, then mark the
-        environment complete at ``base_lsn``. Returns the number loaded."""
+                  chunk: int = 10000, sections: Mapping[str, Iterable[tuple[bytes, bytes]]] | None = None) -> int:
+        """Bulk-load (key, value) pairs sorted by key, and a snapshot's
+        ``sections`` (the expiry metadata's, :mod:`kvstore.state.expiry`),
+        then mark the environment complete at ``base_lsn``. Returns the
+        number of pairs loaded. A section this version does not know is a
+        :class:`~wal.errors.SnapshotError` (a newer walkv wrote it)."""
         n = 0
         it = iter(pairs)
         data = self.lmdb.data_db
@@ -212,6 +216,14 @@ class State:
                 txn.cursor(db=data).putmulti(items, dupdata=False, overwrite=True, append=False)
             self.lmdb.write(load)
             n += len(items)
+        for name, section in (sections or {}).items():
+            if name not in EXPIRY_DBS:
+                raise SnapshotError(f"the snapshot holds a section {name!r} this walkv does not know "
+                                    f"(a newer walkv wrote it): use that walkv to restore it")
+            rest = iter(section)
+            while items := list(islice(rest, chunk)):
+                self.lmdb.write(partial(self.expiry.load, name=name, pairs=items))
+        self._reads_for_expiry()
         main = self.lmdb.main_db
 
         def finish(txn: lmdb.Transaction) -> None:

@@ -13,16 +13,18 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import islice
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import lmdb
 
 from kvstore.state.lmdb_ops import position, read_error
+from wal.errors import ClosedError
 
 SCAN_HOLD_SECONDS = 0.5
 """A scan renews its read transaction between chunks once it is older than
 this (see :func:`scan`)."""
 _monotonic = time.monotonic
+T = TypeVar("T")
 
 
 class ReadGate:
@@ -341,6 +343,22 @@ class ReadView:
                 raise read_error(exc, self._state.path) from None
         finally:
             self.close()
+
+    def run(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in the view's transaction (while it is open)."""
+        if not self._open:
+            raise ClosedError("this read view is closed")
+        return fn(self._txn)
+
+    def db_pairs(self, db: Any) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) of the named database ``db``, in key order, from
+        the view's transaction; the view stays open (close it)."""
+        if not self._open:
+            return
+        try:
+            yield from self._txn.cursor(db=db).iternext(keys=True, values=True)  # type: ignore[misc]
+        except lmdb.Error as exc:
+            raise read_error(exc, self._state.path) from None
 
     def close(self) -> None:
         """Release the transaction and the read gate."""

@@ -44,7 +44,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Iterable, Iterator, NamedTuple, Protocol
+from typing import Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 import wal
 from kvstore.entry.codec import decode_all
@@ -270,10 +270,12 @@ def rebuild_state(
     progress: Progress | None = None,
     fs: FileSystem = OS_FS,
     state_options: StateOptions = StateOptions(),
+    sections: Mapping[str, Iterable[tuple[bytes, bytes]]] | None = None,
 ) -> State:
     """Delete LMDB and build it again: the ``base`` (key, value) pairs, sorted
     by key, as of ``base_lsn`` (the newest snapshot; none: an empty state at
-    LSN 0), then the log from ``base_lsn + 1``. Returns the open state.
+    LSN 0) and the snapshot's named ``sections`` (expiry metadata), then the
+    log from ``base_lsn + 1``. Returns the open state.
 
     Crash-safe: the old environment is deleted durably first, SESSION says
     "not clean" before the first LMDB write, and ``complete`` is set only once
@@ -300,7 +302,7 @@ def rebuild_state(
     try:
         state.initialize(store_id, base_lsn, complete=base is None)
         if base is not None:
-            n = state.load_base(iter_pairs(base), base_lsn)
+            n = state.load_base(iter_pairs(base), base_lsn, sections=sections)
             log.info("rebuild of %s: loaded %d pairs of the snapshot at LSN %d",
                      lmdb_dir, n, base_lsn)
         replay(state, wal_log, progress=progress, what="rebuild")
@@ -372,10 +374,10 @@ def open_state(store_path: str, lmdb_dir: str, wal_log: wal.Log, *, fs: FileSyst
     fresh = reason == "there is no LMDB state yet" and wal_log.last_lsn == 0
     if not fresh:
         log.warning("rebuilding the LMDB state of %s from the log: %s", store_path, reason)
-    found = snapshots.rebuild_base(store_path, store_id)
-    base, base_lsn = found if found is not None else (None, 0)
-    state = rebuild_state(lmdb_dir, wal_log, store_id=store_id, base=base, base_lsn=base_lsn,
-                          progress=progress, fs=fs, state_options=options)
+    snap = snapshots.rebuild_base(store_path, store_id)
+    state = rebuild_state(lmdb_dir, wal_log, store_id=store_id, base=None if snap is None else iter(snap),
+                          base_lsn=0 if snap is None else snap.lsn, progress=progress, fs=fs,
+                          state_options=options, sections=snapshots.sections_of(snap))
     return Opened(state, state.applied_entries, None if fresh else reason)
 
 

@@ -132,8 +132,10 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         if newest and newest[-1].lsn == lsn:
             return newest[-1]
         _move_foreign_aside(parent, lsn, store_id, fs)
+        sections = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
+        items = view.db_pairs(state.lmdb.data_db) if sections else view.pairs()
         info = snapshot.write(
-            parent, lsn, view.pairs(), store_id=store_id, fs=fs, progress=progress, total=view.count,
+            parent, lsn, items, sections=sections, store_id=store_id, fs=fs, progress=progress, total=view.count,
             before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
             max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES),
         )
@@ -236,10 +238,17 @@ def choose_base(snapshot_dirs: list[str], wal_dir: str | None, log_first: int, t
     )
 
 
-def rebuild_base(store_path: str, store_id: str | None = None
-                 ) -> tuple[Iterator[tuple[bytes, bytes]], int] | None:
-    """``(pairs, lsn)`` of the snapshot a rebuild of the store's LMDB starts
-    from (see :func:`choose_base`), or None: replay the whole log."""
+def sections_of(snap: snapshot.Snapshot | None) -> dict[str, Iterator[tuple[bytes, bytes]]]:
+    """Every named section of ``snap`` (None: no snapshot), by name: what a
+    rebuild loads beside its pairs (:meth:`kvstore.state.State.load_base`)."""
+    if snap is None:
+        return {}
+    return {name: snap.section_items(name) for name in snap.section_names()}
+
+
+def rebuild_base(store_path: str, store_id: str | None = None) -> snapshot.Snapshot | None:
+    """The snapshot a rebuild of the store's LMDB starts from (see
+    :func:`choose_base`), or None: replay the whole log."""
     wal_dir = os.path.join(store_path, WAL_DIR)
     segments = list_segments(wal_dir) if os.path.isdir(wal_dir) else []
     candidates = [i.path for i in reversed(snapshot.list_snapshots(snapshots_dir(store_path)))]
@@ -249,7 +258,7 @@ def rebuild_base(store_path: str, store_id: str | None = None
     except SnapshotError as e:
         raise CorruptionError(f"cannot rebuild the state: {e}", kind=Damage.MISSING,
                               path=snapshots_dir(store_path), offset=0, hint="`walkv verify STORE` lists the damage") from None
-    return None if snap is None else (iter(snap), snap.lsn)
+    return snap
 
 
 class AutoSnapshot:
