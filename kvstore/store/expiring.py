@@ -188,9 +188,9 @@ class Expiring:
         """Seconds until ``key`` expires; None when it has no expiry, or is
         absent (expired included)."""
         key = check_key(key)
+        now = self.clock.now_us()
         if not self._state.expiry.keys and not self._state.readonly:
             return None
-        now = self.clock.now_us()
         data = self._state.lmdb.data_db
 
         def read(txn: Any, expiry: Any) -> int | None:
