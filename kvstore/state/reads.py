@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TypeVar
 
 import lmdb
@@ -143,6 +144,16 @@ class CachedReads:
         r = self._r0
         if r.ident != _get_ident():
             r = self._r0 = self._reader()
+        return self._in_txn(r, fn)
+
+    def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
+        """A commit happened since this thread's last read, or a writer holds
+        the gate, or the cached transaction died: renew it."""
+        return self._in_txn(r, partial(_lookup, key, default))
+
+    def _in_txn(self, r: Reader, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in ``r``'s transaction, renewed if a commit happened
+        since (announced by the reader's ``busy`` flag, as on the fast path)."""
         env = self._env
         env.gate.announce(r)
         try:
@@ -158,26 +169,12 @@ class CachedReads:
         finally:
             r.busy = False
 
-    def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
-        """A commit happened since this thread's last read, or a writer holds
-        the gate, or the cached transaction died: renew it (announced by the
-        reader's ``busy`` flag, as on the fast path)."""
-        env = self._env
-        env.gate.announce(r)
-        try:
-            if env.closed:
-                raise env.closed_error()
-            txn = self._renew(r) if r.gen != env.gen or r.txn is None else r.txn
-            r.gets += 1
-            return txn.get(key, default)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
-        except lmdb.BadValsizeError:
-            return default
-        except lmdb.Error as exc:
-            if env.closed:
-                raise env.closed_error() from None
-            raise read_error(exc, env.path) from None
-        finally:
-            r.busy = False
+
+def _lookup(key: bytes, default: bytes | None, txn: lmdb.Transaction) -> bytes | None:
+    try:
+        return txn.get(key, default)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
+    except lmdb.BadValsizeError:
+        return default  # an empty or over-long key: no such key can exist
 
 
 class FreshReads:
