@@ -29,10 +29,12 @@ Why each rule:
   first entries of ``ttl:index`` and ``lease:index`` up to now, never the
   whole store.
 * Cost when nothing expires: :attr:`Expiry.keys` counts ``ttl:keys``. While
-  it is 0, the state applies plain writes as before (the overlay, no extra
-  lookup) and reads take the plain path; once a key has an expiry every
-  group is written through to LMDB, where each write drops the metadata
-  its key had.
+  it is 0, the state applies plain writes as before and reads take the
+  plain path: nothing is looked up. Once a key has an expiry, a get reads
+  the key's metadata beside its value, and every write drops the metadata
+  its key had: plain puts and deletes still go through the overlay
+  (:mod:`kvstore.state.overlay`, whose flush drops it), writes with an
+  expiry and range deletes are written through to LMDB at once.
 
 Snapshots carry each of these databases as a section of the same name
 (:func:`sections`), so a rebuild from a snapshot and the log restores them.
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import lmdb
@@ -71,6 +73,8 @@ _TWO = struct.Struct(">QQ")
 
 def named(space: str, key: bytes) -> bytes:
     """``key`` of keyspace ``space``, as the metadata names it."""
+    if not space:
+        return b"\x00" + key
     s = space.encode("ascii")
     return bytes((len(s),)) + s + key
 
@@ -127,6 +131,21 @@ class Expiry:
         if meta is None:
             return True
         return not expired(meta, now_us, lambda lease: self._lease_at(txn, lease))  # type: ignore[arg-type]  # bytes: never buffers=True
+
+    def value_if_alive(self, data: Any, key: bytes, now_us: Callable[[], int], txn: lmdb.Transaction
+                       ) -> bytes | None:
+        """``key``'s value in ``data`` (default keyspace) unless it is absent
+        or expired at ``now_us()`` (read only when the key has an expiry)."""
+        try:
+            v = txn.get(key, db=data)
+        except lmdb.BadValsizeError:
+            return None  # an empty or over-long key: no such key can exist
+        if v is None:
+            return None
+        meta = txn.get(digest(b"\x00" + key), db=self._keys_db)
+        if meta is None or not expired(meta, now_us(), lambda lease: self._lease_at(txn, lease)):  # type: ignore[arg-type]
+            return v  # type: ignore[return-value]  # bytes: never buffers=True
+        return None
 
     def _lease_at(self, txn: lmdb.Transaction, lease_id: int) -> int | None:
         v = txn.get(_pack(lease_id), db=self._leases_db)
@@ -231,6 +250,15 @@ class Expiry:
                     self._set_lease(txn, op[1], record[0], op[2])
             elif code == OP_REVOKE:
                 self._end_lease(txn, op[1])
+
+    def drop(self, txn: lmdb.Transaction, keys: Iterable[bytes], space: str = "") -> None:
+        """Drop the expiry of ``keys`` (an overlay's, written by plain puts
+        and deletes in ``txn``)."""
+        self.keys = txn.stat(self._keys_db)["entries"]
+        for key in keys:
+            if not self.keys:
+                return
+            self._drop(txn, space, key)
 
     def _put(self, txn: lmdb.Transaction, data: Any, space: str, op: Sequence[Any]) -> None:
         code, key, value, n = op

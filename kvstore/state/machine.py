@@ -70,7 +70,7 @@ from kvstore.state.environment import K_APPLIED, Environment
 from kvstore.state.expiry import DB_NAMES as EXPIRY_DBS
 from kvstore.state.expiry import Expiry
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
-from kvstore.state.overlay import Overlay
+from kvstore.state.overlay import MISSING, Overlay
 from kvstore.state.readers import ReadView, scan
 from kvstore.state.reads import CachedReads, FreshReads
 from kvstore.state.view import View
@@ -271,9 +271,8 @@ class State:
             self.puts += len(flat)
         else:
             self._count(flat)
-        if self.expiry.keys or not codes.isdisjoint(EXPIRY_CODES):
-            self._write_through(flat, last, 0, puts_only=False, expiry=True)
-            self._reads_for_expiry()
+        if not codes.isdisjoint(EXPIRY_CODES):
+            self._write_through(flat, last, 0, puts_only=False)
         elif self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
             full = bool(flat) and self.overlay.add(flat, last)
             self.applied_lsn = last
@@ -305,9 +304,12 @@ class State:
 
             def write(txn: lmdb.Transaction) -> None:
                 write_values(txn, values)
+                if self.expiry.keys:
+                    self.expiry.drop(txn, values)
                 txn.put(K_APPLIED, _pack_u64(lsn), True, True, False, main)
             self._write_applied(write, lsn)
             overlay.thaw()
+            self._reads_for_expiry()
 
     def _count(self, ops: Ops) -> None:
         for op in ops:
@@ -319,10 +321,11 @@ class State:
             elif code not in EXPIRY_CODES:
                 self.delete_ranges += 1
 
-    def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool,
-                       expiry: bool = False) -> None:
+    def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool) -> None:
         """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
-        overlay holds, in one write transaction."""
+        overlay holds, in one write transaction; through the expiry metadata
+        (:mod:`kvstore.state.expiry`) when they touch it or a key has an expiry."""
+        expiry = self.expiry.keys > 0 or not {op[0] for op in ops}.isdisjoint(EXPIRY_CODES)
         overlay = self.overlay
         main = self.lmdb.main_db
         with overlay.flush_lock:
@@ -332,6 +335,8 @@ class State:
             def write(txn: lmdb.Transaction) -> None:
                 if frozen is not None:
                     write_values(txn, frozen[0])
+                    if self.expiry.keys:
+                        self.expiry.drop(txn, frozen[0])
                 if expiry:
                     self.expiry.apply(txn, ops, self.lmdb.data_db)
                 elif puts_only:
@@ -343,6 +348,8 @@ class State:
             if frozen is not None:
                 overlay.thaw()
             self.applied_lsn = last
+            if expiry:
+                self._reads_for_expiry()
 
     def _write_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> None:
         """Run ``write`` in one write transaction (growing the map as often
@@ -418,24 +425,22 @@ class State:
         return self.expiry.alive(txn, "", key, self.now_us())
 
     def _get_alive(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        """A get that finds a key expired at ``now_us()`` absent: its value
-        and its expiry from one read transaction (the overlay is empty while
-        keys have an expiry: every group is written through)."""
+        """A get that finds a key expired at ``now_us()`` absent: the overlay
+        first (a key written there has no expiry: writes with one go to LMDB,
+        and the overlay's flush drops what LMDB held), then the key's value
+        and its expiry from one LMDB read transaction."""
         if type(key) is not bytes:
             key = as_bytes(key, "key")
-        self.flush()
-        now = self.now_us()
-        data = self.lmdb.data_db
-        expiry = self.expiry
-
-        def read(txn: lmdb.Transaction) -> bytes | None:
-            try:
-                v = txn.get(key, db=data)
-            except lmdb.BadValsizeError:
-                return None  # an empty or over-long key: no such key can exist
-            return v if v is None or expiry.alive(txn, "", key, now) else None  # type: ignore[return-value]
-        v = self._reads.run(read)
-        return default if v is None else v
+        overlay = self.overlay
+        v = overlay.active.get(key, MISSING)
+        if v is MISSING:
+            frozen = overlay.frozen
+            if frozen is not None:
+                v = frozen.get(key, MISSING)
+        if v is not MISSING:
+            return default if v is None else v  # type: ignore[return-value]  # bytes or None (deleted)
+        found = self._reads.run(partial(self.expiry.value_if_alive, self.lmdb.data_db, key, self.now_us))
+        return default if found is None else found
 
     def _get_many_alive(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
         return [self._get_alive(k, default) for k in keys]
