@@ -114,6 +114,9 @@ def test_a_lease_too_big_for_one_entry(tmp_path) -> None:
         gone = [c.key for c in changes if c.op in ("delete", "expire")]
         assert sorted(gone) == keys and deleted == len([c for c in changes if c.op == "expire"]) > 0
         assert lease.ttl() is None and db.sweep_expired() == 0
+        stats = db.stats()
+        assert (stats["expiring_keys"], stats["expired_swept"]) == (0, deleted)
+        assert f"walkv_expired_swept_total{{store=\"{db.path}\"}} {deleted}" in kvstore.prometheus_text(stats)
         with pytest.raises(kvstore.LeaseNotFoundError):
             db.revoke(lease)
 

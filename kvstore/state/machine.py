@@ -489,6 +489,7 @@ class State:
             "apply_max_us": self.apply_max_seconds * 1e6,
             "overlay_keys": len(self.overlay),
             "overlay_flushes": self.overlay.flushes,
+            "expiring_keys": self.expiry.keys,
             "lmdb_applied_lsn": self.lmdb_applied_lsn,
             **lmdb_stats,
         }

@@ -573,6 +573,7 @@ class KVStore(Lookups):
             "open_seconds": self.open_seconds,
         }
         out.update(self._state.stats())
+        out["expired_swept"] = self._expiring.swept
         if self._writer is not None:
             out.update(self._writer.stats())
         out["subscriptions"] = [s._asdict() for s in consumers.infos(self.path, self.durable_lsn)]
