@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Iterable, Iterator, NoReturn
+from typing import Any, Awaitable, Iterable, Iterator, NoReturn
 
 from kvstore.entry.codec import (
     OP_DROP_KEYSPACE,
@@ -57,6 +57,8 @@ from kvstore.entry.codec import (
     put_entry,
 )
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
+from kvstore.store.expiring import lease_id_of
+from kvstore.store.leases import Lease
 from kvstore.store.store import KVStore
 from kvstore.store.txn import cas_outcome, decided
 from kvstore.store.write_batch import WriteBatch
@@ -171,10 +173,44 @@ class AsyncKVStore:
 
     # -- writes -------------------------------------------------------------
 
-    def put(self, key: bytes, value: bytes) -> "asyncio.Future[int]":
-        """Set ``key``; the awaited result is the LSN, once durable and applied."""
-        payload, ops = put_entry(key, value, self._max_value)
-        return self._submit(payload, ops)
+    def put(self, key: bytes, value: bytes, ttl: float | None = None,
+            lease: Lease | int | None = None) -> "Awaitable[int]":
+        """Set ``key``; the awaited result is the LSN, once durable and applied.
+        ``ttl``/``lease`` as :meth:`KVStore.put` takes them."""
+        if ttl is None and lease is None:
+            payload, ops = put_entry(key, value, self._max_value)
+            return self._submit(payload, ops)
+        payload, ops = self.store._expiring.put_entry(key, value, ttl, lease)
+        return self._checked(payload, ops)
+
+    async def _checked(self, payload: Payload, ops: list) -> int:
+        """Submit, then raise LeaseNotFoundError if a lease it needed was not alive."""
+        lsn = await self._submit(payload, ops)
+        self.store._expiring.check(ops, lsn)
+        return lsn
+
+    async def ttl(self, key: bytes) -> float | None:
+        """As :meth:`KVStore.ttl`."""
+        return self.store.ttl(key)
+
+    async def grant(self, ttl: float) -> Lease:
+        """As :meth:`KVStore.grant` (the lease's own ``keepalive()`` and
+        ``keep_alive()`` are the synchronous store's; from the loop, await
+        :meth:`keepalive`)."""
+        payload, ops, lease_id, ttl_us = self.store._expiring.grant_entry(ttl)
+        await self._submit(payload, ops)
+        return Lease(self.store, lease_id, ttl_us)
+
+    async def keepalive(self, lease: Lease) -> float:
+        """As :meth:`Lease.keepalive`, awaited on the loop."""
+        payload, ops = self.store._expiring.keepalive_entry(lease.id, round(lease.granted_ttl * 1e6))
+        await self._checked(payload, ops)
+        return lease.granted_ttl
+
+    async def revoke(self, lease: Lease | int) -> int:
+        """As :meth:`KVStore.revoke`."""
+        payload, ops = self.store._expiring.revoke_entry(lease_id_of(lease))
+        return await self._checked(payload, ops)
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
         payload, ops = delete_entry(key)
@@ -308,8 +344,17 @@ class AsyncKeyspace:
         self.name = name
         self._sync = adb.store.keyspace(name)  # its reads
 
-    def put(self, key: bytes, value: bytes) -> "asyncio.Future[int]":
-        return self.adb._submit_in(self.name, *put_entry(key, value, self.adb._max_value))
+    def put(self, key: bytes, value: bytes, ttl: float | None = None,
+            lease: Lease | int | None = None) -> "Awaitable[int]":
+        """As :meth:`AsyncKVStore.put`, in this keyspace."""
+        if ttl is None and lease is None:
+            return self.adb._submit_in(self.name, *put_entry(key, value, self.adb._max_value))
+        keyspace = self.adb.store._writable_keyspace(self.name)
+        return self.adb._checked(*self.adb.store._expiring.put_entry(key, value, ttl, lease, keyspace))
+
+    async def ttl(self, key: bytes) -> float | None:
+        """As :meth:`kvstore.store.keyspace.Keyspace.ttl`."""
+        return self._sync.ttl(key)
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
         return self.adb._submit_in(self.name, *delete_entry(key))
@@ -359,7 +404,8 @@ class AsyncWriteBatch(WriteBatch):
 
     def __init__(self, adb: AsyncKVStore, keyspace: str = "") -> None:
         super().__init__(self._refuse_sync_commit, adb._max_value, adb.store._max_payload,
-                         adb.store._writable_keyspace(keyspace), check_keyspace=adb.store._writable_keyspace)
+                         adb.store._writable_keyspace(keyspace), check_keyspace=adb.store._writable_keyspace,
+                         expiring=adb.store._expiring)
         self._adb = adb
 
     @staticmethod
@@ -372,6 +418,7 @@ class AsyncWriteBatch(WriteBatch):
         if sealed is None:
             return None
         self.lsn = await self._adb._submit(sealed[0], sealed[1])
+        self.check(sealed[1])
         return self.lsn
 
     async def __aenter__(self) -> "AsyncWriteBatch":
