@@ -1,10 +1,13 @@
-"""A model-based test of expiry (TTLs and leases, kvstore/store/expiring.py):
-hypothesis drives puts with TTLs, puts under leases, keep-alives, revokes,
-plain writes, compare-and-set, a manual clock moving forward and back,
-sweeps, reopens (replay), snapshots and rebuilds from a snapshot plus the
-log; after every step the store equals a model of what every read should
-show at the model's time, and the log (read as watch reads it) equals the
-model's raw state (expired keys not swept yet included)."""
+"""A model-based test of expiry (TTLs and leases, kvstore/store/expiring.py)
+in keyspaces (kvstore/store/keyspace.py): hypothesis drives, in the default
+keyspace and two named ones, puts with TTLs, puts under leases (one lease may
+hold keys of several keyspaces), keep-alives, revokes, plain writes, range
+deletes, drops of keyspaces, compare-and-set, batches spanning keyspaces, a
+manual clock moving forward and back, sweeps, reopens (replay), snapshots and
+rebuilds from a snapshot plus the log; after every step every keyspace
+equals a model of what every read should show at the model's time, and the
+log (read as a watcher of every keyspace reads it) equals the model's raw
+state (expired keys not swept yet included)."""
 
 from __future__ import annotations
 
@@ -18,10 +21,16 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import kvstore
 from kvstore.entry.codec import END_OF_KEYS
+from kvstore.store.keyspace import Keyspace
 
 START_US = 1_700_000_000_000_000
 KEYS = [b"a", b"b", b"c", b"d", b"e"]
+SPACES = ["", "users", "orders"]
 keys = st.sampled_from(KEYS)
+spaces = st.sampled_from(SPACES)
+named_spaces = st.sampled_from(SPACES[1:])
+spaced_keys = st.tuples(spaces, keys)
+SK = tuple[str, bytes]
 values = st.binary(min_size=0, max_size=4)
 ttls = st.sampled_from([0.5, 1.0, 2.0, 5.0])
 steps = st.sampled_from([0.25, 0.5, 1.0, 3.0])
@@ -34,8 +43,9 @@ class ExpiryModel(RuleBasedStateMachine):
         self.path = os.path.join(self.dir, "store")
         self.clock = kvstore.ManualClock(START_US)
         self.high = START_US  # the store's time: the clock's largest reading since it opened
-        self.values: dict[bytes, bytes] = {}  # what LMDB holds (expired keys not swept included)
-        self.meta: dict[bytes, tuple[str, int]] = {}  # key -> ("ttl", at_us) | ("lease", lease id)
+        # (keyspace, key) -> what LMDB holds (expired keys not swept included)
+        self.values: dict[SK, bytes] = {}
+        self.meta: dict[SK, tuple[str, int]] = {}  # -> ("ttl", at_us) | ("lease", lease id)
         self.leases: dict[int, tuple[int, int]] = {}  # lease id -> (ttl_us, at_us), until revoked or swept
         self.handles: list[kvstore.Lease] = []
         self.snapshots = 0
@@ -45,6 +55,10 @@ class ExpiryModel(RuleBasedStateMachine):
     def _open(self) -> kvstore.KVStore:
         return kvstore.open(self.path, sync="none", segment_bytes=4096, map_size=1 << 20,
                             clock=self.clock, sweep_interval=None)
+
+    def space(self, name: str) -> kvstore.KVStore | Keyspace:
+        """The handle of keyspace ``name`` ("": the store itself)."""
+        return self.db.keyspace(name) if name else self.db
 
     def teardown(self) -> None:
         try:
@@ -58,7 +72,7 @@ class ExpiryModel(RuleBasedStateMachine):
         self.high = max(self.high, self.clock.now_us())
         return self.high
 
-    def at_of(self, key: bytes) -> int | None:
+    def at_of(self, key: SK) -> int | None:
         """The instant ``key`` expires at (None: never); 0 for a missing lease."""
         m = self.meta.get(key)
         if m is None:
@@ -67,7 +81,7 @@ class ExpiryModel(RuleBasedStateMachine):
             return m[1]
         return self.leases[m[1]][1] if m[1] in self.leases else 0
 
-    def visible(self) -> dict[bytes, bytes]:
+    def visible(self) -> dict[SK, bytes]:
         now = self.now()
         out = {}
         for k, v in self.values.items():
@@ -79,11 +93,11 @@ class ExpiryModel(RuleBasedStateMachine):
     def lease_alive(self, lease_id: int) -> bool:
         return lease_id in self.leases and self.leases[lease_id][1] > self.now()
 
-    def drop(self, key: bytes) -> None:
+    def drop(self, key: SK) -> None:
         self.values.pop(key, None)
         self.meta.pop(key, None)
 
-    def set(self, key: bytes, value: bytes, meta: tuple[str, int] | None) -> None:
+    def set(self, key: SK, value: bytes, meta: tuple[str, int] | None) -> None:
         self.values[key] = value
         if meta is None:
             self.meta.pop(key, None)
@@ -92,53 +106,60 @@ class ExpiryModel(RuleBasedStateMachine):
 
     # -- writes ------------------------------------------------------------------
 
-    @rule(key=keys, value=values)
-    def put(self, key: bytes, value: bytes) -> None:
-        self.db.put(key, value)
+    @rule(key=spaced_keys, value=values)
+    def put(self, key: SK, value: bytes) -> None:
+        self.space(key[0]).put(key[1], value)
         self.set(key, value, None)
 
-    @rule(key=keys, value=values, ttl=ttls)
-    def put_ttl(self, key: bytes, value: bytes, ttl: float) -> None:
-        self.db.put(key, value, ttl=ttl)
+    @rule(key=spaced_keys, value=values, ttl=ttls)
+    def put_ttl(self, key: SK, value: bytes, ttl: float) -> None:
+        self.space(key[0]).put(key[1], value, ttl=ttl)
         self.set(key, value, ("ttl", self.now() + round(ttl * 1e6)))
 
-    @rule(key=keys)
-    def delete(self, key: bytes) -> None:
-        self.db.delete(key)
+    @rule(key=spaced_keys)
+    def delete(self, key: SK) -> None:
+        self.space(key[0]).delete(key[1])
         self.drop(key)
 
-    @rule(start=st.sampled_from([None, b"b", b"c"]), end=st.sampled_from([None, b"c", b"e"]))
-    def delete_range(self, start: bytes | None, end: bytes | None) -> None:
-        self.db.delete_range(start, end)
+    @rule(space=spaces, start=st.sampled_from([None, b"b", b"c"]), end=st.sampled_from([None, b"c", b"e"]))
+    def delete_range(self, space: str, start: bytes | None, end: bytes | None) -> None:
+        self.space(space).delete_range(start, end)
         lo, hi = start or b"", END_OF_KEYS if end is None else end
-        for k in [k for k in self.values if lo <= k < hi]:
-            self.drop(k)
+        for sk in [sk for sk in self.values if sk[0] == space and lo <= sk[1] < hi]:
+            self.drop(sk)
 
-    @rule(ttl=ttls, attach=st.lists(keys, max_size=3, unique=True), value=values)
-    def grant(self, ttl: float, attach: list[bytes], value: bytes) -> None:
-        """A new lease, with keys put under it at once (the common use)."""
+    @rule(space=named_spaces)
+    def drop_keyspace(self, space: str) -> None:
+        """Every key of the keyspace goes, with its TTL or its place in a lease."""
+        self.db.drop_keyspace(space)
+        for sk in [sk for sk in self.values if sk[0] == space]:
+            self.drop(sk)
+
+    @rule(ttl=ttls, attach=st.lists(spaced_keys, max_size=3, unique=True), value=values)
+    def grant(self, ttl: float, attach: list[SK], value: bytes) -> None:
+        """A new lease, with keys (of any keyspaces) put under it at once (the common use)."""
         lease = self.db.grant(ttl)
         ttl_us = round(ttl * 1e6)
         self.leases[lease.id] = (ttl_us, self.now() + ttl_us)
         self.handles.append(lease)
         for key in attach:
-            self.db.put(key, value, lease=lease)
+            self.space(key[0]).put(key[1], value, lease=lease)
             self.set(key, value, ("lease", lease.id))
 
     def _lease(self, data: st.DataObject) -> kvstore.Lease | None:
         return data.draw(st.sampled_from(self.handles)) if self.handles else None
 
-    @rule(key=keys, value=values, data=st.data())
-    def put_under_lease(self, key: bytes, value: bytes, data: st.DataObject) -> None:
+    @rule(key=spaced_keys, value=values, data=st.data())
+    def put_under_lease(self, key: SK, value: bytes, data: st.DataObject) -> None:
         lease = self._lease(data)
         if lease is None:
             return
         if self.lease_alive(lease.id):
-            self.db.put(key, value, lease=lease)
+            self.space(key[0]).put(key[1], value, lease=lease)
             self.set(key, value, ("lease", lease.id))
         else:
             try:
-                self.db.put(key, value, lease=lease)
+                self.space(key[0]).put(key[1], value, lease=lease)
             except kvstore.LeaseNotFoundError as exc:
                 assert exc.lease_id == lease.id
             else:
@@ -179,19 +200,19 @@ class ExpiryModel(RuleBasedStateMachine):
             else:
                 raise AssertionError("a revoke of a lease that is gone succeeded")
 
-    @rule(key=keys, value=values)
-    def create_if_absent(self, key: bytes, value: bytes) -> None:
+    @rule(key=spaced_keys, value=values)
+    def create_if_absent(self, key: SK, value: bytes) -> None:
         """An expired key is absent to conditions too (decided in log order)."""
         absent = key not in self.visible()
-        assert self.db.compare_and_set(key, None, value) == absent
+        assert self.space(key[0]).compare_and_set(key[1], None, value) == absent
         if absent:
             self.set(key, value, None)
 
     @rule(data=st.data(), n=st.integers(1, 3))
     def batch(self, data: st.DataObject, n: int) -> None:
-        """A batch of puts with and without expiry: all of it applies, or none
-        (a lease not alive at its place in the log)."""
-        ops = [(data.draw(keys), data.draw(values), data.draw(st.sampled_from(["plain", "ttl", "lease"])))
+        """A batch of puts with and without expiry, across keyspaces: all of
+        it applies, or none (a lease not alive at its place in the log)."""
+        ops = [(data.draw(spaced_keys), data.draw(values), data.draw(st.sampled_from(["plain", "ttl", "lease"])))
                for _ in range(n)]
         lease = self._lease(data)
         ops = [(k, v, "plain" if kind == "lease" and lease is None else kind) for k, v, kind in ops]
@@ -199,7 +220,8 @@ class ExpiryModel(RuleBasedStateMachine):
         try:
             with self.db.batch() as b:
                 for k, v, kind in ops:
-                    b.put(k, v, **({"ttl": 1.0} if kind == "ttl" else {"lease": lease} if kind == "lease" else {}))
+                    b.put(k[1], v, keyspace=k[0],
+                          **({"ttl": 1.0} if kind == "ttl" else {"lease": lease} if kind == "lease" else {}))
         except kvstore.LeaseNotFoundError:
             assert not ok
             return
@@ -232,7 +254,7 @@ class ExpiryModel(RuleBasedStateMachine):
         dead = sorted((at, lid) for lid, (_ttl, at) in self.leases.items() if at <= now)
         first = self.db.last_lsn + 1
         deleted = self.db.sweep_expired(max_keys)
-        expired = [c.key for c in self.changes(first) if c.op == "expire"]
+        expired = [(c.keyspace, c.key) for c in self.changes(first) if c.op == "expire"]
         assert len(expired) == len(set(expired)) == deleted
         limit = max_keys or 1000
         want = min(len(due), limit)
@@ -258,7 +280,7 @@ class ExpiryModel(RuleBasedStateMachine):
     def changes(self, first: int) -> list:
         """Every change the log holds from LSN ``first`` on, as a watcher reads them."""
         self.db.sync()
-        with self.db.watch(from_lsn=first, timeout=0.01) as w:
+        with self.db.watch(from_lsn=first, timeout=0.01, keyspace=None) as w:
             return list(w)
 
     # -- restarts ------------------------------------------------------------------
@@ -296,20 +318,24 @@ class ExpiryModel(RuleBasedStateMachine):
 
     @invariant()
     def equals_the_model(self) -> None:
-        want = self.visible()
-        assert dict(self.db.scan()) == want
-        assert list(self.db.scan(reverse=True)) == sorted(want.items(), reverse=True)
-        assert self.db.get_many(KEYS) == [want.get(k) for k in KEYS]
-        assert len(self.db) == len(want)
+        visible = self.visible()
         now = self.now()
-        with self.db.view() as v:
-            assert dict(v.scan()) == want
-            assert [v.get(k) for k in KEYS] == [want.get(k) for k in KEYS]
-        for k in KEYS:
-            assert self.db.get(k) == want.get(k)
-            at = self.at_of(k)
-            expect = None if k not in want or at is None else (at - now) / 1e6
-            assert self.db.ttl(k) == expect, (k, self.meta.get(k))
+        assert self.db.keyspaces() == sorted({s for s, _k in self.values if s})  # swept or not
+        for space in SPACES:
+            want = {k: v for (s, k), v in visible.items() if s == space}
+            db = self.space(space)
+            assert dict(db.scan()) == want, space
+            assert list(db.scan(reverse=True)) == sorted(want.items(), reverse=True)
+            assert db.get_many(KEYS) == [want.get(k) for k in KEYS]
+            assert len(db) == len(want)
+            with db.view() as v:
+                assert dict(v.scan()) == want
+                assert [v.get(k) for k in KEYS] == [want.get(k) for k in KEYS]
+            for k in KEYS:
+                assert db.get(k) == want.get(k)
+                at = self.at_of((space, k))
+                expect = None if k not in want or at is None else (at - now) / 1e6
+                assert db.ttl(k) == expect, (space, k, self.meta.get((space, k)))
         for lease in self.handles:
             alive = self.lease_alive(lease.id)
             assert (lease.ttl() is not None) == alive
@@ -321,16 +347,16 @@ class ExpiryModel(RuleBasedStateMachine):
         self.steps += 1
         if self.snapshots or self.steps % 4:  # retention cut the log; and a log read every 4th step
             return
-        raw: dict[bytes, bytes] = {}
+        raw: dict[SK, bytes] = {}
         for c in self.changes(1):
             if c.op == "upsert":
-                raw[c.key] = c.value
+                raw[(c.keyspace, c.key)] = c.value
             elif c.op in ("delete", "expire"):
-                raw.pop(c.key, None)
+                raw.pop((c.keyspace, c.key), None)
             else:
-                assert c.op == "delete_range"
-                for k in [k for k in raw if c.key <= k < c.end_key]:
-                    del raw[k]
+                assert c.op == "delete_range"  # a range delete, or a drop of a keyspace
+                for sk in [sk for sk in raw if sk[0] == c.keyspace and c.key <= sk[1] < c.end_key]:
+                    del raw[sk]
         assert raw == self.values
 
 
