@@ -11,9 +11,9 @@ Modules: :mod:`benchmarks.harness` (model, alternation, medians),
 :mod:`benchmarks.peers` (LevelDB, RocksDB, LMDB, SQLite, plain fdatasync loop),
 :mod:`benchmarks.report` (table, JSON, plot), :mod:`benchmarks.machine`, and one
 module of workloads per issue: ``log_workloads`` (2), ``kv_workloads`` (3),
-``keyspace_workloads`` (25), ``snapshot_workloads`` (4), ``archive_workloads`` (12), ``server`` (22: walkv
-serve against etcd and Redis, which it starts itself: :mod:`benchmarks.server_peers`,
-one load generator :mod:`benchmarks.http_load`), ``spark_workloads`` (5,
+``keyspace_workloads`` (25), ``expiry_workloads`` (25), ``snapshot_workloads`` (4), ``archive_workloads``
+(12), ``server`` (22: walkv serve against etcd and Redis, which it starts itself:
+:mod:`benchmarks.server_peers`, one load generator :mod:`benchmarks.http_load`), ``spark_workloads`` (5,
 only with ``--only spark``).
 
 ``python -m benchmarks --scale 1M,10M,50M`` runs instead the scale benchmark
@@ -36,6 +36,7 @@ def all_workloads(cfg: Config) -> list[Workload]:
     from benchmarks import (
         archive_workloads,
         coord_workloads,
+        expiry_workloads,
         keyspace_workloads,
         kv_workloads,
         log_workloads,
@@ -45,8 +46,8 @@ def all_workloads(cfg: Config) -> list[Workload]:
     )
 
     out: list[Workload] = []
-    for module in (log_workloads, kv_workloads, coord_workloads, keyspace_workloads, snapshot_workloads,
-                   archive_workloads, server, spark_workloads):
+    for module in (log_workloads, kv_workloads, coord_workloads, keyspace_workloads, expiry_workloads,
+                   snapshot_workloads, archive_workloads, server, spark_workloads):
         out.extend(module.workloads(cfg))
     return out
 

@@ -79,13 +79,15 @@ LABELS = {"walkv": "walkv", "leveldb": "LevelDB", "rocksdb": "RocksDB", "lmdb": 
           "sqlite": "SQLite WAL"}
 
 
-def _open(system: str, ctx: Context, sync: bool) -> Any:
-    return SYSTEMS[system](ctx.fresh_dir(system), sync)
+def _open(system: str | type, ctx: Context, sync: bool) -> Any:
+    """Open ``system``: a name in :data:`SYSTEMS`, or a class with their face."""
+    cls: Any = SYSTEMS[system] if isinstance(system, str) else system
+    return cls(ctx.fresh_dir(cls.name), sync)
 
 
 # ---- generic runs --------------------------------------------------------
 
-def _puts_timed(system: str, threads: int, seconds: float, sync: bool = True):
+def _puts_timed(system: str | type, threads: int, seconds: float, sync: bool = True):
     def run(ctx: Context) -> Measurement:
         db = _open(system, ctx, sync)
         try:
@@ -96,7 +98,7 @@ def _puts_timed(system: str, threads: int, seconds: float, sync: bool = True):
     return run
 
 
-def _puts_counted(system: str, n: int, sync: bool = False):
+def _puts_counted(system: str | type, n: int, sync: bool = False):
     def run(ctx: Context) -> Measurement:
         items = data.items(n)
         db = _open(system, ctx, sync)
@@ -155,9 +157,9 @@ def load(db: Any, n: int) -> None:
         db.write_batch((data.key(i), data.value(i)) for i in range(start, min(n, start + LOAD_CHUNK)))
 
 
-def _gets(system: str, n_keys: int, n_gets: int, per_get_txn: bool = False):
+def _gets(system: str | type, n_keys: int, n_gets: int, per_get_txn: bool = False):
     def prepare(ctx: Context) -> Any:
-        db = SYSTEMS[system](os.path.join(ctx.directory, "db"), False)
+        db = (SYSTEMS[system] if isinstance(system, str) else system)(os.path.join(ctx.directory, "db"), False)
         load(db, n_keys)
         rnd = random.Random(42)
         order = [data.key(rnd.randrange(n_keys)) for _ in range(n_gets)]

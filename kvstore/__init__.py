@@ -38,6 +38,8 @@ from kvstore.replica.archive_restore import restore_from_archive
 from kvstore.replica.point_in_time import restore
 from kvstore.replica.restore import RestoreInfo
 from kvstore.state.view import View
+from kvstore.store.clock import Clock, ManualClock, SystemClock
+from kvstore.store.leases import KeepAlive, Lease
 from kvstore.store.metrics import prometheus_text
 from kvstore.store.store import KVStore, open
 from kvstore.store.write_batch import WriteBatch
@@ -51,6 +53,7 @@ from wal.errors import (
     DiskFullError,
     ForkedError,
     KeyspaceLimitError,
+    LeaseNotFoundError,
     LockedError,
     LogFailedError,
     LogGapError,
@@ -113,7 +116,8 @@ def open_async(path, sync: str = "always", **options):
 __all__ = [
     "MAX_KEY_BYTES", "build_info", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError",
     "ArchiveUnavailableError", "ClosedError", "CorruptionError", "Damage",
-    "DiskFullError", "ForkedError", "KeyspaceLimitError", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
+    "DiskFullError", "ForkedError", "Clock", "KeepAlive", "KeyspaceLimitError", "Lease", "LeaseNotFoundError",
+    "ManualClock", "SystemClock", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
     "ReplicaLagError", "RestoreTimeError", "SnapshotError",
     "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "connect", "connect_async", "open", "open_async",

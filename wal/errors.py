@@ -286,6 +286,17 @@ class SourceGoneError(ReplicaError):
     what the replica applied. Never reaches a caller of ``promote``."""
 
 
+class LeaseNotFoundError(WalkvError):
+    """A write under a lease, a keep-alive or a revoke named a lease that is
+    not alive at its place in the log (it expired, was revoked, or never
+    was). Writes under it were not applied; its LSN was consumed.
+    ``lease_id`` names it."""
+
+    def __init__(self, message: str, *, lease_id: int) -> None:
+        super().__init__(message)
+        self.lease_id = lease_id
+
+
 class ForkedError(WalkvError):
     """A log, store or LMDB environment was used in a process forked from the
     one that opened it (``os.fork()``, ``multiprocessing`` with the fork start

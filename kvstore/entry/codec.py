@@ -10,9 +10,18 @@ Format (one log entry's payload; the log adds LSN and timestamp around it)::
              | [5, key]                       condition: key is absent
              | [6, key]                       condition: key is present
              | [7, index]                     failed: condition ``index`` did not hold
+             | [8, key, value, at]            put; the key expires at instant ``at``
+             | [9, key, value, lease]         put; the key lives as long as lease ``lease``
+             | [10, lease]                    condition: lease ``lease`` is alive
+             | [11, lease, ttl, at]           grant lease ``lease`` of ``ttl`` us, expiring at ``at``
+             | [12, lease, at]                keep lease ``lease`` alive until ``at``
+             | [13, lease]                    revoke lease ``lease`` (its keys are listed after it)
+             | [14, key]                      expire: delete ``key``, its TTL or lease ran out
              | [16, name]                     the ops after it, up to the next [16],
                                               are in keyspace ``name`` ("": the default)
              | [17, name]                     drop keyspace ``name``: every key of it goes
+    at, ttl   := msgpack int, microseconds (``at``: since the epoch, UTC)
+    lease     := msgpack int, 1 .. 2**63 - 1
     key, value, start, end := msgpack bin     (never str: text must be encoded
                                                by the caller, so no codec is
                                                ever guessed on replay)
@@ -49,8 +58,39 @@ Rules, and the reason for each:
   ``name`` is a msgpack str (names are text, chosen by the program, never
   data): 1..64 characters of ``[A-Za-z0-9_.-]``, not starting with ``__``
   (reserved), or ``""`` for the default keyspace in ``[16]`` (a default
-  keyspace is never dropped). Codes 8..15 are TTL's and leases', interpreted
+  keyspace is never dropped). Codes 8..15 are TTL's and leases', their keys
   in the batch's current keyspace; 18 and 19 are kept for keyspaces.
+* Expiry (codes 8..14, :mod:`kvstore.entry.leases`). Every instant is
+  absolute, decided by the writer from its clock and logged (``at`` =
+  the writer's now + the TTL), so replay, rebuilds, replicas, the archive
+  and Spark read when a key expires from the bytes and never consult a
+  clock to change state. A key has at most one of a TTL (8) and a lease
+  (9); any later write of it (1, 2, 3, 8, 9, 14) replaces or drops what it
+  had, as a plain ``SET`` drops a Redis TTL. Expiry itself is a logged
+  deletion (14), written by the store's sweeper, because a reader of the
+  log (a watcher, Spark) must see when a key went without state or a
+  clock; reads meanwhile compare instants against their own clock, so an
+  expired key is absent to them before it is swept. Which keys a sweep or
+  a revoke deletes is decided by the writer in log order, as conditions
+  are, and written into the entry: ``[[13, lease], [2, key]...]`` for a
+  revoke (deletes: the user asked), ``[[13, lease], [14, key]...]`` for a
+  lease that ran out, ``[[14, key]...]`` for keys whose TTL ran out. A
+  lease with more keys than one entry should hold is ended over several
+  entries: its keys in bounded runs of 14s (a revoke first keeps it alive
+  until now, ``[12, lease, now]``, so that its keys vanish at once), the
+  last entry with the 13. A put under a lease, or a keep-alive, whose
+  lease is not alive at its place in the log fails as a condition does:
+  the writer logs it as ``[[7, i], conditions..., [10, lease]]``; 10 is
+  never written otherwise. A sweep that finds nothing left to do (the
+  keys were written again meanwhile) is logged as an empty batch, ``[]``.
+  Codes 10..13 change no key: readers of changes skip them.
+* Expiry and keyspaces: a key's TTL or lease belongs to the key in its
+  keyspace (``[16, "users"], [8, k, v, at]`` expires ``k`` of ``users``), so
+  the 14s of a sweep and the keys a revoke lists carry ``[16, name]``
+  switches between keyspaces, in the one entry. Leases themselves (10..13)
+  are store-wide, whatever the current keyspace: one lease may hold keys of
+  several keyspaces, and its revoke deletes them all. ``[17, name]`` drops
+  the TTLs of the keyspace's keys and detaches them from their leases.
 * Decoding is strict: a payload that is valid msgpack but not a batch of this
   shape is corruption (:class:`~wal.errors.CorruptionError` naming the LSN),
   never silently skipped, because skipping it would lose an acknowledged write.
@@ -75,12 +115,26 @@ OP_REQUIRE_EQUALS = 4
 OP_REQUIRE_ABSENT = 5
 OP_REQUIRE_PRESENT = 6
 OP_FAILED = 7
+OP_PUT_EXPIRING = 8
+OP_PUT_LEASED = 9
+OP_REQUIRE_LEASE = 10
+OP_GRANT = 11
+OP_KEEPALIVE = 12
+OP_REVOKE = 13
+OP_EXPIRE = 14
 OP_KEYSPACE = 16
 OP_DROP_KEYSPACE = 17
-CONDITION_CODES = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT))
+CONDITION_CODES = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT, OP_REQUIRE_LEASE))
 NO_WRITE_CODES = CONDITION_CODES | {OP_FAILED}
 """Op codes that change nothing (a reader skips them; a batch starting with
 ``OP_FAILED`` applies nothing)."""
+PUT_CODES = frozenset((OP_PUT, OP_PUT_EXPIRING, OP_PUT_LEASED))
+"""Op codes that set a key to a value (``[code, key, value, ...]``)."""
+LEASE_CODES = frozenset((OP_GRANT, OP_KEEPALIVE, OP_REVOKE))
+"""Op codes that change a lease and no key (readers of changes skip them)."""
+EXPIRY_CODES = frozenset((OP_PUT_EXPIRING, OP_PUT_LEASED, OP_EXPIRE)) | LEASE_CODES
+"""Op codes that read or write expiry metadata (:mod:`kvstore.state.expiry`)."""
+MAX_LEASE_ID = (1 << 63) - 1
 KEYSPACE_CODES = frozenset((OP_KEYSPACE, OP_DROP_KEYSPACE))
 """Op codes of keyspaces: a batch holding one is applied op by op, keyspace by keyspace."""
 
@@ -95,6 +149,10 @@ _KEYSPACE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxy
 UPSERT = "upsert"
 DELETE = "delete"
 DELETE_RANGE = "delete_range"
+EXPIRE = "expire"
+CHANGE_NAMES = {OP_PUT: UPSERT, OP_PUT_EXPIRING: UPSERT, OP_PUT_LEASED: UPSERT, OP_DELETE: DELETE,
+                OP_EXPIRE: EXPIRE, OP_DELETE_RANGE: DELETE_RANGE}
+"""The change each op code that changes keys is shown as (codes not here change none)."""
 
 MAX_KEY_BYTES = 511
 """LMDB's default maximum key size (``mdb_env_get_maxkeysize``)."""
@@ -386,6 +444,8 @@ def _parse(payload: bytes) -> list[list]:
                 raise _NotABatch(f"op {i} (delete) has a non-bin key")
             if not 0 < len(key) <= MAX_KEY_BYTES:
                 raise _NotABatch(f"op {i} (delete) has a {len(key)}-byte key")
+        elif type(code) is int and OP_PUT_EXPIRING <= code <= OP_EXPIRE:
+            _check_expiry(i, op)
         elif code == OP_DELETE_RANGE and n == 3 and type(code) is int:
             start, end = op[1], op[2]
             if type(start) is not bytes or type(end) is not bytes:
@@ -416,12 +476,48 @@ def _check_keyspace_op(i: int, op: list) -> bool:
     if why is not None:
         raise _NotABatch(f"op {i} ({'keyspace' if code == OP_KEYSPACE else 'drop_keyspace'}): {why}")
     return code == OP_DROP_KEYSPACE
+def _is_lease(x: object) -> bool:
+    return type(x) is int and 0 < x <= MAX_LEASE_ID
+
+
+def _is_instant(x: object) -> bool:
+    return type(x) is int and 0 <= x < 1 << 63
+
+
+_EXPIRY_SHAPES = {  # code: (name, fields, check of the fields after the code)
+    OP_PUT_EXPIRING: ("put with an expiry", 4, lambda op: _is_key(op[1]) and type(op[2]) is bytes
+                      and _is_instant(op[3])),
+    OP_PUT_LEASED: ("put under a lease", 4, lambda op: _is_key(op[1]) and type(op[2]) is bytes
+                    and _is_lease(op[3])),
+    OP_GRANT: ("grant", 4, lambda op: _is_lease(op[1]) and _is_instant(op[2]) and op[2] > 0
+               and _is_instant(op[3])),
+    OP_KEEPALIVE: ("keep-alive", 3, lambda op: _is_lease(op[1]) and _is_instant(op[2])),
+    OP_REVOKE: ("revoke", 2, lambda op: _is_lease(op[1])),
+    OP_EXPIRE: ("expire", 2, lambda op: _is_key(op[1])),
+}
+
+
+def _is_key(x: object) -> bool:
+    return type(x) is bytes and 0 < len(x) <= MAX_KEY_BYTES
+
+
+def _check_expiry(i: int, op: list) -> None:
+    shape = _EXPIRY_SHAPES.get(op[0])
+    if shape is None:
+        raise _NotABatch(f"op {i} has code {op[0]!r} and {len(op)} fields")
+    name, n, ok = shape
+    if len(op) != n or not ok(op):
+        raise _NotABatch(f"op {i} ({name}) must be {n} fields of the shape the format gives")
 
 
 def _check_condition(i: int, op: list, after_write: bool) -> None:
     code, n = op[0], len(op)
     if after_write:
         raise _NotABatch(f"op {i} is a condition after a write (conditions come first)")
+    if code == OP_REQUIRE_LEASE:
+        if n != 2 or not _is_lease(op[1]):
+            raise _NotABatch(f"op {i} (lease condition) must be [10, lease id]")
+        return
     if n != (3 if code == OP_REQUIRE_EQUALS else 2):
         raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
     key = op[1]

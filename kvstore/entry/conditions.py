@@ -43,11 +43,12 @@ from kvstore.entry.codec import (
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_DROP_KEYSPACE,
+    OP_EXPIRE,
     OP_FAILED,
     OP_KEYSPACE,
-    OP_PUT,
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
+    PUT_CODES,
     pack_ops,
 )
 
@@ -98,13 +99,13 @@ class GroupSoFar:
         keyspace = DEFAULT_KEYSPACE
         for op in ops:
             code = op[0]
-            if code == OP_PUT:
+            if code in PUT_CODES:
                 self._values[(keyspace, op[1])] = op[2]
-            elif code == OP_DELETE:
+            elif code == OP_DELETE or code == OP_EXPIRE:
                 self._values[(keyspace, op[1])] = None
             elif code == OP_KEYSPACE:
                 keyspace = op[1]
-            elif code in (OP_DELETE_RANGE, OP_DROP_KEYSPACE):
+            elif code == OP_DELETE_RANGE or code == OP_DROP_KEYSPACE:
                 ks = keyspace if code == OP_DELETE_RANGE else op[1]
                 start, end = (op[1], op[2]) if code == OP_DELETE_RANGE else (b"", None)
                 if end is None or start < end:

@@ -60,12 +60,16 @@ from kvstore.entry.codec import (
     DELETE,
     DELETE_RANGE,
     END_OF_KEYS,
+    EXPIRE,
+    LEASE_CODES,
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_DROP_KEYSPACE,
+    OP_EXPIRE,
     OP_FAILED,
     OP_KEYSPACE,
     OP_PUT,
+    PUT_CODES,
     UPSERT,
 )
 from wal.errors import CorruptionError, Damage
@@ -79,7 +83,7 @@ CHANGES = "changes"
 STATE = "state"
 TABLES = (SNAPSHOT, CHANGES, STATE)
 
-CHANGE_TYPES = (UPSERT, DELETE, DELETE_RANGE)
+CHANGE_TYPES = (UPSERT, DELETE, DELETE_RANGE, EXPIRE)
 
 
 # (name, kind, nullable); kind "K"/"V" become binary or string.
@@ -227,16 +231,23 @@ def state_batch(keys: Sequence[bytes], values: Sequence[bytes], lsns: Sequence[i
 def keyspace_writes(ops: list[Any], wanted: Keyspaces, lsn: int, path: str | None = None
                     ) -> Iterator[tuple[int, str, Any]]:
     """``(op index, keyspace, op)`` of the writes of one logged batch (put,
-    delete, delete_range) in the ``wanted`` keyspaces (None: every one): its
-    conditions change nothing, a failed batch nothing at all, and a drop of a
-    keyspace is a ``delete_range`` of every key of it. Anything else is damage."""
+    delete, delete_range, expire) in the ``wanted`` keyspaces (None: every
+    one): a put with a TTL or under a lease is shown as a put ``(1, key,
+    value)``, its conditions change nothing, nor do lease ops, a failed
+    batch nothing at all, and a drop of a keyspace is a ``delete_range`` of
+    every key of it. Anything else is damage."""
     keyspace = ""  # a batch starts in the default keyspace
     for i, op in enumerate(ops):
         try:
             code = op[0]
-            if code == OP_PUT or code == OP_DELETE or code == OP_DELETE_RANGE:
+            if code == OP_PUT or code == OP_DELETE or code == OP_DELETE_RANGE or code == OP_EXPIRE:
                 if wanted is None or keyspace in wanted:
                     yield i, keyspace, op
+            elif code in PUT_CODES:  # a put with a TTL or under a lease
+                if wanted is None or keyspace in wanted:
+                    yield i, keyspace, (OP_PUT, op[1], op[2])
+            elif code in LEASE_CODES:
+                continue  # a lease changed: no key did
             elif code == OP_KEYSPACE:
                 keyspace = op[1]
             elif code == OP_DROP_KEYSPACE:
@@ -252,7 +263,8 @@ def keyspace_writes(ops: list[Any], wanted: Keyspaces, lsn: int, path: str | Non
 
 # -- change rows -------------------------------------------------------------
 
-_TYPE_NAMES = pa.array(["", UPSERT, DELETE, DELETE_RANGE], pa.string())
+_TYPE_NAMES = pa.array(["", UPSERT, DELETE, DELETE_RANGE] + [""] * (OP_EXPIRE - 4) + [EXPIRE], pa.string())
+"""Change type names by op code (puts with an expiry are shown as code 1)."""
 
 
 def bad_op(lsn: int, index: int, op: Any, path: str | None) -> CorruptionError:
@@ -315,7 +327,7 @@ def change_batches(
             code = op[0]
             if code == OP_PUT:
                 key, value, end = op[1], op[2], None
-            elif code == OP_DELETE:
+            elif code == OP_DELETE or code == OP_EXPIRE:
                 key, value, end = op[1], None, None
             else:
                 key, value, end = op[1], None, op[2]
@@ -352,7 +364,7 @@ class TailState:
         lo, hi = self.lo, self.hi
         for i, _keyspace, op in keyspace_writes(ops, self.keyspaces, lsn, path):
             code = op[0]
-            if code == OP_PUT or code == OP_DELETE:
+            if code == OP_PUT or code == OP_DELETE or code == OP_EXPIRE:
                 key = op[1]
                 if (lo is None or key >= lo) and (hi is None or key < hi):
                     self.latest[key] = (lsn, i, op[2] if code == OP_PUT else None)

@@ -41,7 +41,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 import snapshot
-from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_PUT
+from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_EXPIRE, OP_PUT
 from kvstore.spark import arrow as sa
 from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles
@@ -158,6 +158,8 @@ def images(files: StoreFiles, opts: Options, p: ImagePartition) -> Iterator[Imag
             ops = decode_batch(entry.payload, lsn, shown)
             for i, _keyspace, op in sa.keyspace_writes(ops, keyspaces, lsn, shown):
                 code, a = op[0], op[1]
+                if code == OP_EXPIRE:  # the key's TTL or lease ran out: as a delete
+                    code = OP_DELETE
                 b: bytes = op[2] if code != OP_DELETE else b""
                 if code == OP_PUT or code == OP_DELETE:
                     if (lo is not None and a < lo) or (hi is not None and a >= hi):

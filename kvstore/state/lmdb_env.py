@@ -21,8 +21,9 @@ The options, and why:
   (:func:`grow_size`).
 * ``max_dbs`` (:data:`MAX_DBS`): the main database (walkv's bookkeeping),
   ``data`` (the default keyspace), one named database ``ks:<name>`` per
-  keyspace (:data:`MAX_KEYSPACES`) and up to 8 of walkv's own (``ttl:...``,
-  ``lease:...``). LMDB sizes every read transaction by it (about 50 bytes a
+  keyspace (:data:`MAX_KEYSPACES`) and the expiry metadata's five
+  (``ttl:...``, ``lease:...``, :mod:`kvstore.state.expiry`; room is kept
+  for 8). LMDB sizes every read transaction by it (about 50 bytes a
   slot), so it is a bound, not a guess.
 
 Stale readers: LMDB never reuses the pages an open read transaction may

@@ -14,6 +14,8 @@ Inside the environment:
   holds a key, so a rebuild from a snapshot, which leaves out empty ones,
   lists the same keyspaces). Why named databases and not a key prefix in
   ``data``: :mod:`kvstore.store.keyspace`;
+* the named databases ``ttl:...`` and ``lease:...`` hold each key's expiry
+  (a key of any keyspace) and the leases (:mod:`kvstore.state.expiry`);
 * walkv's bookkeeping are plain keys of LMDB's main (unnamed) database, beside
   the record of ``data``. (Keeping them there rather than in a second named
   database saves a page copy per write transaction: the main database's leaf
@@ -61,6 +63,7 @@ import operator
 import struct
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -69,21 +72,26 @@ import lmdb
 from kvstore.entry import conditions
 from kvstore.entry.codec import (
     DEFAULT_KEYSPACE,
+    EXPIRY_CODES,
     KEYSPACE_CODES,
     KEYSPACE_SECTION,
     NO_WRITE_CODES,
     OP_DELETE,
+    OP_EXPIRE,
     OP_KEYSPACE,
     OP_PUT,
+    PUT_CODES,
     as_bytes,
 )
 from kvstore.state.environment import K_APPLIED, Environment
+from kvstore.state.expiry import DB_NAMES as EXPIRY_DBS
+from kvstore.state.expiry import Expiry
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
-from kvstore.state.overlay import Overlay
+from kvstore.state.overlay import MISSING, Overlay
 from kvstore.state.readers import ReadView, scan
 from kvstore.state.reads import CachedReads, FreshReads, Get, read_in
 from kvstore.state.view import ABSENT, View
-from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
+from wal.errors import CorruptionError, Damage, LogFailedError, SnapshotError, WalkvError
 from wal.segment import Payload, payload_size
 
 log = logging.getLogger("walkv.state")
@@ -107,6 +115,11 @@ _first = operator.itemgetter(0)
 _PUT_CODES = {OP_PUT}
 _OVERLAY_CODES = {OP_PUT, OP_DELETE}
 _TO_DEFAULT = (OP_KEYSPACE, DEFAULT_KEYSPACE)
+
+
+def _now_us() -> int:
+    """Microseconds since the epoch, UTC: the clock expiry is read against by default."""
+    return time.time_ns() // 1000
 DIRECT_OPS = 4096
 """A group of at least this many operations is written to LMDB at once (with
 the overlay) rather than through the overlay: it is a bulk write already."""
@@ -169,14 +182,27 @@ class State:
         # get_many are exposed as they are, bound methods rather than State
         # methods that call them, so that a get costs no extra Python call:
         # the store calls state.get once per user get. While the overlay is
-        # empty, get is the LMDB-only one (_overlay_occupied switches).
+        # empty, get is the LMDB-only one (_overlay_occupied switches); while
+        # a key has an expiry, the one that checks it (_reads_for_expiry).
         self.get: Get
+        self.expiry = Expiry(self.lmdb.env, readonly=readonly)
+        self.now_us: Callable[[], int] = _now_us
+        """The clock reads compare expiry instants with (the store sets its own)."""
+        self._reads: CachedReads | FreshReads
+        self._plain_get: Get
+        self._plain_get_many: Callable[..., list[bytes | None]]
+        self.get_many: Callable[..., list[bytes | None]]
         if readonly:
-            fresh = FreshReads(self.lmdb)
-            self.get, self.get_many, self._get_in = fresh.get, fresh.get_many, fresh.get_in
+            self._reads = fresh = FreshReads(self.lmdb)
+            self._plain_get = fresh.get
+            self._plain_get_many, self._get_in = fresh.get_many, fresh.get_in
         else:
             self._reads = cached = CachedReads(self.lmdb, self.overlay)
-            self.get, self.get_many, self._get_in = cached.get_lmdb, cached.get_many, cached.get_in
+            self._plain_get = cached.get_lmdb
+            self._plain_get_many, self._get_in = cached.get_many, cached.get_in
+        self.get, self.get_many = self._plain_get, self._plain_get_many
+        self._checking = False  # get is _get_alive (a key has an expiry)
+        self._reads_for_expiry()
         if self.use_overlay:
             self.overlay.start(self.flush)
 
@@ -185,7 +211,10 @@ class State:
         empty (called under its lock, :mod:`kvstore.state.overlay`): gets look
         in it, or go straight to LMDB."""
         reads = self._reads
-        self.get = reads.get if occupied else reads.get_lmdb
+        assert isinstance(reads, CachedReads), "only a read-write open has an overlay"
+        self._plain_get = reads.get if occupied else reads.get_lmdb
+        if not self._checking:
+            self.get = self._plain_get
 
     # -- meta ---------------------------------------------------------------
 
@@ -221,13 +250,22 @@ class State:
 
     def load_base(self, pairs: Iterator[tuple[bytes, bytes]], base_lsn: int,
                   chunk: int = 10000, *, sections: Mapping[str, Iterable[tuple[bytes, bytes]]] | None = None) -> int:
-        """Bulk-load (key, value) pairs sorted by key, and each keyspace's
-        (``sections``: a snapshot's, ``"ks:<name>"`` -> pairs; others are
-        not the state's), then mark the environment complete at
-        ``base_lsn``. Returns the number loaded."""
+        """Bulk-load (key, value) pairs sorted by key, each keyspace's
+        (``sections``: a snapshot's, ``"ks:<name>"`` -> pairs) and the expiry
+        metadata's sections (:mod:`kvstore.state.expiry`), then mark the
+        environment complete at ``base_lsn``. Returns the number of pairs
+        loaded. A section this version does not know is a
+        :class:`~wal.errors.SnapshotError` (a newer walkv wrote it)."""
         runs: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [(DEFAULT_KEYSPACE, pairs)]
-        runs += [(name[len(KEYSPACE_SECTION):], items) for name, items in sorted((sections or {}).items())
-                 if name.startswith(KEYSPACE_SECTION)]
+        metadata: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = []
+        for name, section in sorted((sections or {}).items()):
+            if name.startswith(KEYSPACE_SECTION):
+                runs.append((name[len(KEYSPACE_SECTION):], section))
+            elif name in EXPIRY_DBS:
+                metadata.append((name, section))
+            else:
+                raise SnapshotError(f"the snapshot holds a section {name!r} this walkv does not know "
+                                    f"(a newer walkv wrote it): use that walkv to restore it")
         n = 0
         for keyspace, run in runs:
             it = iter(run)
@@ -242,6 +280,14 @@ class State:
                     txn.cursor(db=db).putmulti(items, dupdata=False, overwrite=True, append=False)
                 self.lmdb.write(load)
                 n += len(items)
+        for name, section in metadata:
+            rest = iter(section)
+            while True:
+                items = list(islice(rest, chunk))
+                if not items:
+                    break
+                self.lmdb.write(partial(self.expiry.load, name=name, pairs=items))
+        self._reads_for_expiry()
         main = self.lmdb.main_db
 
         def finish(txn: lmdb.Transaction) -> None:
@@ -292,7 +338,9 @@ class State:
             self.puts += len(flat)
         else:
             self._count(flat)
-        if self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
+        if not codes.isdisjoint(EXPIRY_CODES):
+            self._write_through(flat, last, 0, puts_only=False)
+        elif self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
             full = bool(flat) and self.overlay.add(flat, last)
             self.applied_lsn = last
             if full:
@@ -337,23 +385,28 @@ class State:
 
             def write(txn: lmdb.Transaction) -> None:
                 write_values(txn, values)
+                if self.expiry.keys:
+                    self.expiry.drop(txn, values)
                 txn.put(K_APPLIED, _pack_u64(lsn), True, True, False, main)
             self._write_applied(write, lsn)
             overlay.thaw()
+            self._reads_for_expiry()
 
     def _count(self, ops: Ops) -> None:
         for op in ops:
             code = op[0]
-            if code == OP_PUT:
+            if code in PUT_CODES:
                 self.puts += 1
-            elif code == OP_DELETE:
+            elif code == OP_DELETE or code == OP_EXPIRE:
                 self.deletes += 1
-            elif code not in KEYSPACE_CODES:
+            elif code not in EXPIRY_CODES and code not in KEYSPACE_CODES:
                 self.delete_ranges += 1
 
     def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool) -> None:
         """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
-        overlay holds, in one write transaction."""
+        overlay holds, in one write transaction; through the expiry metadata
+        (:mod:`kvstore.state.expiry`) when they touch it or a key has an expiry."""
+        expiry = self.expiry.keys > 0 or not {op[0] for op in ops}.isdisjoint(EXPIRY_CODES)
         overlay = self.overlay
         main = self.lmdb.main_db
         with overlay.flush_lock:
@@ -363,7 +416,11 @@ class State:
             def write(txn: lmdb.Transaction) -> None:
                 if frozen is not None:
                     write_values(txn, frozen[0])
-                if puts_only:
+                    if self.expiry.keys:
+                        self.expiry.drop(txn, frozen[0])
+                if expiry:
+                    self.expiry.apply(txn, ops, self.lmdb.keyspace_db_in)
+                elif puts_only:
                     put_run(txn, ops)
                 else:
                     apply_ops(txn, ops, self.lmdb.keyspace_db_in)
@@ -372,6 +429,8 @@ class State:
             if frozen is not None:
                 overlay.thaw()
             self.applied_lsn = last
+            if expiry:
+                self._reads_for_expiry()
 
     def _write_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> None:
         """Run ``write`` in one write transaction (growing the map as often
@@ -401,12 +460,12 @@ class State:
         """A consistent view of the state (:class:`kvstore.state.view.View`): of
         LMDB, once the overlay is flushed into it."""
         self.flush()
-        return View(self.lmdb, max_seconds)
+        return View(self.lmdb, max_seconds, alive=self._alive_check(DEFAULT_KEYSPACE))
 
     def view_in(self, keyspace: str, max_seconds: float) -> View:
         """:meth:`view` of the named ``keyspace``."""
         db = self.lmdb.keyspace_db(keyspace)
-        return View(self.lmdb, max_seconds, db=ABSENT if db is None else db)
+        return View(self.lmdb, max_seconds, db=ABSENT if db is None else db, alive=self._alive_check(keyspace))
 
     def read_view(self) -> ReadView:
         """The state at one LSN, from one read transaction: ``.lsn``,
@@ -423,15 +482,92 @@ class State:
             view.close()  # a keyspace was created meanwhile: again
 
     def count(self) -> int:
+        """The number of keys (expired ones not swept yet left out)."""
         self.flush()
         data = self.lmdb.data_db
-        return self.lmdb.read(lambda txn: txn.stat(data)["entries"])
+        if not self._expiring():
+            return self.lmdb.read(lambda txn: txn.stat(data)["entries"])
+        now = self.now_us()
+        return self.lmdb.read(lambda txn: txn.stat(data)["entries"]
+                              - self.expiry.expired_keys(txn, now, DEFAULT_KEYSPACE))
 
     def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
              ) -> Generator[tuple[bytes, bytes], None, None]:
         """See :func:`kvstore.state.readers.scan` (which flushes the overlay
-        before each snapshot it takes)."""
-        return scan(self.lmdb, self.flush, lo, hi, reverse)
+        before each snapshot it takes); expired keys left out."""
+        pairs = scan(self.lmdb, self.flush, lo, hi, reverse)
+        return self._alive_pairs(pairs) if self._expiring() else pairs
+
+    # -- expiry (kvstore/state/expiry.py) ---------------------------------------
+
+    def _expiring(self) -> bool:
+        """Whether reads must check expiry: a key has one (a read-only open
+        cannot tell, so it checks whenever the metadata exists)."""
+        return self.expiry.keys > 0 or (self.readonly and self.expiry.present)
+
+    def _reads_for_expiry(self) -> None:
+        """Point :attr:`get` and :attr:`get_many` at the plain read path, or
+        at the one that checks expiry while a key has one (under the
+        overlay's lock, so that :meth:`_overlay_occupied`'s switch is never
+        lost to this one)."""
+        checking = self._expiring()
+        if checking == self._checking:
+            return
+        with self.overlay.lock:
+            self._checking = checking
+            if checking:
+                self.get, self.get_many = self._get_alive, self._get_many_alive
+            else:
+                self.get, self.get_many = self._plain_get, self._plain_get_many
+
+    def _alive_check(self, keyspace: str) -> Callable[[lmdb.Transaction, bytes], bool] | None:
+        """A view's check that a key of ``keyspace`` is not expired (None: no key has an expiry)."""
+        if not self._expiring():
+            return None
+        alive, now_us = self.expiry.alive, self.now_us
+        return lambda txn, key: alive(txn, keyspace, key, now_us())
+
+    def _get_alive(self, key: object, default: bytes | None = None) -> bytes | None:
+        """A get that finds a key expired at ``now_us()`` absent: the overlay
+        first (a key written there has no expiry: writes with one go to LMDB,
+        and the overlay's flush drops what LMDB held), then the key's value
+        and its expiry from one LMDB read transaction."""
+        if type(key) is not bytes:
+            key = as_bytes(key, "key")
+        overlay = self.overlay
+        v = overlay.active.get(key, MISSING)
+        if v is MISSING:
+            frozen = overlay.frozen
+            if frozen is not None:
+                v = frozen.get(key, MISSING)
+        if v is not MISSING:
+            return default if v is None else v  # type: ignore[return-value]  # bytes or None (deleted)
+        found = self._reads.run(partial(self.expiry.value_if_alive, self.lmdb.data_db, DEFAULT_KEYSPACE, key, self.now_us))
+        return default if found is None else found
+
+    def _get_many_alive(self, keys: Iterable[object], default: bytes | None = None) -> list[bytes | None]:
+        return [self._get_alive(k, default) for k in keys]
+
+    def _alive_pairs(self, pairs: Iterator[tuple[bytes, bytes]], keyspace: str = DEFAULT_KEYSPACE
+                     ) -> Generator[tuple[bytes, bytes], None, None]:
+        """``pairs`` of ``keyspace`` without the keys expired when each chunk of them is checked."""
+        while True:
+            chunk = list(islice(pairs, 256))
+            if not chunk:
+                return
+            yield from self.lmdb.read(partial(self._alive_in, chunk, keyspace, self.now_us()))
+
+    def _alive_in(self, pairs: list[tuple[bytes, bytes]], keyspace: str, now_us: int, txn: lmdb.Transaction
+                  ) -> list[tuple[bytes, bytes]]:
+        alive = self.expiry.alive
+        return [kv for kv in pairs if alive(txn, keyspace, kv[0], now_us)]
+
+    def read_expiry(self, fn: Callable[[lmdb.Transaction, Expiry], Any]) -> Any:
+        """``fn(txn, expiry)`` in a fresh read transaction of LMDB (the
+        overlay flushed first): what the store's TTL, lease and sweep
+        questions read."""
+        self.flush()
+        return self.lmdb.read(lambda txn: fn(txn, self.expiry))
 
     # -- keyspaces (the default one is ``get``, ``scan``, ...) ---------------------
 
@@ -446,13 +582,29 @@ class State:
         if type(key) is not bytes:
             key = as_bytes(key, "key")
         db = self.lmdb.keyspace_db(keyspace)
-        return default if db is None else self._get_in(db, key, default)
+        if db is None:
+            return default
+        if self._expiring():  # a fresh transaction: a cached one may predate the handle
+            found = self.lmdb.read(partial(self.expiry.value_if_alive, db, keyspace, key, self.now_us))
+            return default if found is None else found
+        return self._get_in(db, key, default)
 
     def get_many_in(self, keyspace: str, keys: Iterable[bytes], default: bytes | None = None
                     ) -> list[bytes | None]:
         """The values of ``keys`` in the named ``keyspace``, in order, from
         one read transaction (keyspaces never pass through the overlay)."""
-        return read_in(self.lmdb, keyspace, keys, default)
+        if not self._expiring():
+            return read_in(self.lmdb, keyspace, keys, default)
+        wanted = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
+        db = self.lmdb.keyspace_db(keyspace)
+        if db is None:
+            return [default] * len(wanted)
+        value_if_alive, now_us = self.expiry.value_if_alive, self.now_us
+
+        def read(txn: lmdb.Transaction) -> list[bytes | None]:
+            found = [value_if_alive(db, keyspace, k, now_us, txn) for k in wanted]
+            return [default if v is None else v for v in found]
+        return self.lmdb.read(read)
 
     def scan_in(self, keyspace: str, lo: bytes, hi: bytes | None, reverse: bool = False
                 ) -> Generator[tuple[bytes, bytes], None, None]:
@@ -460,14 +612,20 @@ class State:
         db = self.lmdb.keyspace_db(keyspace)
         if db is None:
             return _nothing()
-        return scan(self.lmdb, self.flush, lo, hi, reverse, db=db)
+        pairs = scan(self.lmdb, self.flush, lo, hi, reverse, db=db)
+        return self._alive_pairs(pairs, keyspace) if self._expiring() else pairs
 
     def count_in(self, keyspace: str) -> int:
         """The number of keys in ``keyspace`` ("": the default one)."""
         if not keyspace:
             return self.count()
         db = self.lmdb.keyspace_db(keyspace)
-        return 0 if db is None else self.lmdb.read(lambda txn: txn.stat(db)["entries"])
+        if db is None:
+            return 0
+        if not self._expiring():
+            return self.lmdb.read(lambda txn: txn.stat(db)["entries"])
+        now = self.now_us()
+        return self.lmdb.read(lambda txn: txn.stat(db)["entries"] - self.expiry.expired_keys(txn, now, keyspace))
 
     def keyspaces(self) -> list[str]:
         """The named keyspaces that hold at least one key, sorted."""
@@ -505,6 +663,7 @@ class State:
             "apply_max_us": self.apply_max_seconds * 1e6,
             "overlay_keys": len(self.overlay),
             "overlay_flushes": self.overlay.flushes,
+            "expiring_keys": self.expiry.keys,
             "lmdb_applied_lsn": self.lmdb_applied_lsn,
             **lmdb_stats,
         }

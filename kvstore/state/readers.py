@@ -13,18 +13,20 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from itertools import islice
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import lmdb
 from mypy_extensions import mypyc_attr
 
 from kvstore.state.lmdb_ops import position, read_error
+from wal.errors import ClosedError
 from wal.forkguard import Refusing
 
 SCAN_HOLD_SECONDS = 0.5
 """A scan renews its read transaction between chunks once it is older than
 this (see :func:`scan`)."""
 _monotonic = time.monotonic
+T = TypeVar("T")
 
 
 class ReadGate:
@@ -296,7 +298,7 @@ class ReadView:
         """Every (key, value) of the default keyspace in key order; without
         sections the view closes when they end (or when this iterator is closed)."""
         try:
-            yield from self._pairs(None)
+            yield from self.db_pairs(None)
         finally:
             if not self._sections:
                 self.close()
@@ -304,14 +306,22 @@ class ReadView:
     def sections(self) -> dict[str, Iterator[tuple[bytes, bytes]]]:
         """Each section's (key, value) pairs in key order, from this view's
         transaction (read them before the view closes)."""
-        return {name: self._pairs(db) for name, db in sorted(self._sections.items())}
+        return {name: self.db_pairs(db) for name, db in sorted(self._sections.items())}
 
-    def _pairs(self, db: Any) -> Iterator[tuple[bytes, bytes]]:
+    def run(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in the view's transaction (while it is open)."""
+        if not self._open:
+            raise ClosedError("this read view is closed")
+        return fn(self._txn)
+
+    def db_pairs(self, db: Any) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) of the named database ``db`` (None: the default
+        keyspace's), in key order, from the view's transaction; the view
+        stays open (close it)."""
         if not self._open:
             return
         try:
-            # bytes, not memoryviews: walkv never opens LMDB with buffers=True
-            yield from self._txn.cursor(db).iternext(keys=True, values=True)  # type: ignore[misc]
+            yield from self._txn.cursor(db=db).iternext(keys=True, values=True)  # type: ignore[misc]
         except lmdb.Error as exc:
             raise read_error(exc, self._state.path) from None
 

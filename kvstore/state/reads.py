@@ -22,8 +22,9 @@ the overlay first.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import lmdb
 
@@ -44,6 +45,7 @@ GET_MANY_CHUNK = 1024
 """Keys :meth:`CachedReads.get_many` looks up per pass (the writer waits at
 most one pass to hold readers out)."""
 _get_ident = threading.get_ident
+T = TypeVar("T")
 
 
 class CachedReads:
@@ -172,29 +174,45 @@ class CachedReads:
             pass
         finally:
             r.busy = False
-        return self._get_slow(r, key, default, db, renew=True)
+        return self._in_txn(r, partial(_lookup, key, default, db), renew=True)
 
-    def _get_slow(self, r: Reader, key: bytes, default: bytes | None, db: Any = None,
-                  renew: bool = False) -> bytes | None:
+    def run(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in this thread's cached read transaction (renewed when
+        a commit happened since): several lookups from one snapshot."""
+        r = self._r0
+        if r.ident != _get_ident():
+            r = self._r0 = self._reader()
+        return self._in_txn(r, fn)
+
+    def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
         """A commit happened since this thread's last read, or a writer holds
-        the gate, or the cached transaction died (``renew``: or may predate
-        ``db``): renew it (announced by the reader's ``busy`` flag, as on the
-        fast path)."""
+        the gate, or the cached transaction died: renew it."""
+        return self._in_txn(r, partial(_lookup, key, default, None))
+
+    def _in_txn(self, r: Reader, fn: Callable[[lmdb.Transaction], T], renew: bool = False) -> T:
+        """``fn(txn)`` in ``r``'s transaction, renewed if a commit happened
+        since (``renew``: always, as a transaction may predate a keyspace's
+        handle), announced by the reader's ``busy`` flag, as on the fast path."""
         env = self._env
         env.gate.announce(r)
         try:
             if env.closed:
                 raise env.closed_error()
             txn = self._renew(r) if renew or r.gen != env.gen or r.txn is None else r.txn
-            return txn.get(key, default, db)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
-        except lmdb.BadValsizeError:
-            return default
+            return fn(txn)
         except lmdb.Error as exc:
             if env.closed:
                 raise env.closed_error() from None
             raise read_error(exc, env.path) from None
         finally:
             r.busy = False
+
+
+def _lookup(key: bytes, default: bytes | None, db: Any, txn: lmdb.Transaction) -> bytes | None:
+    try:
+        return txn.get(key, default, db)  # type: ignore[return-value]  # bytes: walkv never sets buffers=True
+    except lmdb.BadValsizeError:
+        return default  # an empty or over-long key: no such key can exist
 
 
 class FreshReads:
@@ -236,6 +254,10 @@ class FreshReads:
         except lmdb.Error as exc:
             raise read_error(exc, env.path) from None
         return default if v is None else v
+
+    def run(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """``fn(txn)`` in a fresh read transaction."""
+        return self._env.read(fn)
 
     def get_many(self, keys: Iterable[object], default: bytes | None = None) -> list[bytes | None]:
         """The values of ``keys`` (``default`` for absent ones), in order,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from itertools import islice
 from typing import Any
 
@@ -86,9 +86,12 @@ class View(Lookups):
     keyspace; :data:`ABSENT`: a keyspace that does not exist, read as empty)."""
 
     __slots__ = ("_state", "_txn", "_error", "busy", "lsn", "_count", "opened", "max_seconds",
-                 "owner", "_db", "__weakref__")
+                 "owner", "_db", "_alive", "__weakref__")
 
-    def __init__(self, state: ReadSource, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS, db: Any = None) -> None:
+    def __init__(self, state: ReadSource, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS, db: Any = None, *,
+                 alive: Callable[[lmdb.Transaction, bytes], bool] | None = None) -> None:
+        """``alive(txn, key)``: whether a key present is not expired (None:
+        no key has an expiry; :mod:`kvstore.state.expiry`)."""
         if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or max_seconds <= 0:
             raise ValueError(f"max_seconds must be a positive number, not {max_seconds!r}")
         self._state = state
@@ -98,6 +101,7 @@ class View(Lookups):
         self.max_seconds = float(max_seconds)
         self.owner = threading.get_ident()
         self._db = db
+        self._alive = alive
         state.views_allowed.wait()  # a remap waiting for views goes first
         state.enter_read()
         try:
@@ -170,7 +174,10 @@ class View(Lookups):
         try:
             if self._db is ABSENT:
                 return default
-            return txn.get(key, default, self._db)  # type: ignore[return-value]  # bytes: never buffers=True
+            v = txn.get(key, None, self._db)
+            if v is None or (self._alive is not None and not self._alive(txn, key)):
+                return default
+            return v  # type: ignore[return-value]  # bytes: never buffers=True
         except lmdb.BadValsizeError:
             return default
         except lmdb.Error as exc:
@@ -202,6 +209,10 @@ class View(Lookups):
                     first = False
                     it = None if self._db is ABSENT else position(txn.cursor(self._db), lo, hi, None, reverse)
                 chunk = list(islice(it, _CHUNK)) if it is not None else []
+                n = len(chunk)
+                alive = self._alive
+                if alive is not None:
+                    chunk = [kv for kv in chunk if alive(txn, kv[0])]
             except lmdb.Error as exc:
                 raise read_error(exc, self._state.path) from None
             finally:
@@ -210,7 +221,7 @@ class View(Lookups):
                 if (kv[0] < lo) if reverse else (hi is not None and kv[0] >= hi):
                     return
                 yield kv
-            if len(chunk) < _CHUNK:
+            if n < _CHUNK:
                 return
 
     # -- lifecycle ----------------------------------------------------------

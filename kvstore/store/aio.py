@@ -58,6 +58,8 @@ from kvstore.entry.codec import (
     put_entry,
 )
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
+from kvstore.store.expiring import Expiring, lease_id_of
+from kvstore.store.leases import Lease
 from kvstore.store.store import KVStore
 from kvstore.store.txn import Transaction, cas_outcome, decided
 from kvstore.store.write_batch import WriteBatch
@@ -172,10 +174,44 @@ class AsyncKVStore:
 
     # -- writes -------------------------------------------------------------
 
-    def put(self, key: bytes, value: bytes) -> "asyncio.Future[int]":
-        """Set ``key``; the awaited result is the LSN, once durable and applied."""
-        payload, ops = put_entry(key, value, self._max_value)
-        return self._submit(payload, ops)
+    def put(self, key: bytes, value: bytes, ttl: float | None = None,
+            lease: Lease | int | None = None) -> "Awaitable[int]":
+        """Set ``key``; the awaited result is the LSN, once durable and applied.
+        ``ttl``/``lease`` as :meth:`KVStore.put` takes them."""
+        if ttl is None and lease is None:
+            payload, ops = put_entry(key, value, self._max_value)
+            return self._submit(payload, ops)
+        payload, ops = self.store._expiring.put_entry(key, value, ttl, lease)
+        return self._checked(payload, ops)
+
+    async def _checked(self, payload: Payload, ops: list) -> int:
+        """Submit, then raise LeaseNotFoundError if a lease it needed was not alive."""
+        lsn = await self._submit(payload, ops)
+        self.store._expiring.check(ops, lsn)
+        return lsn
+
+    async def ttl(self, key: bytes) -> float | None:
+        """As :meth:`KVStore.ttl`."""
+        return self.store.ttl(key)
+
+    async def grant(self, ttl: float) -> Lease:
+        """As :meth:`KVStore.grant` (the lease's own ``keepalive()`` and
+        ``keep_alive()`` are the synchronous store's; from the loop, await
+        :meth:`keepalive`)."""
+        payload, ops, lease_id, ttl_us = self.store._expiring.grant_entry(ttl)
+        await self._submit(payload, ops)
+        return Lease(self.store, lease_id, ttl_us)
+
+    async def keepalive(self, lease: Lease) -> float:
+        """As :meth:`Lease.keepalive`, awaited on the loop."""
+        payload, ops = self.store._expiring.keepalive_entry(lease.id, round(lease.granted_ttl * 1e6))
+        await self._checked(payload, ops)
+        return lease.granted_ttl
+
+    async def revoke(self, lease: Lease | int) -> int:
+        """As :meth:`KVStore.revoke`."""
+        payload, ops = self.store._expiring.revoke_entry(lease_id_of(lease))
+        return await self._checked(payload, ops)
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
         payload, ops = delete_entry(key)
@@ -194,7 +230,8 @@ class AsyncKVStore:
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
         return AsyncWriteBatch(self._submit, self._max_value, self.store._max_payload,
-                               self.store._writable_keyspace(keyspace), self.store._writable_keyspace)
+                               self.store._writable_keyspace(keyspace), self.store._writable_keyspace,
+                               self.store._expiring)
 
     def transaction(self, keyspace: str = "") -> "AsyncTransaction":
         """``async with adb.transaction() as t:``: :meth:`KVStore.transaction`
@@ -204,7 +241,8 @@ class AsyncKVStore:
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
         return AsyncTransaction(self._submit, self._max_value, self.store._max_payload,
-                                self.store._writable_keyspace(keyspace), self.store._writable_keyspace)
+                                self.store._writable_keyspace(keyspace), self.store._writable_keyspace,
+                                self.store._expiring)
 
     async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes, keyspace: str = "") -> bool:
         """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
@@ -330,8 +368,17 @@ class AsyncKeyspace:
         self.name = name
         self._sync = adb.store.keyspace(name)  # its reads
 
-    def put(self, key: bytes, value: bytes) -> "asyncio.Future[int]":
-        return self.adb._submit_in(self.name, *put_entry(key, value, self.adb._max_value))
+    def put(self, key: bytes, value: bytes, ttl: float | None = None,
+            lease: Lease | int | None = None) -> "Awaitable[int]":
+        """As :meth:`AsyncKVStore.put`, in this keyspace."""
+        if ttl is None and lease is None:
+            return self.adb._submit_in(self.name, *put_entry(key, value, self.adb._max_value))
+        keyspace = self.adb.store._writable_keyspace(self.name)
+        return self.adb._checked(*self.adb.store._expiring.put_entry(key, value, ttl, lease, keyspace))
+
+    async def ttl(self, key: bytes) -> float | None:
+        """As :meth:`kvstore.store.keyspace.Keyspace.ttl`."""
+        return self._sync.ttl(key)
 
     def delete(self, key: bytes) -> "asyncio.Future[int]":
         return self.adb._submit_in(self.name, *delete_entry(key))
@@ -385,8 +432,9 @@ class AsyncWriteBatch(WriteBatch):
     __slots__ = ("_submit",)
 
     def __init__(self, submit: Submit, max_value: int, max_payload: int, keyspace: str = "",
-                 check_keyspace: Callable[[str], str] = check_keyspace) -> None:
-        super().__init__(self._refuse_sync_commit, max_value, max_payload, keyspace, check_keyspace=check_keyspace)
+                 check_keyspace: Callable[[str], str] = check_keyspace, expiring: Expiring | None = None) -> None:
+        super().__init__(self._refuse_sync_commit, max_value, max_payload, keyspace, check_keyspace=check_keyspace,
+                         expiring=expiring)
         self._submit = submit
 
     @staticmethod
@@ -399,6 +447,7 @@ class AsyncWriteBatch(WriteBatch):
         if sealed is None:
             return None
         self.lsn = await self._submit(sealed[0], sealed[1])
+        self.check(sealed[1])
         return self.lsn
 
     async def __aenter__(self) -> "AsyncWriteBatch":
@@ -417,9 +466,9 @@ class AsyncTransaction(Transaction):
     (or ``await t.acommit()``); ``submit`` as :class:`AsyncWriteBatch`'s."""
 
     def __init__(self, submit: Submit, max_value: int, max_payload: int, keyspace: str = "",
-                 check_keyspace: Callable[[str], str] = check_keyspace) -> None:
+                 check_keyspace: Callable[[str], str] = check_keyspace, expiring: Expiring | None = None) -> None:
         super().__init__(AsyncWriteBatch._refuse_sync_commit, max_value, max_payload, keyspace,
-                         check_keyspace=check_keyspace)
+                         check_keyspace=check_keyspace, expiring=expiring)
         self._submit = submit
 
     async def acommit(self) -> bool:

@@ -11,6 +11,14 @@ one in ONE entry (one op, whatever the keyspace holds). The default keyspace
 holds. The log format: :mod:`kvstore.entry.codec` (``[16, name]``,
 ``[17, name]``).
 
+Keys of a keyspace expire as the store's do (:mod:`kvstore.store.expiring`):
+``users.put(k, v, ttl=5)``, ``users.ttl(k)``, ``users.put(k, v,
+lease=lease)``, and ``ttl=``/``lease=`` in a batch or transaction put into
+any keyspace. A lease is the store's, not a keyspace's: it may hold keys of
+several keyspaces, and its revoke or expiry deletes them all in one entry.
+Dropping a keyspace drops the TTLs of its keys and detaches them from their
+leases.
+
 Durability, reads and watching are the store's (:mod:`kvstore.store.store`),
 with one difference: a group that writes a keyspace is applied to LMDB at
 once, not through the overlay (which holds the default keyspace only), so a
@@ -74,7 +82,9 @@ class Store(Protocol):
     def _check_open(self) -> None: ...
     def _append(self, payload: bytes, ops: list) -> int: ...
     def _writable_keyspace(self, name: str) -> str: ...
-    def _put_in(self, keyspace: str, key: bytes, value: bytes) -> int: ...
+    def _put_in(self, keyspace: str, key: bytes, value: bytes, ttl: float | None = None,
+                lease: Any = None) -> int: ...
+    def _ttl_in(self, keyspace: str, key: bytes) -> float | None: ...
     def _delete_in(self, keyspace: str, key: bytes) -> int: ...
     def _delete_range_in(self, keyspace: str, start: bytes | None, end: bytes | None) -> int: ...
     def _batch_in(self, keyspace: str) -> WriteBatch: ...
@@ -103,10 +113,15 @@ class Keyspace(Lookups):
 
     # -- writes ------------------------------------------------------------------
 
-    def put(self, key: bytes, value: bytes, **options: Any) -> int:
+    def put(self, key: bytes, value: bytes, ttl: float | None = None, lease: Any = None) -> int:
         """Set ``key`` to ``value`` in this keyspace; return the LSN (as
-        :meth:`kvstore.KVStore.put`, whose options it takes)."""
-        return self.store._put_in(self.name, key, value, **options)
+        :meth:`kvstore.KVStore.put`: ``ttl`` seconds, or under ``lease``, a
+        lease of the store, which may hold keys of several keyspaces)."""
+        return self.store._put_in(self.name, key, value, ttl, lease)
+
+    def ttl(self, key: bytes) -> float | None:
+        """Seconds until ``key`` of this keyspace expires (as :meth:`kvstore.KVStore.ttl`)."""
+        return self.store._ttl_in(self.name, key)
 
     def delete(self, key: bytes) -> int:
         """Remove ``key`` from this keyspace; return the LSN."""

@@ -45,6 +45,9 @@ _METRICS: tuple[tuple[str, str, str, str, str], ...] = (
     ("walkv_log_fsyncs_total", "counter", "fsyncs of the log.", "log", "fsyncs"),
     ("walkv_log_group_size_avg", "gauge", "Average entries per commit group.", "log", "avg_group"),
     ("walkv_log_group_size_max", "gauge", "Largest commit group.", "log", "max_group"),
+    ("walkv_expiring_keys", "gauge", "Keys with a TTL or a lease.", "", "expiring_keys"),
+    ("walkv_expired_swept_total", "counter", "Expired keys the sweeper deleted (this process).", "",
+     "expired_swept"),
 )
 _SUBSCRIPTION_METRICS = (
     ("walkv_subscription_lag_lsns", "Durable LSNs a subscription has not acknowledged.", "lag_lsns"),

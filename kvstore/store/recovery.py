@@ -273,9 +273,9 @@ def rebuild_state(
     state_options: StateOptions = StateOptions(),
 ) -> State:
     """Delete LMDB and build it again: the ``base`` snapshot (every section:
-    the keyspaces' too) as of ``base_lsn`` (the newest snapshot; none: an
-    empty state at LSN 0), then the log from ``base_lsn + 1``. Returns the
-    open state.
+    the keyspaces' and the expiry metadata's too) as of ``base_lsn`` (the
+    newest snapshot; none: an empty state at LSN 0), then the log from
+    ``base_lsn + 1``. Returns the open state.
 
     Crash-safe: the old environment is deleted durably first, SESSION says
     "not clean" before the first LMDB write, and ``complete`` is set only once

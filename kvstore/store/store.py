@@ -50,8 +50,12 @@ from kvstore.entry import conditions
 from kvstore.entry.codec import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
+    EXPIRY_CODES,
     MAX_KEY_BYTES,
     OP_DROP_KEYSPACE,
+    OP_KEEPALIVE,
+    OP_PUT_LEASED,
+    PUT_CODES,
     as_bytes,
     check_keyspace,
     delete_entry,
@@ -61,13 +65,17 @@ from kvstore.entry.codec import (
     parse,
     put_entry,
 )
+from kvstore.entry.conditions import Outcome
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions, View
 from kvstore.state.lmdb_env import MAX_KEYSPACES
 from kvstore.state.lookups import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
+from kvstore.store.clock import Clock, ExpiryClock, SystemClock
+from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, lease_id_of
 from kvstore.store.keyspace import Keyspace
+from kvstore.store.leases import Lease
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
 from kvstore.watch import consumers
@@ -75,7 +83,15 @@ from kvstore.watch import watcher as watching
 from kvstore.watch.consumers import SubscriptionInfo
 from kvstore.watch.subscription import Subscription, subscribe
 from snapshot import SnapshotInfo
-from wal.errors import ArchiveError, ClosedError, KeyspaceLimitError, ReadOnlyError, SnapshotError, WalkvError
+from wal.errors import (
+    ArchiveError,
+    ClosedError,
+    KeyspaceLimitError,
+    LeaseNotFoundError,
+    ReadOnlyError,
+    SnapshotError,
+    WalkvError,
+)
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
@@ -110,7 +126,8 @@ class KVStore(Lookups):
                  archive: Location | None = None, archive_interval: float = 1.0,
                  archive_keep_snapshots: int | None = None, archive_keep_seconds: float | None = None,
                  max_retained_bytes: int = consumers.DEFAULT_MAX_RETAINED_BYTES,
-                 archive_close_timeout: float = ARCHIVE_CLOSE_TIMEOUT, **log_options: Any) -> None:
+                 archive_close_timeout: float = ARCHIVE_CLOSE_TIMEOUT, clock: Clock | None = None,
+                 sweep_interval: float | None = DEFAULT_SWEEP_INTERVAL, **log_options: Any) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.readonly = bool(readonly)
         self._fs = fs or OS_FS
@@ -157,6 +174,16 @@ class KVStore(Lookups):
                     self._writer.take_snapshots_every(self.snapshot, int(snapshot_every_bytes))
         except OSError as exc:
             raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
+        self._clock = ExpiryClock(clock or SystemClock())
+        self._state.now_us = self._clock.now_us
+        self._expiring = Expiring(self._state, self._clock, self.max_value_bytes, self._max_payload)
+        if self._writer is not None and sweep_interval is not None:
+            if isinstance(sweep_interval, bool) or not isinstance(sweep_interval, (int, float)) \
+                    or not sweep_interval > 0:
+                self._writer.close(self._state)
+                raise ValueError(f"sweep_interval must be a positive number of seconds or None, "
+                                 f"not {sweep_interval!r}")
+            self._expiring.start_sweeper(self._append, float(sweep_interval))
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
         self.open_seconds = time.monotonic() - t0  # replay or rebuild included
         self._closed = False
@@ -175,7 +202,10 @@ class KVStore(Lookups):
     def _on_prepare(self, group: wal.Group) -> list[Payload] | None:
         # Called by the group's leader before it is written: decide its
         # conditional writes in log order and write the decisions into the log.
-        return conditions.decide_group(group.payloads, group.contexts, self._state.read)
+        # Then what expiry decides in log order (kvstore/store/expiring.py).
+        out = conditions.decide_group(group.payloads, group.contexts, self._state.read)
+        expiry = self._expiring.decide(group.payloads if out is None else out, group.contexts)
+        return out if expiry is None else expiry
 
     def _on_commit(self, group: wal.Group) -> None:
         # Called by the log's committing thread for every group, after its
@@ -212,11 +242,22 @@ class KVStore(Lookups):
             raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; writes are refused")
         return self._log.append(payload, ops)
 
-    def put(self, key: bytes, value: bytes) -> int:
+    def put(self, key: bytes, value: bytes, ttl: float | None = None, lease: Lease | int | None = None) -> int:
         """Set ``key`` to ``value``; return the write's LSN. Durable per the
-        sync mode when it returns, and visible to every later read."""
-        payload, ops = put_entry(key, value, self.max_value_bytes)
-        return self._append(payload, ops)
+        sync mode when it returns, and visible to every later read.
+
+        ``ttl`` (seconds): the key expires that long from now; ``lease`` (from
+        :meth:`grant`): the key lives as long as the lease
+        (:class:`LeaseNotFoundError` when it is not alive, and nothing is
+        set). A put without either drops the expiry the key had.
+        See :mod:`kvstore.store.expiring`."""
+        if ttl is None and lease is None:
+            payload, ops = put_entry(key, value, self.max_value_bytes)
+            return self._append(payload, ops)
+        payload, ops = self._expiring.put_entry(key, value, ttl, lease)
+        lsn = self._append(payload, ops)
+        self._expiring.check(ops, lsn)
+        return lsn
 
     def delete(self, key: bytes) -> int:
         """Remove ``key`` (absent keys too: the delete is logged anyway);
@@ -266,11 +307,18 @@ class KVStore(Lookups):
                     f"slots come back when LMDB is next rebuilt) or keep related data in one keyspace.")
         return name
 
-    def _put_in(self, keyspace: str, key: bytes, value: bytes) -> int:
+    def _put_in(self, keyspace: str, key: bytes, value: bytes, ttl: float | None = None,
+                lease: Lease | int | None = None) -> int:
         """:meth:`put` in ``keyspace``: the one write path of a put into a
-        named keyspace (:meth:`Keyspace.put`)."""
-        payload, ops = put_entry(key, value, self.max_value_bytes)
-        return self._append(*in_keyspace(self._writable_keyspace(keyspace), payload, ops))
+        named keyspace (:meth:`Keyspace.put`), ``ttl``/``lease`` as :meth:`put` takes them."""
+        keyspace = self._writable_keyspace(keyspace)
+        if ttl is None and lease is None:
+            payload, ops = put_entry(key, value, self.max_value_bytes)
+            return self._append(*in_keyspace(keyspace, payload, ops))
+        payload, ops = self._expiring.put_entry(key, value, ttl, lease, keyspace)
+        lsn = self._append(payload, ops)
+        self._expiring.check(ops, lsn)
+        return lsn
 
     def _delete_in(self, keyspace: str, key: bytes) -> int:
         payload, ops = delete_entry(key)
@@ -283,12 +331,12 @@ class KVStore(Lookups):
     def _batch_in(self, keyspace: str) -> WriteBatch:
         self._check_writable()
         return WriteBatch(self._append, self.max_value_bytes, self._max_payload, keyspace,
-                          check_keyspace=self._writable_keyspace)
+                          check_keyspace=self._writable_keyspace, expiring=self._expiring)
 
     def _transaction_in(self, keyspace: str) -> txn.Transaction:
         self._check_writable()
         return txn.Transaction(self._append, self.max_value_bytes, self._max_payload, keyspace,
-                               check_keyspace=self._writable_keyspace)
+                               check_keyspace=self._writable_keyspace, expiring=self._expiring)
 
     def __delitem__(self, key: bytes) -> None:
         """``del db[k]``: KeyError when ``k`` is absent (checked just before
@@ -322,7 +370,17 @@ class KVStore(Lookups):
         batches. Not bytes-like: TypeError; not a valid batch: ValueError
         (nothing is written either way)."""
         payload = as_bytes(payload, "payload")
-        return self._append(payload, parse(payload))
+        ops = parse(payload)
+        codes = {op[0] for op in ops}
+        if not codes.isdisjoint(EXPIRY_CODES - PUT_CODES - {OP_KEEPALIVE}):
+            raise ValueError("a batch that grants, revokes or expires is decided by the writer "
+                             "(db.grant, db.revoke, the sweeper): it cannot be written as bytes")
+        if OP_PUT_LEASED in codes or OP_KEEPALIVE in codes:
+            ops = Outcome(ops)
+            lsn = self._append(payload, ops)
+            self._expiring.check(ops, lsn)
+            return lsn
+        return self._append(payload, ops)
 
     def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """Set ``key`` to ``new`` only if its value is ``expected`` (None: only
@@ -338,6 +396,62 @@ class KVStore(Lookups):
         """Conditions plus writes, applied atomically only if every condition
         holds in log order (:class:`kvstore.store.txn.Transaction`)."""
         return self._transaction_in("")
+
+    # -- expiry: TTLs and leases (kvstore/store/expiring.py) -----------------------
+
+    def ttl(self, key: bytes) -> float | None:
+        """Seconds until ``key`` expires; None when it has no TTL or lease, or
+        is absent (an expired key is absent)."""
+        return self._ttl_in("", key)
+
+    def _ttl_in(self, keyspace: str, key: bytes) -> float | None:
+        """:meth:`ttl` of ``key`` in ``keyspace`` (:meth:`Keyspace.ttl`)."""
+        self._check_open()
+        return self._expiring.ttl(key, keyspace)
+
+    def grant(self, ttl: float) -> Lease:
+        """A new lease of ``ttl`` seconds (one durable entry): put keys with
+        ``lease=``; :meth:`Lease.keepalive` extends it; :meth:`revoke` or its
+        running out deletes its keys. See :mod:`kvstore.store.leases`."""
+        payload, ops, lease_id, ttl_us = self._expiring.grant_entry(ttl)
+        self._append(payload, ops)
+        return Lease(self, lease_id, ttl_us)
+
+    def lease(self, lease_id: int) -> Lease:
+        """The lease ``lease_id`` granted before (by this or an earlier
+        process); :class:`LeaseNotFoundError` when it is not alive."""
+        self._check_open()
+        record = self._expiring.lease_record(lease_id_of(lease_id))
+        if record is None or record[1] <= self._clock.now_us():
+            raise LeaseNotFoundError(f"lease {lease_id} is not alive in {self.path}", lease_id=lease_id)
+        return Lease(self, lease_id, record[0])
+
+    def revoke(self, lease: Lease | int) -> int:
+        """End ``lease`` and delete every key attached to it, in one entry
+        that lists them (decided in log order); return its LSN.
+        :class:`LeaseNotFoundError` when the lease does not exist."""
+        payload, ops = self._expiring.revoke_entry(lease_id_of(lease))
+        lsn = self._append(payload, ops)
+        self._expiring.check(ops, lsn)
+        return lsn
+
+    def _keepalive(self, lease_id: int, ttl_us: int) -> float:
+        payload, ops = self._expiring.keepalive_entry(lease_id, ttl_us)
+        lsn = self._append(payload, ops)
+        self._expiring.check(ops, lsn)
+        return ttl_us / 1e6
+
+    def _lease_ttl(self, lease_id: int) -> float | None:
+        self._check_open()
+        return self._expiring.lease_ttl(lease_id)
+
+    def sweep_expired(self, max_keys: int | None = None) -> int:
+        """Delete (by log entries) up to ``max_keys`` keys that are expired
+        now, and end expired leases: what the sweeper thread does every
+        ``sweep_interval``; for stores opened with ``sweep_interval=None``
+        (a test's clock). Returns the number of keys deleted."""
+        self._check_open()
+        return self._expiring.sweep(self._append, max_keys)
 
     def _check_writable(self) -> None:
         """Before handing out a batch or transaction: refuse at once what
@@ -542,6 +656,7 @@ class KVStore(Lookups):
             "open_seconds": self.open_seconds,
         }
         out.update(self._state.stats())
+        out["expired_swept"] = self._expiring.swept
         if self._writer is not None:
             out.update(self._writer.stats())
         out["subscriptions"] = [s._asdict() for s in consumers.infos(self.path, self.durable_lsn)]
@@ -557,6 +672,7 @@ class KVStore(Lookups):
         if self._closed or self._forked:
             return
         self.wait_for_snapshots()
+        self._expiring.stop()
         self._closed = True
         self._watch_hub.close()
         if self._writer is None:
@@ -590,6 +706,11 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
     that much log was written since the last one), ``snapshot_chunk_bytes``,
     ``progress`` (callback(done, total) during replay), ``fs``, and the log's
     ``sync_interval``, ``sync_bytes``, ``recovery``.
+
+    ``clock`` (an object with ``now_us()``, default the system clock) and
+    ``sweep_interval`` (seconds, default 0.5; None: no sweeper thread, call
+    ``sweep_expired()``): expiry's time and cleanup, see
+    :mod:`kvstore.store.expiring`.
 
     ``max_retained_bytes`` (default 1 GiB): the most log retention keeps for
     a consumer that falls behind (a named subscription past it is

@@ -22,7 +22,7 @@ which the group's leader fills in before the group is written.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kvstore.entry.codec import (
     OP_DELETE,
@@ -144,7 +144,10 @@ class Transaction(CommitOnExit):
     """
 
     def __init__(self, append: Append, max_value: int, max_payload: int, keyspace: str = "",
-                 check_keyspace: Callable[[str], str] = check_keyspace) -> None:
+                 check_keyspace: Callable[[str], str] = check_keyspace, expiring: Any = None) -> None:
+        """``expiring``: the store's :class:`kvstore.store.expiring.Expiring`
+        (puts with ``ttl=``/``lease=``)."""
+        self._expiring = expiring
         self._append = append
         self._max_value = max_value
         self._max_payload = max_payload
@@ -183,10 +186,17 @@ class Transaction(CommitOnExit):
         else:
             self._conds.append(Condition(key, ABSENT if absent else PRESENT, None, ks))
 
-    def put(self, key: bytes, value: bytes, *, keyspace: str | None = None) -> None:
-        """Set ``key`` to ``value`` (in ``keyspace``) if the transaction succeeds."""
+    def put(self, key: bytes, value: bytes, ttl: float | None = None, lease: Any = None, *,
+            keyspace: str | None = None) -> None:
+        """Set ``key`` to ``value`` (in ``keyspace``) if the transaction
+        succeeds; ``ttl``/``lease`` as :meth:`kvstore.KVStore.put` takes them
+        (a lease not alive at the transaction's place in the log raises
+        :class:`~kvstore.LeaseNotFoundError` at commit; nothing applied)."""
         self._open()
-        op = [OP_PUT, check_key(key), check_value(value, self._max_value)]
+        if ttl is not None or lease is not None:
+            op = self._expiring.put_op(key, value, ttl, lease)
+        else:
+            op = [OP_PUT, check_key(key), check_value(value, self._max_value)]
         self._writes.append((self._in(keyspace), op))
 
     def delete(self, key: bytes, *, keyspace: str | None = None) -> None:
@@ -231,6 +241,12 @@ class Transaction(CommitOnExit):
     def _settle(self, lsn: int, outcome: Outcome) -> bool:
         """Record the outcome of the entry logged at ``lsn``."""
         self.lsn = lsn
+        if self._expiring is not None:
+            try:
+                self._expiring.check(outcome, lsn)
+            except WalkvError:
+                self.succeeded = False
+                raise
         failed = decided(outcome, lsn) if self._conds else None
         self.succeeded = failed is None
         self.failed_index = None if failed is None else self._placed[failed]

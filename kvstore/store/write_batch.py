@@ -7,7 +7,7 @@ entry's format, and the checks each argument gets, are :mod:`kvstore.entry.codec
 from __future__ import annotations
 
 import operator
-from typing import Callable, Iterable, Mapping, Self
+from typing import Any, Callable, Iterable, Mapping, Self
 
 from kvstore.entry.codec import (
     MAX_KEY_BYTES,
@@ -15,12 +15,14 @@ from kvstore.entry.codec import (
     OP_DELETE_RANGE,
     OP_KEYSPACE,
     OP_PUT,
+    OP_PUT_LEASED,
     check_key,
     check_keyspace,
     check_range,
     check_value,
     pack_ops,
 )
+from kvstore.entry.conditions import Outcome
 from wal.errors import ClosedError, RecordTooLargeError
 
 
@@ -90,15 +92,18 @@ class WriteBatch(CommitOnExit):
     """
 
     __slots__ = ("_ops", "_commit", "_max_value", "_max_payload", "_done",
-                 "lsn", "_keyspace", "_at", "_check_keyspace", "_switches")
+                 "lsn", "_keyspace", "_at", "_check_keyspace", "_switches", "_expiring")
 
     def __init__(self, commit: Callable[[bytes, list], int], max_value: int,
                  max_payload: int, keyspace: str = "",
-                 check_keyspace: Callable[[str], str] = check_keyspace) -> None:
+                 check_keyspace: Callable[[str], str] = check_keyspace, expiring: Any = None) -> None:
+        """``expiring``: the store's :class:`kvstore.store.expiring.Expiring`
+        (puts with ``ttl=``/``lease=``)."""
         self._ops: list = []
         self._commit = commit
         self._max_value = max_value
         self._max_payload = max_payload
+        self._expiring = expiring
         self._done = False
         self.lsn: int | None = None
         self._keyspace = keyspace  # where writes without keyspace= go
@@ -114,8 +119,18 @@ class WriteBatch(CommitOnExit):
             self._at = ks
             self._switches += 1
 
-    def put(self, key: bytes, value: bytes, *, keyspace: str | None = None) -> None:
-        """Set ``key`` to ``value`` (in ``keyspace``) when the batch commits."""
+    def put(self, key: bytes, value: bytes, ttl: float | None = None, lease: Any = None, *,
+            keyspace: str | None = None) -> None:
+        """Set ``key`` to ``value`` (in ``keyspace``) when the batch commits;
+        ``ttl``/``lease`` as :meth:`kvstore.KVStore.put` takes them (a lease
+        not alive at the batch's place in the log fails the whole batch at
+        commit)."""
+        if ttl is not None or lease is not None:
+            op = self._expiring.put_op(key, value, ttl, lease)
+            if keyspace is not None or self._keyspace != self._at:
+                self._switch(keyspace)
+            self._ops.append(op)
+            return
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
             key = check_key(key)
         if type(value) is not bytes or len(value) > self._max_value:
@@ -170,6 +185,8 @@ class WriteBatch(CommitOnExit):
         ops, self._ops = self._ops, _DONE
         if not ops:
             return None
+        if self._expiring is not None and any(op[0] == OP_PUT_LEASED for op in ops):
+            ops = Outcome(ops)
         payload = pack_ops(ops)
         if len(payload) > self._max_payload:
             raise RecordTooLargeError(
@@ -186,7 +203,14 @@ class WriteBatch(CommitOnExit):
         if sealed is None:
             return None
         self.lsn = self._commit(sealed[0], sealed[1])
+        self.check(sealed[1])
         return self.lsn
+
+    def check(self, ops: list) -> None:
+        """After commit: :class:`~kvstore.LeaseNotFoundError` when a lease the
+        batch's puts needed was not alive (nothing was applied)."""
+        if isinstance(ops, Outcome) and self.lsn is not None:
+            self._expiring.check(ops, self.lsn)
 
     def discard(self) -> None:
         """Drop every collected operation; nothing is written."""

@@ -8,9 +8,10 @@ writers nothing but page cache.
 What it yields: :class:`Change` ``(lsn, time, op, key, value, end_key, keyspace)``:
 
 * ``op`` is the Spark ``changes`` table's ``_change_type``
-  (``kvstore.entry.codec.UPSERT``/``DELETE``/``DELETE_RANGE``: ``"upsert"``,
-  ``"delete"``, ``"delete_range"``), plus ``"snapshot"`` and ``"progress"``
-  below. A delete_range is ONE change, ``key`` its start and ``end_key`` its
+  (``kvstore.entry.codec.UPSERT``/``DELETE``/``DELETE_RANGE``/``EXPIRE``:
+  ``"upsert"``, ``"delete"``, ``"delete_range"``, ``"expire"`` (a key whose TTL
+  or lease ran out, deleted by the sweeper; :mod:`kvstore.store.expiring`)),
+  plus ``"snapshot"`` and ``"progress"`` below. A delete_range is ONE change, ``key`` its start and ``end_key`` its
   end (as written, not clipped to the watched keys; shown when the range
   meets them). The operations of one batch share its LSN, in batch order.
 * ``time`` is the entry's commit time as an int: microseconds since the Unix
@@ -73,15 +74,14 @@ from typing import Any, NamedTuple, Protocol
 import snapshot
 from kvstore.entry import conditions
 from kvstore.entry.codec import (
-    DELETE,
+    CHANGE_NAMES,
     DELETE_RANGE,
     END_OF_KEYS,
     KEYSPACE_SECTION,
-    OP_DELETE,
+    OP_DELETE_RANGE,
     OP_DROP_KEYSPACE,
     OP_KEYSPACE,
-    OP_PUT,
-    UPSERT,
+    PUT_CODES,
     as_bytes,
     check_keyspace,
     decode,
@@ -101,7 +101,6 @@ several group commits per read instead of one wake-up and one read each:
 watchers share the writers' GIL, and without it 8 watchers cost busy writers
 more than half their throughput (kv.watch.8w). It adds at most this much to
 the delivery latency."""
-_OPS = {OP_PUT: UPSERT, OP_DELETE: DELETE}
 
 
 class Change(NamedTuple):
@@ -318,10 +317,13 @@ class Watcher:
                 continue
             if watched is not None and ks != watched:
                 continue
-            if code == OP_PUT or code == OP_DELETE:
+            name = CHANGE_NAMES.get(code)
+            if name is None:  # a lease changed: no key did
+                continue
+            if code != OP_DELETE_RANGE:
                 key = op[1]
                 if key >= lo and (hi is None or key < hi):
-                    out.append(Change(lsn, ts, _OPS[code], key, op[2] if code == OP_PUT else None, None, ks))
+                    out.append(Change(lsn, ts, name, key, op[2] if code in PUT_CODES else None, None, ks))
             else:
                 start, end = op[1], op[2]
                 if start < end and end > lo and (hi is None or start < hi):

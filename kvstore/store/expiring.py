@@ -1,0 +1,269 @@
+"""Keys that expire: the store's TTL and lease front, and the sweeper.
+
+::
+
+    db.put(b"session:1", b"...", ttl=30)          # gone 30 s from now
+    db.ttl(b"session:1")                           # seconds left (None: no expiry)
+    lease = db.grant(10)                           # etcd's leases
+    db.put(b"lock:42", b"me", lease=lease)         # lives as long as the lease
+    lease.keepalive()                              # 10 s more; or lease.keep_alive() in the background
+    db.revoke(lease)                               # deletes its keys, in one entry
+
+Time. The store reads a clock (``kvstore.open(path, clock=...)``, default
+the system clock; :mod:`kvstore.store.clock`) through an
+:class:`~kvstore.store.clock.ExpiryClock`. A TTL becomes an absolute instant
+when the put is made (now + ttl, microseconds since the epoch, UTC), and that
+instant is logged with the put; so are a lease's instants. Replay, rebuilds,
+restore, replicas, watch and Spark read instants from the log and never
+consult a clock to change state: a key goes when the log says it went.
+
+Reads decide "expired" against the reader's clock at once, before any
+sweep: a key whose instant is at or before now is absent to get, get_many,
+scan, view, len and :meth:`Expiring.ttl`. The key is deleted from the state,
+by a log entry (``expire`` to watchers and Spark), by the sweeper: a thread
+of the writing process that every ``sweep_interval`` seconds (default 0.5)
+reads the earliest instants from the expiry indexes up to now, and logs one
+entry of at most ``sweep_keys`` of them (and one per expired lease, its keys
+in runs of at most as many); a full run is followed by the next at once. The
+writer decides in log order which of them still expire
+(:mod:`kvstore.entry.leases`), so a key written again meanwhile keeps its
+new value. Work per entry is bounded; nothing scans the store.
+
+When the clock goes backwards. The :class:`~kvstore.store.clock.ExpiryClock`
+never does: it is the largest reading so far, so time for expiry stands
+still until the clock catches up. A key that was absent stays absent, TTLs
+given meanwhile count from that high-water mark, and a key the sweeper
+deleted is deleted in the log for good. Across a restart the high-water mark
+starts again from the clock: a key that expired but was not swept yet (at
+most about ``sweep_interval`` of them) is present again until the clock
+passes its instant once more. A clock stepped forward expires keys early,
+as Redis and etcd do.
+
+Durability: every entry here (grant, keep-alive, revoke, a sweep) is a
+write like any other (:mod:`kvstore.store.store`): durable per the sync mode
+and applied when the call returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kvstore.entry.codec import (
+    MAX_LEASE_ID,
+    OP_GRANT,
+    OP_KEEPALIVE,
+    OP_KEYSPACE,
+    OP_PUT_EXPIRING,
+    OP_PUT_LEASED,
+    check_key,
+    check_value,
+    pack_ops,
+)
+from kvstore.entry.conditions import Outcome, count_conditions
+from kvstore.entry.leases import ExpireKeys, ExpireLease, LeaseRecord, Listing, Meta, Revoke, SpacedKey
+from kvstore.entry.leases import decide_group as decide_leases
+from kvstore.state import State
+from kvstore.store.clock import ExpiryClock, seconds_to_us
+from wal.errors import ClosedError, LeaseNotFoundError, WalkvError
+from wal.segment import Payload
+
+log = logging.getLogger("walkv.expiry")
+
+DEFAULT_SWEEP_INTERVAL = 0.5
+"""Seconds between the sweeper's looks at the expiry indexes (etcd's lessor: 0.5)."""
+DEFAULT_SWEEP_KEYS = 1000
+"""Most keys one sweep entry deletes."""
+_EMPTY = pack_ops([])
+
+Append = Callable[[Payload, Any], int]
+
+
+def lease_id_of(lease: object) -> int:
+    """The id of ``lease`` (a :class:`~kvstore.store.leases.Lease` or an int)."""
+    lease_id = getattr(lease, "id", lease)
+    if isinstance(lease_id, bool) or not isinstance(lease_id, int) or not 0 < lease_id <= MAX_LEASE_ID:
+        raise TypeError(f"lease must be a Lease (from db.grant) or its id, not {lease!r}")
+    return lease_id
+
+
+class _StateMeta:
+    """The state's expiry metadata as the writer's decision reads it
+    (:class:`kvstore.entry.leases.MetaReader`), each question one read
+    transaction of LMDB (metadata is never in the overlay)."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+
+    def key_meta(self, space: str, key: bytes) -> Meta | None:
+        return self._state.read_expiry(lambda txn, e: e.key_meta(txn, space, key))
+
+    def lease(self, lease_id: int) -> LeaseRecord | None:
+        return self._state.read_expiry(lambda txn, e: e.lease(txn, lease_id))
+
+    def lease_keys(self, lease_id: int, limit: int) -> list[SpacedKey]:
+        return self._state.read_expiry(lambda txn, e: e.lease_keys(txn, lease_id, limit))
+
+
+class Expiring:
+    """A store's TTLs, leases and sweeper (module docstring). The entries it
+    builds are appended by the store (sync) or its asyncio front, then
+    :meth:`check` tells whether a lease they needed was alive."""
+
+    def __init__(self, state: State, clock: ExpiryClock, max_value: int, max_payload: int) -> None:
+        self._state = state
+        self.clock = clock
+        self._max_value = max_value
+        self._max_payload = max_payload
+        self.sweep_keys = max(1, min(DEFAULT_SWEEP_KEYS, max_payload // 600))
+        self._meta = _StateMeta(state)
+        self._sweeper: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.swept = 0
+        """Keys the sweeper deleted (this process)."""
+
+    # -- entries ------------------------------------------------------------------
+
+    def put_op(self, key: object, value: object, ttl: float | None, lease: object) -> list:
+        """The op of a put with ``ttl`` (seconds) or under ``lease``, checked."""
+        key = check_key(key)
+        value = check_value(value, self._max_value)
+        if lease is not None:
+            if ttl is not None:
+                raise ValueError("a put takes ttl= or lease=, not both (a key has one expiry)")
+            return [OP_PUT_LEASED, key, value, lease_id_of(lease)]
+        return [OP_PUT_EXPIRING, key, value, self.clock.now_us() + seconds_to_us(ttl, "ttl")]
+
+    def put_entry(self, key: object, value: object, ttl: float | None, lease: object,
+                  keyspace: str = "") -> tuple[bytes, list]:
+        """``(payload, ops)`` of a put with ``ttl`` or under ``lease`` into
+        ``keyspace`` (checked by the caller; "": the default one)."""
+        op = self.put_op(key, value, ttl, lease)
+        ops: list = [[OP_KEYSPACE, keyspace], op] if keyspace else [op]
+        if op[0] == OP_PUT_LEASED:
+            ops = Outcome(ops)
+        return pack_ops(ops), ops
+
+    def grant_entry(self, ttl: float) -> tuple[bytes, list, int, int]:
+        """``(payload, ops, lease id, ttl_us)`` of a grant: a new random id."""
+        ttl_us = seconds_to_us(ttl, "ttl")
+        lease_id = secrets.randbelow(MAX_LEASE_ID) + 1
+        ops = [[OP_GRANT, lease_id, ttl_us, self.clock.now_us() + ttl_us]]
+        return pack_ops(ops), ops, lease_id, ttl_us
+
+    def keepalive_entry(self, lease_id: int, ttl_us: int) -> tuple[bytes, list]:
+        ops = Outcome([[OP_KEEPALIVE, lease_id, self.clock.now_us() + ttl_us]])
+        return pack_ops(ops), ops
+
+    @staticmethod
+    def revoke_entry(lease_id: int) -> tuple[bytes, Revoke]:
+        return _EMPTY, Revoke(lease_id)
+
+    @staticmethod
+    def check(ops: list, lsn: int) -> None:
+        """Raise :class:`LeaseNotFoundError` when the entry just logged at
+        ``lsn`` failed because a lease it needed was not alive there."""
+        if isinstance(ops, Listing):
+            if ops.failed:
+                lease_id = getattr(ops, "lease_id", 0)
+                raise LeaseNotFoundError(f"lease {lease_id} does not exist at LSN {lsn} (it expired or was "
+                                         f"revoked); nothing was deleted", lease_id=lease_id)
+            return
+        if not isinstance(ops, Outcome) or ops.failed is None or ops.failed < count_conditions(ops):
+            return
+        lease_id = next(op[3] if op[0] == OP_PUT_LEASED else op[1] for op in ops
+                        if op[0] == OP_PUT_LEASED or op[0] == OP_KEEPALIVE)
+        raise LeaseNotFoundError(
+            f"lease {lease_id} is not alive at LSN {lsn} (it expired or was revoked): the write was not "
+            f"applied (its LSN is consumed). Grant a new lease.", lease_id=lease_id)
+
+    # -- the writer's decision (the log's on_prepare) -------------------------------
+
+    def decide(self, payloads: list[Payload], contexts: list[Any]) -> list[Payload] | None:
+        """Decide the group's expiry entries in log order (:mod:`kvstore.entry.leases`)."""
+        if all(type(c) is list for c in contexts):
+            return None
+        return decide_leases(payloads, contexts, self._meta, self.clock.now_us(), self._max_payload)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def ttl(self, key: object, keyspace: str = "") -> float | None:
+        """Seconds until ``key`` (of ``keyspace``) expires; None when it has
+        no expiry, or is absent (expired included)."""
+        key = check_key(key)
+        now = self.clock.now_us()
+        if not self._state.expiry.keys and not self._state.readonly:
+            return None
+        data = self._state.lmdb.keyspace_db(keyspace)
+        if data is None:
+            return None
+
+        def read(txn: Any, expiry: Any) -> int | None:
+            if txn.get(key, db=data) is None:
+                return None
+            return expiry.remaining_us(txn, keyspace, key)
+        at = self._state.read_expiry(read)
+        if at is None or at <= now:
+            return None
+        return (at - now) / 1e6
+
+    def lease_ttl(self, lease_id: int) -> float | None:
+        """Seconds until lease ``lease_id`` expires; None when it is not alive."""
+        record = self._meta.lease(lease_id)
+        now = self.clock.now_us()
+        if record is None or record[1] <= now:
+            return None
+        return (record[1] - now) / 1e6
+
+    def lease_record(self, lease_id: int) -> LeaseRecord | None:
+        return self._meta.lease(lease_id)
+
+    # -- the sweeper ----------------------------------------------------------------
+
+    def sweep(self, append: Append, max_keys: int | None = None) -> int:
+        """One bounded round: log the deletion of up to ``max_keys`` (default
+        ``sweep_keys``) keys expired now, and the end of expired leases while
+        the round has room; return how many keys were deleted."""
+        limit = self.sweep_keys if max_keys is None else max(1, int(max_keys))
+        now = self.clock.now_us()
+        keys, leases = self._state.read_expiry(lambda txn, e: e.due(txn, now, limit))
+        deleted = 0
+        if keys:
+            req: Listing = ExpireKeys(keys)
+            append(_EMPTY, req)
+            deleted += len(req.deleted)
+        for lease_id, at in leases:
+            room = limit - deleted
+            if room <= 0:
+                break
+            req = ExpireLease(lease_id, at, room)
+            append(_EMPTY, req)
+            deleted += len(req.deleted)
+        self.swept += deleted
+        return deleted
+
+    def start_sweeper(self, append: Append, interval: float) -> None:
+        """Sweep every ``interval`` seconds in a daemon thread until :meth:`stop`."""
+        self._sweeper = threading.Thread(target=self._run, args=(append, interval), name="walkv-expiry",
+                                         daemon=True)
+        self._sweeper.start()
+
+    def _run(self, append: Append, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                while self.sweep(append) >= self.sweep_keys and not self._stop.is_set():
+                    pass
+            except ClosedError:
+                return
+            except WalkvError as exc:
+                log.warning("expiry sweep failed: %s (retried in %g s)", exc, interval)
+
+    def stop(self) -> None:
+        """Stop the sweeper (waits for a round in progress)."""
+        self._stop.set()
+        t = self._sweeper
+        if t is not None and t is not threading.current_thread():
+            t.join()
