@@ -340,8 +340,10 @@ class State:
             self._count(flat)
         if not codes.isdisjoint(EXPIRY_CODES):
             self._write_through(flat, last, 0, puts_only=False)
-        elif self.use_overlay and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
-            full = bool(flat) and self.overlay.add(flat, last)
+        elif self.use_overlay and flat and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
+            # (a group that writes nothing, failed transactions only, goes to LMDB below so that
+            # LMDB's applied LSN, which snapshots read, covers it: the overlay keeps no LSN without a key)
+            full = self.overlay.add(flat, last)
             self.applied_lsn = last
             if full:
                 self.flush()
