@@ -159,6 +159,9 @@ class FaultFile(File):
     def pwritev(self, buffers, offset: int) -> None:
         self.pwrite(b"".join(buffers), offset)  # one recorded write, faults as for pwrite
 
+    def preallocate(self, offset: int, length: int) -> None:
+        self.write_zeros(offset, length)  # recorded writes: power loss undoes the growth, ENOSPC as for pwrite
+
     def _record(self, offset: int, length: int, new: bytes | None) -> None:
         if self._node is None:
             return

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.faultfs import SECTOR, FaultFS, SimulatedCrash, file_mode
+from wal.fs import OS_FS
 
 
 def read(path) -> bytes:
@@ -52,6 +53,7 @@ def test_truncate_and_preallocate_are_undone(tmp_path):
     f = fs.open(str(p))
     f.truncate(4)
     f.preallocate(4, 100)
+    f.write_zeros(0, 2)
     f.pwrite(b"zz", 50)
     assert os.path.getsize(p) == 104
     fs.power_loss()
@@ -443,3 +445,26 @@ def test_power_loss_matches_a_model(tmp_path_factory, ops, seed):
     assert sorted(os.listdir(d)) == sorted(durable_names)
     for name, i in durable_names.items():
         assert read(d / name) == durable[i], name
+
+
+# -- the real file seam: reserving space vs erasing it -------------------------------
+
+
+def test_preallocate_reserves_zeros_and_write_zeros_erases(tmp_path):
+    """The active segment grows by ``preallocate`` (reads as zeros, sets the
+    size, never touches what is before ``offset``); a cut tail is erased by
+    ``write_zeros``, which must overwrite data (an fallocate would keep it)."""
+    p = str(tmp_path / "seg")
+    f = OS_FS.open(p, create=True)
+    try:
+        f.pwrite(b"header", 0)
+        f.preallocate(6, 1 << 16)
+        assert f.size() == 6 + (1 << 16)
+        assert f.pread(6, 0) == b"header"
+        assert f.pread(1 << 16, 6) == bytes(1 << 16)
+        f.pwrite(b"record", 100)
+        f.write_zeros(100, 6)
+        assert f.pread(6, 100) == bytes(6)
+        assert f.size() == 6 + (1 << 16)
+    finally:
+        f.close()

@@ -55,12 +55,14 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvstore.state.reads",
     "kvstore.state.view",
     "kvstore.state.machine",
+    "kvstore.store.group_hooks",
 )
 """The modules ``setup.py`` compiles (read there with :func:`runpy.run_path`, so this
 module imports only the standard library): the record framing and reader, the
 segment writer and scanner, group commit and the log's write path (with its file
 seam and counters, which a profile of appends showed next), the entry codec and
-conditions, the overlay and the state machine's apply and read paths."""
+conditions, the overlay and the state machine's apply and read paths, and the
+store's hooks into its log (run once per group)."""
 
 MANIFEST = "_compiled.json"
 """The build's record beside this module: ``{"mypyc": version, "sources": {module: sha256}}``."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Final
 
 import crcmod.predefined
 
 BytesLike = bytes | bytearray | memoryview
 """What :func:`crc32c` and :func:`extend` take (``extend_bytes`` takes ``bytes`` only)."""
 
-MASK_DELTA = 0xA282EAD8
+MASK_DELTA: Final = 0xA282EAD8
 """The constant LevelDB adds to a rotated CRC (see :func:`mask`); the framing's hot
 loops inline :func:`mask` with it."""
 
@@ -64,19 +65,16 @@ def _fast() -> tuple[str, Callable[[BytesLike], int], Callable[[int, BytesLike],
         return None
 
 
-pure_crc32c = _crcmod_crc32c()
-pure_extend = _crcmod_extend()
-_chosen = _fast()
+pure_crc32c: Final = _crcmod_crc32c()
+pure_extend: Final = _crcmod_extend()
+_chosen: Final = _fast() or ("crcmod", pure_crc32c, pure_extend, pure_extend)
 # ``extend_bytes`` is ``extend`` for callers that pass ``bytes`` only (the
 # framing's hot paths), skipping the conversion of other bytes-like objects.
-IMPLEMENTATION: str
-crc32c: Callable[[BytesLike], int]
-extend: Callable[[int, BytesLike], int]
-extend_bytes: Callable[[int, bytes], int]
-if _chosen is None:
-    IMPLEMENTATION, crc32c, extend, extend_bytes = "crcmod", pure_crc32c, pure_extend, pure_extend
-else:
-    IMPLEMENTATION, crc32c, extend, extend_bytes = _chosen
+# (Final: compiled, every caller reads them from a C static, not a dictionary.)
+IMPLEMENTATION: Final[str] = _chosen[0]
+crc32c: Final[Callable[[BytesLike], int]] = _chosen[1]
+extend: Final[Callable[[int, BytesLike], int]] = _chosen[2]
+extend_bytes: Final[Callable[[int, bytes], int]] = _chosen[3]
 
 
 def mask(crc: int) -> int:

@@ -50,7 +50,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
-from typing import Self
+from typing import Final, Self
 
 from mypy_extensions import mypyc_attr
 
@@ -69,9 +69,9 @@ from wal.truncation import delete_segments
 
 logger = logging.getLogger("walkv.wal")
 
-SYNC_MODES = ("always", "batch", "none")
-DEFAULT_SEGMENT_BYTES = 64 << 20
-_LSN_AND_PAYLOAD = itemgetter(0, 2)
+SYNC_MODES: Final = ("always", "batch", "none")
+DEFAULT_SEGMENT_BYTES: Final = 64 << 20
+_LSN_AND_PAYLOAD: Final = itemgetter(0, 2)
 
 
 @mypyc_attr(native_class=False)  # wal.forkguard holds it weakly: compiled classes take no weak references

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Final
 
 from wal.commit import Group
 from wal.durable import DurableMarker
@@ -33,7 +34,7 @@ from wal.segments import SegmentSet
 from wal.stats import LogStats
 from wal.truncation import cut_marked, mark_truncate
 
-PREALLOC_STEP = 8 << 20  # the active segment grows by this much (at most) at a time
+PREALLOC_STEP: Final = 8 << 20  # the active segment grows by this much (at most) at a time
 DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the directory at least this often
 CommitHook = Callable[[Group], None]
 PrepareHook = Callable[[Group], "list[Payload] | None"]
@@ -89,7 +90,7 @@ class LogWriter:
             prepared = self._on_prepare(group)
             if prepared is not None:
                 limit = self.max_record_bytes
-                group = group._replace(payloads=[check_payload(p, limit) for p in prepared])
+                group = Group(group.first_lsn, [check_payload(p, limit) for p in prepared], group.contexts)
         first, payloads = group.first_lsn, group.payloads
         active = self.files.active
         now_us = time.time_ns() // 1000

@@ -9,6 +9,7 @@ import bisect
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from operator import attrgetter
+from typing import Final
 
 from wal.durable import read_durable_lsn
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError
@@ -43,7 +44,7 @@ def entries_of(batches: Iterable[EntryBatch]) -> Iterator[Entry]:
     return chain.from_iterable(map(_ENTRIES, batches))
 
 
-_ENTRIES = attrgetter("entries")
+_ENTRIES: Final = attrgetter("entries")
 
 
 def _read_batches(segments: list[SegmentFile], from_lsn: int, last: int | None,

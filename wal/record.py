@@ -48,35 +48,35 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 from wal.crc import MASK_DELTA, BytesLike, crc32c, extend, extend_bytes, mask
 from wal.errors import RecordTooLargeError
 
-BLOCK_SIZE = 32768
-HEADER_SIZE = 7
+BLOCK_SIZE: Final = 32768
+HEADER_SIZE: Final = 7
 
-ZERO_TYPE = 0
-FULL = 1
-FIRST = 2
-MIDDLE = 3
-LAST = 4
-_MAX_TYPE = LAST
+ZERO_TYPE: Final = 0
+FULL: Final = 1
+FIRST: Final = 2
+MIDDLE: Final = 3
+LAST: Final = 4
+_MAX_TYPE: Final = LAST
 
-DEFAULT_MAX_RECORD_BYTES = 64 << 20
+DEFAULT_MAX_RECORD_BYTES: Final = 64 << 20
 """The record limit of a log or snapshot that states none (and the default)."""
-MAX_RECORD_LIMIT = 1 << 30
+MAX_RECORD_LIMIT: Final = 1 << 30
 """The largest record limit any file may state (1 GiB): readers bound memory
 by the limit a file's header states, so a header claiming more is refused as
 corruption rather than trusted with an allocation."""
 
-FRAGMENT_HEADER = struct.Struct("<IHB")  # masked CRC, payload length, type
-_pack_header = FRAGMENT_HEADER.pack
-_unpack_header = FRAGMENT_HEADER.unpack_from
+FRAGMENT_HEADER: Final = struct.Struct("<IHB")  # masked CRC, payload length, type
+_pack_header: Final = FRAGMENT_HEADER.pack
+_unpack_header: Final = FRAGMENT_HEADER.unpack_from
 # CRC-32C of the single type byte, the start of every fragment's checksum.
-_TYPE_CRC = [crc32c(bytes([t])) for t in range(256)]
-_ZEROS = bytes(HEADER_SIZE)
-_FULL_CRC = _TYPE_CRC[FULL]
+_TYPE_CRC: Final = [crc32c(bytes([t])) for t in range(256)]
+_ZEROS: Final = bytes(HEADER_SIZE)
+_FULL_CRC: Final = _TYPE_CRC[FULL]
 
 
 def fragment_crc(fragment_type: int, payload: bytes) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO, Final, NamedTuple
 
 from wal.crc import MASK_DELTA, extend_bytes
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
@@ -60,10 +60,10 @@ class RecordBatch(NamedTuple):
 
 # Events from the physical layer (besides fragment types 1..4). An event has
 # payload b"", and _TORN and _BAD their problem in the block's ``problems``.
-_EOF = -1  # clean end of data
-_TORN = -2  # truncated header or payload at end of file: problem is (offset, reason, FRAMING)
-_BAD = -3  # corrupt fragment: problem is (end of the bad bytes, reason, kind)
-_PAD = -4  # zero-filled space: the rest of the block is unused
+_EOF: Final = -1  # clean end of data
+_TORN: Final = -2  # truncated header or payload at end of file: problem is (offset, reason, FRAMING)
+_BAD: Final = -3  # corrupt fragment: problem is (end of the bad bytes, reason, kind)
+_PAD: Final = -4  # zero-filled space: the rest of the block is unused
 
 
 class _Block(NamedTuple):

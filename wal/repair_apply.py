@@ -198,7 +198,7 @@ def apply(directory: str, scan: LogScan, plan: Plan, fs: FileSystem, store_id: s
                 if i < len(segments) - 1:
                     f.truncate(offset)  # sealed: its file ends at its data
                 else:
-                    f.preallocate(offset, end - offset)  # zeros read as the end of the data
+                    f.write_zeros(offset, end - offset)  # zeros read as the end of the data
                 f.sync(full=True)
             finally:
                 f.close()

@@ -27,7 +27,7 @@ Rules, and why:
 * Segments are named, sorted and bisected by first LSN; LSNs are consecutive
   across segments, so segment ``i+1`` starts at the last LSN of ``i`` plus one.
 * A sealed segment is never written again; the active (newest) one is
-  preallocated with zeros ahead of its tail (:mod:`wal.segment_writer`).
+  preallocated (reading as zeros) ahead of its tail (:mod:`wal.segment_writer`).
 * The header states the largest record its segment may hold (version 2;
   version 1 segments hold records of at most the default 64 MiB), and every
   reader bounds records by it: the limit a log was written with travels with
@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from functools import partial
 from itertools import chain
 from operator import attrgetter, itemgetter
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO, Final, NamedTuple
 
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS
@@ -58,19 +58,19 @@ from wal.readfs import ReadFS
 from wal.record import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAX_RECORD_LIMIT
 from wal.record_reader import RecordReader
 
-SEGMENT_MAGIC = b"WALKVLOG"
-FORMAT_VERSION = 2
+SEGMENT_MAGIC: Final = b"WALKVLOG"
+FORMAT_VERSION: Final = 2
 """Written by this walkv; versions 1 (no record limit field) and 2 are read."""
 
-_SEGMENT_HEADER = struct.Struct("<8sHH16sQQQ")
-_SEGMENT_HEADER_V1 = struct.Struct("<8sHH16sQQ")
-_HEADER_READ = HEADER_SIZE + _SEGMENT_HEADER.size  # the header record's bytes, at most
-_ENTRY_HEADER = struct.Struct("<QQ")
-ENTRY_HEADER_SIZE = _ENTRY_HEADER.size
-pack_entry_header = _ENTRY_HEADER.pack
-_unpack_entry_header = _ENTRY_HEADER.unpack_from
+_SEGMENT_HEADER: Final = struct.Struct("<8sHH16sQQQ")
+_SEGMENT_HEADER_V1: Final = struct.Struct("<8sHH16sQQ")
+_HEADER_READ: Final = HEADER_SIZE + _SEGMENT_HEADER.size  # the header record's bytes, at most
+_ENTRY_HEADER: Final = struct.Struct("<QQ")
+ENTRY_HEADER_SIZE: Final = _ENTRY_HEADER.size
+pack_entry_header: Final = _ENTRY_HEADER.pack
+_unpack_entry_header: Final = _ENTRY_HEADER.unpack_from
 
-_NAME = re.compile(r"^(\d{20})\.wal$")
+_NAME: Final = re.compile(r"^(\d{20})\.wal$")
 
 
 Payload = bytes | tuple[bytes, ...]
@@ -203,12 +203,12 @@ def read_header(f: BinaryIO, path: str) -> tuple[SegmentHeader, int]:
 # -- entries --------------------------------------------------------------------
 
 
-_make_entry = partial(tuple.__new__, Entry)
+_make_entry: Final = partial(tuple.__new__, Entry)
 """``Entry`` from an ``(lsn, timestamp_us, payload)`` tuple without a Python
 call per entry (what ``Entry._make`` does, minus the call)."""
-_LSN = itemgetter(0)
-_TIMESTAMP = itemgetter(1)
-_ENTRIES = attrgetter("entries")
+_LSN: Final = itemgetter(0)
+_TIMESTAMP: Final = itemgetter(1)
+_ENTRIES: Final = attrgetter("entries")
 
 
 def decode_entry(payload: bytes, path: str | None, offset: int) -> Entry:

@@ -4,7 +4,7 @@ Rules, and why:
 
 * A new segment is written under a ``.tmp`` name, fsynced and renamed, then
   the directory fsynced, so a ``.wal`` file always has a valid header.
-* The active segment is preallocated with zeros ahead of its tail (in steps),
+* The active segment is preallocated (reading as zeros) ahead of its tail (in steps),
   so that an ``fdatasync`` after an append journals no size change; zeros read
   as the end of the data.
 * A group of entries is framed in memory and written with one ``pwrite``
@@ -22,7 +22,7 @@ import io
 import os
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Final, cast
 
 from wal.errors import RecordTooLargeError
 from wal.fs import OS_FS, File, FileSystem
@@ -48,10 +48,10 @@ from wal.segment import (
     segment_name,
 )
 
-GATHER_BYTES = 1 << 20
+GATHER_BYTES: Final = 1 << 20
 """A group this large (or holding a payload given as pieces) is written
 without being copied into one buffer."""
-_BYTES_ONLY = {bytes}
+_BYTES_ONLY: Final = {bytes}
 
 def check_payload(payload: object, max_record_bytes: int) -> Payload:
     """``payload`` as the log writes it (bytes, or a tuple of bytes: pieces

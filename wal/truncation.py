@@ -52,7 +52,7 @@ def cut_tail(fs: FileSystem, path: str, cut: int, reason: str) -> int:
     try:
         end = nonzero_end(f, cut, f.size())
         if end > cut:
-            f.preallocate(cut, end - cut)
+            f.write_zeros(cut, end - cut)
             f.sync()
             log.warning("%s: cut a torn tail of %d bytes at offset %d (%s)", path, end - cut, cut, reason)
         return end - cut

@@ -102,68 +102,68 @@ The Spark data source reads log segments directly and decodes them with
 from __future__ import annotations
 
 import sys
-from typing import Iterable
+from typing import Final, Iterable
 
 import msgpack
 
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, RecordTooLargeError
 
-OP_PUT = 1
-OP_DELETE = 2
-OP_DELETE_RANGE = 3
-OP_REQUIRE_EQUALS = 4
-OP_REQUIRE_ABSENT = 5
-OP_REQUIRE_PRESENT = 6
-OP_FAILED = 7
-OP_PUT_EXPIRING = 8
-OP_PUT_LEASED = 9
-OP_REQUIRE_LEASE = 10
-OP_GRANT = 11
-OP_KEEPALIVE = 12
-OP_REVOKE = 13
-OP_EXPIRE = 14
-OP_KEYSPACE = 16
-OP_DROP_KEYSPACE = 17
-CONDITION_CODES = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT, OP_REQUIRE_LEASE))
-NO_WRITE_CODES = CONDITION_CODES | {OP_FAILED}
+OP_PUT: Final = 1
+OP_DELETE: Final = 2
+OP_DELETE_RANGE: Final = 3
+OP_REQUIRE_EQUALS: Final = 4
+OP_REQUIRE_ABSENT: Final = 5
+OP_REQUIRE_PRESENT: Final = 6
+OP_FAILED: Final = 7
+OP_PUT_EXPIRING: Final = 8
+OP_PUT_LEASED: Final = 9
+OP_REQUIRE_LEASE: Final = 10
+OP_GRANT: Final = 11
+OP_KEEPALIVE: Final = 12
+OP_REVOKE: Final = 13
+OP_EXPIRE: Final = 14
+OP_KEYSPACE: Final = 16
+OP_DROP_KEYSPACE: Final = 17
+CONDITION_CODES: Final = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT, OP_REQUIRE_LEASE))
+NO_WRITE_CODES: Final = CONDITION_CODES | {OP_FAILED}
 """Op codes that change nothing (a reader skips them; a batch starting with
 ``OP_FAILED`` applies nothing)."""
-PUT_CODES = frozenset((OP_PUT, OP_PUT_EXPIRING, OP_PUT_LEASED))
+PUT_CODES: Final = frozenset((OP_PUT, OP_PUT_EXPIRING, OP_PUT_LEASED))
 """Op codes that set a key to a value (``[code, key, value, ...]``)."""
-LEASE_CODES = frozenset((OP_GRANT, OP_KEEPALIVE, OP_REVOKE))
+LEASE_CODES: Final = frozenset((OP_GRANT, OP_KEEPALIVE, OP_REVOKE))
 """Op codes that change a lease and no key (readers of changes skip them)."""
-EXPIRY_CODES = frozenset((OP_PUT_EXPIRING, OP_PUT_LEASED, OP_EXPIRE)) | LEASE_CODES
+EXPIRY_CODES: Final = frozenset((OP_PUT_EXPIRING, OP_PUT_LEASED, OP_EXPIRE)) | LEASE_CODES
 """Op codes that read or write expiry metadata (:mod:`kvstore.state.expiry`)."""
-MAX_LEASE_ID = (1 << 63) - 1
-KEYSPACE_CODES = frozenset((OP_KEYSPACE, OP_DROP_KEYSPACE))
+MAX_LEASE_ID: Final = (1 << 63) - 1
+KEYSPACE_CODES: Final = frozenset((OP_KEYSPACE, OP_DROP_KEYSPACE))
 """Op codes of keyspaces: a batch holding one is applied op by op, keyspace by keyspace."""
 
-DEFAULT_KEYSPACE = ""
-KEYSPACE_SECTION = "ks:"
+DEFAULT_KEYSPACE: Final = ""
+KEYSPACE_SECTION: Final = "ks:"
 """Keyspace ``name`` is the snapshot section ``ks:<name>`` (the default keyspace is the default section)."""
-MAX_KEYSPACE_NAME = 64
-_KEYSPACE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+MAX_KEYSPACE_NAME: Final = 64
+_KEYSPACE_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 # What a change is called, wherever changes are shown (the Spark ``changes``
 # table's ``_change_type``, :meth:`kvstore.KVStore.watch`): named once, here.
-UPSERT = "upsert"
-DELETE = "delete"
-DELETE_RANGE = "delete_range"
-EXPIRE = "expire"
-CHANGE_NAMES = {OP_PUT: UPSERT, OP_PUT_EXPIRING: UPSERT, OP_PUT_LEASED: UPSERT, OP_DELETE: DELETE,
+UPSERT: Final = "upsert"
+DELETE: Final = "delete"
+DELETE_RANGE: Final = "delete_range"
+EXPIRE: Final = "expire"
+CHANGE_NAMES: Final = {OP_PUT: UPSERT, OP_PUT_EXPIRING: UPSERT, OP_PUT_LEASED: UPSERT, OP_DELETE: DELETE,
                 OP_EXPIRE: EXPIRE, OP_DELETE_RANGE: DELETE_RANGE}
 """The change each op code that changes keys is shown as (codes not here change none)."""
 
-MAX_KEY_BYTES = 511
+MAX_KEY_BYTES: Final = 511
 """LMDB's default maximum key size (``mdb_env_get_maxkeysize``)."""
-MAX_BOUND_BYTES = MAX_KEY_BYTES + 1
+MAX_BOUND_BYTES: Final = MAX_KEY_BYTES + 1
 """Range bounds may be one byte longer than a key, see :data:`END_OF_KEYS`."""
-END_OF_KEYS = b"\xff" * MAX_BOUND_BYTES
+END_OF_KEYS: Final = b"\xff" * MAX_BOUND_BYTES
 """A range end that sorts after every key (keys are at most 511 bytes)."""
 
-ENTRY_OVERHEAD = 64
+ENTRY_OVERHEAD: Final = 64
 """Bytes a log entry adds around a batch payload, plus msgpack framing slack."""
-DEFAULT_MAX_VALUE_BYTES = (64 << 20) - 1024
+DEFAULT_MAX_VALUE_BYTES: Final = (64 << 20) - 1024
 """Default value limit: the log's default 64 MiB record, minus room for the
 key and framing. LMDB itself takes values up to 4 GiB."""
 
@@ -176,7 +176,7 @@ else:  # pragma: no cover - free-threaded CPython
     def pack_ops(obj: object) -> bytes:
         return msgpack.packb(obj, use_bin_type=True)
 
-_unpackb = msgpack.unpackb
+_unpackb: Final = msgpack.unpackb
 
 
 def _type_error(what: str, obj: object) -> TypeError:
@@ -272,7 +272,7 @@ def check_range(start: object, end: object) -> tuple[bytes, bytes]:
     return start, end
 
 
-LARGE_VALUE_BYTES = 1 << 20
+LARGE_VALUE_BYTES: Final = 1 << 20
 """A put of a value this large is logged as pieces (:func:`put_payload`)."""
 
 
@@ -484,7 +484,7 @@ def _is_instant(x: object) -> bool:
     return type(x) is int and 0 <= x < 1 << 63
 
 
-_EXPIRY_SHAPES = {  # code: (name, fields, check of the fields after the code)
+_EXPIRY_SHAPES: Final = {  # code: (name, fields, check of the fields after the code)
     OP_PUT_EXPIRING: ("put with an expiry", 4, lambda op: _is_key(op[1]) and type(op[2]) is bytes
                       and _is_instant(op[3])),
     OP_PUT_LEASED: ("put under a lease", 4, lambda op: _is_key(op[1]) and type(op[2]) is bytes

@@ -33,7 +33,7 @@ state a group leaves is tracked per keyspace, drops included.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -56,7 +56,7 @@ Ops = Sequence[Sequence[Any]]
 Payload = bytes | tuple[bytes, ...]  # wal.segment.Payload: a large put arrives in pieces
 Read = Callable[[str, bytes], "bytes | None"]
 """``read(keyspace, key)``: a key's value as the state holds it ("": the default keyspace)."""
-_LEADING = CONDITION_CODES | {OP_KEYSPACE}
+_LEADING: Final = CONDITION_CODES | {OP_KEYSPACE}
 
 
 @mypyc_attr(native_class=False)  # mypyc compiles no subclass of list: this one stays a Python class

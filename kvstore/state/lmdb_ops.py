@@ -12,14 +12,14 @@ import errno
 import operator
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import lmdb
 
 from kvstore.entry.codec import KEYSPACE_CODES, MAX_KEY_BYTES, OP_DELETE, OP_KEYSPACE, OP_PUT
 from wal.errors import CorruptionError, DiskFullError, WalkvError
 
-_key_value = operator.itemgetter(1, 2)
+_key_value: Final = operator.itemgetter(1, 2)
 
 
 def seek_ge(cur: lmdb.Cursor, bound: bytes) -> bool:

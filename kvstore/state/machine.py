@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import lmdb
 
@@ -96,12 +96,12 @@ from wal.segment import Payload, payload_size
 
 log = logging.getLogger("walkv.state")
 
-FORMAT = b"1"
-K_FORMAT = b"walkv.format"
-K_STORE_ID = b"walkv.store_id"
-K_COMPLETE = b"walkv.complete"
+FORMAT: Final = b"1"
+K_FORMAT: Final = b"walkv.format"
+K_STORE_ID: Final = b"walkv.store_id"
+K_COMPLETE: Final = b"walkv.complete"
 
-DEFAULT_MAP_SIZE = 8 << 20
+DEFAULT_MAP_SIZE: Final = 8 << 20
 """The initial LMDB map of a new environment: small (the log's preallocation
 step), since with ``writemap`` the whole map is given real blocks
 (:mod:`kvstore.state.lmdb_env`); it grows as the data does
@@ -109,18 +109,18 @@ step), since with ``writemap`` the whole map is given real blocks
 waits for open read views (a snapshot being written), so a small store
 should rarely need one."""
 
-_U64 = struct.Struct("<Q")
-_pack_u64 = _U64.pack
-_first = operator.itemgetter(0)
-_PUT_CODES = {OP_PUT}
-_OVERLAY_CODES = {OP_PUT, OP_DELETE}
+_U64: Final = struct.Struct("<Q")
+_pack_u64: Final = _U64.pack
+_first: Final = operator.itemgetter(0)
+_PUT_CODES: Final = {OP_PUT}
+_OVERLAY_CODES: Final = {OP_PUT, OP_DELETE}
 _TO_DEFAULT = (OP_KEYSPACE, DEFAULT_KEYSPACE)
 
 
 def _now_us() -> int:
     """Microseconds since the epoch, UTC: the clock expiry is read against by default."""
     return time.time_ns() // 1000
-DIRECT_OPS = 4096
+DIRECT_OPS: Final = 4096
 """A group of at least this many operations is written to LMDB at once (with
 the overlay) rather than through the overlay: it is a bulk write already."""
 Ops = Sequence[Sequence[Any]]
@@ -324,6 +324,17 @@ class State:
             return
         if first_lsn <= applied:
             batches = batches[applied + 1 - first_lsn:]
+        if len(batches) == 1 and len(batches[0]) == 1 and self.use_overlay:
+            code = batches[0][0][0]
+            if code == OP_PUT or code == OP_DELETE:  # the common group: one put or delete
+                self.applied_groups += 1
+                self.applied_entries += 1
+                if code == OP_PUT:
+                    self.puts += 1
+                else:
+                    self.deletes += 1
+                self._to_overlay(batches[0], last)
+                return
         flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
         codes = set(map(_first, flat))
         if not codes.isdisjoint(KEYSPACE_CODES):  # keyspaces: a separate branch, op by op
@@ -343,14 +354,18 @@ class State:
         elif self.use_overlay and flat and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
             # (a group that writes nothing, failed transactions only, goes to LMDB below so that
             # LMDB's applied LSN, which snapshots read, covers it: the overlay keeps no LSN without a key)
-            full = self.overlay.add(flat, last)
-            self.applied_lsn = last
-            if full:
-                self.flush()
-            else:
-                self.lmdb.maintain_now_and_then()
+            self._to_overlay(flat, last)
         else:
             self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES)
+
+    def _to_overlay(self, ops: Ops, last: int) -> None:
+        """Apply puts and deletes ending at LSN ``last`` to the overlay."""
+        full = self.overlay.add(ops, last)
+        self.applied_lsn = last
+        if full:
+            self.flush()
+        else:
+            self.lmdb.maintain_now_and_then()
 
     def _apply_keyspaces(self, batches: Sequence[Ops], last: int, payloads: Sequence[Payload]) -> None:
         """Apply a group in which some batch uses a keyspace: its writes,

@@ -51,7 +51,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -61,7 +61,7 @@ log = logging.getLogger("walkv.state")
 
 MAX_KEYS = 16384
 """Keys the overlay holds before it is flushed."""
-MAX_BYTES = 1 << 20
+MAX_BYTES: Final = 1 << 20
 """Bytes of values the overlay holds before it is flushed. Small, because
 what it holds is what a reopen after a crash must find room for in LMDB (a
 disk that filled up with the overlay full needs about twice this freed), and
@@ -69,7 +69,7 @@ a flush of 1 MiB already spreads a write transaction's cost over thousands
 of small writes."""
 FLUSH_SECONDS = 0.05
 """A write waits at most this long in the overlay before a flush begins."""
-MISSING = object()
+MISSING: Final = object()
 """What a lookup in the overlay returns for a key it does not hold."""
 
 Values = dict[bytes, "bytes | None"]

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from itertools import islice
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import lmdb
 from mypy_extensions import mypyc_attr
@@ -25,7 +25,7 @@ from wal.forkguard import Refusing
 SCAN_HOLD_SECONDS = 0.5
 """A scan renews its read transaction between chunks once it is older than
 this (see :func:`scan`)."""
-_monotonic = time.monotonic
+_monotonic: Final = time.monotonic
 T = TypeVar("T")
 
 

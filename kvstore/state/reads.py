@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import lmdb
 
@@ -41,10 +41,10 @@ class Get(Protocol):
     def __call__(self, key: bytes, default: bytes | None = None, /) -> bytes | None: ...
 
 
-GET_MANY_CHUNK = 1024
+GET_MANY_CHUNK: Final = 1024
 """Keys :meth:`CachedReads.get_many` looks up per pass (the writer waits at
 most one pass to hold readers out)."""
-_get_ident = threading.get_ident
+_get_ident: Final = threading.get_ident
 T = TypeVar("T")
 
 

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Generator
 from itertools import islice
-from typing import Any
+from typing import Any, Final
 
 import lmdb
 from mypy_extensions import mypyc_attr
@@ -46,11 +46,11 @@ from kvstore.state.lookups import Lookups
 from kvstore.state.readers import ReadSource, begin_in_gate
 from wal.errors import ClosedError, ViewExpiredError, WalkvError
 
-DEFAULT_MAX_VIEW_SECONDS = 60.0
-ABSENT = object()
+DEFAULT_MAX_VIEW_SECONDS: Final = 60.0
+ABSENT: Final = object()
 """The ``db`` of a view of a keyspace that does not exist."""
 _monotonic = time.monotonic
-_CHUNK = 256
+_CHUNK: Final = 256
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:

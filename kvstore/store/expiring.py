@@ -183,9 +183,9 @@ class Expiring:
     # -- the writer's decision (the log's on_prepare) -------------------------------
 
     def decide(self, payloads: list[Payload], contexts: list[Any]) -> list[Payload] | None:
-        """Decide the group's expiry entries in log order (:mod:`kvstore.entry.leases`)."""
-        if all(type(c) is list for c in contexts):
-            return None
+        """Decide the group's expiry entries in log order (:mod:`kvstore.entry.leases`):
+        for a group one of whose contexts is an Outcome (the log's prepare hook,
+        :mod:`kvstore.store.group_hooks`, calls it only then)."""
         return decide_leases(payloads, contexts, self._meta, self.clock.now_us(), self._max_payload)
 
     # -- reads ----------------------------------------------------------------------

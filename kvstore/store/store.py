@@ -41,12 +41,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Generator, Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import snapshot
 import wal
 from kvstore.archive.target import Location
-from kvstore.entry import conditions
 from kvstore.entry.codec import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
@@ -74,6 +73,7 @@ from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
 from kvstore.store.clock import Clock, ExpiryClock, SystemClock
 from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, lease_id_of
+from kvstore.store.group_hooks import GroupHooks
 from kvstore.store.keyspace import Keyspace
 from kvstore.store.leases import Lease
 from kvstore.store.write_batch import WriteBatch
@@ -152,6 +152,7 @@ class KVStore(Lookups):
         self._writer: StoreWriter | None = None  # None: read-only (another process writes)
         self._log: wal.Log | None = None          # the writer's log (for the write path)
         self._watch_hub = watching.WatchHub()  # wakes watchers, once per group commit
+        self._hooks = GroupHooks(self._watch_hub)  # the log's (kvstore/store/group_hooks.py)
         self.max_record_bytes: int | None = None if self.readonly else max_record_bytes
         self.replayed = 0                      # log entries replayed (or rebuilt from) at open
         self.rebuilt: str | None = None        # why LMDB was rebuilt at open, if it was
@@ -163,8 +164,8 @@ class KVStore(Lookups):
                                                                   options)
             else:
                 self._writer, opened = StoreWriter.open(
-                    self.path, self._fs, options, snapshots_, progress=progress, on_commit=self._on_commit,
-                    on_prepare=self._on_prepare,
+                    self.path, self._fs, options, snapshots_, progress=progress, on_commit=self._hooks.commit,
+                    on_prepare=self._hooks.prepare,
                     log_options=dict(log_options, sync=sync, segment_bytes=segment_bytes,
                                      max_record_bytes=max_record_bytes))
                 self._log = self._writer.log
@@ -177,6 +178,7 @@ class KVStore(Lookups):
         self._clock = ExpiryClock(clock or SystemClock())
         self._state.now_us = self._clock.now_us
         self._expiring = Expiring(self._state, self._clock, self.max_value_bytes, self._max_payload)
+        self._hooks.bind(self._state, self._expiring, self._writer)
         if self._writer is not None and sweep_interval is not None:
             if isinstance(sweep_interval, bool) or not isinstance(sweep_interval, (int, float)) \
                     or not sweep_interval > 0:
@@ -196,25 +198,6 @@ class KVStore(Lookups):
             except BaseException:
                 self.close()
                 raise
-
-    # -- the log's hooks ---------------------------------------------------------
-
-    def _on_prepare(self, group: wal.Group) -> list[Payload] | None:
-        # Called by the group's leader before it is written: decide its
-        # conditional writes in log order and write the decisions into the log.
-        # Then what expiry decides in log order (kvstore/store/expiring.py).
-        out = conditions.decide_group(group.payloads, group.contexts, self._state.read)
-        expiry = self._expiring.decide(group.payloads if out is None else out, group.contexts)
-        return out if expiry is None else expiry
-
-    def _on_commit(self, group: wal.Group) -> None:
-        # Called by the log's committing thread for every group, after its
-        # fsync and before any of its appenders is released. This store is
-        # its log's one appender, and passes every entry's operations along.
-        self._state.apply(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
-        self._watch_hub.committed()
-        if self._writer is not None:
-            self._writer.committed()
 
     def _after_fork_in_child(self) -> None:
         """In a forked child (:mod:`wal.forkguard`): writes and reads raise

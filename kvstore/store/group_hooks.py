@@ -1,0 +1,75 @@
+"""What a store does with each group its log writes: the log's two hooks.
+
+:class:`wal.Log` calls them on the group's leader, once per group, so they
+are on every write's path and are compiled with the core (wal/compiled.py):
+
+- ``prepare`` runs before the group is written. It decides the group's
+  conditional writes in log order and writes the decisions into the log
+  (:mod:`kvstore.entry.conditions`), then what expiry decides in log order
+  (:mod:`kvstore.store.expiring`: leases, TTL puts). A group of plain writes,
+  the common one, costs a look at its first op.
+- ``commit`` runs after the group is written (and fsynced, with
+  ``sync="always"``) and before any of its appenders is released. It applies
+  the group to the state machine (so every read after the write returns sees
+  it), wakes the store's watchers and pokes the automatic snapshots.
+
+The log is opened before the state machine it replays into exists, so the
+hooks are made first and :meth:`GroupHooks.bind` gives them the store's parts;
+the log calls neither before then.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast, final
+
+from kvstore.entry.conditions import decide_group
+from kvstore.state import Ops, State
+from wal.commit import Group
+from wal.segment import Payload
+
+if TYPE_CHECKING:  # (interpreted classes: the hooks call them, never the other way)
+    from kvstore.store.expiring import Expiring
+    from kvstore.store.writer import StoreWriter
+    from kvstore.watch.watcher import WatchHub
+
+
+@final
+class GroupHooks:
+    """The hooks of one store's log (``on_prepare=hooks.prepare``,
+    ``on_commit=hooks.commit``)."""
+
+    def __init__(self, hub: WatchHub) -> None:
+        self._hub = hub
+        self._state: State | None = None
+        self._expiring: Expiring | None = None
+        self._writer: StoreWriter | None = None
+
+    def bind(self, state: State, expiring: Expiring, writer: StoreWriter | None) -> None:
+        """The store's parts, once it has opened them."""
+        self._state = state
+        self._expiring = expiring
+        self._writer = writer
+
+    def prepare(self, group: Group) -> list[Payload] | None:
+        """The payloads to log instead of the group's own (decisions written
+        in), or None to log them as they are."""
+        state, expiring = self._state, self._expiring
+        assert state is not None and expiring is not None, "the log wrote before the store was bound"
+        contexts = group.contexts
+        out = decide_group(group.payloads, contexts, state.read)
+        for context in contexts:
+            if type(context) is not list:  # an Outcome: a lease or a TTL the writer decides
+                expiry = expiring.decide(group.payloads if out is None else out, contexts)
+                return out if expiry is None else expiry
+        return out
+
+    def commit(self, group: Group) -> None:
+        """Apply the written group and tell whoever waits for writes. This
+        store is its log's one appender, and passes every entry's operations
+        along as its context."""
+        state = self._state
+        assert state is not None, "the log committed before the store was bound"
+        state.apply(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
+        self._hub.committed()
+        if self._writer is not None:
+            self._writer.committed()
