@@ -313,3 +313,58 @@ def test_direct_path_with_appenders_arriving_mid_write(before, arrivals, fail, b
         assert sorted(got) == list(range(1, len(got) + 1))
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_leader_gathers_the_appenders_the_last_group_woke() -> None:
+    """A group that woke several appenders makes the next leader wait for as
+    many entries before it writes (wal/commit.py: gathering), so they share
+    one fsync; the wait is bounded (here made long so the test needs no
+    timing), and once a group woke nobody, a lone appender is direct again."""
+    fs = HeldSyncFS()
+    d = tempfile.mkdtemp(prefix="gather-")
+    try:
+        log = wal.open(d, fs=fs, sync="always", segment_bytes=1 << 20)
+        gc = log._gc
+        gc.gather_seconds = 30.0
+        returned: list[str] = []
+
+        def append(name: str) -> None:
+            log.append(name.encode())
+            returned.append(name)
+
+        # A is held in its fsync; B, C, D queue behind it. B leads {B, C, D}: it wakes C and D.
+        fs.hold = 1
+        threads = [threading.Thread(target=append, args=("A",))]
+        threads[0].start()
+        assert fs.entered.wait(30)
+        for i, name in enumerate("BCD"):
+            threads.append(threading.Thread(target=append, args=(name,)))
+            threads[-1].start()
+            _wait_for_waiters(log, i + 1)
+        fs.release.set()
+        for th in threads:
+            th.join(30)
+        assert log.stats()["groups"] == 2 and gc._woken == 2
+
+        # E leads next and gathers: it waits until F is queued too, then writes both as one group.
+        e = threading.Thread(target=append, args=("E",))
+        e.start()
+        deadline = time.monotonic() + 30
+        while not gc._gathering:
+            assert time.monotonic() < deadline, "E did not gather"
+            time.sleep(0.001)
+        assert "E" not in returned
+        f = threading.Thread(target=append, args=("F",))
+        f.start()
+        for th in (e, f):
+            th.join(30)
+            assert not th.is_alive()
+        assert log.stats()["groups"] == 3 and log.durable_lsn == 6
+        assert gc._woken == 1  # {E, F} woke F only: the next lone append is direct
+        gc.gather_seconds = 0.0
+        assert log.append(b"G") == 7 and not gc._waiters and log.stats()["groups"] == 4
+        log.close()
+        with wal.open(d) as reopened:
+            assert [p for _, p in reopened.read(1)] == [b"A", b"B", b"C", b"D", b"E", b"F", b"G"]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

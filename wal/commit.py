@@ -10,11 +10,19 @@ the leader, so waking a group costs one lock release per thread and no
 thundering herd on the mutex.
 
 One appender with nobody else writing pays for none of that: when nobody
-leads and nothing is queued it takes its LSNs and the leadership, writes its
-own group at once and acknowledges it (the direct path: two uncontended
-mutex acquisitions, no queue, waiter lock or callback). Appenders arriving
-while it writes queue behind it as behind any leader, so contended appends
-still share each fsync.
+leads, nothing is queued and the last group woke at most one other appender,
+it takes its LSNs and the leadership, writes its own group at once and
+acknowledges it (the direct path: two uncontended mutex acquisitions, no
+queue, waiter lock or callback). Appenders arriving while it writes queue
+behind it as behind any leader, so contended appends still share each fsync.
+
+A group that woke several appenders means they will most likely append
+again at once. The next leader then *gathers*: it waits, at most
+:data:`GATHER_SECONDS`, until as many entries are queued, and writes them as
+one group. Without it, the first appender back (each must get the GIL in
+turn) would write alone, and with 8 threads the groups alternated between 1
+and 7 entries: 4.6 entries per fsync instead of 7.3, and 15% fewer puts per
+second (durable puts from 8 threads, measured, compiled).
 
 Each payload travels with a *context*, an object the log never looks at
 (the store passes the decoded operations), and reaches the log's
@@ -39,11 +47,15 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import final
+from typing import Final, final
 
 from wal.segment import Payload
 
 logger = logging.getLogger("walkv.wal")
+
+GATHER_SECONDS: Final = 0.0002
+"""The longest a new leader waits for the appenders the last group woke (an
+fsync costs 0.1-0.2 ms on an SSD: the wait is paid back when it doubles a group)."""
 
 Callback = Callable[[int, "BaseException | None"], None]
 # What a group's leader runs once the mutex is released: ``(first_lsn,
@@ -124,6 +136,10 @@ class GroupCommit:
         self.stopping = False
         self._frozen = False  # no LSN may be handed out (truncate_after renumbers)
         self._thawed = threading.Condition(self.mutex)
+        self._arrived = threading.Condition(self.mutex)  # enough entries queued for a gathering leader
+        self._gathering = False
+        self._woken = 0  # appenders the last group released
+        self.gather_seconds = GATHER_SECONDS
         self.next_lsn = next_lsn
         self.acked_lsn = next_lsn - 1  # what appenders may be told is done
         self.failure: BaseException | None = None
@@ -159,7 +175,7 @@ class GroupCommit:
         is acknowledged only after ``write_group`` returned."""
         m = self.mutex
         m.acquire()
-        if self._leading or self._queue:
+        if self._leading or self._queue or self._woken > 1:
             return self._submit_queued(payloads, contexts)  # releases the mutex
         first = self._take_lsns(len(payloads))
         last = first + len(payloads) - 1
@@ -225,6 +241,8 @@ class GroupCommit:
             self._queue.extend(payloads)
             self._contexts.extend(contexts)
         if self._leading:
+            if self._gathering and len(self._queue) >= self._woken:
+                self._arrived.notify()
             w = self._waiter()
             w.lsn = last
             w.lead = w.exclusive = False
@@ -236,8 +254,10 @@ class GroupCommit:
                     raise self._group_failure()
                 return first
             m.acquire()
+            self._gather()
         else:
             self._leading = True
+            self._gather()
         done = self._lead_group()
         self._handoff()
         m.release()
@@ -245,6 +265,16 @@ class GroupCommit:
         if self.acked_lsn < last:
             raise self._group_failure()
         return first
+
+    def _gather(self) -> None:
+        """Mutex held, leading a group not yet taken: when the last group
+        woke several appenders, wait (at most ``gather_seconds``) until as
+        many entries are queued, so that they share this group's fsync
+        (module docstring). The wait releases the mutex."""
+        if self._woken > 1 and len(self._queue) < self._woken and self.failure is None:
+            self._gathering = True
+            self._arrived.wait(self.gather_seconds)
+            self._gathering = False
 
     def submit_nowait(self, payloads: list[Payload], contexts: Sequence[object], callback: Callback) -> int:
         """Queue ``payloads`` (each with its context) as one run without
@@ -310,8 +340,11 @@ class GroupCommit:
             self._queue, self._contexts, self._callbacks = [], [], []
         waiters = self._waiters
         acked = self.acked_lsn
+        woken = 0
         while waiters and not waiters[0].exclusive and (waiters[0].lsn <= acked or error is not None):
             waiters.popleft().lock.release()
+            woken += 1
+        self._woken = woken
         if error is not None and waiters:
             self._waiters = deque(w for w in waiters if w.exclusive)
             for w in waiters:
