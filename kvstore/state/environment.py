@@ -29,7 +29,7 @@ import lmdb
 
 from kvstore.state.lmdb_env import MAX_KEYSPACES, MIB, clear_stale_readers, grow_size, open_env, reader_table
 from kvstore.state.lmdb_ops import preallocate, read_error
-from kvstore.state.readers import Reader, ReadGate
+from kvstore.state.readers import Generation, Reader, ReaderHandle, ReadGate
 from kvstore.state.view import View
 from wal.errors import ClosedError, DiskFullError, ForkedError
 from wal.forkguard import Refusing, forked_error, keep_forever, track
@@ -65,10 +65,10 @@ class Environment:
         self._closed = False
         self._forked = False
         self._pid = os.getpid()
-        self.gen = 0              # bumped after every commit and remap: cached transactions renew
+        self.generation = Generation()  # bumped after every commit and remap: cached transactions renew
         self.map_gen = 0          # bumped whenever open transactions die
         self._held_gen = 0
-        self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
+        self._readers: weakref.WeakSet[ReaderHandle] = weakref.WeakSet()
         self._views: weakref.WeakSet[View] = weakref.WeakSet()
         self._readers_lock = threading.Lock()
         self.views_allowed = threading.Event()  # cleared while a remap waits for views
@@ -147,15 +147,25 @@ class Environment:
 
     # -- what may be inside LMDB: the gate waits for it ------------------------
 
+    @property
+    def gen(self) -> int:
+        """The commit counter's value (:class:`~kvstore.state.readers.Generation`)."""
+        return self.generation.value
+
+    @gen.setter
+    def gen(self, value: int) -> None:
+        self.generation.value = value
+
     def _reader_list(self) -> list[Reader | View]:
         """Whatever may be inside LMDB: the gate waits for their ``busy``."""
         with self._readers_lock:
-            return [*self._readers, *self._views]
+            return [*(h.reader for h in self._readers), *self._views]
 
-    def register_reader(self, reader: Reader) -> None:
-        """Track a thread's cached read transaction (swept when stale)."""
+    def register_reader(self, handle: ReaderHandle) -> None:
+        """Track a thread's cached read transaction (swept when stale) for as
+        long as its thread holds ``handle``."""
         with self._readers_lock:
-            self._readers.add(reader)
+            self._readers.add(handle)
 
     def register_view(self, view: View) -> None:
         """Track an open view (closed with the environment)."""
@@ -243,7 +253,7 @@ class Environment:
         """Drop cached read transactions older than the newest commit, so an
         idle reading thread does not pin old pages."""
         with self._readers_lock:
-            readers = list(self._readers)
+            readers = [h.reader for h in self._readers]
         gen = self.gen
         if not any(r.txn is not None and r.gen != gen for r in readers):
             return

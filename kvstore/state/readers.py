@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from itertools import islice
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, final
 
 import lmdb
 from mypy_extensions import mypyc_attr
@@ -40,11 +40,12 @@ class ReadGate:
     that sees the flag steps back and waits on the writer's mutex.
 
     Readers announce themselves in one of two ways: a thread's cached
-    :class:`Reader` sets its ``busy`` flag (the get fast path: two attribute
+    :class:`Reader` sets its ``busy`` flag (the get fast path: two field
     stores), anything else appends to :attr:`active` (atomic under the GIL).
     The get fast path does not even read :attr:`blocking`: ``on_block`` sets
-    the environment's commit counter to a value no cached transaction carries, so
-    the one comparison the fast path makes anyway sends it to the slow path.
+    the environment's :class:`Generation` to a value no cached transaction
+    carries, so the one comparison the fast path makes anyway sends it to the
+    slow path.
     """
 
     __slots__ = ("active", "blocking", "_mutex", "_readers", "_on_block", "_on_release")
@@ -152,17 +153,42 @@ def begin_in_gate(state: ReadSource) -> lmdb.Transaction:
         return state.env.begin(db=state.data_db)
 
 
-@mypyc_attr(native_class=False)  # the environment holds readers weakly: compiled classes take no weak references
-class Reader:
-    """One thread's cached read transaction."""
+@final
+class Generation:
+    """The environment's commit counter: bumped after every commit and remap,
+    and set to a value no cached transaction carries while a writer holds
+    the gate or the process forked. A thread's cached read transaction is
+    current while its reader's ``gen`` equals it. A compiled class, so the
+    get fast path reads it as a C field."""
 
-    __slots__ = ("txn", "gen", "busy", "ident", "__weakref__")
+    def __init__(self) -> None:
+        self.value = 0
+
+
+@final
+class Reader:
+    """One thread's cached read transaction (``txn``, current while ``gen``
+    equals the environment's :class:`Generation`), announced by ``busy``
+    while the thread is inside LMDB. Compiled: a get reads and writes these
+    fields without a dictionary."""
 
     def __init__(self, ident: int = -1) -> None:
         self.txn: lmdb.Transaction | None = None
         self.gen = -1
         self.busy = False
         self.ident = ident
+
+
+@mypyc_attr(native_class=False)  # compiled classes take no weak references
+class ReaderHandle:
+    """What a thread keeps of its :class:`Reader` (in a thread-local), and
+    what the environment holds weakly: when the thread ends, the handle goes,
+    the environment forgets the reader, and its transaction is aborted."""
+
+    __slots__ = ("reader", "__weakref__")
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
 
 
 def scan(state: ReadSource, flush: Callable[[], None], lo: bytes, hi: bytes | None, reverse: bool = False,

@@ -32,7 +32,7 @@ from kvstore.entry.codec import MAX_KEY_BYTES, as_bytes
 from kvstore.state.environment import Environment
 from kvstore.state.lmdb_ops import read_error
 from kvstore.state.overlay import MISSING, Overlay
-from kvstore.state.readers import Reader
+from kvstore.state.readers import Reader, ReaderHandle
 
 
 class Get(Protocol):
@@ -55,23 +55,26 @@ class CachedReads:
     def __init__(self, env: Environment, overlay: Overlay) -> None:
         self._env = env
         self._overlay = overlay
+        self._generation = env.generation
         self._local = threading.local()
         self._r0 = Reader()  # the last reading thread's reader (fast path)
+        self._h0: ReaderHandle | None = None  # its handle: the environment tracks the reader while it lives
 
     def _reader(self) -> Reader:
-        """This thread's reader (created and registered on first use)."""
+        """This thread's reader (created and registered on first use), made
+        the fast path's."""
         try:
-            return self._local.r
+            h = self._local.r
         except AttributeError:
-            pass
-        r = Reader(_get_ident())
-        self._local.r = r
-        self._env.register_reader(r)
+            h = self._local.r = ReaderHandle(Reader(_get_ident()))
+            self._env.register_reader(h)
+        self._h0 = h
+        self._r0 = r = h.reader
         return r
 
     def _renew(self, r: Reader) -> lmdb.Transaction:
         env = self._env
-        gen = env.gen  # read before begin: never record a newer gen than the snapshot
+        gen = self._generation.value  # read before begin: never record a newer gen than the snapshot
         t = r.txn
         if t is not None:
             r.txn = None
@@ -108,10 +111,10 @@ class CachedReads:
             key = as_bytes(key, "key")
         r = self._r0
         if r.ident != _get_ident():
-            r = self._r0 = self._reader()  # the last thread to read goes fast
+            r = self._reader()  # the last thread to read goes fast
         r.busy = True
         try:
-            if r.gen == self._env.gen:
+            if r.gen == self._generation.value:
                 # r.txn is set whenever r.gen matches; values are bytes (no buffers=True)
                 return r.txn.get(key, default)  # type: ignore[union-attr,return-value]
         except lmdb.BadValsizeError:
@@ -129,7 +132,6 @@ class CachedReads:
         thread's read transaction (one Python call per chunk, not per key).
         Not one snapshot across chunks: for that, a view."""
         wanted = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
-        env = self._env
         out: list[bytes | None] = []
         for i in range(0, len(wanted), GET_MANY_CHUNK):
             chunk = wanted[i:i + GET_MANY_CHUNK]
@@ -139,11 +141,11 @@ class CachedReads:
                 continue
             r = self._r0
             if r.ident != _get_ident():
-                r = self._r0 = self._reader()
+                r = self._reader()
             r.busy = True
             done = False  # no `continue` in the try: mypyc compiles none inside try/finally
             try:
-                txn = r.txn if r.gen == env.gen else None
+                txn = r.txn if r.gen == self._generation.value else None
                 if txn is not None:
                     get = txn.get
                     out.extend([get(k, default) for k in chunk])  # type: ignore[misc]  # bytes: no buffers=True
@@ -163,10 +165,10 @@ class CachedReads:
         before ``db`` was opened cannot see it, so any LMDB error renews it."""
         r = self._r0
         if r.ident != _get_ident():
-            r = self._r0 = self._reader()
+            r = self._reader()
         r.busy = True
         try:
-            if r.gen == self._env.gen:
+            if r.gen == self._generation.value:
                 return r.txn.get(key, default, db)  # type: ignore[union-attr,return-value]
         except lmdb.BadValsizeError:
             return default
@@ -181,7 +183,7 @@ class CachedReads:
         a commit happened since): several lookups from one snapshot."""
         r = self._r0
         if r.ident != _get_ident():
-            r = self._r0 = self._reader()
+            r = self._reader()
         return self._in_txn(r, fn)
 
     def _get_slow(self, r: Reader, key: bytes, default: bytes | None) -> bytes | None:
@@ -198,7 +200,7 @@ class CachedReads:
         try:
             if env.closed:
                 raise env.closed_error()
-            txn = self._renew(r) if renew or r.gen != env.gen or r.txn is None else r.txn
+            txn = self._renew(r) if renew or r.gen != self._generation.value or r.txn is None else r.txn
             return fn(txn)
         except lmdb.Error as exc:
             if env.closed:
