@@ -4,9 +4,13 @@ Rules, and why:
 
 * A new segment is written under a ``.tmp`` name, fsynced and renamed, then
   the directory fsynced, so a ``.wal`` file always has a valid header.
-* The active segment is preallocated (reading as zeros) ahead of its tail (in steps),
-  so that an ``fdatasync`` after an append journals no size change; zeros read
-  as the end of the data.
+* The active segment is preallocated ahead of its tail (in steps), so that
+  an ``fdatasync`` after an append journals no size change; the preallocated
+  space reads as zeros, which read as the end of the data. It is reserved
+  with ``fallocate`` (:meth:`wal.fs.File.preallocate`): writing into
+  unwritten extents costs less than writing over zeros written out, and the
+  ``fdatasync`` that follows (which also records the extents as written)
+  costs the same, measured.
 * A group of entries is framed in memory and written with one ``pwrite``
   (a large one, :data:`GATHER_BYTES` or more, or one holding a payload given
   as pieces, is framed as views into its payloads and written with
