@@ -76,3 +76,46 @@ def test_an_edited_source_runs_interpreted_with_a_warning(tmp_path) -> None:
     assert info == "pure Python (sources changed since the build)"
     assert record.endswith("record.py") and machine.endswith("machine.py")  # all of them, not the edited one alone
     assert "StaleBuildWarning" in err and edited in err and "pip install -e ." in err
+
+
+def test_no_compiled_generator_yields_inside_an_except_block() -> None:
+    """Compiled by mypyc 2.4, a generator that yields inside an ``except`` block
+    leaves the caught exception as its caller's ``sys.exc_info()``: every later
+    exception in that thread chains to it ("During handling of the above
+    exception...") and its traceback keeps old frames alive. The interpreted
+    twin does not, so no compiled module may yield there."""
+    import ast
+
+    found = []
+    for module in COMPILED_MODULES:
+        path = os.path.join(REPO, *module.split(".")) + ".py"
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for handler in (n for n in ast.walk(tree) if isinstance(n, ast.ExceptHandler)):
+            found += [f"{module}:{y.lineno}" for y in ast.walk(handler) if isinstance(y, (ast.Yield, ast.YieldFrom))]
+    assert not found, found
+
+
+def test_a_reader_stopped_at_damage_leaves_no_exception_behind() -> None:
+    """The record reader yields the records before a damaged one, then raises:
+    a caller that takes those and stops sees no exception left in
+    ``sys.exc_info()``, and a new exception chains to nothing (it did, compiled,
+    before the reader stopped yielding inside its ``except``)."""
+    import io
+
+    from wal.record import RecordWriter
+    from wal.record_reader import RecordReader
+
+    buf = io.BytesIO()
+    writer = RecordWriter(buf, 0)
+    for _ in range(5):
+        writer.add_record(b"x" * 100)
+    data = bytearray(buf.getvalue())
+    data[3 * 107 + 10] ^= 0xFF  # inside the fourth record's payload
+    batches = RecordReader(io.BytesIO(bytes(data))).batches()
+    assert len(next(batches).payloads) == 3
+    assert sys.exc_info() == (None, None, None)
+    try:
+        raise ValueError("after the reader stopped")
+    except ValueError as e:
+        assert e.__context__ is None

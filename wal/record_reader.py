@@ -272,6 +272,7 @@ class RecordReader:
         for offsets, payloads, others, problems in self._blocks():
             got = RecordBatch([], [], -1)
             run = 0  # the next item to take: items run..j-1 are FULL fragments
+            damage: CorruptionError | None = None
             try:
                 for j in (*others, len(offsets)):
                     if run < j and bulk and self._record_start < 0 and self._holed < 0:
@@ -291,11 +292,16 @@ class RecordReader:
                                 yield got
                                 got = RecordBatch([], [], -1)
                     run = j + 1
-            except CorruptionError:
+            except CorruptionError as e:
+                damage = e
+            if damage is not None:
+                # Not yielded inside the ``except``: compiled (mypyc 2.4), a generator
+                # that yields in an except block leaves the exception as the caller's
+                # sys.exc_info(), and every later exception chains to it.
                 if got.offsets:  # the valid records before the damage come first
                     self.end_offset = got.end
                     yield got
-                raise
+                raise damage
             if got.offsets:
                 self.end_offset = got.end
                 yield got
