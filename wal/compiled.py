@@ -54,6 +54,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvstore.state.readers",
     "kvstore.state.reads",
     "kvstore.state.view",
+    "kvstore.state.expiring_reads",
     "kvstore.state.machine",
     "kvstore.store.group_hooks",
 )
