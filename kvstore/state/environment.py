@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
 import weakref
@@ -29,6 +28,7 @@ import lmdb
 
 from kvstore.state.lmdb_env import MAX_KEYSPACES, MIB, clear_stale_readers, grow_size, open_env, reader_table
 from kvstore.state.lmdb_ops import preallocate, read_error
+from kvstore.state.meta import K_APPLIED, applied_of
 from kvstore.state.readers import Generation, Reader, ReaderHandle, ReadGate
 from kvstore.state.view import View
 from wal.errors import ClosedError, DiskFullError, ForkedError
@@ -36,8 +36,6 @@ from wal.forkguard import Refusing, forked_error, keep_forever, track
 
 log = logging.getLogger("walkv.state")
 
-K_APPLIED = b"walkv.applied"
-"""The applied LSN's key in the main database (the layout: :mod:`kvstore.state.machine`)."""
 KEYSPACE_PREFIX = b"ks:"
 """Keyspace ``name`` is the named database ``ks:<name>`` (the default
 keyspace is ``data``)."""
@@ -49,7 +47,6 @@ at most this much is allocated ahead of the data."""
 ROOM_AHEAD_BYTES = 1 << 20
 """A write transaction expected to add at least this many bytes makes room
 in the map before it starts (:meth:`Environment.make_room`)."""
-_U64 = struct.Struct("<Q")
 T = TypeVar("T")
 
 
@@ -301,8 +298,7 @@ class Environment:
 
     def applied_in(self, txn: lmdb.Transaction) -> int:
         """The applied LSN recorded in ``txn``'s snapshot of LMDB."""
-        v = txn.get(K_APPLIED, db=self.main_db)
-        return _U64.unpack(v)[0] if v and len(v) == 8 else 0
+        return applied_of(txn.get(K_APPLIED, db=self.main_db))
 
     def adopt_mapsize(self) -> None:
         """Read-only: another process grew the map; adopt its size."""

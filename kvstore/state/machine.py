@@ -16,27 +16,8 @@ Inside the environment:
   ``data``: :mod:`kvstore.store.keyspace`;
 * the named databases ``ttl:...`` and ``lease:...`` hold each key's expiry
   (a key of any keyspace) and the leases (:mod:`kvstore.state.expiry`);
-* walkv's bookkeeping are plain keys of LMDB's main (unnamed) database, beside
-  the record of ``data``. (Keeping them there rather than in a second named
-  database saves a page copy per write transaction: the main database's leaf
-  is rewritten by every commit anyway, for ``data``'s root.)
-
-  ==================  ======================================================
-  ``walkv.format``    ``b"1"``; another number is refused
-  ``walkv.store_id``  the log's store id (hex); a mismatch means this LMDB
-                      was built from another log, so it is rebuilt
-  ``walkv.applied``   uint64 little-endian: every log entry up to this LSN
-                      is in LMDB, none after it. Written in the same write
-                      transaction as the entries it covers, so LMDB's own
-                      atomicity makes applying idempotent (replay skips
-                      LSNs at or below it). Entries after it may be applied
-                      in memory only, in the overlay (:mod:`kvstore.state.overlay`):
-                      ``State.applied_lsn`` is what this process's reads see,
-                      ``State.lmdb_applied_lsn`` what LMDB holds.
-  ``walkv.complete``  ``b"1"`` once a rebuild's base (snapshot) load is
-                      done; ``b"0"`` while it runs, so an interrupted
-                      rebuild is redone
-  ==================  ======================================================
+* walkv's bookkeeping (the store id, the applied LSN...) are plain keys of
+  LMDB's main (unnamed) database: :mod:`kvstore.state.meta`.
 
 Durability: LMDB is opened with ``sync=False, metasync=False``: its fsyncs are
 not on the commit path, the log's are. A process crash cannot corrupt such an
@@ -51,20 +32,20 @@ flushes it, one flush at a time; any number of threads read, each through its ow
 cached read transaction (a get is one LMDB lookup); see :mod:`kvstore.state.readers`
 for how readers and the writer share LMDB without a lock on the read path.
 
-:class:`State` owns the meta, applying and flushing, and has the parts it
-delegates to: the environment (:mod:`kvstore.state.environment`), the overlay
-and a read path (:mod:`kvstore.state.reads`).
+:class:`State` owns applying and flushing, and has the parts it delegates
+to: the environment (:mod:`kvstore.state.environment`), its bookkeeping
+(:mod:`kvstore.state.meta`), the overlay, a read path for gets
+(:mod:`kvstore.state.reads`) and the reads that know expiry and keyspaces
+(:mod:`kvstore.state.expiring_reads`).
 """
 
 from __future__ import annotations
 
 import logging
 import operator
-import struct
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from itertools import islice
 from typing import Any, Final, NamedTuple
 
 import lmdb
@@ -74,7 +55,6 @@ from kvstore.entry.codec import (
     DEFAULT_KEYSPACE,
     EXPIRY_CODES,
     KEYSPACE_CODES,
-    KEYSPACE_SECTION,
     NO_WRITE_CODES,
     OP_DELETE,
     OP_EXPIRE,
@@ -82,24 +62,20 @@ from kvstore.entry.codec import (
     OP_PUT,
     PUT_CODES,
 )
-from kvstore.state.environment import K_APPLIED, Environment
+from kvstore.state.base_load import load_sections
+from kvstore.state.environment import Environment
 from kvstore.state.expiring_reads import ExpiringReads
-from kvstore.state.expiry import DB_NAMES as EXPIRY_DBS
 from kvstore.state.expiry import Expiry
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
+from kvstore.state.meta import K_APPLIED, mark_complete, pack_lsn, read_meta, write_meta
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView
 from kvstore.state.reads import CachedReads, FreshReads, Get
 from kvstore.state.view import View
-from wal.errors import CorruptionError, Damage, LogFailedError, SnapshotError, WalkvError
+from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
 from wal.segment import Payload, payload_size
 
 log = logging.getLogger("walkv.state")
-
-FORMAT: Final = b"1"
-K_FORMAT: Final = b"walkv.format"
-K_STORE_ID: Final = b"walkv.store_id"
-K_COMPLETE: Final = b"walkv.complete"
 
 DEFAULT_MAP_SIZE: Final = 8 << 20
 """The initial LMDB map of a new environment: small (the log's preallocation
@@ -109,8 +85,6 @@ step), since with ``writemap`` the whole map is given real blocks
 waits for open read views (a snapshot being written), so a small store
 should rarely need one."""
 
-_U64: Final = struct.Struct("<Q")
-_pack_u64: Final = _U64.pack
 _first: Final = operator.itemgetter(0)
 _PUT_CODES: Final = {OP_PUT}
 _OVERLAY_CODES: Final = {OP_PUT, OP_DELETE}
@@ -225,30 +199,14 @@ class State:
     # -- meta ---------------------------------------------------------------
 
     def _load_meta(self) -> None:
-        with self.lmdb.env.begin(db=self.lmdb.main_db) as txn:
-            fmt = txn.get(K_FORMAT)
-            sid = txn.get(K_STORE_ID)
-            applied = txn.get(K_APPLIED)
-            complete = txn.get(K_COMPLETE)
-        if fmt is not None and fmt != FORMAT:
-            raise WalkvError(f"{self.path}: LMDB state format {fmt!r} is not this "
-                             f"walkv's ({FORMAT!r}); use the walkv that wrote it")
-        self.store_id = sid.decode("ascii", "replace") if sid else None
-        self.applied_lsn = _U64.unpack(applied)[0] if applied and len(applied) == 8 else 0
+        with self.lmdb.env.begin() as txn:
+            meta = read_meta(txn, self.lmdb.main_db, self.path)
+        self.initialized, self.store_id, self.applied_lsn, self.complete = meta
         self.lmdb_applied_lsn = self.applied_lsn
-        self.complete = complete == b"1"
-        self.initialized = fmt is not None
 
     def initialize(self, store_id: str, base_lsn: int = 0, *, complete: bool) -> None:
         """Write the meta of a fresh (or rebuilding) environment."""
-        main = self.lmdb.main_db
-
-        def write(txn: lmdb.Transaction) -> None:
-            txn.put(K_FORMAT, FORMAT, db=main)
-            txn.put(K_STORE_ID, store_id.encode("ascii"), db=main)
-            txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
-            txn.put(K_COMPLETE, b"1" if complete else b"0", db=main)
-        self.lmdb.write(write)
+        self.lmdb.write(partial(write_meta, self.lmdb.main_db, store_id, base_lsn, complete))
         self.store_id = store_id
         self.applied_lsn = self.lmdb_applied_lsn = base_lsn
         self.complete = complete
@@ -256,50 +214,13 @@ class State:
 
     def load_base(self, pairs: Iterator[tuple[bytes, bytes]], base_lsn: int,
                   chunk: int = 10000, *, sections: Mapping[str, Iterable[tuple[bytes, bytes]]] | None = None) -> int:
-        """Bulk-load (key, value) pairs sorted by key, each keyspace's
-        (``sections``: a snapshot's, ``"ks:<name>"`` -> pairs) and the expiry
-        metadata's sections (:mod:`kvstore.state.expiry`), then mark the
-        environment complete at ``base_lsn``. Returns the number of pairs
-        loaded. A section this version does not know is a
-        :class:`~wal.errors.SnapshotError` (a newer walkv wrote it)."""
-        runs: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [(DEFAULT_KEYSPACE, pairs)]
-        metadata: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = []
-        for name, section in sorted((sections or {}).items()):
-            if name.startswith(KEYSPACE_SECTION):
-                runs.append((name[len(KEYSPACE_SECTION):], section))
-            elif name in EXPIRY_DBS:
-                metadata.append((name, section))
-            else:
-                raise SnapshotError(f"the snapshot holds a section {name!r} this walkv does not know "
-                                    f"(a newer walkv wrote it): use that walkv to restore it")
-        n = 0
-        for keyspace, run in runs:
-            it = iter(run)
-            while True:
-                items = list(islice(it, chunk))
-                if not items:
-                    break
-
-                def load(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]] = items,
-                         keyspace: str = keyspace) -> None:
-                    db = self.lmdb.keyspace_db_in(txn, keyspace)
-                    txn.cursor(db=db).putmulti(items, dupdata=False, overwrite=True, append=False)
-                self.lmdb.write(load)
-                n += len(items)
-        for name, section in metadata:
-            rest = iter(section)
-            while True:
-                items = list(islice(rest, chunk))
-                if not items:
-                    break
-                self.lmdb.write(partial(self.expiry.load, name=name, pairs=items))
+        """Bulk-load (key, value) pairs sorted by key and a snapshot's
+        ``sections`` (:func:`kvstore.state.base_load.load_sections`), then mark
+        the environment complete at ``base_lsn``. Returns the number of pairs
+        loaded."""
+        n = load_sections(self.lmdb, self.expiry, pairs, sections or {}, chunk)
         self._reads_for_expiry()
-        main = self.lmdb.main_db
-
-        def finish(txn: lmdb.Transaction) -> None:
-            txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
-            txn.put(K_COMPLETE, b"1", db=main)
-        self.lmdb.write(finish)
+        self.lmdb.write(partial(mark_complete, self.lmdb.main_db, base_lsn, True))
         self.applied_lsn = self.lmdb_applied_lsn = base_lsn
         self.complete = True
         return n
@@ -410,7 +331,7 @@ class State:
                 write_values(txn, values)
                 if self.expiry.keys:
                     self.expiry.drop(txn, values)
-                txn.put(K_APPLIED, _pack_u64(lsn), True, True, False, main)
+                txn.put(K_APPLIED, pack_lsn(lsn), True, True, False, main)
             self._write_applied(write, lsn)
             overlay.thaw()
             self._reads_for_expiry()
@@ -447,7 +368,7 @@ class State:
                     put_run(txn, ops)
                 else:
                     apply_ops(txn, ops, self.lmdb.keyspace_db_in)
-                txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)
+                txn.put(K_APPLIED, pack_lsn(last), True, True, False, main)
             self._write_applied(write, last)
             if frozen is not None:
                 overlay.thaw()
