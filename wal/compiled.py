@@ -47,6 +47,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "wal.log_writer",
     "wal.log",
     "wal.reader",
+    "kvstore.entry.limits",
     "kvstore.entry.codec",
     "kvstore.entry.conditions",
     "kvstore.state.meta",
