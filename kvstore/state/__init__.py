@@ -10,6 +10,7 @@ and every read of it.
 * :mod:`kvstore.state.environment`: the LMDB environment shared by reading
   threads and one writer (the read gate, cached readers and views, write
   transactions that grow the map);
+* :mod:`kvstore.state.keyspace_dbs`: the keyspaces' named databases;
 * :mod:`kvstore.state.reads`: reading keys (cached read transactions, or a
   fresh one per get when opened read-only);
 * :mod:`kvstore.state.overlay`: applied writes held in memory until they reach

@@ -13,7 +13,8 @@ from itertools import islice
 
 import lmdb
 
-from kvstore.entry.codec import DEFAULT_KEYSPACE, KEYSPACE_SECTION
+from kvstore.entry.codec import KEYSPACE_SECTION
+from kvstore.entry.limits import DEFAULT_KEYSPACE
 from kvstore.state.environment import Environment
 from kvstore.state.expiry import DB_NAMES as EXPIRY_DBS
 from kvstore.state.expiry import Expiry

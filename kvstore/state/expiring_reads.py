@@ -24,7 +24,8 @@ from typing import Any, Final
 
 import lmdb
 
-from kvstore.entry.codec import DEFAULT_KEYSPACE, KEYSPACE_SECTION, as_bytes
+from kvstore.entry.codec import KEYSPACE_SECTION
+from kvstore.entry.limits import DEFAULT_KEYSPACE, as_bytes
 from kvstore.state.environment import Environment
 from kvstore.state.expiry import Expiry
 from kvstore.state.overlay import MISSING, Overlay

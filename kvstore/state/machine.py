@@ -52,7 +52,6 @@ import lmdb
 
 from kvstore.entry import conditions
 from kvstore.entry.codec import (
-    DEFAULT_KEYSPACE,
     EXPIRY_CODES,
     KEYSPACE_CODES,
     NO_WRITE_CODES,
@@ -62,6 +61,7 @@ from kvstore.entry.codec import (
     OP_PUT,
     PUT_CODES,
 )
+from kvstore.entry.limits import DEFAULT_KEYSPACE
 from kvstore.state.base_load import load_sections
 from kvstore.state.environment import Environment
 from kvstore.state.expiring_reads import ExpiringReads
