@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import lmdb
+from mypy_extensions import mypyc_attr
 
 from kvstore.state.keyspace_dbs import KeyspaceDbs
 from kvstore.state.lmdb_env import MAX_KEYSPACES, MIB, clear_stale_readers, grow_size, open_env, reader_table
@@ -50,6 +51,7 @@ in the map before it starts (:meth:`Environment.make_room`)."""
 T = TypeVar("T")
 
 
+@mypyc_attr(native_class=False)  # wal.forkguard holds it weakly: compiled classes take no weak references
 class Environment:
     """One open LMDB environment and how its readers and its writer share it
     (see the module docstring): what views and scans read through
