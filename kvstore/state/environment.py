@@ -106,10 +106,6 @@ class Environment:
         """The commit counter's value (:class:`~kvstore.state.readers.Generation`)."""
         return self.generation.value
 
-    @gen.setter
-    def gen(self, value: int) -> None:
-        self.generation.value = value
-
     def _reader_list(self) -> list[Reader | View]:
         """Whatever may be inside LMDB: the gate waits for their ``busy``."""
         with self._readers_lock:
@@ -128,12 +124,12 @@ class Environment:
 
     def _on_block(self) -> None:
         # A writer wants LMDB to itself: no cached transaction matches -2.
-        self._held_gen = self.gen
-        self.gen = -2
+        self._held_gen = self.generation.value
+        self.generation.value = -2
 
     def _on_release(self) -> None:
         # Every cached transaction predates what the writer did: renew.
-        self.gen = self._held_gen + 1
+        self.generation.value = self._held_gen + 1
 
     # -- open views (kvstore/state/view.py) --------------------------------------
 
@@ -296,12 +292,13 @@ class Environment:
         """Run ``fn(txn)`` in one write transaction, growing the map and
         retrying as often as it fills; once it is committed, cached read
         transactions are renewed (``gen``)."""
-        while True:
+        committed = False
+        while not committed:
             txn = self.env.begin(write=True, db=self.data_db)
             try:
                 fn(txn)
                 txn.commit()
-                break
+                committed = True
             except lmdb.MapFullError:
                 self.keyspaces.forget_created()
                 self.grow(txn)
@@ -311,7 +308,7 @@ class Environment:
                 raise
             finally:
                 self.keyspaces.write_ended()
-        self.gen += 1
+        self.generation.value += 1
 
     def make_room(self, nbytes: int) -> None:
         """Before a write transaction that adds about ``nbytes`` of keys and
@@ -415,7 +412,7 @@ class Environment:
             return
         self._forked = True
         self._closed = True
-        self.gen = -7  # no cached transaction carries it
+        self.generation.value = -7  # no cached transaction carries it
         self.gate = Refusing(f"the LMDB environment {self.path}", self._pid)
         keep_forever(self.env, self.path, self._pid)
 
