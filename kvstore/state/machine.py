@@ -166,7 +166,7 @@ class State:
         # every other read: expiry- and keyspace-aware (kvstore/state/expiring_reads.py)
         self.expiring_reads = ExpiringReads(self.lmdb, self.overlay, self.expiry, self._reads, self.flush,
                                             readonly=readonly)
-        self._checking = False  # get is _get_alive (a key has an expiry)
+        self._checking = False  # get is expiring_reads.get (a key has an expiry)
         self._reads_for_expiry()
         if self.use_overlay:
             self.overlay.start(self.flush)
