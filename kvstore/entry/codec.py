@@ -22,21 +22,16 @@ Format (one log entry's payload; the log adds LSN and timestamp around it)::
              | [17, name]                     drop keyspace ``name``: every key of it goes
     at, ttl   := msgpack int, microseconds (``at``: since the epoch, UTC)
     lease     := msgpack int, 1 .. 2**63 - 1
-    key, value, start, end := msgpack bin     (never str: text must be encoded
-                                               by the caller, so no codec is
-                                               ever guessed on replay)
+    key, value, start, end := msgpack bin     (never str; their limits, and the
+                                               reasons: :mod:`kvstore.entry.limits`)
 
 Rules, and the reason for each:
 
 * One entry is one batch, so a batch is atomic: it has one LSN and is applied
   in one LMDB write transaction, or not at all.
 * Ops apply in order, so ``[[1, k, a], [2, k]]`` leaves ``k`` absent.
-* ``key`` is 1..511 bytes: LMDB cannot store an empty key, and 511 bytes is
-  its default maximum key size (``mdb_env_get_maxkeysize``). Range bounds are
-  0..512 bytes: a bound is never stored, and ``b"\\xff" * 512`` sorts after
-  every possible key, which is how "to the end" is written.
-* ``value`` is bounded by the store's value limit, itself bounded by the log's
-  maximum record size, and checked before anything is logged.
+* Keys, range bounds and values are held to :mod:`kvstore.entry.limits`
+  (keys 1..511 bytes, bounds 0..512), when written and again when decoded.
 * Conditions (codes 4..6, :mod:`kvstore.store.txn`) come before every write of
   their batch. They are decided in log order, when the batch's group is
   written, against the state every earlier entry leaves (:mod:`kvstore.entry.conditions`),
@@ -55,10 +50,9 @@ Rules, and the reason for each:
   as it did. ``[16]`` is not a write: it may stand anywhere, also among the
   leading conditions and in a failed batch. ``[17, name]`` (a write) empties
   keyspace ``name`` in one entry, whatever it holds: one op, not one per key.
-  ``name`` is a msgpack str (names are text, chosen by the program, never
-  data): 1..64 characters of ``[A-Za-z0-9_.-]``, not starting with ``__``
-  (reserved), or ``""`` for the default keyspace in ``[16]`` (a default
-  keyspace is never dropped). Codes 8..15 are TTL's and leases', their keys
+  ``name`` is a msgpack str, a name :mod:`kvstore.entry.limits` allows, or
+  ``""`` for the default keyspace in ``[16]`` (a default keyspace is never
+  dropped). Codes 8..15 are TTL's and leases', their keys
   in the batch's current keyspace; 18 and 19 are kept for keyspaces.
 * Expiry (codes 8..14, :mod:`kvstore.entry.leases`). Every instant is
   absolute, decided by the writer from its clock and logged (``at`` =
@@ -106,7 +100,22 @@ from typing import Final, Iterable
 
 import msgpack
 
-from wal.errors import REPAIR_HINT, CorruptionError, Damage, RecordTooLargeError
+from kvstore.entry.limits import (
+    DEFAULT_KEYSPACE,
+    MAX_BOUND_BYTES,
+    MAX_KEY_BYTES,
+    check_key,
+    check_range,
+    check_value,
+    keyspace_problem,
+)
+
+# The argument checks are re-exported: every write path imports them from here, beside the op codes.
+from kvstore.entry.limits import END_OF_KEYS as END_OF_KEYS
+from kvstore.entry.limits import as_bytes as as_bytes
+from kvstore.entry.limits import check_bound as check_bound
+from kvstore.entry.limits import check_keyspace as check_keyspace
+from wal.errors import REPAIR_HINT, CorruptionError, Damage
 
 OP_PUT: Final = 1
 OP_DELETE: Final = 2
@@ -138,11 +147,8 @@ MAX_LEASE_ID: Final = (1 << 63) - 1
 KEYSPACE_CODES: Final = frozenset((OP_KEYSPACE, OP_DROP_KEYSPACE))
 """Op codes of keyspaces: a batch holding one is applied op by op, keyspace by keyspace."""
 
-DEFAULT_KEYSPACE: Final = ""
 KEYSPACE_SECTION: Final = "ks:"
 """Keyspace ``name`` is the snapshot section ``ks:<name>`` (the default keyspace is the default section)."""
-MAX_KEYSPACE_NAME: Final = 64
-_KEYSPACE_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 # What a change is called, wherever changes are shown (the Spark ``changes``
 # table's ``_change_type``, :meth:`kvstore.KVStore.watch`): named once, here.
@@ -153,13 +159,6 @@ EXPIRE: Final = "expire"
 CHANGE_NAMES: Final = {OP_PUT: UPSERT, OP_PUT_EXPIRING: UPSERT, OP_PUT_LEASED: UPSERT, OP_DELETE: DELETE,
                 OP_EXPIRE: EXPIRE, OP_DELETE_RANGE: DELETE_RANGE}
 """The change each op code that changes keys is shown as (codes not here change none)."""
-
-MAX_KEY_BYTES: Final = 511
-"""LMDB's default maximum key size (``mdb_env_get_maxkeysize``)."""
-MAX_BOUND_BYTES: Final = MAX_KEY_BYTES + 1
-"""Range bounds may be one byte longer than a key, see :data:`END_OF_KEYS`."""
-END_OF_KEYS: Final = b"\xff" * MAX_BOUND_BYTES
-"""A range end that sorts after every key (keys are at most 511 bytes)."""
 
 ENTRY_OVERHEAD: Final = 64
 """Bytes a log entry adds around a batch payload, plus msgpack framing slack."""
@@ -177,99 +176,6 @@ else:  # pragma: no cover - free-threaded CPython
         return msgpack.packb(obj, use_bin_type=True)
 
 _unpackb: Final = msgpack.unpackb
-
-
-def _type_error(what: str, obj: object) -> TypeError:
-    hint = " (encode text first, e.g. s.encode())" if isinstance(obj, str) else ""
-    return TypeError(f"{what} must be bytes, not {type(obj).__name__}{hint}")
-
-
-def as_bytes(obj: object, what: str) -> bytes:
-    """``obj`` as ``bytes``: bytes as is, bytearray and memoryview copied,
-    anything else a TypeError that says so."""
-    if type(obj) is bytes:
-        return obj
-    if isinstance(obj, (bytes, bytearray)):
-        return bytes(obj)
-    if isinstance(obj, memoryview):
-        return obj.tobytes()
-    raise _type_error(what, obj)
-
-
-def check_key(key: object) -> bytes:
-    """Validate a key: bytes-like, 1..511 bytes. Returns it as ``bytes``."""
-    if type(key) is not bytes:
-        key = as_bytes(key, "key")
-    n = len(key)
-    if 0 < n <= MAX_KEY_BYTES:
-        return key
-    if n == 0:
-        raise ValueError("key must not be empty (LMDB cannot store an empty key)")
-    raise RecordTooLargeError(
-        f"key is {n} bytes; the limit is {MAX_KEY_BYTES} bytes "
-        f"(LMDB's default maximum key size). Nothing was written."
-    )
-
-
-def keyspace_problem(name: object) -> str | None:
-    """Why ``name`` cannot name a keyspace, or None (``""``, the default
-    keyspace, is fine: callers that refuse it say so)."""
-    if type(name) is not str:
-        return f"a keyspace name is a str, not {type(name).__name__}"
-    if name == DEFAULT_KEYSPACE:
-        return None
-    if len(name) > MAX_KEYSPACE_NAME:
-        return f"a keyspace name has at most {MAX_KEYSPACE_NAME} characters, not {len(name)}"
-    if not _KEYSPACE_CHARS.issuperset(name):
-        return f"a keyspace name holds only A-Z a-z 0-9 _ . - (got {name!r:.80})"
-    if name.startswith("__"):
-        return f"keyspace names starting with '__' are reserved (got {name!r})"
-    return None
-
-
-def check_keyspace(name: object, *, default_ok: bool = True) -> str:
-    """Validate a keyspace name (module docstring); returns it. A name that
-    is not a str is a TypeError, a bad one a ValueError."""
-    why = keyspace_problem(name)
-    if why is None and (default_ok or name != DEFAULT_KEYSPACE):
-        return name  # type: ignore[return-value]  # a str: keyspace_problem checked it
-    if type(name) is not str:
-        raise TypeError(why)
-    raise ValueError(why or "the default keyspace cannot be dropped (drop a named keyspace, "
-                            "or delete_range(None, None) to empty the default one)")
-
-
-def check_value(value: object, limit: int) -> bytes:
-    """Validate a value: bytes-like, at most ``limit`` bytes."""
-    if type(value) is not bytes:
-        value = as_bytes(value, "value")
-    if len(value) > limit:
-        raise RecordTooLargeError(
-            f"value is {len(value)} bytes; the limit is {limit} bytes "
-            f"(option max_value_bytes, bounded by the log's max_record_bytes). "
-            f"Nothing was written."
-        )
-    return value
-
-
-def check_bound(bound: object, what: str) -> bytes:
-    """Validate a range bound: bytes-like, 0..512 bytes."""
-    if type(bound) is not bytes:
-        bound = as_bytes(bound, what)
-    if len(bound) > MAX_BOUND_BYTES:
-        raise ValueError(
-            f"{what} is {len(bound)} bytes; range bounds are at most "
-            f"{MAX_BOUND_BYTES} bytes (keys are at most {MAX_KEY_BYTES})"
-        )
-    return bound
-
-
-def check_range(start: object, end: object) -> tuple[bytes, bytes]:
-    """Validate the bounds of a delete_range (``None``: unbounded); an
-    inverted range (start >= end) is empty, and deletes nothing."""
-    start = b"" if start is None else check_bound(start, "start")
-    end = END_OF_KEYS if end is None else check_bound(end, "end")
-    return start, end
 
 
 LARGE_VALUE_BYTES: Final = 1 << 20
@@ -476,6 +382,8 @@ def _check_keyspace_op(i: int, op: list) -> bool:
     if why is not None:
         raise _NotABatch(f"op {i} ({'keyspace' if code == OP_KEYSPACE else 'drop_keyspace'}): {why}")
     return code == OP_DROP_KEYSPACE
+
+
 def _is_lease(x: object) -> bool:
     return type(x) is int and 0 < x <= MAX_LEASE_ID
 

@@ -39,7 +39,6 @@ from mypy_extensions import mypyc_attr
 
 from kvstore.entry.codec import (
     CONDITION_CODES,
-    DEFAULT_KEYSPACE,
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_DROP_KEYSPACE,
@@ -51,6 +50,7 @@ from kvstore.entry.codec import (
     PUT_CODES,
     pack_ops,
 )
+from kvstore.entry.limits import DEFAULT_KEYSPACE
 
 Ops = Sequence[Sequence[Any]]
 Payload = bytes | tuple[bytes, ...]  # wal.segment.Payload: a large put arrives in pieces

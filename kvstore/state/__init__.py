@@ -1,11 +1,16 @@
 """The state machine: the LMDB environment the log's entries are applied to,
 and every read of it.
 
-* :mod:`kvstore.state.machine`: :class:`State` (apply, flush, meta, stats),
+* :mod:`kvstore.state.machine`: :class:`State` (apply, flush, stats),
   which has the parts below and delegates to them;
+* :mod:`kvstore.state.meta`: walkv's bookkeeping keys in LMDB (format, store
+  id, applied LSN); :mod:`kvstore.state.base_load`: a snapshot loaded into it;
+* :mod:`kvstore.state.expiring_reads`: the reads that know expiry and
+  keyspaces (gets, scans, counts, views);
 * :mod:`kvstore.state.environment`: the LMDB environment shared by reading
   threads and one writer (the read gate, cached readers and views, write
   transactions that grow the map);
+* :mod:`kvstore.state.keyspace_dbs`: the keyspaces' named databases;
 * :mod:`kvstore.state.reads`: reading keys (cached read transactions, or a
   fresh one per get when opened read-only);
 * :mod:`kvstore.state.overlay`: applied writes held in memory until they reach

@@ -1,6 +1,7 @@
 """The LMDB environment of one store's state machine, shared by any number of
 reading threads and one writer (:class:`Environment`): the open environment
-and its two databases, the read gate, the registry of what may be inside
+and its two databases (and the keyspaces' named ones,
+:mod:`kvstore.state.keyspace_dbs`), the read gate, the registry of what may be inside
 LMDB (each thread's cached read transaction, open views), the counters those
 transactions are checked against, write transactions that grow the map as
 often as it fills, and closing. How it is opened, and with which options:
@@ -18,17 +19,20 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from functools import partial
+from typing import Any, TypeVar
 
 import lmdb
+from mypy_extensions import mypyc_attr
 
+from kvstore.state.keyspace_dbs import KeyspaceDbs
 from kvstore.state.lmdb_env import MAX_KEYSPACES, MIB, clear_stale_readers, grow_size, open_env, reader_table
 from kvstore.state.lmdb_ops import preallocate, read_error
+from kvstore.state.meta import K_APPLIED, applied_of
 from kvstore.state.readers import Generation, Reader, ReaderHandle, ReadGate
 from kvstore.state.view import View
 from wal.errors import ClosedError, DiskFullError, ForkedError
@@ -36,11 +40,6 @@ from wal.forkguard import Refusing, forked_error, keep_forever, track
 
 log = logging.getLogger("walkv.state")
 
-K_APPLIED = b"walkv.applied"
-"""The applied LSN's key in the main database (the layout: :mod:`kvstore.state.machine`)."""
-KEYSPACE_PREFIX = b"ks:"
-"""Keyspace ``name`` is the named database ``ks:<name>`` (the default
-keyspace is ``data``)."""
 SWEEP_SECONDS = 1.0
 """How often the writer sweeps stale readers and expired views."""
 MAX_GROW_STEP = 256 << 20
@@ -49,10 +48,10 @@ at most this much is allocated ahead of the data."""
 ROOM_AHEAD_BYTES = 1 << 20
 """A write transaction expected to add at least this many bytes makes room
 in the map before it starts (:meth:`Environment.make_room`)."""
-_U64 = struct.Struct("<Q")
 T = TypeVar("T")
 
 
+@mypyc_attr(native_class=False)  # wal.forkguard holds it weakly: compiled classes take no weak references
 class Environment:
     """One open LMDB environment and how its readers and its writer share it
     (see the module docstring): what views and scans read through
@@ -80,66 +79,21 @@ class Environment:
         self.env, self.main_db, self.data_db = open_env(
             path, readonly=readonly, map_size=map_size, writemap=self.writemap,
             max_readers=max_readers)
-        # Keyspaces' named databases, opened once and kept (LMDB handles are
-        # shared by every transaction begun after they were opened; opening
-        # one is serialized, as LMDB requires).
-        self._keyspaces: dict[str, lmdb._Database] = {}
-        self._keyspaces_lock = threading.Lock()
-        self._created: list[str] = []  # opened in the write transaction in progress
-        self.keyspace_epoch = 0  # bumped whenever a handle is added
+        # the keyspaces' named databases (kvstore/state/keyspace_dbs.py), their
+        # methods bound here: a keyspace's read looks its handle up once
+        self.keyspaces = KeyspaceDbs(self.env, self.main_db, self.data_db, path)
+        self.keyspace_db = self.keyspaces.get
+        self.keyspace_db_in = self.keyspaces.get_in
+        self.keyspace_names = self.keyspaces.names
         track(self)
 
-    # -- keyspaces: named databases ----------------------------------------------
+    # -- keyspaces: named databases (kvstore/state/keyspace_dbs.py) ---------------
 
-    def keyspace_db(self, name: str) -> lmdb._Database | None:
-        """The handle of keyspace ``name``'s database ("": ``data``), opened
-        on first use; None when it does not exist (never written)."""
-        if not name:
-            return self.data_db
-        db = self._keyspaces.get(name)
-        if db is not None and not self._created:
-            return db
-        with self._keyspaces_lock:
-            if name in self._created:
-                return None  # created by the write transaction in progress: not there yet
-            db = self._keyspaces.get(name)
-            if db is None:
-                try:
-                    db = self.env.open_db(KEYSPACE_PREFIX + name.encode("ascii"), create=False)
-                except lmdb.NotFoundError:
-                    return None
-                except lmdb.Error as exc:
-                    raise read_error(exc, self.path) from None
-                self._keyspaces[name] = db
-                self.keyspace_epoch += 1
-            return db
-
-    def keyspace_db_in(self, txn: lmdb.Transaction, name: str) -> lmdb._Database:
-        """In the write transaction ``txn``: keyspace ``name``'s database,
-        created if need be (forgotten again if ``txn`` does not commit)."""
-        if not name:
-            return self.data_db
-        db = self._keyspaces.get(name)
-        if db is not None:
-            return db
-        with self._keyspaces_lock:
-            db = self.env.open_db(KEYSPACE_PREFIX + name.encode("ascii"), txn=txn, create=True)
-            self._keyspaces[name] = db
-            self._created.append(name)
-            self.keyspace_epoch += 1
-        return db
-
-    def keyspace_names(self, txn: lmdb.Transaction) -> list[str]:
-        """The keyspaces with a database in ``txn``'s snapshot, sorted (empty
-        ones too: a dropped keyspace keeps its emptied database)."""
-        cur = txn.cursor(db=self.main_db)
-        names = []
-        if cur.set_range(KEYSPACE_PREFIX):
-            for key in cur.iternext(keys=True, values=False):
-                if not key.startswith(KEYSPACE_PREFIX):  # type: ignore[union-attr]  # bytes: no buffers=True
-                    break
-                names.append(key[len(KEYSPACE_PREFIX):].decode("ascii"))  # type: ignore[union-attr]
-        return names
+    @property
+    def keyspace_epoch(self) -> int:
+        """Bumped whenever a keyspace's handle is added (:attr:`KeyspaceDbs.epoch
+        <kvstore.state.keyspace_dbs.KeyspaceDbs.epoch>`)."""
+        return self.keyspaces.epoch
 
     def keyspace_slots_left(self) -> int:
         """How many more keyspaces this environment can hold (:data:`MAX_KEYSPACES`)."""
@@ -151,10 +105,6 @@ class Environment:
     def gen(self) -> int:
         """The commit counter's value (:class:`~kvstore.state.readers.Generation`)."""
         return self.generation.value
-
-    @gen.setter
-    def gen(self, value: int) -> None:
-        self.generation.value = value
 
     def _reader_list(self) -> list[Reader | View]:
         """Whatever may be inside LMDB: the gate waits for their ``busy``."""
@@ -174,12 +124,12 @@ class Environment:
 
     def _on_block(self) -> None:
         # A writer wants LMDB to itself: no cached transaction matches -2.
-        self._held_gen = self.gen
-        self.gen = -2
+        self._held_gen = self.generation.value
+        self.generation.value = -2
 
     def _on_release(self) -> None:
         # Every cached transaction predates what the writer did: renew.
-        self.gen = self._held_gen + 1
+        self.generation.value = self._held_gen + 1
 
     # -- open views (kvstore/state/view.py) --------------------------------------
 
@@ -301,8 +251,7 @@ class Environment:
 
     def applied_in(self, txn: lmdb.Transaction) -> int:
         """The applied LSN recorded in ``txn``'s snapshot of LMDB."""
-        v = txn.get(K_APPLIED, db=self.main_db)
-        return _U64.unpack(v)[0] if v and len(v) == 8 else 0
+        return applied_of(txn.get(K_APPLIED, db=self.main_db))
 
     def adopt_mapsize(self) -> None:
         """Read-only: another process grew the map; adopt its size."""
@@ -324,11 +273,7 @@ class Environment:
         while it reads, so a lag that keeps growing means a reader holds a
         snapshot too long (an idle iterator, a long view) or died holding one
         (cleared within a second by the writer)."""
-        data = self.data_db
-
-        def read(txn: lmdb.Transaction) -> tuple:
-            return txn.stat(data), self.env.info(), self.env.stat()["psize"], reader_table(self.env)
-        dstat, info, psize, (slots, reading, oldest) = self.read(read)
+        dstat, info, psize, (slots, reading, oldest) = self.read(partial(_stats_in, self.env, self.data_db))
         return {
             "map_grows": self.map_grows,
             "lmdb_map_bytes": info["map_size"],
@@ -347,28 +292,23 @@ class Environment:
         """Run ``fn(txn)`` in one write transaction, growing the map and
         retrying as often as it fills; once it is committed, cached read
         transactions are renewed (``gen``)."""
-        while True:
+        committed = False
+        while not committed:
             txn = self.env.begin(write=True, db=self.data_db)
             try:
                 fn(txn)
                 txn.commit()
-                break
+                committed = True
             except lmdb.MapFullError:
-                self._forget_created()
+                self.keyspaces.forget_created()
                 self.grow(txn)
             except BaseException:
-                self._forget_created()
+                self.keyspaces.forget_created()
                 self._abort_write(txn)
                 raise
             finally:
-                self._created.clear()
-        self.gen += 1
-
-    def _forget_created(self) -> None:
-        """The write transaction did not commit: the handles it opened die with it."""
-        with self._keyspaces_lock:
-            for name in self._created:
-                self._keyspaces.pop(name, None)
+                self.keyspaces.write_ended()
+        self.generation.value += 1
 
     def make_room(self, nbytes: int) -> None:
         """Before a write transaction that adds about ``nbytes`` of keys and
@@ -472,6 +412,11 @@ class Environment:
             return
         self._forked = True
         self._closed = True
-        self.gen = -7  # no cached transaction carries it
+        self.generation.value = -7  # no cached transaction carries it
         self.gate = Refusing(f"the LMDB environment {self.path}", self._pid)
         keep_forever(self.env, self.path, self._pid)
+
+
+def _stats_in(env: lmdb.Environment, data: lmdb._Database, txn: lmdb.Transaction) -> tuple[Any, Any, int, Any]:
+    """What :meth:`Environment.stats` reads in one read transaction ``txn``."""
+    return txn.stat(data), env.info(), env.stat()["psize"], reader_table(env)

@@ -16,7 +16,8 @@ from typing import Any, Final
 
 import lmdb
 
-from kvstore.entry.codec import KEYSPACE_CODES, MAX_KEY_BYTES, OP_DELETE, OP_KEYSPACE, OP_PUT
+from kvstore.entry.codec import KEYSPACE_CODES, OP_DELETE, OP_KEYSPACE, OP_PUT
+from kvstore.entry.limits import MAX_KEY_BYTES
 from wal.errors import CorruptionError, DiskFullError, WalkvError
 
 _key_value: Final = operator.itemgetter(1, 2)

@@ -16,27 +16,8 @@ Inside the environment:
   ``data``: :mod:`kvstore.store.keyspace`;
 * the named databases ``ttl:...`` and ``lease:...`` hold each key's expiry
   (a key of any keyspace) and the leases (:mod:`kvstore.state.expiry`);
-* walkv's bookkeeping are plain keys of LMDB's main (unnamed) database, beside
-  the record of ``data``. (Keeping them there rather than in a second named
-  database saves a page copy per write transaction: the main database's leaf
-  is rewritten by every commit anyway, for ``data``'s root.)
-
-  ==================  ======================================================
-  ``walkv.format``    ``b"1"``; another number is refused
-  ``walkv.store_id``  the log's store id (hex); a mismatch means this LMDB
-                      was built from another log, so it is rebuilt
-  ``walkv.applied``   uint64 little-endian: every log entry up to this LSN
-                      is in LMDB, none after it. Written in the same write
-                      transaction as the entries it covers, so LMDB's own
-                      atomicity makes applying idempotent (replay skips
-                      LSNs at or below it). Entries after it may be applied
-                      in memory only, in the overlay (:mod:`kvstore.state.overlay`):
-                      ``State.applied_lsn`` is what this process's reads see,
-                      ``State.lmdb_applied_lsn`` what LMDB holds.
-  ``walkv.complete``  ``b"1"`` once a rebuild's base (snapshot) load is
-                      done; ``b"0"`` while it runs, so an interrupted
-                      rebuild is redone
-  ==================  ======================================================
+* walkv's bookkeeping (the store id, the applied LSN...) are plain keys of
+  LMDB's main (unnamed) database: :mod:`kvstore.state.meta`.
 
 Durability: LMDB is opened with ``sync=False, metasync=False``: its fsyncs are
 not on the commit path, the log's are. A process crash cannot corrupt such an
@@ -51,55 +32,50 @@ flushes it, one flush at a time; any number of threads read, each through its ow
 cached read transaction (a get is one LMDB lookup); see :mod:`kvstore.state.readers`
 for how readers and the writer share LMDB without a lock on the read path.
 
-:class:`State` owns the meta, applying and flushing, and has the parts it
-delegates to: the environment (:mod:`kvstore.state.environment`), the overlay
-and a read path (:mod:`kvstore.state.reads`).
+:class:`State` owns applying and flushing, and has the parts it delegates
+to: the environment (:mod:`kvstore.state.environment`), its bookkeeping
+(:mod:`kvstore.state.meta`), the overlay, a read path for gets
+(:mod:`kvstore.state.reads`) and the reads that know expiry and keyspaces
+(:mod:`kvstore.state.expiring_reads`).
 """
 
 from __future__ import annotations
 
 import logging
 import operator
-import struct
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from itertools import islice
 from typing import Any, Final, NamedTuple
 
 import lmdb
 
 from kvstore.entry import conditions
 from kvstore.entry.codec import (
-    DEFAULT_KEYSPACE,
     EXPIRY_CODES,
     KEYSPACE_CODES,
-    KEYSPACE_SECTION,
     NO_WRITE_CODES,
     OP_DELETE,
     OP_EXPIRE,
     OP_KEYSPACE,
     OP_PUT,
     PUT_CODES,
-    as_bytes,
 )
-from kvstore.state.environment import K_APPLIED, Environment
-from kvstore.state.expiry import DB_NAMES as EXPIRY_DBS
+from kvstore.entry.limits import DEFAULT_KEYSPACE
+from kvstore.state.base_load import load_sections
+from kvstore.state.environment import Environment
+from kvstore.state.expiring_reads import ExpiringReads
 from kvstore.state.expiry import Expiry
 from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
-from kvstore.state.overlay import MISSING, Overlay
-from kvstore.state.readers import ReadView, scan
-from kvstore.state.reads import CachedReads, FreshReads, Get, read_in
-from kvstore.state.view import ABSENT, View
-from wal.errors import CorruptionError, Damage, LogFailedError, SnapshotError, WalkvError
+from kvstore.state.meta import K_APPLIED, mark_complete, pack_lsn, read_meta, write_meta
+from kvstore.state.overlay import Overlay
+from kvstore.state.readers import ReadView
+from kvstore.state.reads import CachedReads, FreshReads, Get
+from kvstore.state.view import View
+from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
 from wal.segment import Payload, payload_size
 
 log = logging.getLogger("walkv.state")
-
-FORMAT: Final = b"1"
-K_FORMAT: Final = b"walkv.format"
-K_STORE_ID: Final = b"walkv.store_id"
-K_COMPLETE: Final = b"walkv.complete"
 
 DEFAULT_MAP_SIZE: Final = 8 << 20
 """The initial LMDB map of a new environment: small (the log's preallocation
@@ -109,26 +85,16 @@ step), since with ``writemap`` the whole map is given real blocks
 waits for open read views (a snapshot being written), so a small store
 should rarely need one."""
 
-_U64: Final = struct.Struct("<Q")
-_pack_u64: Final = _U64.pack
 _first: Final = operator.itemgetter(0)
 _PUT_CODES: Final = {OP_PUT}
 _OVERLAY_CODES: Final = {OP_PUT, OP_DELETE}
 _TO_DEFAULT = (OP_KEYSPACE, DEFAULT_KEYSPACE)
 
-
-def _now_us() -> int:
-    """Microseconds since the epoch, UTC: the clock expiry is read against by default."""
-    return time.time_ns() // 1000
 DIRECT_OPS: Final = 4096
 """A group of at least this many operations is written to LMDB at once (with
 the overlay) rather than through the overlay: it is a bulk write already."""
 Ops = Sequence[Sequence[Any]]
 """One log entry's operations, as :func:`kvstore.entry.codec.decode` returns them."""
-
-
-def _nothing() -> Generator[tuple[bytes, bytes], None, None]:
-    yield from ()
 
 
 class StateOptions(NamedTuple):
@@ -186,22 +152,21 @@ class State:
         # a key has an expiry, the one that checks it (_reads_for_expiry).
         self.get: Get
         self.expiry = Expiry(self.lmdb.env, readonly=readonly)
-        self.now_us: Callable[[], int] = _now_us
-        """The clock reads compare expiry instants with (the store sets its own)."""
         self._reads: CachedReads | FreshReads
         self._plain_get: Get
         self._plain_get_many: Callable[..., list[bytes | None]]
         self.get_many: Callable[..., list[bytes | None]]
         if readonly:
             self._reads = fresh = FreshReads(self.lmdb)
-            self._plain_get = fresh.get
-            self._plain_get_many, self._get_in = fresh.get_many, fresh.get_in
+            self._plain_get, self._plain_get_many = fresh.get, fresh.get_many
         else:
             self._reads = cached = CachedReads(self.lmdb, self.overlay)
-            self._plain_get = cached.get_lmdb
-            self._plain_get_many, self._get_in = cached.get_many, cached.get_in
+            self._plain_get, self._plain_get_many = cached.get_lmdb, cached.get_many
         self.get, self.get_many = self._plain_get, self._plain_get_many
-        self._checking = False  # get is _get_alive (a key has an expiry)
+        # every other read: expiry- and keyspace-aware (kvstore/state/expiring_reads.py)
+        self.expiring_reads = ExpiringReads(self.lmdb, self.overlay, self.expiry, self._reads, self.flush,
+                                            readonly=readonly)
+        self._checking = False  # get is expiring_reads.get (a key has an expiry)
         self._reads_for_expiry()
         if self.use_overlay:
             self.overlay.start(self.flush)
@@ -216,33 +181,32 @@ class State:
         if not self._checking:
             self.get = self._plain_get
 
+    def _reads_for_expiry(self) -> None:
+        """Point :attr:`get` and :attr:`get_many` at the plain read path, or
+        at the one that checks expiry while a key has one (under the
+        overlay's lock, so that :meth:`_overlay_occupied`'s switch is never
+        lost to this one)."""
+        checking = self.expiring_reads.expiring()
+        if checking == self._checking:
+            return
+        with self.overlay.lock:
+            self._checking = checking
+            if checking:
+                self.get, self.get_many = self.expiring_reads.get, self.expiring_reads.get_many
+            else:
+                self.get, self.get_many = self._plain_get, self._plain_get_many
+
     # -- meta ---------------------------------------------------------------
 
     def _load_meta(self) -> None:
-        with self.lmdb.env.begin(db=self.lmdb.main_db) as txn:
-            fmt = txn.get(K_FORMAT)
-            sid = txn.get(K_STORE_ID)
-            applied = txn.get(K_APPLIED)
-            complete = txn.get(K_COMPLETE)
-        if fmt is not None and fmt != FORMAT:
-            raise WalkvError(f"{self.path}: LMDB state format {fmt!r} is not this "
-                             f"walkv's ({FORMAT!r}); use the walkv that wrote it")
-        self.store_id = sid.decode("ascii", "replace") if sid else None
-        self.applied_lsn = _U64.unpack(applied)[0] if applied and len(applied) == 8 else 0
+        with self.lmdb.env.begin() as txn:
+            meta = read_meta(txn, self.lmdb.main_db, self.path)
+        self.initialized, self.store_id, self.applied_lsn, self.complete = meta
         self.lmdb_applied_lsn = self.applied_lsn
-        self.complete = complete == b"1"
-        self.initialized = fmt is not None
 
     def initialize(self, store_id: str, base_lsn: int = 0, *, complete: bool) -> None:
         """Write the meta of a fresh (or rebuilding) environment."""
-        main = self.lmdb.main_db
-
-        def write(txn: lmdb.Transaction) -> None:
-            txn.put(K_FORMAT, FORMAT, db=main)
-            txn.put(K_STORE_ID, store_id.encode("ascii"), db=main)
-            txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
-            txn.put(K_COMPLETE, b"1" if complete else b"0", db=main)
-        self.lmdb.write(write)
+        self.lmdb.write(partial(write_meta, self.lmdb.main_db, store_id, base_lsn, complete))
         self.store_id = store_id
         self.applied_lsn = self.lmdb_applied_lsn = base_lsn
         self.complete = complete
@@ -250,50 +214,13 @@ class State:
 
     def load_base(self, pairs: Iterator[tuple[bytes, bytes]], base_lsn: int,
                   chunk: int = 10000, *, sections: Mapping[str, Iterable[tuple[bytes, bytes]]] | None = None) -> int:
-        """Bulk-load (key, value) pairs sorted by key, each keyspace's
-        (``sections``: a snapshot's, ``"ks:<name>"`` -> pairs) and the expiry
-        metadata's sections (:mod:`kvstore.state.expiry`), then mark the
-        environment complete at ``base_lsn``. Returns the number of pairs
-        loaded. A section this version does not know is a
-        :class:`~wal.errors.SnapshotError` (a newer walkv wrote it)."""
-        runs: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [(DEFAULT_KEYSPACE, pairs)]
-        metadata: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = []
-        for name, section in sorted((sections or {}).items()):
-            if name.startswith(KEYSPACE_SECTION):
-                runs.append((name[len(KEYSPACE_SECTION):], section))
-            elif name in EXPIRY_DBS:
-                metadata.append((name, section))
-            else:
-                raise SnapshotError(f"the snapshot holds a section {name!r} this walkv does not know "
-                                    f"(a newer walkv wrote it): use that walkv to restore it")
-        n = 0
-        for keyspace, run in runs:
-            it = iter(run)
-            while True:
-                items = list(islice(it, chunk))
-                if not items:
-                    break
-
-                def load(txn: lmdb.Transaction, items: list[tuple[bytes, bytes]] = items,
-                         keyspace: str = keyspace) -> None:
-                    db = self.lmdb.keyspace_db_in(txn, keyspace)
-                    txn.cursor(db=db).putmulti(items, dupdata=False, overwrite=True, append=False)
-                self.lmdb.write(load)
-                n += len(items)
-        for name, section in metadata:
-            rest = iter(section)
-            while True:
-                items = list(islice(rest, chunk))
-                if not items:
-                    break
-                self.lmdb.write(partial(self.expiry.load, name=name, pairs=items))
+        """Bulk-load (key, value) pairs sorted by key and a snapshot's
+        ``sections`` (:func:`kvstore.state.base_load.load_sections`), then mark
+        the environment complete at ``base_lsn``. Returns the number of pairs
+        loaded."""
+        n = load_sections(self.lmdb, self.expiry, pairs, sections or {}, chunk)
         self._reads_for_expiry()
-        main = self.lmdb.main_db
-
-        def finish(txn: lmdb.Transaction) -> None:
-            txn.put(K_APPLIED, _pack_u64(base_lsn), db=main)
-            txn.put(K_COMPLETE, b"1", db=main)
-        self.lmdb.write(finish)
+        self.lmdb.write(partial(mark_complete, self.lmdb.main_db, base_lsn, True))
         self.applied_lsn = self.lmdb_applied_lsn = base_lsn
         self.complete = True
         return n
@@ -404,7 +331,7 @@ class State:
                 write_values(txn, values)
                 if self.expiry.keys:
                     self.expiry.drop(txn, values)
-                txn.put(K_APPLIED, _pack_u64(lsn), True, True, False, main)
+                txn.put(K_APPLIED, pack_lsn(lsn), True, True, False, main)
             self._write_applied(write, lsn)
             overlay.thaw()
             self._reads_for_expiry()
@@ -441,7 +368,7 @@ class State:
                     put_run(txn, ops)
                 else:
                     apply_ops(txn, ops, self.lmdb.keyspace_db_in)
-                txn.put(K_APPLIED, _pack_u64(last), True, True, False, main)
+                txn.put(K_APPLIED, pack_lsn(last), True, True, False, main)
             self._write_applied(write, last)
             if frozen is not None:
                 overlay.thaw()
@@ -471,191 +398,68 @@ class State:
             self.apply_max_seconds = dt
         self.lmdb.maintain_now_and_then()
 
-    # -- reads of LMDB as a whole: the overlay flushed into it first ------------
+    # -- reads that know expiry and keyspaces (kvstore/state/expiring_reads.py) ----
+
+    @property
+    def now_us(self) -> Callable[[], int]:
+        """The clock reads compare expiry instants with (the store sets its own)."""
+        return self.expiring_reads.now_us
+
+    @now_us.setter
+    def now_us(self, clock: Callable[[], int]) -> None:
+        self.expiring_reads.now_us = clock
 
     def view(self, max_seconds: float) -> View:
-        """A consistent view of the state (:class:`kvstore.state.view.View`): of
-        LMDB, once the overlay is flushed into it."""
-        self.flush()
-        return View(self.lmdb, max_seconds, alive=self._alive_check(DEFAULT_KEYSPACE))
+        """:meth:`ExpiringReads.view <kvstore.state.expiring_reads.ExpiringReads.view>`."""
+        return self.expiring_reads.view(max_seconds)
 
     def view_in(self, keyspace: str, max_seconds: float) -> View:
-        """:meth:`view` of the named ``keyspace``."""
-        db = self.lmdb.keyspace_db(keyspace)
-        return View(self.lmdb, max_seconds, db=ABSENT if db is None else db, alive=self._alive_check(keyspace))
+        """:meth:`ExpiringReads.view_in <kvstore.state.expiring_reads.ExpiringReads.view_in>`."""
+        return self.expiring_reads.view_in(keyspace, max_seconds)
 
     def read_view(self) -> ReadView:
-        """The state at one LSN, from one read transaction: ``.lsn``,
-        ``.count``, ``.pairs()`` (see :class:`kvstore.state.readers.ReadView`),
-        the overlay flushed first, and each keyspace's pairs as snapshot
-        sections (``.sections()``). Use as a context manager; it holds off
-        map growth while open."""
-        self.flush()
-        while True:
-            epoch, dbs = self._keyspace_dbs()
-            view = ReadView(self.lmdb, {KEYSPACE_SECTION + name: db for name, db in dbs.items()})
-            if self.lmdb.keyspace_epoch == epoch:
-                return view  # every keyspace in its snapshot has its handle (opened before it began)
-            view.close()  # a keyspace was created meanwhile: again
+        """:meth:`ExpiringReads.read_view <kvstore.state.expiring_reads.ExpiringReads.read_view>`."""
+        return self.expiring_reads.read_view()
 
     def count(self) -> int:
-        """The number of keys (expired ones not swept yet left out)."""
-        self.flush()
-        data = self.lmdb.data_db
-        if not self._expiring():
-            return self.lmdb.read(lambda txn: txn.stat(data)["entries"])
-        now = self.now_us()
-        return self.lmdb.read(lambda txn: txn.stat(data)["entries"]
-                              - self.expiry.expired_keys(txn, now, DEFAULT_KEYSPACE))
+        """:meth:`ExpiringReads.count <kvstore.state.expiring_reads.ExpiringReads.count>`."""
+        return self.expiring_reads.count()
 
     def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
              ) -> Generator[tuple[bytes, bytes], None, None]:
-        """See :func:`kvstore.state.readers.scan` (which flushes the overlay
-        before each snapshot it takes); expired keys left out."""
-        pairs = scan(self.lmdb, self.flush, lo, hi, reverse)
-        return self._alive_pairs(pairs) if self._expiring() else pairs
-
-    # -- expiry (kvstore/state/expiry.py) ---------------------------------------
-
-    def _expiring(self) -> bool:
-        """Whether reads must check expiry: a key has one (a read-only open
-        cannot tell, so it checks whenever the metadata exists)."""
-        return self.expiry.keys > 0 or (self.readonly and self.expiry.present)
-
-    def _reads_for_expiry(self) -> None:
-        """Point :attr:`get` and :attr:`get_many` at the plain read path, or
-        at the one that checks expiry while a key has one (under the
-        overlay's lock, so that :meth:`_overlay_occupied`'s switch is never
-        lost to this one)."""
-        checking = self._expiring()
-        if checking == self._checking:
-            return
-        with self.overlay.lock:
-            self._checking = checking
-            if checking:
-                self.get, self.get_many = self._get_alive, self._get_many_alive
-            else:
-                self.get, self.get_many = self._plain_get, self._plain_get_many
-
-    def _alive_check(self, keyspace: str) -> Callable[[lmdb.Transaction, bytes], bool] | None:
-        """A view's check that a key of ``keyspace`` is not expired (None: no key has an expiry)."""
-        if not self._expiring():
-            return None
-        alive, now_us = self.expiry.alive, self.now_us
-        return lambda txn, key: alive(txn, keyspace, key, now_us())
-
-    def _get_alive(self, key: object, default: bytes | None = None) -> bytes | None:
-        """A get that finds a key expired at ``now_us()`` absent: the overlay
-        first (a key written there has no expiry: writes with one go to LMDB,
-        and the overlay's flush drops what LMDB held), then the key's value
-        and its expiry from one LMDB read transaction."""
-        if type(key) is not bytes:
-            key = as_bytes(key, "key")
-        overlay = self.overlay
-        v = overlay.active.get(key, MISSING)
-        if v is MISSING:
-            frozen = overlay.frozen
-            if frozen is not None:
-                v = frozen.get(key, MISSING)
-        if v is not MISSING:
-            return default if v is None else v  # type: ignore[return-value]  # bytes or None (deleted)
-        found = self._reads.run(partial(self.expiry.value_if_alive, self.lmdb.data_db, DEFAULT_KEYSPACE, key, self.now_us))
-        return default if found is None else found
-
-    def _get_many_alive(self, keys: Iterable[object], default: bytes | None = None) -> list[bytes | None]:
-        return [self._get_alive(k, default) for k in keys]
-
-    def _alive_pairs(self, pairs: Iterator[tuple[bytes, bytes]], keyspace: str = DEFAULT_KEYSPACE
-                     ) -> Generator[tuple[bytes, bytes], None, None]:
-        """``pairs`` of ``keyspace`` without the keys expired when each chunk of them is checked."""
-        while True:
-            chunk = list(islice(pairs, 256))
-            if not chunk:
-                return
-            yield from self.lmdb.read(partial(self._alive_in, chunk, keyspace, self.now_us()))
-
-    def _alive_in(self, pairs: list[tuple[bytes, bytes]], keyspace: str, now_us: int, txn: lmdb.Transaction
-                  ) -> list[tuple[bytes, bytes]]:
-        alive = self.expiry.alive
-        return [kv for kv in pairs if alive(txn, keyspace, kv[0], now_us)]
+        """:meth:`ExpiringReads.scan <kvstore.state.expiring_reads.ExpiringReads.scan>`."""
+        return self.expiring_reads.scan(lo, hi, reverse)
 
     def read_expiry(self, fn: Callable[[lmdb.Transaction, Expiry], Any]) -> Any:
-        """``fn(txn, expiry)`` in a fresh read transaction of LMDB (the
-        overlay flushed first): what the store's TTL, lease and sweep
-        questions read."""
-        self.flush()
-        return self.lmdb.read(lambda txn: fn(txn, self.expiry))
-
-    # -- keyspaces (the default one is ``get``, ``scan``, ...) ---------------------
+        """:meth:`ExpiringReads.read_expiry <kvstore.state.expiring_reads.ExpiringReads.read_expiry>`."""
+        return self.expiring_reads.read_expiry(fn)
 
     def read(self, keyspace: str, key: bytes) -> bytes | None:
-        """``key``'s value in ``keyspace`` ("": the default one), or None."""
-        return self.get_in(keyspace, key)
+        """``key``'s value in ``keyspace`` ("": the default one), or None: what
+        conditions are decided against (:func:`kvstore.entry.conditions.decide_group`)."""
+        return self.expiring_reads.get_in(keyspace, key)
 
     def get_in(self, keyspace: str, key: bytes, default: bytes | None = None) -> bytes | None:
-        """``key``'s value in ``keyspace`` ("": the default one), or ``default``."""
-        if not keyspace:
-            return self.get(key, default)
-        if type(key) is not bytes:
-            key = as_bytes(key, "key")
-        db = self.lmdb.keyspace_db(keyspace)
-        if db is None:
-            return default
-        if self._expiring():  # a fresh transaction: a cached one may predate the handle
-            found = self.lmdb.read(partial(self.expiry.value_if_alive, db, keyspace, key, self.now_us))
-            return default if found is None else found
-        return self._get_in(db, key, default)
+        """:meth:`ExpiringReads.get_in <kvstore.state.expiring_reads.ExpiringReads.get_in>`."""
+        return self.expiring_reads.get_in(keyspace, key, default)
 
     def get_many_in(self, keyspace: str, keys: Iterable[bytes], default: bytes | None = None
                     ) -> list[bytes | None]:
-        """The values of ``keys`` in the named ``keyspace``, in order, from
-        one read transaction (keyspaces never pass through the overlay)."""
-        if not self._expiring():
-            return read_in(self.lmdb, keyspace, keys, default)
-        wanted = [k if type(k) is bytes else as_bytes(k, "key") for k in keys]
-        db = self.lmdb.keyspace_db(keyspace)
-        if db is None:
-            return [default] * len(wanted)
-        value_if_alive, now_us = self.expiry.value_if_alive, self.now_us
-
-        def read(txn: lmdb.Transaction) -> list[bytes | None]:
-            found = [value_if_alive(db, keyspace, k, now_us, txn) for k in wanted]
-            return [default if v is None else v for v in found]
-        return self.lmdb.read(read)
+        """:meth:`ExpiringReads.get_many_in <kvstore.state.expiring_reads.ExpiringReads.get_many_in>`."""
+        return self.expiring_reads.get_many_in(keyspace, keys, default)
 
     def scan_in(self, keyspace: str, lo: bytes, hi: bytes | None, reverse: bool = False
                 ) -> Generator[tuple[bytes, bytes], None, None]:
-        """:meth:`scan` of the named ``keyspace`` (nothing when it does not exist)."""
-        db = self.lmdb.keyspace_db(keyspace)
-        if db is None:
-            return _nothing()
-        pairs = scan(self.lmdb, self.flush, lo, hi, reverse, db=db)
-        return self._alive_pairs(pairs, keyspace) if self._expiring() else pairs
+        """:meth:`ExpiringReads.scan_in <kvstore.state.expiring_reads.ExpiringReads.scan_in>`."""
+        return self.expiring_reads.scan_in(keyspace, lo, hi, reverse)
 
     def count_in(self, keyspace: str) -> int:
-        """The number of keys in ``keyspace`` ("": the default one)."""
-        if not keyspace:
-            return self.count()
-        db = self.lmdb.keyspace_db(keyspace)
-        if db is None:
-            return 0
-        if not self._expiring():
-            return self.lmdb.read(lambda txn: txn.stat(db)["entries"])
-        now = self.now_us()
-        return self.lmdb.read(lambda txn: txn.stat(db)["entries"] - self.expiry.expired_keys(txn, now, keyspace))
+        """:meth:`ExpiringReads.count_in <kvstore.state.expiring_reads.ExpiringReads.count_in>`."""
+        return self.expiring_reads.count_in(keyspace)
 
     def keyspaces(self) -> list[str]:
-        """The named keyspaces that hold at least one key, sorted."""
-        return sorted(self._keyspace_dbs()[1])
-
-    def _keyspace_dbs(self) -> tuple[int, dict[str, Any]]:
-        """``(epoch, {name: handle})`` of the keyspaces that hold a key, the
-        handles opened before the read that counted them."""
-        env = self.lmdb
-        epoch = env.keyspace_epoch
-        dbs = {name: env.keyspace_db(name) for name in env.read(env.keyspace_names)}
-        return epoch, dict(env.read(lambda txn: [(n, db) for n, db in dbs.items()
-                                                 if db is not None and txn.stat(db)["entries"]]))
+        """:meth:`ExpiringReads.keyspaces <kvstore.state.expiring_reads.ExpiringReads.keyspaces>`."""
+        return self.expiring_reads.keyspaces()
 
     def read_meta_applied(self) -> int:
         """The applied LSN as LMDB holds it now (read-only opens: the

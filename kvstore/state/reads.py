@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import lmdb
 
-from kvstore.entry.codec import MAX_KEY_BYTES, as_bytes
+from kvstore.entry.limits import MAX_KEY_BYTES, as_bytes
 from kvstore.state.environment import Environment
 from kvstore.state.lmdb_ops import read_error
 from kvstore.state.overlay import MISSING, Overlay

@@ -40,7 +40,7 @@ from typing import Any, Final
 import lmdb
 from mypy_extensions import mypyc_attr
 
-from kvstore.entry.codec import as_bytes
+from kvstore.entry.limits import as_bytes
 from kvstore.state.lmdb_ops import position, read_error
 from kvstore.state.lookups import Lookups
 from kvstore.state.readers import ReadSource, begin_in_gate

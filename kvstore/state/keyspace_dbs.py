@@ -1,0 +1,99 @@
+"""The keyspaces' named databases of one LMDB environment
+(:class:`KeyspaceDbs`): keyspace ``name`` is the named database ``ks:<name>``
+(the default keyspace is ``data``; why named databases: :mod:`kvstore.store.keyspace`).
+
+A handle is opened once and kept: LMDB shares a handle with every transaction
+begun after it was opened, and opening one must be serialized. One created by a
+write transaction exists only once that transaction commits, so until then it is
+not handed to readers, and it is forgotten if the transaction does not commit
+(:meth:`KeyspaceDbs.forget_created`). :attr:`KeyspaceDbs.epoch` counts the handles
+added, so that a reader that lists keyspaces can tell whether one appeared while
+it read.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import lmdb
+
+from kvstore.state.lmdb_ops import read_error
+
+KEYSPACE_PREFIX = b"ks:"
+"""Keyspace ``name`` is the named database ``ks:<name>`` (the default
+keyspace is ``data``)."""
+
+
+class KeyspaceDbs:
+    """The handles of one environment's keyspace databases (see the module
+    docstring); ``main_db`` lists them, ``data_db`` is the default keyspace's."""
+
+    def __init__(self, env: lmdb.Environment, main_db: lmdb._Database, data_db: lmdb._Database, path: str) -> None:
+        self.env = env
+        self.main_db = main_db
+        self.data_db = data_db
+        self.path = path
+        self._handles: dict[str, lmdb._Database] = {}
+        self._lock = threading.Lock()
+        self._created: list[str] = []  # opened in the write transaction in progress
+        self.epoch = 0  # bumped whenever a handle is added
+
+    def get(self, name: str) -> lmdb._Database | None:
+        """The handle of keyspace ``name``'s database ("": ``data``), opened
+        on first use; None when it does not exist (never written)."""
+        if not name:
+            return self.data_db
+        db = self._handles.get(name)
+        if db is not None and not self._created:
+            return db
+        with self._lock:
+            if name in self._created:
+                return None  # created by the write transaction in progress: not there yet
+            db = self._handles.get(name)
+            if db is None:
+                try:
+                    db = self.env.open_db(KEYSPACE_PREFIX + name.encode("ascii"), create=False)
+                except lmdb.NotFoundError:
+                    return None
+                except lmdb.Error as exc:
+                    raise read_error(exc, self.path) from None
+                self._handles[name] = db
+                self.epoch += 1
+            return db
+
+    def get_in(self, txn: lmdb.Transaction, name: str) -> lmdb._Database:
+        """In the write transaction ``txn``: keyspace ``name``'s database,
+        created if need be (forgotten again if ``txn`` does not commit)."""
+        if not name:
+            return self.data_db
+        db = self._handles.get(name)
+        if db is not None:
+            return db
+        with self._lock:
+            db = self.env.open_db(KEYSPACE_PREFIX + name.encode("ascii"), txn=txn, create=True)
+            self._handles[name] = db
+            self._created.append(name)
+            self.epoch += 1
+        return db
+
+    def names(self, txn: lmdb.Transaction) -> list[str]:
+        """The keyspaces with a database in ``txn``'s snapshot, sorted (empty
+        ones too: a dropped keyspace keeps its emptied database)."""
+        cur = txn.cursor(db=self.main_db)
+        names = []
+        if cur.set_range(KEYSPACE_PREFIX):
+            for key in cur.iternext(keys=True, values=False):
+                if not key.startswith(KEYSPACE_PREFIX):  # type: ignore[union-attr]  # bytes: no buffers=True
+                    break
+                names.append(key[len(KEYSPACE_PREFIX):].decode("ascii"))  # type: ignore[union-attr]
+        return names
+
+    def forget_created(self) -> None:
+        """The write transaction did not commit: the handles it opened die with it."""
+        with self._lock:
+            for name in self._created:
+                self._handles.pop(name, None)
+
+    def write_ended(self) -> None:
+        """The write transaction committed or was aborted (after :meth:`forget_created`)."""
+        self._created.clear()

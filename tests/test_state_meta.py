@@ -1,0 +1,83 @@
+"""The state machine's bookkeeping and base load (kvstore/state/meta.py,
+kvstore/state/base_load.py) and its keyspaces' handles
+(kvstore/state/keyspace_dbs.py), on a real LMDB environment: what a reopen
+finds, what is refused, and that a write transaction that does not commit
+leaves no keyspace handle behind."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kvstore.state import State
+from kvstore.state.meta import K_FORMAT
+from wal.errors import SnapshotError, WalkvError
+
+
+def state_at(tmp_path, **kw) -> State:
+    return State(os.path.join(str(tmp_path), "lmdb"), **kw)
+
+
+def test_the_bookkeeping_survives_a_reopen(tmp_path):
+    s = state_at(tmp_path)
+    assert not s.initialized and s.applied_lsn == 0 and s.store_id is None
+    s.initialize("ab12", 5, complete=False)
+    s.close()
+    s = state_at(tmp_path)
+    assert (s.initialized, s.store_id, s.applied_lsn, s.lmdb_applied_lsn, s.complete) == (True, "ab12", 5, 5, False)
+    assert s.read_meta_applied() == 5
+    s.close()
+
+
+def test_another_format_is_refused_naming_the_environment(tmp_path):
+    s = state_at(tmp_path)
+    s.initialize("ab12", complete=True)
+    main = s.lmdb.main_db
+    s.lmdb.write(lambda txn: txn.put(K_FORMAT, b"2", db=main))
+    s.close()
+    with pytest.raises(WalkvError, match=r"lmdb: LMDB state format b'2' is not this walkv's"):
+        state_at(tmp_path)
+
+
+def test_a_base_load_fills_every_keyspace_and_marks_the_environment_complete(tmp_path):
+    s = state_at(tmp_path)
+    s.initialize("ab12", complete=False)
+    pairs = [(b"k%03d" % i, b"v%d" % i) for i in range(25)]
+    n = s.load_base(iter(pairs), 40, chunk=7, sections={"ks:users": [(b"u1", b"x"), (b"u2", b"y")]})
+    assert n == 27
+    assert (s.applied_lsn, s.complete) == (40, True)
+    assert s.count() == 25 and s.get(b"k007") == b"v7"
+    assert s.keyspaces() == ["users"] and s.get_many_in("users", [b"u2", b"u3"]) == [b"y", None]
+    s.close()
+    s = state_at(tmp_path)
+    assert (s.applied_lsn, s.complete, s.count_in("users")) == (40, True, 2)
+    s.close()
+
+
+def test_a_section_this_walkv_does_not_know_is_refused(tmp_path):
+    s = state_at(tmp_path)
+    s.initialize("ab12", complete=False)
+    with pytest.raises(SnapshotError, match="section 'vectors:idx' this walkv does not know"):
+        s.load_base(iter([]), 3, sections={"vectors:idx": [(b"a", b"b")]})
+    assert not s.complete
+    s.close()
+
+
+def test_a_keyspace_created_by_a_write_that_does_not_commit_is_forgotten(tmp_path):
+    s = state_at(tmp_path)
+    env = s.lmdb
+
+    def create_then_fail(txn):
+        txn.put(b"k", b"v", db=env.keyspace_db_in(txn, "orders"))
+        assert env.keyspace_db("orders") is None  # not there for readers until it commits
+        raise RuntimeError("the write fails")
+
+    with pytest.raises(RuntimeError):
+        env.write(create_then_fail)
+    assert env.keyspace_db("orders") is None and s.keyspaces() == []
+    epoch = env.keyspace_epoch
+    env.write(lambda txn: txn.put(b"k", b"v", db=env.keyspace_db_in(txn, "orders")))
+    assert env.keyspace_epoch > epoch
+    assert s.keyspaces() == ["orders"] and s.get_in("orders", b"k") == b"v"
+    s.close()
