@@ -113,9 +113,10 @@ def writable_keyspace(state: State, path: str, name: str) -> str:
 
 def new_batch(store: Store, keyspace: str) -> WriteBatch:
     """A batch of ``store`` whose writes go to ``keyspace`` ("": the default
-    one) unless they name another: :meth:`kvstore.KVStore.batch`, :meth:`Keyspace.batch`."""
+    one) unless they name another: :meth:`kvstore.KVStore.batch`, :meth:`Keyspace.batch`.
+    ``keyspace`` is checked now, as a keyspace a write names is when it is added."""
     store._check_writable()
-    return WriteBatch(store._append, store.max_value_bytes, store._max_payload, keyspace,
+    return WriteBatch(store._append, store.max_value_bytes, store._max_payload, store._writable_keyspace(keyspace),
                       check_keyspace=store._writable_keyspace, expiring=store._expiring)
 
 
@@ -123,7 +124,7 @@ def new_transaction(store: Store, keyspace: str) -> txn.Transaction:
     """A transaction of ``store`` whose conditions and writes are in
     ``keyspace`` unless they name another (as :func:`new_batch`)."""
     store._check_writable()
-    return txn.Transaction(store._append, store.max_value_bytes, store._max_payload, keyspace,
+    return txn.Transaction(store._append, store.max_value_bytes, store._max_payload, store._writable_keyspace(keyspace),
                            check_keyspace=store._writable_keyspace, expiring=store._expiring)
 
 
