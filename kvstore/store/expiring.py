@@ -84,6 +84,16 @@ _EMPTY = pack_ops([])
 Append = Callable[[Payload, Any], int]
 
 
+def sweep_seconds(interval: object) -> float | None:
+    """``sweep_interval`` checked: a positive number of seconds, or None (no
+    sweeper thread); else ValueError."""
+    if interval is None:
+        return None
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+        raise ValueError(f"sweep_interval must be a positive number of seconds or None, not {interval!r}")
+    return float(interval)
+
+
 def lease_id_of(lease: object) -> int:
     """The id of ``lease`` (a :class:`~kvstore.store.leases.Lease` or an int)."""
     lease_id = getattr(lease, "id", lease)

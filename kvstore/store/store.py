@@ -66,7 +66,7 @@ from kvstore.state.lookups import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
 from kvstore.store.clock import Clock, ExpiryClock, SystemClock
-from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring
+from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_seconds
 from kvstore.store.group_hooks import GroupHooks
 from kvstore.store.keyspace import Keyspace, new_batch, new_transaction, writable_keyspace
 from kvstore.store.leases import Lease
@@ -131,6 +131,7 @@ class KVStore(Lookups):
             raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
         if type(max_retained_bytes) is not int or max_retained_bytes < 0:
             raise ValueError(f"max_retained_bytes must be an int >= 0, not {max_retained_bytes!r}")
+        sweep_every = None if self.readonly else sweep_seconds(sweep_interval)  # the writer sweeps
         snapshots_ = snapshots.StoreSnapshots(self.path, self._fs, keep=keep_snapshots,
                                               chunk_bytes=snapshot_chunk_bytes)
         self._max_payload = max_record_bytes - ENTRY_OVERHEAD
@@ -170,13 +171,8 @@ class KVStore(Lookups):
         self._hooks.bind(self._state, self._expiring, self._writer)
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
                                         self._watch_hub, polls=self._writer is None)  # what watchers read
-        if self._writer is not None and sweep_interval is not None:
-            if isinstance(sweep_interval, bool) or not isinstance(sweep_interval, (int, float)) \
-                    or not sweep_interval > 0:
-                self._writer.close(self._state)
-                raise ValueError(f"sweep_interval must be a positive number of seconds or None, "
-                                 f"not {sweep_interval!r}")
-            self._expiring.start_sweeper(float(sweep_interval))
+        if sweep_every is not None:
+            self._expiring.start_sweeper(sweep_every)
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
         self.open_seconds = time.monotonic() - t0  # replay or rebuild included
         self._closed = False
@@ -561,7 +557,7 @@ class KVStore(Lookups):
         out["expired_swept"] = self._expiring.swept
         if self._writer is not None:
             out.update(self._writer.stats())
-        out["subscriptions"] = [s._asdict() for s in consumers.infos(self.path, self.durable_lsn)]
+        out["subscriptions"] = [s._asdict() for s in self.subscriptions()]
         return out
 
     # -- closing -----------------------------------------------------------------
