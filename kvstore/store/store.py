@@ -224,10 +224,7 @@ class KVStore(Lookups):
         if ttl is None and lease is None:
             payload, ops = put_entry(key, value, self.max_value_bytes)
             return self._append(payload, ops)
-        payload, ops = self._expiring.put_entry(key, value, ttl, lease)
-        lsn = self._append(payload, ops)
-        self._expiring.check(ops, lsn)
-        return lsn
+        return self._expiring.put(key, value, ttl, lease)
 
     def delete(self, key: bytes) -> int:
         """Remove ``key`` (absent keys too: the delete is logged anyway);
@@ -264,6 +261,8 @@ class KVStore(Lookups):
         any write. A keyspace that holds nothing is dropped too (logged)."""
         ops = [[OP_DROP_KEYSPACE, check_keyspace(name, default_ok=False)]]
         return self._append(pack_ops(ops), ops)
+
+    # -- more writes: del db[k], batches, conditional writes, raw entries ----------
 
     def __delitem__(self, key: bytes) -> None:
         """``del db[k]``: KeyError when ``k`` is absent (checked just before
