@@ -219,3 +219,18 @@ def test_spark_changes_show_expiry() -> None:
     assert [(r["_commit_version"], r["_change_type"], r["key"], r["value"]) for r in rows] == [
         (2, "upsert", b"a", b"1"), (2, "upsert", b"b", b"2"), (4, "expire", b"a", None),
         (5, "expire", b"b", None)]
+
+
+def test_a_bad_sweep_interval_is_refused_before_the_store_is_taken(tmp_path) -> None:
+    """ValueError before anything is opened: the store is not left locked
+    (the next open succeeds) and nothing was written; a reader ignores it."""
+    path = tmp_path / "s"
+    with open_store(path) as db:
+        db.put(b"k", b"v")
+    for bad in (0, -1, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="sweep_interval must be a positive number"):
+            open_store(path, sweep_interval=bad)
+    with open_store(path, sweep_interval=0.5) as db:
+        assert db.last_lsn == 1
+    with kvstore.open(str(path), readonly=True, sweep_interval=0) as ro:
+        assert ro.get(b"k") == b"v"

@@ -9,7 +9,7 @@ with :class:`~kvstore.store.aio.AsyncKVStore`'s API over HTTP (httpx.AsyncClient
         async for change in db.watch(b"a", from_lsn=lsn): ...
 
 Batches and transactions are the asyncio front's own classes
-(:class:`~kvstore.store.aio.AsyncWriteBatch`, :class:`~kvstore.store.aio.AsyncTransaction`),
+(:class:`~kvstore.store.aio_batch.AsyncWriteBatch`, :class:`~kvstore.store.aio_batch.AsyncTransaction`),
 committed through the server; errors, durability and retries as the sync
 client's (:mod:`kvstore.client.remote`). Where the embedded front answers
 without awaiting (``scan``, the LSN properties), a network client must
@@ -35,7 +35,7 @@ from kvstore.client.wire import (
     quote,
 )
 from kvstore.entry.codec import as_bytes, check_key, check_range, check_value
-from kvstore.store.aio import AsyncTransaction, AsyncWriteBatch
+from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
 from wal.errors import ClosedError
 
 

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from kvstore.client.wire import MAX_GET_MANY, BadRequest, ConditionFailed, b64encode
 from kvstore.server.context import Query, json_response, key_field, read_body, read_json, served
-from kvstore.store.aio import AsyncTransaction, AsyncWriteBatch
+from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
 
 KV_PREFIX = "/v1/kv/"
 DEFAULT_PAGE = 1000

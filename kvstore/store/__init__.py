@@ -7,7 +7,10 @@ the log (:mod:`wal`), the snapshots and, with ``archive=``, an archiver
 * :mod:`kvstore.store.writer`: what only the writing process has, opened and
   closed in order;
 * :mod:`kvstore.store.write_batch`, :mod:`kvstore.store.txn`: batches and
-  conditional writes; :mod:`kvstore.store.aio`: the asyncio front;
+  conditional writes; :mod:`kvstore.store.aio`: the asyncio front, and
+  :mod:`kvstore.store.aio_batch` its batches and transactions;
+* :mod:`kvstore.store.keyspace`: named keyspaces, the handle and its writes;
+* :mod:`kvstore.store.expiring`, :mod:`kvstore.store.leases`: TTLs, leases, the sweeper;
 * :mod:`kvstore.store.recovery`: trusting or rebuilding LMDB at open, replay;
 * :mod:`kvstore.store.snapshots`: taking snapshots, retention, the base of a rebuild;
 * :mod:`kvstore.store.metrics`: stats in Prometheus' text format.

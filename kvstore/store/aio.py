@@ -38,15 +38,16 @@ write by write, so an error reaches exactly the writes it concerns.
 
 Reads answer directly from LMDB on the event loop's thread (a read is a
 few microseconds and never waits for the log). ``open`` and ``close`` run in
-the default executor, since they may replay the log or fsync.
+the default executor, since they may replay the log or fsync. Batches and
+transactions: :mod:`kvstore.store.aio_batch`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Iterator, NoReturn
+from collections.abc import Awaitable, Iterable
+from typing import Any, Iterator, NoReturn, TypeVar
 
 from kvstore.entry.codec import (
     OP_DROP_KEYSPACE,
@@ -58,14 +59,16 @@ from kvstore.entry.codec import (
     put_entry,
 )
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
-from kvstore.store.expiring import Expiring, lease_id_of
+from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
+from kvstore.store.expiring import lease_id_of
 from kvstore.store.leases import Lease
 from kvstore.store.store import KVStore
-from kvstore.store.txn import Transaction, cas_outcome, decided
-from kvstore.store.write_batch import WriteBatch
+from kvstore.store.txn import cas_outcome, decided
 from kvstore.watch.watcher import AsyncWatcher
 from wal.errors import ClosedError, ReadOnlyError
 from wal.segment import Payload
+
+Handle = TypeVar("Handle", AsyncWriteBatch, AsyncTransaction)
 
 
 class AsyncKVStore:
@@ -221,28 +224,28 @@ class AsyncKVStore:
         payload, ops = delete_range_entry(start, end)
         return self._submit(payload, ops)
 
-    def batch(self, keyspace: str = "") -> "AsyncWriteBatch":
+    def batch(self, keyspace: str = "") -> AsyncWriteBatch:
         """``async with adb.batch() as b:`` collects ``b.put``/``b.delete``/
         ``b.delete_range`` (plain calls, each may name its ``keyspace=``) and
         commits them atomically, one LSN, when the block ends normally
         (awaiting durability); nothing is written when it raises.
         ``keyspace``: where writes that name none go."""
-        if self._closing:
-            raise ClosedError(f"the store {self.store.path} is closed")
-        return AsyncWriteBatch(self._submit, self._max_value, self.store._max_payload,
-                               self.store._writable_keyspace(keyspace), self.store._writable_keyspace,
-                               self.store._expiring)
+        return self._collect(AsyncWriteBatch, keyspace)
 
-    def transaction(self, keyspace: str = "") -> "AsyncTransaction":
+    def transaction(self, keyspace: str = "") -> AsyncTransaction:
         """``async with adb.transaction() as t:``: :meth:`KVStore.transaction`
         (``t.require``, ``t.put``, ... are plain calls), committed when the
         block ends normally, awaiting durability and the decision.
         ``keyspace``: where conditions and writes that name none go."""
+        return self._collect(AsyncTransaction, keyspace)
+
+    def _collect(self, kind: type[Handle], keyspace: str) -> Handle:
+        """A new batch or transaction of ``kind``, committed through :meth:`_submit`."""
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
-        return AsyncTransaction(self._submit, self._max_value, self.store._max_payload,
-                                self.store._writable_keyspace(keyspace), self.store._writable_keyspace,
-                                self.store._expiring)
+        store = self.store
+        return kind(self._submit, self._max_value, store._max_payload, store._writable_keyspace(keyspace),
+                    store._writable_keyspace, store._expiring)
 
     async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes, keyspace: str = "") -> bool:
         """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
@@ -419,74 +422,6 @@ def _fail(futures: list[asyncio.Future], error: BaseException) -> None:
     for fut in futures:
         if not fut.done():
             fut.set_exception(error)
-
-
-Submit = Callable[[bytes, list], Awaitable[int]]
-
-
-class AsyncWriteBatch(WriteBatch):
-    """A :class:`~kvstore.store.write_batch.WriteBatch` committed with ``async
-    with`` (or ``await b.acommit()``); ``submit(payload, ops)`` logs it and
-    resolves to its LSN."""
-
-    __slots__ = ("_submit",)
-
-    def __init__(self, submit: Submit, max_value: int, max_payload: int, keyspace: str = "",
-                 check_keyspace: Callable[[str], str] = check_keyspace, expiring: Expiring | None = None) -> None:
-        super().__init__(self._refuse_sync_commit, max_value, max_payload, keyspace, check_keyspace=check_keyspace,
-                         expiring=expiring)
-        self._submit = submit
-
-    @staticmethod
-    def _refuse_sync_commit(payload: bytes, ops: list) -> int:
-        raise TypeError("an async batch is committed by `async with` (or `await b.acommit()`)")
-
-    async def acommit(self) -> int | None:
-        """Commit: one log entry, awaited until durable and applied."""
-        sealed = self._seal()
-        if sealed is None:
-            return None
-        self.lsn = await self._submit(sealed[0], sealed[1])
-        self.check(sealed[1])
-        return self.lsn
-
-    async def __aenter__(self) -> "AsyncWriteBatch":
-        return self
-
-    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            if not self._done:
-                await self.acommit()
-        else:
-            self.discard()
-
-
-class AsyncTransaction(Transaction):
-    """A :class:`~kvstore.store.txn.Transaction` committed with ``async with``
-    (or ``await t.acommit()``); ``submit`` as :class:`AsyncWriteBatch`'s."""
-
-    def __init__(self, submit: Submit, max_value: int, max_payload: int, keyspace: str = "",
-                 check_keyspace: Callable[[str], str] = check_keyspace, expiring: Expiring | None = None) -> None:
-        super().__init__(AsyncWriteBatch._refuse_sync_commit, max_value, max_payload, keyspace,
-                         check_keyspace=check_keyspace, expiring=expiring)
-        self._submit = submit
-
-    async def acommit(self) -> bool:
-        """Log the transaction (durable and decided when it returns); whether it succeeded."""
-        sealed = self._seal()
-        if sealed is None:
-            return True
-        return self._settle(await self._submit(sealed[0], sealed[1]), sealed[1])
-
-    async def __aenter__(self) -> "AsyncTransaction":
-        return self
-
-    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            if not self._done:
-                await self.acommit()
-        else:
-            self.discard()
 
 
 class _Opening:

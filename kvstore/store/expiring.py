@@ -53,12 +53,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstore.entry.codec import (
+    EXPIRY_CODES,
     MAX_LEASE_ID,
     OP_GRANT,
     OP_KEEPALIVE,
     OP_KEYSPACE,
     OP_PUT_EXPIRING,
     OP_PUT_LEASED,
+    PUT_CODES,
     check_key,
     check_value,
     pack_ops,
@@ -80,6 +82,16 @@ DEFAULT_SWEEP_KEYS = 1000
 _EMPTY = pack_ops([])
 
 Append = Callable[[Payload, Any], int]
+
+
+def sweep_seconds(interval: object) -> float | None:
+    """``sweep_interval`` checked: a positive number of seconds, or None (no
+    sweeper thread); else ValueError."""
+    if interval is None:
+        return None
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+        raise ValueError(f"sweep_interval must be a positive number of seconds or None, not {interval!r}")
+    return float(interval)
 
 
 def lease_id_of(lease: object) -> int:
@@ -109,13 +121,18 @@ class _StateMeta:
 
 
 class Expiring:
-    """A store's TTLs, leases and sweeper (module docstring). The entries it
-    builds are appended by the store (sync) or its asyncio front, then
-    :meth:`check` tells whether a lease they needed was alive."""
+    """A store's TTLs, leases and sweeper (module docstring), for the store
+    at ``path``. Its writes go through ``append`` (the store's one write
+    path, ``KVStore._append``); the asyncio front appends the
+    entries it builds itself, then :meth:`check` tells whether a lease they
+    needed was alive."""
 
-    def __init__(self, state: State, clock: ExpiryClock, max_value: int, max_payload: int) -> None:
+    def __init__(self, state: State, clock: ExpiryClock, max_value: int, max_payload: int, append: Append,
+                 path: str) -> None:
         self._state = state
         self.clock = clock
+        self._append = append
+        self._path = path
         self._max_value = max_value
         self._max_payload = max_payload
         self.sweep_keys = max(1, min(DEFAULT_SWEEP_KEYS, max_payload // 600))
@@ -163,6 +180,19 @@ class Expiring:
         return _EMPTY, Revoke(lease_id)
 
     @staticmethod
+    def writable_ops(ops: list) -> list:
+        """The ops of a pre-encoded batch (``db.write(payload)``) as they are
+        appended: ValueError for what only the writer decides (grants,
+        revokes, expiries); an :class:`Outcome` when a lease must be alive."""
+        codes = {op[0] for op in ops}
+        if not codes.isdisjoint(EXPIRY_CODES - PUT_CODES - {OP_KEEPALIVE}):
+            raise ValueError("a batch that grants, revokes or expires is decided by the writer "
+                             "(db.grant, db.revoke, the sweeper): it cannot be written as bytes")
+        if OP_PUT_LEASED in codes or OP_KEEPALIVE in codes:
+            return Outcome(ops)
+        return ops
+
+    @staticmethod
     def check(ops: list, lsn: int) -> None:
         """Raise :class:`LeaseNotFoundError` when the entry just logged at
         ``lsn`` failed because a lease it needed was not alive there."""
@@ -179,6 +209,34 @@ class Expiring:
         raise LeaseNotFoundError(
             f"lease {lease_id} is not alive at LSN {lsn} (it expired or was revoked): the write was not "
             f"applied (its LSN is consumed). Grant a new lease.", lease_id=lease_id)
+
+    # -- writes (the store's grant, revoke, keep-alive, puts with an expiry) ---------
+
+    def append_checked(self, payload: Payload, ops: list) -> int:
+        """Append an entry; its LSN, or :class:`LeaseNotFoundError` (after
+        :meth:`check`) when a lease it needed was not alive at that LSN."""
+        lsn = self._append(payload, ops)
+        self.check(ops, lsn)
+        return lsn
+
+    def put(self, key: object, value: object, ttl: float | None, lease: object, keyspace: str = "") -> int:
+        """Log a put with ``ttl`` or under ``lease`` (:meth:`put_entry`); its LSN."""
+        return self.append_checked(*self.put_entry(key, value, ttl, lease, keyspace))
+
+    def grant(self, ttl: float) -> tuple[int, int]:
+        """Log a new lease of ``ttl`` seconds; ``(lease id, ttl_us)``."""
+        payload, ops, lease_id, ttl_us = self.grant_entry(ttl)
+        self._append(payload, ops)
+        return lease_id, ttl_us
+
+    def keepalive(self, lease_id: int, ttl_us: int) -> float:
+        """Log the extension of lease ``lease_id`` to now + ``ttl_us``; its seconds."""
+        self.append_checked(*self.keepalive_entry(lease_id, ttl_us))
+        return ttl_us / 1e6
+
+    def revoke(self, lease: object) -> int:
+        """Log the end of ``lease`` and the deletion of its keys; the LSN."""
+        return self.append_checked(*self.revoke_entry(lease_id_of(lease)))
 
     # -- the writer's decision (the log's on_prepare) -------------------------------
 
@@ -218,12 +276,18 @@ class Expiring:
             return None
         return (record[1] - now) / 1e6
 
-    def lease_record(self, lease_id: int) -> LeaseRecord | None:
-        return self._meta.lease(lease_id)
+    def granted_ttl_us(self, lease: object) -> int:
+        """The TTL lease ``lease`` was granted with (microseconds), when it is
+        alive now; else :class:`LeaseNotFoundError`."""
+        lease_id = lease_id_of(lease)
+        record = self._meta.lease(lease_id)
+        if record is None or record[1] <= self.clock.now_us():
+            raise LeaseNotFoundError(f"lease {lease_id} is not alive in {self._path}", lease_id=lease_id)
+        return record[0]
 
     # -- the sweeper ----------------------------------------------------------------
 
-    def sweep(self, append: Append, max_keys: int | None = None) -> int:
+    def sweep(self, max_keys: int | None = None) -> int:
         """One bounded round: log the deletion of up to ``max_keys`` (default
         ``sweep_keys``) keys expired now, and the end of expired leases while
         the round has room; return how many keys were deleted."""
@@ -233,28 +297,27 @@ class Expiring:
         deleted = 0
         if keys:
             req: Listing = ExpireKeys(keys)
-            append(_EMPTY, req)
+            self._append(_EMPTY, req)
             deleted += len(req.deleted)
         for lease_id, at in leases:
             room = limit - deleted
             if room <= 0:
                 break
             req = ExpireLease(lease_id, at, room)
-            append(_EMPTY, req)
+            self._append(_EMPTY, req)
             deleted += len(req.deleted)
         self.swept += deleted
         return deleted
 
-    def start_sweeper(self, append: Append, interval: float) -> None:
+    def start_sweeper(self, interval: float) -> None:
         """Sweep every ``interval`` seconds in a daemon thread until :meth:`stop`."""
-        self._sweeper = threading.Thread(target=self._run, args=(append, interval), name="walkv-expiry",
-                                         daemon=True)
+        self._sweeper = threading.Thread(target=self._run, args=(interval,), name="walkv-expiry", daemon=True)
         self._sweeper.start()
 
-    def _run(self, append: Append, interval: float) -> None:
+    def _run(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
-                while self.sweep(append) >= self.sweep_keys and not self._stop.is_set():
+                while self.sweep() >= self.sweep_keys and not self._stop.is_set():
                     pass
             except ClosedError:
                 return

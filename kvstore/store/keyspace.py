@@ -61,34 +61,36 @@ stays valid) until LMDB is next rebuilt.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from typing import Any, Protocol
 
-from kvstore.state import State
+from kvstore.entry.codec import check_keyspace, delete_entry, delete_range_entry, in_keyspace, put_entry
+from kvstore.state import Ops, State
+from kvstore.state.lmdb_env import MAX_KEYSPACES
 from kvstore.state.lookups import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from kvstore.store import txn
+from kvstore.store.expiring import Expiring
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch import watcher as watching
+from wal.errors import KeyspaceLimitError
+from wal.segment import Payload
 
 
 class Store(Protocol):
-    """What a keyspace needs of its store (:class:`kvstore.KVStore`)."""
+    """What a keyspace needs of its store (:class:`kvstore.KVStore`): its one
+    write path (``_append``) and the parts it composes."""
 
     path: str
     max_value_bytes: int
+    _max_payload: int
     _state: State
+    _expiring: Expiring
+    _writable_keyspace: Callable[[str], str]
 
     def _check_open(self) -> None: ...
-    def _append(self, payload: bytes, ops: list) -> int: ...
-    def _writable_keyspace(self, name: str) -> str: ...
-    def _put_in(self, keyspace: str, key: bytes, value: bytes, ttl: float | None = None,
-                lease: Any = None) -> int: ...
-    def _ttl_in(self, keyspace: str, key: bytes) -> float | None: ...
-    def _delete_in(self, keyspace: str, key: bytes) -> int: ...
-    def _delete_range_in(self, keyspace: str, start: bytes | None, end: bytes | None) -> int: ...
-    def _batch_in(self, keyspace: str) -> WriteBatch: ...
-    def _transaction_in(self, keyspace: str) -> txn.Transaction: ...
+    def _check_writable(self) -> None: ...
+    def _append(self, payload: Payload, ops: Ops) -> int: ...
     def drop_keyspace(self, name: str) -> int: ...
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,
@@ -96,10 +98,41 @@ class Store(Protocol):
               keyspace: str | None = "") -> watching.Watcher: ...
 
 
+def writable_keyspace(state: State, path: str, name: str) -> str:
+    """``name``, checked, before a write into it is logged by the writer of
+    the store at ``path``: a keyspace ``state`` does not hold yet past
+    :data:`MAX_KEYSPACES` is refused (nothing is logged)."""
+    name = check_keyspace(name)
+    if name and state.lmdb.keyspace_db(name) is None and state.lmdb.keyspace_slots_left() <= 0:
+        raise KeyspaceLimitError(
+            f"the store {path} holds {MAX_KEYSPACES} keyspaces, its most; keyspace {name!r} "
+            f"would be one more. Nothing was written. Drop keyspaces no longer used (their "
+            f"slots come back when LMDB is next rebuilt) or keep related data in one keyspace.")
+    return name
+
+
+def new_batch(store: Store, keyspace: str) -> WriteBatch:
+    """A batch of ``store`` whose writes go to ``keyspace`` ("": the default
+    one) unless they name another: :meth:`kvstore.KVStore.batch`, :meth:`Keyspace.batch`.
+    ``keyspace`` is checked now, as a keyspace a write names is when it is added."""
+    store._check_writable()
+    return WriteBatch(store._append, store.max_value_bytes, store._max_payload, store._writable_keyspace(keyspace),
+                      check_keyspace=store._writable_keyspace, expiring=store._expiring)
+
+
+def new_transaction(store: Store, keyspace: str) -> txn.Transaction:
+    """A transaction of ``store`` whose conditions and writes are in
+    ``keyspace`` unless they name another (as :func:`new_batch`)."""
+    store._check_writable()
+    return txn.Transaction(store._append, store.max_value_bytes, store._max_payload, store._writable_keyspace(keyspace),
+                           check_keyspace=store._writable_keyspace, expiring=store._expiring)
+
+
 class Keyspace(Lookups):
     """The keyspace ``name`` of ``store`` (module docstring): the store's API,
     over this keyspace's keys. Made by :meth:`kvstore.KVStore.keyspace`;
     holds nothing but the two, so it costs nothing to keep or to make again.
+    Its writes go through the store's one write path.
     """
 
     __slots__ = ("store", "name")
@@ -117,19 +150,27 @@ class Keyspace(Lookups):
         """Set ``key`` to ``value`` in this keyspace; return the LSN (as
         :meth:`kvstore.KVStore.put`: ``ttl`` seconds, or under ``lease``, a
         lease of the store, which may hold keys of several keyspaces)."""
-        return self.store._put_in(self.name, key, value, ttl, lease)
+        store = self.store
+        keyspace = store._writable_keyspace(self.name)
+        if ttl is None and lease is None:
+            payload, ops = put_entry(key, value, store.max_value_bytes)
+            return store._append(*in_keyspace(keyspace, payload, ops))
+        return store._expiring.put(key, value, ttl, lease, keyspace)
 
     def ttl(self, key: bytes) -> float | None:
         """Seconds until ``key`` of this keyspace expires (as :meth:`kvstore.KVStore.ttl`)."""
-        return self.store._ttl_in(self.name, key)
+        self.store._check_open()
+        return self.store._expiring.ttl(key, self.name)
 
     def delete(self, key: bytes) -> int:
         """Remove ``key`` from this keyspace; return the LSN."""
-        return self.store._delete_in(self.name, key)
+        payload, ops = delete_entry(key)
+        return self.store._append(*in_keyspace(self.store._writable_keyspace(self.name), payload, ops))
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
         """Remove every key with ``start <= key < end`` from this keyspace; return the LSN."""
-        return self.store._delete_range_in(self.name, start, end)
+        payload, ops = delete_range_entry(start, end)
+        return self.store._append(*in_keyspace(self.store._writable_keyspace(self.name), payload, ops))
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.put(key, value)
@@ -142,7 +183,7 @@ class Keyspace(Lookups):
     def batch(self) -> WriteBatch:
         """A batch whose writes go to this keyspace unless they name another
         (``keyspace=``): one atomic entry either way."""
-        return self.store._batch_in(self.name)
+        return new_batch(self.store, self.name)
 
     def update(self, pairs: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> int | None:
         """Put every pair into this keyspace as ONE atomic batch; its LSN (None if empty)."""
@@ -153,7 +194,7 @@ class Keyspace(Lookups):
     def transaction(self) -> txn.Transaction:
         """A transaction whose conditions and writes are in this keyspace
         unless they name another (``keyspace=``)."""
-        return self.store._transaction_in(self.name)
+        return new_transaction(self.store, self.name)
 
     def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """:meth:`kvstore.KVStore.compare_and_set` in this keyspace."""

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import snapshot
@@ -49,32 +50,25 @@ from kvstore.archive.target import Location
 from kvstore.entry.codec import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
-    EXPIRY_CODES,
     MAX_KEY_BYTES,
     OP_DROP_KEYSPACE,
-    OP_KEEPALIVE,
-    OP_PUT_LEASED,
-    PUT_CODES,
     as_bytes,
     check_keyspace,
     delete_entry,
     delete_range_entry,
-    in_keyspace,
     pack_ops,
     parse,
     put_entry,
 )
-from kvstore.entry.conditions import Outcome
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions, View
-from kvstore.state.lmdb_env import MAX_KEYSPACES
 from kvstore.state.lookups import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
 from kvstore.store.clock import Clock, ExpiryClock, SystemClock
-from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, lease_id_of
+from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_seconds
 from kvstore.store.group_hooks import GroupHooks
-from kvstore.store.keyspace import Keyspace
+from kvstore.store.keyspace import Keyspace, new_batch, new_transaction, writable_keyspace
 from kvstore.store.leases import Lease
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
@@ -83,15 +77,7 @@ from kvstore.watch import watcher as watching
 from kvstore.watch.consumers import SubscriptionInfo
 from kvstore.watch.subscription import Subscription, subscribe
 from snapshot import SnapshotInfo
-from wal.errors import (
-    ArchiveError,
-    ClosedError,
-    KeyspaceLimitError,
-    LeaseNotFoundError,
-    ReadOnlyError,
-    SnapshotError,
-    WalkvError,
-)
+from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
@@ -145,6 +131,7 @@ class KVStore(Lookups):
             raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
         if type(max_retained_bytes) is not int or max_retained_bytes < 0:
             raise ValueError(f"max_retained_bytes must be an int >= 0, not {max_retained_bytes!r}")
+        sweep_every = None if self.readonly else sweep_seconds(sweep_interval)  # the writer sweeps
         snapshots_ = snapshots.StoreSnapshots(self.path, self._fs, keep=keep_snapshots,
                                               chunk_bytes=snapshot_chunk_bytes)
         self._max_payload = max_record_bytes - ENTRY_OVERHEAD
@@ -175,17 +162,17 @@ class KVStore(Lookups):
                     self._writer.take_snapshots_every(self.snapshot, int(snapshot_every_bytes))
         except OSError as exc:
             raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
-        self._clock = ExpiryClock(clock or SystemClock())
-        self._state.now_us = self._clock.now_us
-        self._expiring = Expiring(self._state, self._clock, self.max_value_bytes, self._max_payload)
+        expiry_clock = ExpiryClock(clock or SystemClock())
+        self._state.now_us = expiry_clock.now_us
+        self._expiring = Expiring(self._state, expiry_clock, self.max_value_bytes, self._max_payload, self._append,
+                                  self.path)
+        self._writable_keyspace: Callable[[str], str] = (  # checks a keyspace before a write into it
+            check_keyspace if self._writer is None else partial(writable_keyspace, self._state, self.path))
         self._hooks.bind(self._state, self._expiring, self._writer)
-        if self._writer is not None and sweep_interval is not None:
-            if isinstance(sweep_interval, bool) or not isinstance(sweep_interval, (int, float)) \
-                    or not sweep_interval > 0:
-                self._writer.close(self._state)
-                raise ValueError(f"sweep_interval must be a positive number of seconds or None, "
-                                 f"not {sweep_interval!r}")
-            self._expiring.start_sweeper(self._append, float(sweep_interval))
+        self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
+                                        self._watch_hub, polls=self._writer is None)  # what watchers read
+        if sweep_every is not None:
+            self._expiring.start_sweeper(sweep_every)
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
         self.open_seconds = time.monotonic() - t0  # replay or rebuild included
         self._closed = False
@@ -237,10 +224,7 @@ class KVStore(Lookups):
         if ttl is None and lease is None:
             payload, ops = put_entry(key, value, self.max_value_bytes)
             return self._append(payload, ops)
-        payload, ops = self._expiring.put_entry(key, value, ttl, lease)
-        lsn = self._append(payload, ops)
-        self._expiring.check(ops, lsn)
-        return lsn
+        return self._expiring.put(key, value, ttl, lease)
 
     def delete(self, key: bytes) -> int:
         """Remove ``key`` (absent keys too: the delete is logged anyway);
@@ -278,48 +262,7 @@ class KVStore(Lookups):
         ops = [[OP_DROP_KEYSPACE, check_keyspace(name, default_ok=False)]]
         return self._append(pack_ops(ops), ops)
 
-    def _writable_keyspace(self, name: str) -> str:
-        """``name``, checked, before a write into it is logged: a keyspace this
-        store does not hold yet past :data:`MAX_KEYSPACES` is refused."""
-        name = check_keyspace(name)
-        if name and self._log is not None and self._state.lmdb.keyspace_db(name) is None:
-            if self._state.lmdb.keyspace_slots_left() <= 0:
-                raise KeyspaceLimitError(
-                    f"the store {self.path} holds {MAX_KEYSPACES} keyspaces, its most; keyspace {name!r} "
-                    f"would be one more. Nothing was written. Drop keyspaces no longer used (their "
-                    f"slots come back when LMDB is next rebuilt) or keep related data in one keyspace.")
-        return name
-
-    def _put_in(self, keyspace: str, key: bytes, value: bytes, ttl: float | None = None,
-                lease: Lease | int | None = None) -> int:
-        """:meth:`put` in ``keyspace``: the one write path of a put into a
-        named keyspace (:meth:`Keyspace.put`), ``ttl``/``lease`` as :meth:`put` takes them."""
-        keyspace = self._writable_keyspace(keyspace)
-        if ttl is None and lease is None:
-            payload, ops = put_entry(key, value, self.max_value_bytes)
-            return self._append(*in_keyspace(keyspace, payload, ops))
-        payload, ops = self._expiring.put_entry(key, value, ttl, lease, keyspace)
-        lsn = self._append(payload, ops)
-        self._expiring.check(ops, lsn)
-        return lsn
-
-    def _delete_in(self, keyspace: str, key: bytes) -> int:
-        payload, ops = delete_entry(key)
-        return self._append(*in_keyspace(self._writable_keyspace(keyspace), payload, ops))
-
-    def _delete_range_in(self, keyspace: str, start: bytes | None, end: bytes | None) -> int:
-        payload, ops = delete_range_entry(start, end)
-        return self._append(*in_keyspace(self._writable_keyspace(keyspace), payload, ops))
-
-    def _batch_in(self, keyspace: str) -> WriteBatch:
-        self._check_writable()
-        return WriteBatch(self._append, self.max_value_bytes, self._max_payload, keyspace,
-                          check_keyspace=self._writable_keyspace, expiring=self._expiring)
-
-    def _transaction_in(self, keyspace: str) -> txn.Transaction:
-        self._check_writable()
-        return txn.Transaction(self._append, self.max_value_bytes, self._max_payload, keyspace,
-                               check_keyspace=self._writable_keyspace, expiring=self._expiring)
+    # -- more writes: del db[k], batches, conditional writes, raw entries ----------
 
     def __delitem__(self, key: bytes) -> None:
         """``del db[k]``: KeyError when ``k`` is absent (checked just before
@@ -337,7 +280,7 @@ class KVStore(Lookups):
         Committed when the ``with`` block ends normally (durable per the sync
         mode, then visible), discarded when it raises. ``b.lsn`` is the LSN.
         """
-        return self._batch_in("")
+        return new_batch(self, "")
 
     def update(self, pairs: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> int | None:
         """Put every (key, value) of ``pairs`` (a mapping or an iterable of
@@ -353,17 +296,7 @@ class KVStore(Lookups):
         batches. Not bytes-like: TypeError; not a valid batch: ValueError
         (nothing is written either way)."""
         payload = as_bytes(payload, "payload")
-        ops = parse(payload)
-        codes = {op[0] for op in ops}
-        if not codes.isdisjoint(EXPIRY_CODES - PUT_CODES - {OP_KEEPALIVE}):
-            raise ValueError("a batch that grants, revokes or expires is decided by the writer "
-                             "(db.grant, db.revoke, the sweeper): it cannot be written as bytes")
-        if OP_PUT_LEASED in codes or OP_KEEPALIVE in codes:
-            ops = Outcome(ops)
-            lsn = self._append(payload, ops)
-            self._expiring.check(ops, lsn)
-            return lsn
-        return self._append(payload, ops)
+        return self._expiring.append_checked(payload, self._expiring.writable_ops(parse(payload)))
 
     def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """Set ``key`` to ``new`` only if its value is ``expected`` (None: only
@@ -378,51 +311,36 @@ class KVStore(Lookups):
     def transaction(self) -> txn.Transaction:
         """Conditions plus writes, applied atomically only if every condition
         holds in log order (:class:`kvstore.store.txn.Transaction`)."""
-        return self._transaction_in("")
+        return new_transaction(self, "")
 
     # -- expiry: TTLs and leases (kvstore/store/expiring.py) -----------------------
 
     def ttl(self, key: bytes) -> float | None:
         """Seconds until ``key`` expires; None when it has no TTL or lease, or
         is absent (an expired key is absent)."""
-        return self._ttl_in("", key)
-
-    def _ttl_in(self, keyspace: str, key: bytes) -> float | None:
-        """:meth:`ttl` of ``key`` in ``keyspace`` (:meth:`Keyspace.ttl`)."""
         self._check_open()
-        return self._expiring.ttl(key, keyspace)
+        return self._expiring.ttl(key)
 
     def grant(self, ttl: float) -> Lease:
         """A new lease of ``ttl`` seconds (one durable entry): put keys with
         ``lease=``; :meth:`Lease.keepalive` extends it; :meth:`revoke` or its
         running out deletes its keys. See :mod:`kvstore.store.leases`."""
-        payload, ops, lease_id, ttl_us = self._expiring.grant_entry(ttl)
-        self._append(payload, ops)
-        return Lease(self, lease_id, ttl_us)
+        return Lease(self, *self._expiring.grant(ttl))
 
     def lease(self, lease_id: int) -> Lease:
         """The lease ``lease_id`` granted before (by this or an earlier
         process); :class:`LeaseNotFoundError` when it is not alive."""
         self._check_open()
-        record = self._expiring.lease_record(lease_id_of(lease_id))
-        if record is None or record[1] <= self._clock.now_us():
-            raise LeaseNotFoundError(f"lease {lease_id} is not alive in {self.path}", lease_id=lease_id)
-        return Lease(self, lease_id, record[0])
+        return Lease(self, lease_id, self._expiring.granted_ttl_us(lease_id))
 
     def revoke(self, lease: Lease | int) -> int:
         """End ``lease`` and delete every key attached to it, in one entry
         that lists them (decided in log order); return its LSN.
         :class:`LeaseNotFoundError` when the lease does not exist."""
-        payload, ops = self._expiring.revoke_entry(lease_id_of(lease))
-        lsn = self._append(payload, ops)
-        self._expiring.check(ops, lsn)
-        return lsn
+        return self._expiring.revoke(lease)
 
     def _keepalive(self, lease_id: int, ttl_us: int) -> float:
-        payload, ops = self._expiring.keepalive_entry(lease_id, ttl_us)
-        lsn = self._append(payload, ops)
-        self._expiring.check(ops, lsn)
-        return ttl_us / 1e6
+        return self._expiring.keepalive(lease_id, ttl_us)
 
     def _lease_ttl(self, lease_id: int) -> float | None:
         self._check_open()
@@ -434,7 +352,7 @@ class KVStore(Lookups):
         ``sweep_interval``; for stores opened with ``sweep_interval=None``
         (a test's clock). Returns the number of keys deleted."""
         self._check_open()
-        return self._expiring.sweep(self._append, max_keys)
+        return self._expiring.sweep(max_keys)
 
     def _check_writable(self) -> None:
         """Before handing out a batch or transaction: refuse at once what
@@ -513,7 +431,7 @@ class KVStore(Lookups):
         keyspace, each change naming its own): an iterator (and context
         manager) of :class:`kvstore.watch.Change`. See :mod:`kvstore.watch.watcher`."""
         self._check_open()
-        return watching.Watcher(self._watch_source(), prefix, start=start, stop=stop, from_lsn=from_lsn,
+        return watching.Watcher(self._changes, prefix, start=start, stop=stop, from_lsn=from_lsn,
                                 timeout=timeout, progress_every=progress_every, on_gap=on_gap,
                                 keyspace=keyspace)
 
@@ -527,7 +445,7 @@ class KVStore(Lookups):
         the next LSN) by the first call; the key range is fixed then. From a
         ``readonly=True`` process too. See :mod:`kvstore.watch.subscription`."""
         self._check_open()
-        return subscribe(self.path, self._watch_source(), name, prefix=prefix, start=start, stop=stop,
+        return subscribe(self.path, self._changes, name, prefix=prefix, start=start, stop=stop,
                          from_lsn=from_lsn, next_lsn=lambda: self.durable_lsn + 1, timeout=timeout,
                          progress_every=progress_every)
 
@@ -542,10 +460,6 @@ class KVStore(Lookups):
         snapshot); False when there was none."""
         self._check_open()
         return consumers.drop(self.path, name)
-
-    def _watch_source(self) -> watching.Source:
-        return watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
-                               self._watch_hub, polls=self._writer is None)
 
     # -- LSNs --------------------------------------------------------------------
 
@@ -642,7 +556,7 @@ class KVStore(Lookups):
         out["expired_swept"] = self._expiring.swept
         if self._writer is not None:
             out.update(self._writer.stats())
-        out["subscriptions"] = [s._asdict() for s in consumers.infos(self.path, self.durable_lsn)]
+        out["subscriptions"] = [s._asdict() for s in self.subscriptions()]
         return out
 
     # -- closing -----------------------------------------------------------------
