@@ -7,7 +7,14 @@ finds the handler (``/v1/kv/...`` by the RAW path, so that a key holding
 token's role (:mod:`kvstore.server.auth`), and turns every exception into
 the one JSON error shape with its status (:func:`kvstore.client.wire.error_body`):
 4xx for what the request did wrong, 503 for a failing store, 500 only for a
-bug, whose traceback goes to the server's log, never to the client.
+bug, whose traceback goes to the server's log, never to the client. It
+also counts the requests in flight, which a stopping server lets finish
+(:meth:`~kvstore.server.context.Served.drain`).
+
+An app mounted in a server of your own: ``await app[SERVED].drain(timeout)``
+before ``runner.cleanup()``, as :func:`kvstore.server.serve` does, or a
+request whose body is still arriving at the stop is cut (aiohttp's cleanup
+closes connections first and reads nothing more from them).
 """
 
 from __future__ import annotations
@@ -74,6 +81,14 @@ def _http_error(exc: web.HTTPException) -> Exception:
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     s = request.app[SERVED]
+    with s.request():  # in flight: a stopping server waits for it (Served.drain)
+        response = await _answer(request, handler, s)
+    if s.shutting_down:
+        response.force_close()  # the client's next request goes on a new connection, to a server that runs
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler, s: Served) -> web.StreamResponse:
     try:
         if request.raw_path.startswith(kv.KV_PREFIX):
             found = _KV.get(request.method)
@@ -105,10 +120,7 @@ async def _on_startup(app: web.Application) -> None:
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    s = app[SERVED]
-    s.shutting_down = True
-    for watcher in list(s.streams):  # open streams end now; clients resume elsewhere or later
-        await watcher.aclose()
+    await app[SERVED].end_streams()
 
 
 async def _on_cleanup(app: web.Application) -> None:

@@ -12,7 +12,7 @@ import math
 import time
 import urllib.parse
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,8 @@ class Limits:
     max_page: int = MAX_PAGE
     """Most items of one scan page (the default page is 1,000)."""
     shutdown_timeout: float = 10.0
-    """Seconds SIGTERM gives requests in flight before they are cancelled."""
+    """Seconds SIGTERM gives the requests in flight to finish (their bodies
+    are still read meanwhile) before they are cancelled."""
 
 
 class Served:
@@ -66,6 +67,9 @@ class Served:
         self.stream_count = 0
         self.subscriptions: dict[str, Subscription] = {}  # name -> its newest stream's (for acks)
         self.shutting_down = False
+        self._in_flight = 0  # requests inside a handler
+        self._idle = asyncio.Event()  # set while none is
+        self._idle.set()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Make the asyncio front on the serving loop (at the app's startup)
@@ -97,6 +101,37 @@ class Served:
             yield
         finally:
             self.stream_count -= 1
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Counts the block as a request in flight (what :meth:`drain` waits for)."""
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def end_streams(self) -> None:
+        """The server is stopping: the open watch and subscription streams
+        end now (their clients resume elsewhere or later), new ones are refused."""
+        self.shutting_down = True
+        for watcher in list(self.streams):
+            await watcher.aclose()
+
+    async def drain(self, timeout: float) -> bool:
+        """End the streams, then wait until no request is in a handler, at
+        most ``timeout`` seconds; whether none is."""
+        await self.end_streams()
+        await asyncio.sleep(0)  # a request whose headers were read already enters its handler
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def wait_applied(self, q: "Query") -> None:
         """``min_lsn``: wait (bounded by ``min_lsn_timeout``, default 5 s, at
