@@ -20,7 +20,7 @@ import pytest
 import kvstore
 import wal
 from kvstore.client import wire
-from kvstore.client.events import END, Event, EventParser, Resumption
+from kvstore.client.events import END, RECONNECTS, Event, EventParser, Reconnecting, Resumption
 from kvstore.server import Limits, Tokens, tls_context
 from kvstore.server.auth import ADMIN, READ, WRITE
 from tests.served import KINDS, ServerThread, open_store_async
@@ -93,6 +93,29 @@ def test_a_resumed_stream_skips_what_was_delivered_and_loses_nothing() -> None:
     with pytest.raises(LogGapError) as e:
         pos.handle(Event("gap", json.dumps(gap)))
     assert e.value.first_available == 3
+
+
+def test_reconnecting_gives_up_only_after_connections_in_a_row_that_deliver_nothing() -> None:
+    stream = Reconnecting("http://x", Resumption(1, {}))
+    broke = wire.ServerUnavailable("broke")
+    for lsn in range(1, RECONNECTS + 3):  # each connection delivers a change before it breaks: never gives up
+        assert stream.connect()["from_lsn"] == max(lsn - 1, 1)
+        changes = [c for line in _change(lsn, 0, b"k").split("\n") if (c := stream.line(line)) is not None]
+        assert [(c.lsn, c.key) for c in changes] == [(lsn, b"k")]
+        assert stream.broken(broke) > 0
+    for _ in range(RECONNECTS - 1):  # connections that deliver nothing: the last one gives up
+        stream.connect()
+        assert stream.broken(broke) > 0
+    stream.connect()
+    with pytest.raises(wire.ServerUnavailable, match="broke"):
+        stream.broken(broke)
+    ending = Reconnecting("http://x", Resumption(1, {}))
+    for _ in range(RECONNECTS - 1):
+        assert ending.ended() > 0
+    with pytest.raises(wire.ServerUnavailable, match="kept ending"):
+        ending.ended()
+    done = Reconnecting("http://x", Resumption(1, {}))
+    assert [done.line(line) for line in ("event: end", "data: {}", "")] == [None, None, None] and done.finished
 
 
 def test_a_watch_goes_on_after_the_server_restarts(tmp_path) -> None:

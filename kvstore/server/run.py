@@ -10,7 +10,7 @@ client certificates it requires (``tls_client_ca``).
 Shutdown: SIGTERM or SIGINT stops accepting connections, ends the open
 watch streams, and gives the requests in flight up to
 :attr:`~kvstore.server.context.Limits.shutdown_timeout` seconds to finish
-(:meth:`~kvstore.server.context.Served.drain`), their connections still
+(:func:`~kvstore.server.app.drain`), their connections still
 open, so a body still arriving is read and answered (with ``Connection:
 close``). Only then does aiohttp's cleanup close the connections (an idle
 one has no answer owed), cancel what still runs, after at most
@@ -38,10 +38,10 @@ from typing import Any
 
 from aiohttp import web
 
-from kvstore.server.app import make_app
+from kvstore.server.app import drain, make_app
 from kvstore.server.auth import Tokens
 from kvstore.server.connections import guarded_server
-from kvstore.server.context import SERVED, Limits
+from kvstore.server.context import Limits
 from kvstore.store.aio import AsyncKVStore, open_async
 from kvstore.store.store import KVStore
 from wal.errors import WalkvError
@@ -131,7 +131,7 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
             on_listening(url)
         await stop.wait()
         server.close()  # stop accepting
-        await app[SERVED].drain(limits.shutdown_timeout)  # streams end, requests in flight finish
+        await drain(app, limits.shutdown_timeout)  # streams end, requests in flight finish
     finally:
         try:  # a second SIGTERM/SIGINT meanwhile sets the event again: a no-op (the drain is bounded)
             await runner.cleanup()  # connections close, what still runs is cancelled, the store closes
