@@ -302,6 +302,45 @@ def test_tokens_file_roles_and_what_each_may_do(tmp_path) -> None:
 
 # -- walkv serve ------------------------------------------------------------------------
 
+def test_drain_waits_for_a_body_still_arriving_and_refuses_new_streams(tmp_path) -> None:
+    """:func:`kvstore.server.drain` (what SIGTERM runs before aiohttp's
+    cleanup) does not return while a request that got its ``100 Continue``
+    waits for its body; a watch asked for meanwhile is a 503 the client
+    resumes from; the body, sent later, is read and answered with
+    ``Connection: close``; then the drain returns True."""
+    from aiohttp import web
+
+    from kvstore.server import drain, make_app
+
+    async def main() -> None:
+        with kvstore.open(tmp_path / "s") as db:
+            app = make_app(db)
+            runner = web.AppRunner(app, handle_signals=False)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"PUT /v1/kv/late HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+            assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+            await reader.readline()  # the blank line after the 100
+            draining = asyncio.create_task(drain(app, 60.0))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                refused = await client.get("/v1/watch")
+            assert refused.status_code == 503 and refused.json()["error"]["type"] == "ServerUnavailable"
+            assert not draining.done()
+            writer.write(b"body")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower(), head
+            assert await draining is True
+            assert await reader.read() == json.dumps({"lsn": 1}, separators=(",", ":")).encode()
+            writer.close()
+            await runner.cleanup()
+            assert db.get(b"late") == b"body"
+
+    asyncio.run(main())
+
+
 def test_walkv_serve_says_where_it_listens_and_sigterm_closes_the_store_cleanly(tmp_path) -> None:
     store = str(tmp_path / "s")
     with subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", store, "--listen", "127.0.0.1:0"],

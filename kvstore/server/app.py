@@ -81,7 +81,7 @@ def _http_error(exc: web.HTTPException) -> Exception:
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     s = request.app[SERVED]
-    with s.request():  # in flight: a stopping server waits for it (Served.drain)
+    with s.in_flight:  # a stopping server waits for it (drain)
         response = await _answer(request, handler, s)
     if s.shutting_down:
         response.force_close()  # the client's next request goes on a new connection, to a server that runs

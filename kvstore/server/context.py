@@ -12,7 +12,7 @@ import math
 import time
 import urllib.parse
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,34 @@ class Limits:
     are still read meanwhile) before they are cancelled."""
 
 
+class InFlight:
+    """The requests inside a handler: ``with in_flight:`` around each
+    (the app's middleware), :meth:`none` to wait until there are none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()  # set while the count is 0
+        self._idle.set()
+
+    def __enter__(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def none(self, timeout: float) -> bool:
+        """Wait until no request is in a handler, at most ``timeout`` seconds; whether none is."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
 class Served:
     """The store an app serves, with the app's limits, tokens and open streams."""
 
@@ -67,9 +95,7 @@ class Served:
         self.stream_count = 0
         self.subscriptions: dict[str, Subscription] = {}  # name -> its newest stream's (for acks)
         self.shutting_down = False
-        self._in_flight = 0  # requests inside a handler
-        self._idle = asyncio.Event()  # set while none is
-        self._idle.set()
+        self.in_flight = InFlight()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Make the asyncio front on the serving loop (at the app's startup)
@@ -102,18 +128,6 @@ class Served:
         finally:
             self.stream_count -= 1
 
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
-        """Counts the block as a request in flight (what :meth:`drain` waits for)."""
-        self._in_flight += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-
     async def end_streams(self) -> None:
         """The server is stopping: the open watch and subscription streams
         end now (their clients resume elsewhere or later), new ones are refused."""
@@ -126,12 +140,7 @@ class Served:
         most ``timeout`` seconds; whether none is."""
         await self.end_streams()
         await asyncio.sleep(0)  # a request whose headers were read already enters its handler
-        try:
-            async with asyncio.timeout(timeout):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await self.in_flight.none(timeout)
 
     async def wait_applied(self, q: "Query") -> None:
         """``min_lsn``: wait (bounded by ``min_lsn_timeout``, default 5 s, at
