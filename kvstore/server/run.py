@@ -10,13 +10,13 @@ client certificates it requires (``tls_client_ca``).
 Shutdown: SIGTERM or SIGINT stops accepting connections, ends the open
 watch streams, and gives the requests in flight up to
 :attr:`~kvstore.server.context.Limits.shutdown_timeout` seconds to finish
-(:func:`~kvstore.server.app.drain`), their connections still
-open, so a body still arriving is read and answered (with ``Connection:
-close``). Only then does aiohttp's cleanup close the connections (an idle
-one has no answer owed), cancel what still runs, after at most
-:data:`CANCEL_GRACE` more seconds (a cancelled write is still written), and
-close the store (every acknowledged write is durable already, per its sync
-mode; close flushes LMDB and records a clean close).
+(:func:`~kvstore.server.app.drain`) on their connections, still open, so
+a body still arriving is read and answered (with ``Connection: close``).
+Only then does aiohttp's cleanup close the connections (an idle one is owed
+no answer), give a request still running :data:`CANCEL_GRACE` more seconds,
+cancel it (a cancelled write is still written), and close the store (every
+acknowledged write is durable already, per its sync mode; close flushes
+LMDB and records a clean close).
 
 Why the drain comes first: aiohttp's ``AppRunner.cleanup()`` closes every
 connection before it waits for the handlers, and a closed connection reads
