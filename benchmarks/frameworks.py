@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,8 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
+
+from benchmarks import processes
 
 
 def baseline_seconds() -> float:
@@ -97,34 +98,15 @@ def starlette_child(path: str, port: int) -> None:
                 loop="uvloop")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("the server did not listen within 30 s")
-
-
 def start(framework: str, path: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = processes.free_port()
     if framework == "aiohttp":
         cmd = [sys.executable, "-m", "kvstore.cli", "serve", path, "--listen", f"127.0.0.1:{port}"]
     else:
         cmd = [sys.executable, "-c", f"from benchmarks.frameworks import starlette_child; "
                                      f"starlette_child({path!r}, {port})"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _wait_listening(port, proc)
+    processes.wait_ready(proc, lambda: processes.port_open(port), f"the {framework} server", timeout=30)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -144,8 +126,7 @@ def run(seconds: float, clients: tuple[int, ...] = (16, 256)) -> dict[tuple[str,
                     print(f"{framework:<10} {op} {n:>4} clients: {out[(framework, op, n)]:>9.0f} req/s  "
                           f"p99 {r.get('p99_ms', float('nan')):.2f} ms", flush=True)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            processes.stop(proc, grace=30)
             shutil.rmtree(tmp, ignore_errors=True)
     return out
 

@@ -2,7 +2,8 @@
 keyspace (LMDB named database ``ks:<name>``, the contender ``walkv``)
 against the default keyspace (``default``) and against the alternative not
 taken, a key prefix in the default keyspace (``prefix``), in one run;
-16-byte keys, 100-byte values.
+16-byte keys, 100-byte values. The runs are :mod:`benchmarks.kv_workloads`'
+(the same items, the same loops), on walkv classes of this module's.
 
 * ``kv.keyspace.put``: ``sync="none"`` puts of N pre-built items, one
   thread (the log's fsync would hide the state machine's cost): a named
@@ -11,7 +12,10 @@ taken, a key prefix in the default keyspace (``prefix``), in one run;
 * ``kv.keyspace.get``: random gets of existing keys (both through the
   thread's cached read transaction; the default keyspace looks in the
   overlay first). Target: >= 0.7x.
-The numbers, and why named databases: :mod:`kvstore.store.keyspace`.
+The numbers, and why named databases: :mod:`kvstore.store.keyspace`. The
+``prefix`` contender prepends its prefix to each key inside the timed loop,
+as an application keeping keyspaces as prefixes would (one concatenation
+and one call more per operation than the other two).
 
 * ``kv.keyspace.drop``: removing a keyspace of N keys: ``drop_keyspace``
   (one entry, one ``mdb_drop``) vs ``delete_range`` of the prefix (one
@@ -20,87 +24,79 @@ The numbers, and why named databases: :mod:`kvstore.store.keyspace`.
 
 from __future__ import annotations
 
-import os
-import random
 from typing import Any, Callable
 
-from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Measurement, Target, Workload
+from benchmarks.kv_workloads import WalkvKV, _gets, _open, _puts_counted, load
 from benchmarks.timing import counted
 
 KS = ("kvstore:open", "kvstore.store.keyspace:Keyspace")
+KEYSPACE = "users"
 PREFIX = b"users/"
-LOAD_CHUNK = 10_000
-
-Writer = Callable[[bytes, bytes], object]
+PREFIX_END = b"users0"  # the first key after every key that starts with PREFIX
 
 
-def _store(path: str, how: str) -> tuple[Any, Any, bytes]:
-    """``(store, the keyspace or the store, key prefix)`` for one contender."""
-    import kvstore
+class WalkvKeyspace(WalkvKV):
+    """walkv's named keyspace ``users`` (LMDB named database ``ks:users``)."""
 
-    db = kvstore.open(path, sync="none")
-    if how == "walkv":
-        return db, db.keyspace("users"), b""
-    return db, db, PREFIX if how == "prefix" else b""
+    name = "walkv-keyspace"
+
+    def __init__(self, path: str, sync: bool) -> None:
+        super().__init__(path, sync)
+        self.space = self.db.keyspace(KEYSPACE)
+
+    def writer(self) -> Callable[[bytes, bytes], object]:
+        return self.space.put
+
+    def reader(self) -> Callable[[bytes], object]:
+        return self.space.get
+
+    def write_batch(self, items: Any) -> None:
+        self.space.update(items)
+
+    def drop(self) -> None:
+        self.db.drop_keyspace(KEYSPACE)
+
+    def count(self) -> int:
+        return len(self.space)
 
 
-def _puts(how: str, n: int):
+class WalkvKeyPrefix(WalkvKV):
+    """Keys under :data:`PREFIX` in walkv's default keyspace."""
+
+    name = "walkv-prefix"
+
+    def writer(self) -> Callable[[bytes, bytes], object]:
+        put = self.db.put
+        return lambda k, v: put(PREFIX + k, v)
+
+    def reader(self) -> Callable[[bytes], object]:
+        get = self.db.get
+        return lambda k: get(PREFIX + k)
+
+    def write_batch(self, items: Any) -> None:
+        super().write_batch((PREFIX + k, v) for k, v in items)
+
+    def drop(self) -> None:
+        self.db.delete_range(PREFIX, PREFIX_END)
+
+    def count(self) -> int:
+        return len(self.db)
+
+
+SYSTEMS: dict[str, str | type] = {"walkv": WalkvKeyspace, "default": "walkv", "prefix": WalkvKeyPrefix}
+LABELS = {"walkv": "walkv named keyspace", "default": "walkv default keyspace",
+          "prefix": "walkv key prefix in the default keyspace"}
+
+
+def _drop(system: type[WalkvKeyspace] | type[WalkvKeyPrefix], n: int) -> Callable[[Context], Measurement]:
     def run(ctx: Context) -> Measurement:
-        db, space, prefix = _store(ctx.fresh_dir(how), how)
-        items = [(prefix + k, v) for k, v in data.items(n)]
+        db = _open(system, ctx, sync=False)
         try:
-            put = space.put
-
-            def block() -> int:
-                for k, v in items:
-                    put(k, v)
-                return len(items)
-            return counted(block)
-        finally:
-            db.close()
-
-    return run
-
-
-def _load(space: Any, prefix: bytes, n: int) -> None:
-    for start in range(0, n, LOAD_CHUNK):
-        space.update((prefix + data.key(i), data.value(i)) for i in range(start, min(n, start + LOAD_CHUNK)))
-
-
-def _gets(how: str, n_keys: int, n_gets: int):
-    def prepare(ctx: Context) -> Any:
-        db, space, prefix = _store(os.path.join(ctx.directory, "db"), how)
-        _load(space, prefix, n_keys)
-        rnd = random.Random(42)
-        return db, space, [prefix + data.key(rnd.randrange(n_keys)) for _ in range(n_gets)]
-
-    def run(ctx: Context) -> Measurement:
-        _db, space, order = ctx.state
-        get = space.get
-        if get(order[0]) is None:
-            raise AssertionError(f"{how}: a loaded key is missing")
-
-        def block() -> int:
-            for k in order:
-                get(k)
-            return len(order)
-        return counted(block)
-
-    return prepare, run, (lambda state: state[0].close())
-
-
-def _drop(how: str, n: int):
-    def run(ctx: Context) -> Measurement:
-        db, space, prefix = _store(ctx.fresh_dir(how), how)
-        try:
-            _load(space, prefix, n)
-            if how == "walkv":
-                m = counted(lambda: db.drop_keyspace("users") and n)
-            else:
-                m = counted(lambda: db.delete_range(PREFIX, b"users0") and n)
-            if len(space) != 0:
-                raise AssertionError(f"{how}: keys left after the drop")
+            load(db, n)
+            m = counted(lambda: db.drop() or n)
+            if db.count() != 0:
+                raise AssertionError(f"{system.name}: keys left after the drop")
             return m
         finally:
             db.close()
@@ -108,25 +104,21 @@ def _drop(how: str, n: int):
     return run
 
 
-LABELS = {"walkv": "walkv named keyspace", "default": "walkv default keyspace",
-          "prefix": "walkv key prefix in the default keyspace"}
-
-
 def workloads(cfg: Config) -> list[Workload]:
     puts_n = cfg.size(full=200_000, quick=10_000)
     keys_n = cfg.size(full=200_000, quick=10_000)
     gets_n = cfg.size(full=500_000, quick=20_000)
     drop_n = cfg.size(full=200_000, quick=20_000)
-    hows = ("walkv", "default", "prefix")
     get_contenders = []
-    for how in hows:
-        prep, run, clean = _gets(how, keys_n, gets_n)
+    for how, system in SYSTEMS.items():
+        prep, run, clean = _gets(system, keys_n, gets_n)
         get_contenders.append(Contender(how, run, prepare=prep, cleanup=clean, label=f"{LABELS[how]} get"))
     return [
         Workload(name="kv.keyspace.put", issue=25, unit="puts/s", requires=KS,
                  title=f"sync=none puts of {puts_n:,} items into a named keyspace vs the default one",
                  targets=[Target("default", 0.5)], params={"items": puts_n},
-                 contenders=[Contender(how, _puts(how, puts_n), label=f"{LABELS[how]} put") for how in hows]),
+                 contenders=[Contender(how, _puts_counted(system, puts_n), label=f"{LABELS[how]} put")
+                             for how, system in SYSTEMS.items()]),
         Workload(name="kv.keyspace.get", issue=25, unit="gets/s", requires=KS,
                  title=f"gets in a named keyspace vs the default one ({keys_n:,} keys, {gets_n:,} gets)",
                  targets=[Target("default", 0.7)], params={"keys": keys_n, "gets": gets_n},
@@ -134,9 +126,9 @@ def workloads(cfg: Config) -> list[Workload]:
         Workload(name="kv.keyspace.drop", issue=25, unit="keys/s", requires=KS,
                  title=f"removing a keyspace of {drop_n:,} keys: drop_keyspace vs delete_range of a prefix",
                  targets=[Target("prefix", 1.0)], params={"keys": drop_n},
-                 contenders=[Contender(how, _drop(how, drop_n), label=f"{LABELS[how]} drop")
-                             for how in ("walkv", "prefix")]),
+                 contenders=[Contender(how, _drop(system, drop_n), label=f"{LABELS[how]} drop")
+                             for how, system in (("walkv", WalkvKeyspace), ("prefix", WalkvKeyPrefix))]),
     ]
 
 
-__all__ = ["workloads"]
+__all__ = ["workloads", "WalkvKeyPrefix", "WalkvKeyspace"]

@@ -30,6 +30,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
+from benchmarks import processes
+from benchmarks.processes import free_port
 from benchmarks.timing import REPO
 
 START_TIMEOUT = 30.0
@@ -43,13 +45,6 @@ def missing_peers() -> dict[str, str]:
             for peer, prog in PROGRAMS.items() if shutil.which(prog) is None}
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Server:
     """A running server process: ``url`` to reach it, ``stop()`` to end it."""
@@ -61,13 +56,7 @@ class Server:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s; wait for the process."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        processes.stop(self.proc)
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
@@ -88,17 +77,8 @@ class Server:
 
 
 def _wait_ready(server: Server, ready: Callable[[], bool]) -> Server:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        server.check_alive()
-        try:
-            if ready():
-                return server
-        except OSError:
-            pass
-        time.sleep(0.05)
-    server.stop()
-    raise RuntimeError(f"{server.name} did not become ready within {START_TIMEOUT:.0f} s: {server.log_tail()}")
+    processes.wait_ready(server.proc, ready, server.name, timeout=START_TIMEOUT, log_tail=server.log_tail)
+    return server
 
 
 def start_walkv(directory: str, *extra: str) -> Server:
@@ -157,8 +137,8 @@ def start_redis(directory: str) -> Server:
             stdout=log, stderr=subprocess.STDOUT)
 
     def ready() -> bool:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
 
     return _wait_ready(Server("redis", f"redis://127.0.0.1:{port}", proc, log_path), ready)

@@ -4,17 +4,18 @@ package) over a temporary directory, on a free port of 127.0.0.1.
 Buckets are the directories of :attr:`S3Server.root`; an object is the file
 ``root/bucket/key``, so a test can damage one in place. :meth:`stop` and
 :meth:`start` take the server down and bring it back on the same port and
-directory (an outage under an archiver).
+directory (an outage under an archiver). Starting and stopping the
+process: :mod:`benchmarks.processes`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
+
+from benchmarks import processes
 
 KEY = "walkvtestkey"
 SECRET = "walkv-test-secret-Zq81x"
@@ -26,17 +27,11 @@ def rclone_binary() -> str | None:
     return found or shutil.which("rclone")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class S3Server:
     def __init__(self, root: str, binary: str) -> None:
         self.root = root
         self.binary = binary
-        self.port = free_port()
+        self.port = processes.free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         os.makedirs(os.path.join(root, BUCKET), exist_ok=True)
         # pyarrow's AWS SDK: without these, uploads to rclone fail with HTTP 411
@@ -60,23 +55,9 @@ class S3Server:
              "--auth-key", f"{KEY},{SECRET}", "--config", "/dev/null"],
             stdout=log, stderr=log)
         log.close()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"rclone serve s3 exited with {self.proc.returncode}") from None
-                time.sleep(0.05)
-        raise RuntimeError("rclone serve s3 did not start listening in 20 s")
+        processes.wait_ready(self.proc, lambda: processes.port_open(self.port), "rclone serve s3", timeout=20)
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            processes.stop(self.proc)
             self.proc = None

@@ -20,7 +20,7 @@ import pytest
 import kvstore
 import wal
 from kvstore.client import wire
-from kvstore.client.events import END, Event, EventParser, Resumption
+from kvstore.client.events import END, RECONNECTS, Event, EventParser, Reconnecting, Resumption
 from kvstore.server import Limits, Tokens, tls_context
 from kvstore.server.auth import ADMIN, READ, WRITE
 from tests.served import KINDS, ServerThread, open_store_async
@@ -93,6 +93,29 @@ def test_a_resumed_stream_skips_what_was_delivered_and_loses_nothing() -> None:
     with pytest.raises(LogGapError) as e:
         pos.handle(Event("gap", json.dumps(gap)))
     assert e.value.first_available == 3
+
+
+def test_reconnecting_gives_up_only_after_connections_in_a_row_that_deliver_nothing() -> None:
+    stream = Reconnecting("http://x", Resumption(1, {}))
+    broke = wire.ServerUnavailable("broke")
+    for lsn in range(1, RECONNECTS + 3):  # each connection delivers a change before it breaks: never gives up
+        assert stream.connect()["from_lsn"] == max(lsn - 1, 1)
+        changes = [c for line in _change(lsn, 0, b"k").split("\n") if (c := stream.line(line)) is not None]
+        assert [(c.lsn, c.key) for c in changes] == [(lsn, b"k")]
+        assert stream.broken(broke) > 0
+    for _ in range(RECONNECTS - 1):  # connections that deliver nothing: the last one gives up
+        stream.connect()
+        assert stream.broken(broke) > 0
+    stream.connect()
+    with pytest.raises(wire.ServerUnavailable, match="broke"):
+        stream.broken(broke)
+    ending = Reconnecting("http://x", Resumption(1, {}))
+    for _ in range(RECONNECTS - 1):
+        assert ending.ended() > 0
+    with pytest.raises(wire.ServerUnavailable, match="kept ending"):
+        ending.ended()
+    done = Reconnecting("http://x", Resumption(1, {}))
+    assert [done.line(line) for line in ("event: end", "data: {}", "")] == [None, None, None] and done.finished
 
 
 def test_a_watch_goes_on_after_the_server_restarts(tmp_path) -> None:
@@ -278,6 +301,45 @@ def test_tokens_file_roles_and_what_each_may_do(tmp_path) -> None:
 
 
 # -- walkv serve ------------------------------------------------------------------------
+
+def test_drain_waits_for_a_body_still_arriving_and_refuses_new_streams(tmp_path) -> None:
+    """:func:`kvstore.server.drain` (what SIGTERM runs before aiohttp's
+    cleanup) does not return while a request that got its ``100 Continue``
+    waits for its body; a watch asked for meanwhile is a 503 the client
+    resumes from; the body, sent later, is read and answered with
+    ``Connection: close``; then the drain returns True."""
+    from aiohttp import web
+
+    from kvstore.server import drain, make_app
+
+    async def main() -> None:
+        with kvstore.open(tmp_path / "s") as db:
+            app = make_app(db)
+            runner = web.AppRunner(app, handle_signals=False)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"PUT /v1/kv/late HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+            assert (await reader.readline()).startswith(b"HTTP/1.1 100")
+            await reader.readline()  # the blank line after the 100
+            draining = asyncio.create_task(drain(app, 60.0))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                refused = await client.get("/v1/watch")
+            assert refused.status_code == 503 and refused.json()["error"]["type"] == "ServerUnavailable"
+            assert not draining.done()
+            writer.write(b"body")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower(), head
+            assert await draining is True
+            assert await reader.read() == json.dumps({"lsn": 1}, separators=(",", ":")).encode()
+            writer.close()
+            await runner.cleanup()
+            assert db.get(b"late") == b"body"
+
+    asyncio.run(main())
+
 
 def test_walkv_serve_says_where_it_listens_and_sigterm_closes_the_store_cleanly(tmp_path) -> None:
     store = str(tmp_path / "s")

@@ -20,65 +20,49 @@ db.bounds()``.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
+from kvstore.client import calls
+from kvstore.client.calls import Call, ServerInfo
 from kvstore.client.events import AsyncRemoteWatcher, Resumption
 from kvstore.client.http import AsyncHttp, Cert, Verify
-from kvstore.client.remote import ops_request, read_key, scan_params, settle, watch_params
-from kvstore.client.wire import (
-    MAX_GET_MANY,
-    ConditionFailed,
-    NotFound,
-    b64_or_none,
-    b64decode,
-    b64encode,
-    quote,
-)
-from kvstore.entry.codec import as_bytes, check_key, check_range, check_value
 from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
 from wal.errors import ClosedError
+
+T = TypeVar("T")
 
 
 class AsyncRemoteStore:
     """A store served over HTTP, for asyncio (module docstring). Create with
     ``await kvstore.connect_async(url)``."""
 
-    def __init__(self, http: AsyncHttp, info: dict[str, Any]) -> None:
+    def __init__(self, http: AsyncHttp, info: ServerInfo) -> None:
         self._http = http
         self.url = http.url
         self._closed = False
-        self.store_id: str | None = info.get("store_id")
-        self.readonly = bool(info.get("readonly"))
-        self.max_value_bytes = int(info["max_value_bytes"])
-        self._max_payload = int(info["max_payload_bytes"])
+        self.store_id = info.store_id
+        self.readonly = info.readonly
+        self.max_value_bytes = info.max_value_bytes
+        self._max_payload = info.max_payload_bytes
 
-    async def _request(self, method: str, path: str, **kw: Any) -> Any:
+    async def _call(self, call: Call[T]) -> T:
         if self._closed:
             raise ClosedError(f"the connection to {self.url} is closed")
-        return await self._http.request(method, path, **kw)
+        return await calls.send_async(self._http, call)
 
     # -- writes --------------------------------------------------------------
 
     async def put(self, key: bytes, value: bytes) -> int:
-        path = "/v1/kv/" + quote(check_key(key))
-        value = check_value(value, self.max_value_bytes)
-        return int((await self._request("PUT", path, content=value)).json()["lsn"])
+        return await self._call(calls.put(key, value, self.max_value_bytes))
 
     async def delete(self, key: bytes) -> int:
-        return int((await self._request("DELETE", "/v1/kv/" + quote(check_key(key)))).json()["lsn"])
+        return await self._call(calls.delete(key))
 
     async def delete_range(self, start: bytes | None, end: bytes | None) -> int:
-        start, end = check_range(start, end)
-        body = {"start": b64_or_none(start), "end": b64_or_none(end)}
-        return int((await self._request("POST", "/v1/delete_range", json=body)).json()["lsn"])
+        return await self._call(calls.delete_range(start, end))
 
     async def _commit(self, payload: bytes, ops: list) -> int:
-        path, body = ops_request(ops)
-        try:
-            answer: dict[str, Any] | ConditionFailed = (await self._request("POST", path, json=body)).json()
-        except ConditionFailed as failed:
-            answer = failed
-        return settle(ops, answer)
+        return await self._call(calls.commit(ops))
 
     def batch(self) -> AsyncWriteBatch:
         return AsyncWriteBatch(self._commit, self.max_value_bytes, self._max_payload)
@@ -104,58 +88,44 @@ class AsyncRemoteStore:
     # -- reads ---------------------------------------------------------------
 
     async def get(self, key: bytes, default: bytes | None = None, *, min_lsn: int | None = None) -> bytes | None:
-        checked = read_key(key)
-        if checked is None:
-            return default
-        try:
-            return (await self._request("GET", "/v1/kv/" + quote(checked), params={"min_lsn": min_lsn})).content
-        except NotFound:
-            return default
+        call = calls.get(key, default, min_lsn)
+        return default if call is None else await self._call(call)
 
     async def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
-        encoded = [b64encode(k if type(k) is bytes else as_bytes(k, "key")) for k in keys]
-        out: list[bytes | None] = []
-        for i in range(0, len(encoded), MAX_GET_MANY):
-            answer = await self._request("POST", "/v1/get_many", json={"keys": encoded[i:i + MAX_GET_MANY]})
-            out.extend(default if v is None else b64decode(v) for v in answer.json()["values"])
-        return out
+        return [value for call in calls.get_many(keys, default) for value in await self._call(call)]
 
     async def contains(self, key: bytes) -> bool:
         return await self.get(key) is not None
 
     async def count(self) -> int:
-        return int((await self._request("GET", "/v1/count")).json()["count"])
+        return await self._call(calls.count())
 
     async def scan(self, start: bytes | None = None, stop: bytes | None = None, *, prefix: bytes | None = None,
                    reverse: bool = False, page: int = 1000) -> AsyncGenerator[tuple[bytes, bytes], None]:
-        params = scan_params(start, stop, prefix, reverse, page)
-        while True:
-            doc = (await self._request("GET", "/v1/scan", params=params)).json()
-            for k, v in doc["items"]:
-                yield b64decode(k), b64decode(v)
-            if doc["after"] is None:
-                return
-            params["after"] = doc["after"].encode()
+        pages = calls.ScanPages(start, stop, prefix, reverse, page)
+        while (call := pages.next()) is not None:
+            for item in await self._call(call):
+                yield item
 
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None, progress_every: float | None = None,
               on_gap: str = "error") -> AsyncRemoteWatcher:
         """As the sync client's; without ``from_lsn``, from after the server's
         durable LSN when the stream starts."""
-        params = watch_params(prefix, start, stop, timeout, progress_every, on_gap)
+        params = calls.watch_params(prefix, start, stop, timeout, progress_every, on_gap)
         return AsyncRemoteWatcher(self._http, "/v1/watch", Resumption(from_lsn, params))
 
     # -- the rest ------------------------------------------------------------
 
     async def bounds(self) -> dict[str, Any]:
-        """``{"first_lsn", "durable_lsn", "last_lsn", "store_id"}`` of the server's log."""
-        return (await self._request("GET", "/v1/log/bounds")).json()
+        """``{"first_lsn", "durable_lsn", "applied_lsn", "last_lsn", "store_id"}`` of the server's log."""
+        return await self._call(calls.bounds())
 
     async def stats(self) -> dict[str, Any]:
-        return (await self._request("GET", "/v1/stats")).json()
+        return await self._call(calls.stats())
 
     async def snapshot(self) -> dict[str, Any]:
-        return (await self._request("POST", "/v1/admin/snapshot")).json()
+        return await self._call(calls.snapshot())
 
     async def close(self) -> None:
         if not self._closed:
@@ -183,7 +153,7 @@ class _Connecting:
     async def _connect(self) -> AsyncRemoteStore:
         http = AsyncHttp(self._url, **self._options)
         try:
-            info = (await http.request("GET", "/v1/info")).json()
+            info = await calls.send_async(http, calls.info())
         except BaseException:
             await http.aclose()
             raise

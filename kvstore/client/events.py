@@ -8,8 +8,10 @@ of the last change (its batch is sent whole again) skipping the ``index``es
 already delivered, or after the last progress LSN. So a broken connection
 costs neither a lost nor a repeated change. A ``gap`` or ``error`` event
 raises the error it carries; ``end`` ends the iteration.
-:class:`RemoteWatcher` and :class:`AsyncRemoteWatcher` are the clients'
-iterators over such a stream (``db.watch``, a subscription's events).
+:class:`Reconnecting` is the loop over connections, without the I/O: when
+to reconnect and when to give up. :class:`RemoteWatcher` and
+:class:`AsyncRemoteWatcher` are the clients' iterators over such a stream
+(``db.watch``, a subscription's events), each only its own I/O around it.
 """
 
 from __future__ import annotations
@@ -100,6 +102,57 @@ class Resumption:
         return change
 
 
+class Reconnecting:
+    """The reading of one change stream across connections, without the
+    I/O (both watchers' loop): :meth:`connect` gives the query of each new
+    connection, :meth:`line` turns each line of its body into a change to
+    deliver, :meth:`broken` and :meth:`ended` say how long to wait before
+    the next connection, or give up after :data:`RECONNECTS` connections in a
+    row that delivered nothing."""
+
+    def __init__(self, url: str, resumption: Resumption) -> None:
+        self._url = url
+        self.position = resumption
+        self.finished = False  # the server ended the stream (an ``end`` event)
+        self._parser = EventParser()
+        self._failures = 0
+
+    def connect(self) -> Params:
+        self.position.delivered = False
+        self._parser = EventParser()
+        return self.position.params()
+
+    def line(self, line: str) -> Change | None:
+        """The change a line completes, if any (see :attr:`finished` after None)."""
+        event = self._parser.feed(line)
+        if event is None:
+            return None
+        out = self.position.handle(event)
+        if out is END:
+            self.finished = True
+            return None
+        if isinstance(out, Change):
+            self._failures = 0
+            return out
+        return None
+
+    def broken(self, exc: ServerUnavailable) -> float:
+        """Seconds to wait after the connection broke; raises ``exc`` when giving up."""
+        if not self.position.delivered:
+            self._failures += 1
+        if self._failures >= RECONNECTS:
+            raise exc
+        return BACKOFF[min(self._failures, len(BACKOFF) - 1)]
+
+    def ended(self) -> float:
+        """Seconds to wait after the server ended the stream without saying
+        why (it is stopping); :class:`ServerUnavailable` when giving up."""
+        self._failures += 1
+        if self._failures >= RECONNECTS:
+            raise ServerUnavailable(f"the watch stream from {self._url} kept ending; giving up")
+        return BACKOFF[min(self._failures, len(BACKOFF) - 1)]
+
+
 class RemoteWatcher:
     """Changes from a stream (``/v1/watch`` or a subscription's events), as
     :class:`kvstore.watch.Watcher` yields them; reconnects after a broken
@@ -108,7 +161,7 @@ class RemoteWatcher:
     def __init__(self, http: Http, path: str, resumption: Resumption) -> None:
         self._http = http
         self._path = path
-        self._position = resumption
+        self._stream = Reconnecting(http.url, resumption)
         self._closed = False
         self._gen: Iterator[Change] | None = None
         self._response: Any = None
@@ -122,43 +175,29 @@ class RemoteWatcher:
         return next(self._gen)
 
     def _run(self) -> Generator[Change, None, None]:
-        failures = 0
-        while not self._closed:
-            position = self._position
-            position.delivered = False
+        stream = self._stream
+        while not self._closed and not stream.finished:
             try:
-                with self._http.stream("GET", self._path, params=position.params()) as response:
+                with self._http.stream("GET", self._path, params=stream.connect()) as response:
                     self._response = response
-                    parser = EventParser()
                     for line in response.iter_lines():
                         if self._closed:  # closed from another thread before the response was there to close
                             return
-                        event = parser.feed(line)
-                        if event is None:
-                            continue
-                        out = position.handle(event)
-                        if out is END:
+                        if (change := stream.line(line)) is not None:
+                            yield change
+                        elif stream.finished:
                             return
-                        if isinstance(out, Change):
-                            failures = 0
-                            yield out
-            except ServerUnavailable:
+            except ServerUnavailable as exc:
                 if self._closed:
                     return
-                if not position.delivered:
-                    failures += 1
-                if failures >= RECONNECTS:
-                    raise
-                time.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
-                continue
+                pause = stream.broken(exc)
+            else:
+                if self._closed:
+                    return
+                pause = stream.ended()
             finally:
                 self._response = None
-            if self._closed:
-                return
-            failures += 1  # the server ended the stream without saying why (it is stopping)
-            if failures >= RECONNECTS:
-                raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
-            time.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+            time.sleep(pause)
 
     def close(self) -> None:
         """Stop: the iteration ends."""
@@ -179,12 +218,12 @@ class RemoteWatcher:
 
 class AsyncRemoteWatcher:
     """``async for change in db.watch(...)``: as the sync client's
-    :class:`~kvstore.client.remote.RemoteWatcher` (resumes after a broken connection)."""
+    :class:`RemoteWatcher` (resumes after a broken connection)."""
 
     def __init__(self, http: AsyncHttp, path: str, resumption: Resumption) -> None:
         self._http = http
         self._path = path
-        self._position = resumption
+        self._stream = Reconnecting(http.url, resumption)
         self._closed = False
         self._gen = self._run()
 
@@ -195,36 +234,22 @@ class AsyncRemoteWatcher:
         return await self._gen.__anext__()
 
     async def _run(self) -> AsyncGenerator[Change, None]:
-        failures = 0
-        while not self._closed:
-            position = self._position
-            position.delivered = False
+        stream = self._stream
+        while not self._closed and not stream.finished:
             try:
-                async with self._http.stream("GET", self._path, params=position.params()) as response:
-                    parser = EventParser()
+                async with self._http.stream("GET", self._path, params=stream.connect()) as response:
                     async for line in response.aiter_lines():
-                        event = parser.feed(line)
-                        if event is None:
-                            continue
-                        out = position.handle(event)
-                        if out is END:
+                        if (change := stream.line(line)) is not None:
+                            yield change
+                        elif stream.finished:
                             return
-                        if isinstance(out, Change):
-                            failures = 0
-                            yield out
-            except ServerUnavailable:
+            except ServerUnavailable as exc:
                 if self._closed:
                     return
-                if not position.delivered:
-                    failures += 1
-                if failures >= RECONNECTS:
-                    raise
-                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
-                continue
-            failures += 1
-            if failures >= RECONNECTS:
-                raise ServerUnavailable(f"the watch stream from {self._http.url} kept ending; giving up")
-            await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF) - 1)])
+                pause = stream.broken(exc)
+            else:
+                pause = stream.ended()
+            await asyncio.sleep(pause)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -78,8 +78,16 @@ def tls_verify(verify: Verify, cert: Cert = None) -> bool | ssl.SSLContext:
     return ctx
 
 
-def _headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def _pool(url: str, token: str | None, timeout: float, verify: Verify, cert: Cert,
+          max_connections: int) -> dict[str, Any]:
+    """The options of the httpx client (sync or asyncio) of a connection to ``url``."""
+    return dict(base_url=url, headers={"Authorization": f"Bearer {token}"} if token else {},
+                timeout=httpx.Timeout(timeout), verify=tls_verify(verify, cert),
+                limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+
+
+def _attempts(method: str) -> int:
+    return RETRIES + 1 if method == "GET" else 1
 
 
 def _unreachable(url: str, method: str, path: str, exc: Exception) -> ServerUnavailable:
@@ -88,21 +96,25 @@ def _unreachable(url: str, method: str, path: str, exc: Exception) -> ServerUnav
                              f"{type(exc).__name__}: {exc}{unknown}")
 
 
+def _answered(resp: httpx.Response) -> httpx.Response:
+    if resp.status_code >= 300:
+        raise_for_error(resp.status_code, resp.content)
+    return resp
+
+
 class Http:
     """A pooled HTTP/1.1 connection to a walkv server at ``url``."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
                  verify: Verify = True, cert: Cert = None, max_connections: int = 100) -> None:
         self.url = url.rstrip("/")
-        self._client = httpx.Client(
-            base_url=self.url, headers=_headers(token), timeout=httpx.Timeout(timeout), verify=tls_verify(verify, cert),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+        self._client = httpx.Client(**_pool(self.url, token, timeout, verify, cert, max_connections))
 
     def request(self, method: str, path: str, *, params: Params | None = None, json: Any = None,
                 content: bytes | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
         """Send one request; the answer when 2xx, else the walkv exception it names."""
         target = path + query(params)
-        attempts = RETRIES + 1 if method == "GET" else 1
+        attempts = _attempts(method)
         for attempt in range(attempts):
             try:
                 resp = self._client.request(method, target, json=json, content=content, headers=headers)
@@ -111,9 +123,7 @@ class Http:
                 if attempt + 1 == attempts:
                     raise _unreachable(self.url, method, path, exc) from exc
                 time.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
-        if resp.status_code >= 300:
-            raise_for_error(resp.status_code, resp.content)
-        return resp
+        return _answered(resp)
 
     @contextlib.contextmanager
     def stream(self, method: str, path: str, *, params: Params | None = None,
@@ -139,14 +149,12 @@ class AsyncHttp:
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0,
                  verify: Verify = True, cert: Cert = None, max_connections: int = 100) -> None:
         self.url = url.rstrip("/")
-        self._client = httpx.AsyncClient(
-            base_url=self.url, headers=_headers(token), timeout=httpx.Timeout(timeout), verify=tls_verify(verify, cert),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+        self._client = httpx.AsyncClient(**_pool(self.url, token, timeout, verify, cert, max_connections))
 
     async def request(self, method: str, path: str, *, params: Params | None = None, json: Any = None,
                       content: bytes | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
         target = path + query(params)
-        attempts = RETRIES + 1 if method == "GET" else 1
+        attempts = _attempts(method)
         for attempt in range(attempts):
             try:
                 resp = await self._client.request(method, target, json=json, content=content, headers=headers)
@@ -155,9 +163,7 @@ class AsyncHttp:
                 if attempt + 1 == attempts:
                     raise _unreachable(self.url, method, path, exc) from exc
                 await asyncio.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
-        if resp.status_code >= 300:
-            raise_for_error(resp.status_code, resp.content)
-        return resp
+        return _answered(resp)
 
     @contextlib.asynccontextmanager
     async def stream(self, method: str, path: str, *, params: Params | None = None,

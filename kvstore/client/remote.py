@@ -27,100 +27,33 @@ one LSN instead), ``write(payload)``, and the store's files.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+from kvstore.client import calls
+from kvstore.client.calls import Call
 from kvstore.client.events import RemoteWatcher, Resumption
 from kvstore.client.http import Cert, Http, Verify
-from kvstore.client.wire import (
-    MAX_GET_MANY,
-    ConditionFailed,
-    NotFound,
-    b64_or_none,
-    b64decode,
-    b64encode,
-    op_json,
-    quote,
-)
-from kvstore.entry.codec import (
-    MAX_KEY_BYTES,
-    OP_REQUIRE_ABSENT,
-    OP_REQUIRE_EQUALS,
-    OP_REQUIRE_PRESENT,
-    as_bytes,
-    check_key,
-    check_range,
-    check_value,
-)
-from kvstore.entry.conditions import Outcome
+from kvstore.client.wire import NotFound
 from kvstore.state.lookups import Lookups
 from kvstore.store import txn
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch.consumers import SubscriptionInfo
-from kvstore.watch.watcher import ON_GAP
 from wal.errors import ClosedError
 
-_CONDITIONS = {OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT}
-
-
-def ops_request(ops: list) -> tuple[str, dict[str, Any]]:
-    """The endpoint and JSON body that log ``ops`` (a batch's, or a
-    transaction's :class:`Outcome`, whose conditions come first)."""
-    conds = [op for op in ops if op[0] in _CONDITIONS]
-    writes = [op_json(op) for op in ops if op[0] not in _CONDITIONS]
-    if not isinstance(ops, Outcome):
-        return "/v1/batch", {"ops": writes}
-    out: list[dict[str, Any]] = []
-    for op in conds:
-        if op[0] == OP_REQUIRE_EQUALS:
-            out.append({"key": b64encode(op[1]), "equals": b64encode(op[2])})
-        else:
-            out.append({"key": b64encode(op[1]), "absent" if op[0] == OP_REQUIRE_ABSENT else "present": True})
-    return "/v1/txn", {"conditions": out, "ops": writes}
-
-
-def settle(ops: list, answer: dict[str, Any] | ConditionFailed) -> int:
-    """The LSN of a logged entry, its outcome recorded in ``ops`` when it is a transaction's."""
-    if isinstance(ops, Outcome):
-        ops.decided = True
-        ops.failed = answer.failed if isinstance(answer, ConditionFailed) else None
-    lsn = answer.lsn if isinstance(answer, ConditionFailed) else answer["lsn"]
-    return int(lsn) if lsn is not None else 0
-
-
-def scan_params(start: bytes | None, stop: bytes | None, prefix: bytes | None, reverse: bool,
-                page: int) -> dict[str, Any]:
-    return {"start": _key_or_none(start, "start"), "stop": _key_or_none(stop, "stop"),
-            "prefix": _key_or_none(prefix, "prefix"), "reverse": reverse or None, "limit": page}
-
-
-def _key_or_none(value: bytes | None, what: str) -> bytes | None:
-    if value is None:
-        return None
-    if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{what} must be bytes, not {type(value).__name__}")
-    return bytes(value)
-
-
-def watch_params(prefix: bytes | None, start: bytes | None, stop: bytes | None, timeout: float | None,
-                 progress_every: float | None, on_gap: str) -> dict[str, Any]:
-    if on_gap not in ON_GAP:
-        raise ValueError(f"on_gap must be one of {ON_GAP}, not {on_gap!r}")
-    return {"prefix": _key_or_none(prefix, "prefix"), "start": _key_or_none(start, "start"),
-            "stop": _key_or_none(stop, "stop"), "timeout": timeout, "progress_every": progress_every,
-            "on_gap": on_gap}
+T = TypeVar("T")
 
 
 class RemoteSubscription(RemoteWatcher):
     """A named, durable subscription (:class:`kvstore.watch.subscription.Subscription`) over HTTP."""
 
     def __init__(self, store: "RemoteStore", name: str, resumption: Resumption) -> None:
-        super().__init__(store._http, f"/v1/subscriptions/{quote(name.encode())}/events", resumption)
+        super().__init__(store._http, calls.subscription_events(name), resumption)
         self.name = name
         self._store = store
 
     def ack(self, lsn: int) -> None:
         """Every change up to ``lsn`` was handled (durable when it returns)."""
-        self._http.request("POST", f"/v1/subscriptions/{quote(self.name.encode())}/ack", json={"lsn": lsn})
+        self._store._call(calls.ack(self.name, lsn))
 
     @property
     def acked_lsn(self) -> int:
@@ -141,31 +74,29 @@ class RemoteStore(Lookups):
                           max_connections=max_connections)
         self._closed = False
         try:
-            info = self._http.request("GET", "/v1/info").json()
+            info = calls.send(self._http, calls.info())
         except BaseException:
             self._http.close()
             raise
-        self.store_id: str | None = info.get("store_id")
-        self.readonly = bool(info.get("readonly"))
-        self.max_value_bytes = int(info["max_value_bytes"])
-        self._max_payload = int(info["max_payload_bytes"])
+        self.store_id = info.store_id
+        self.readonly = info.readonly
+        self.max_value_bytes = info.max_value_bytes
+        self._max_payload = info.max_payload_bytes
+
+    def _call(self, call: Call[T]) -> T:
+        self._check_open()
+        return calls.send(self._http, call)
 
     # -- writes --------------------------------------------------------------
 
-    def _kv(self, key: bytes) -> str:
-        return "/v1/kv/" + quote(check_key(key))
-
     def put(self, key: bytes, value: bytes) -> int:
-        value = check_value(value, self.max_value_bytes)
-        return int(self._request("PUT", self._kv(key), content=value).json()["lsn"])
+        return self._call(calls.put(key, value, self.max_value_bytes))
 
     def delete(self, key: bytes) -> int:
-        return int(self._request("DELETE", self._kv(key)).json()["lsn"])
+        return self._call(calls.delete(key))
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
-        start, end = check_range(start, end)
-        return int(self._request("POST", "/v1/delete_range",
-                                 json={"start": b64_or_none(start), "end": b64_or_none(end)}).json()["lsn"])
+        return self._call(calls.delete_range(start, end))
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         self.put(key, value)
@@ -178,12 +109,7 @@ class RemoteStore(Lookups):
     def _commit(self, payload: bytes, ops: list) -> int:
         """Log ``ops`` (a batch's or a transaction's; ``payload`` was only
         for the size check) through the server."""
-        path, body = ops_request(ops)
-        try:
-            answer: dict[str, Any] | ConditionFailed = self._request("POST", path, json=body).json()
-        except ConditionFailed as failed:
-            answer = failed
-        return settle(ops, answer)
+        return self._call(calls.commit(ops))
 
     def batch(self) -> WriteBatch:
         self._check_open()
@@ -208,43 +134,27 @@ class RemoteStore(Lookups):
 
     def get(self, key: bytes, default: bytes | None = None, *, min_lsn: int | None = None) -> bytes | None:
         """The value of ``key`` or ``default``; ``min_lsn``: first wait until the server applied it."""
-        checked = read_key(key)
-        if checked is None:
-            return default
-        try:
-            return self._request("GET", "/v1/kv/" + quote(checked), params={"min_lsn": min_lsn}).content
-        except NotFound:
-            return default
+        call = calls.get(key, default, min_lsn)
+        return default if call is None else self._call(call)
 
     def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
-        """As :meth:`KVStore.get_many`: each request of up to :data:`MAX_GET_MANY`
+        """As :meth:`KVStore.get_many`: each request of up to :data:`~kvstore.client.wire.MAX_GET_MANY`
         keys is read at one LSN (not one snapshot across requests)."""
-        encoded = [b64encode(k if type(k) is bytes else _as_key(k)) for k in keys]
-        out: list[bytes | None] = []
-        for i in range(0, len(encoded), MAX_GET_MANY):
-            body = {"keys": encoded[i:i + MAX_GET_MANY]}
-            out.extend(default if v is None else b64decode(v)
-                       for v in self._request("POST", "/v1/get_many", json=body).json()["values"])
-        return out
+        return [value for call in calls.get_many(keys, default) for value in self._call(call)]
 
     def __len__(self) -> int:
-        return int(self._request("GET", "/v1/count").json()["count"])
+        return self._call(calls.count())
 
     def scan(self, start: bytes | None = None, stop: bytes | None = None, *, prefix: bytes | None = None,
              reverse: bool = False, page: int = 1000) -> Generator[tuple[bytes, bytes], None, None]:
         """As :meth:`KVStore.scan`, fetched ``page`` items at a time as the iteration goes."""
-        params = scan_params(start, stop, prefix, reverse, page)
+        pages = calls.ScanPages(start, stop, prefix, reverse, page)
         self._check_open()
-        return self._scan(params)
+        return self._scan(pages)
 
-    def _scan(self, params: dict[str, Any]) -> Generator[tuple[bytes, bytes], None, None]:
-        while True:
-            doc = self._request("GET", "/v1/scan", params=params).json()
-            for k, v in doc["items"]:
-                yield b64decode(k), b64decode(v)
-            if doc["after"] is None:
-                return
-            params["after"] = doc["after"].encode()
+    def _scan(self, pages: calls.ScanPages) -> Generator[tuple[bytes, bytes], None, None]:
+        while (call := pages.next()) is not None:
+            yield from self._call(call)
 
     # -- watching ------------------------------------------------------------
 
@@ -252,7 +162,7 @@ class RemoteStore(Lookups):
               from_lsn: int | None = None, timeout: float | None = None, progress_every: float | None = None,
               on_gap: str = "error") -> RemoteWatcher:
         """As :meth:`KVStore.watch`: from ``from_lsn`` (default: the LSN after the server's durable one)."""
-        params = watch_params(prefix, start, stop, timeout, progress_every, on_gap)
+        params = calls.watch_params(prefix, start, stop, timeout, progress_every, on_gap)
         if from_lsn is None:
             from_lsn = self.durable_lsn + 1
         return RemoteWatcher(self._http, "/v1/watch", Resumption(from_lsn, params))
@@ -260,25 +170,20 @@ class RemoteStore(Lookups):
     def subscribe(self, name: str, prefix: bytes | None = None, *, start: bytes | None = None,
                   stop: bytes | None = None, from_lsn: int | None = None, timeout: float | None = None,
                   progress_every: float | None = None) -> RemoteSubscription:
-        params = watch_params(prefix, start, stop, timeout, progress_every, "error")
-        del params["on_gap"]
+        params = calls.watch_params(prefix, start, stop, timeout, progress_every, None)
         return RemoteSubscription(self, name, Resumption(from_lsn, params))
 
     def subscriptions(self) -> list[SubscriptionInfo]:
-        return [SubscriptionInfo(**s) for s in self._request("GET", "/v1/subscriptions").json()["subscriptions"]]
+        return self._call(calls.subscriptions())
 
     def drop_subscription(self, name: str) -> bool:
-        try:
-            self._request("DELETE", f"/v1/subscriptions/{quote(name.encode())}")
-        except NotFound:
-            return False
-        return True
+        return self._call(calls.drop_subscription(name))
 
     # -- LSNs, admin ---------------------------------------------------------
 
     def bounds(self) -> dict[str, Any]:
-        """``{"first_lsn", "durable_lsn", "last_lsn", "store_id"}`` of the server's log."""
-        return self._request("GET", "/v1/log/bounds").json()
+        """``{"first_lsn", "durable_lsn", "applied_lsn", "last_lsn", "store_id"}`` of the server's log."""
+        return self._call(calls.bounds())
 
     @property
     def last_lsn(self) -> int:
@@ -299,17 +204,13 @@ class RemoteStore(Lookups):
 
     def snapshot(self) -> dict[str, Any]:
         """Take a snapshot on the server (an admin token): ``{"lsn", "count", "bytes", "created_us"}``."""
-        return self._request("POST", "/v1/admin/snapshot").json()
+        return self._call(calls.snapshot())
 
     def sync(self) -> int:
-        return int(self._request("POST", "/v1/admin/sync").json()["durable_lsn"])
+        return self._call(calls.sync())
 
     def stats(self) -> dict[str, Any]:
-        return self._request("GET", "/v1/stats").json()
-
-    def _request(self, method: str, path: str, **kw: Any) -> Any:
-        self._check_open()
-        return self._http.request(method, path, **kw)
+        return self._call(calls.stats())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -329,16 +230,6 @@ class RemoteStore(Lookups):
 
     def __repr__(self) -> str:
         return f"<RemoteStore {self.url}{' closed' if self._closed else ''}>"
-
-
-def _as_key(key: Any) -> bytes:
-    return as_bytes(key, "key")
-
-
-def read_key(key: Any) -> bytes | None:
-    """A key to read (None: one no key can be, so absent, as the embedded get answers)."""
-    checked = key if type(key) is bytes else _as_key(key)
-    return checked if 0 < len(checked) <= MAX_KEY_BYTES else None
 
 
 def connect(url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,

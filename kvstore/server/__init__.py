@@ -4,6 +4,7 @@
 
     kvstore.server.serve(db_or_path, "127.0.0.1", 7379, tokens=Tokens.from_file(path))  # until SIGTERM
     app = kvstore.server.make_app(db)        # an aiohttp Application to mount in your own server
+    await kvstore.server.drain(app, 10.0)    # ... and at its stop, before runner.cleanup()
 
 Why aiohttp rather than Starlette on uvicorn: measured with the same load
 generator on the same store (``python -m benchmarks.frameworks``: both
@@ -27,9 +28,9 @@ routing by raw path, roles, the error shape), :mod:`~kvstore.server.kv`
 :mod:`~kvstore.server.run` (serve, TLS, shutdown).
 """
 
-from kvstore.server.app import make_app
+from kvstore.server.app import drain, make_app
 from kvstore.server.auth import Tokens
 from kvstore.server.context import Limits
 from kvstore.server.run import DEFAULT_PORT, ServeError, serve, serve_async, tls_context
 
-__all__ = ["DEFAULT_PORT", "Limits", "ServeError", "Tokens", "make_app", "serve", "serve_async", "tls_context"]
+__all__ = ["DEFAULT_PORT", "Limits", "ServeError", "Tokens", "drain", "make_app", "serve", "serve_async", "tls_context"]

@@ -7,7 +7,14 @@ finds the handler (``/v1/kv/...`` by the RAW path, so that a key holding
 token's role (:mod:`kvstore.server.auth`), and turns every exception into
 the one JSON error shape with its status (:func:`kvstore.client.wire.error_body`):
 4xx for what the request did wrong, 503 for a failing store, 500 only for a
-bug, whose traceback goes to the server's log, never to the client.
+bug, whose traceback goes to the server's log, never to the client. It
+also counts the requests in flight, which a stopping server lets finish
+(:func:`drain`).
+
+An app mounted in a server of your own: ``await drain(app, timeout)``
+(:func:`drain`) before ``runner.cleanup()``, as :func:`kvstore.server.serve`
+does, or a request whose body is still arriving at the stop is cut
+(aiohttp's cleanup closes connections first and reads nothing more from them).
 """
 
 from __future__ import annotations
@@ -74,6 +81,14 @@ def _http_error(exc: web.HTTPException) -> Exception:
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     s = request.app[SERVED]
+    with s.in_flight:  # a stopping server waits for it (drain)
+        response = await _answer(request, handler, s)
+    if s.shutting_down:
+        response.force_close()  # the client's next request goes on a new connection, to a server that runs
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler, s: Served) -> web.StreamResponse:
     try:
         if request.raw_path.startswith(kv.KV_PREFIX):
             found = _KV.get(request.method)
@@ -105,10 +120,7 @@ async def _on_startup(app: web.Application) -> None:
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    s = app[SERVED]
-    s.shutting_down = True
-    for watcher in list(s.streams):  # open streams end now; clients resume elsewhere or later
-        await watcher.aclose()
+    await app[SERVED].end_streams()
 
 
 async def _on_cleanup(app: web.Application) -> None:
@@ -121,11 +133,20 @@ async def _on_cleanup(app: web.Application) -> None:
             await asyncio.get_running_loop().run_in_executor(None, s.store.close)
 
 
+async def drain(app: web.Application, timeout: float) -> bool:
+    """Before stopping ``app``'s server (its listening socket closed, its
+    connections not yet): end the open streams, then wait until no request
+    is in a handler, at most ``timeout`` seconds; whether none is. A
+    response sent meanwhile says ``Connection: close``."""
+    return await app[SERVED].drain(timeout)
+
+
 def make_app(db: KVStore | AsyncKVStore, *, tokens: Tokens | None = None, limits: Limits = Limits(),
              close_store: bool = False) -> web.Application:
     """The aiohttp application serving ``db`` (a store, or its asyncio
     front) under ``/v1`` (docs/http-api.md); mount it in an aiohttp server
-    of your own, or run it with :func:`kvstore.server.serve`. Without
+    of your own (and :func:`drain` it before its cleanup), or run it with
+    :func:`kvstore.server.serve`. Without
     ``tokens`` every request is allowed (serve it on loopback only). With
     ``close_store`` the app closes the store at its cleanup."""
     served = Served(db, tokens, limits, owns_store=close_store)

@@ -48,7 +48,36 @@ class Limits:
     max_page: int = MAX_PAGE
     """Most items of one scan page (the default page is 1,000)."""
     shutdown_timeout: float = 10.0
-    """Seconds SIGTERM gives requests in flight before they are cancelled."""
+    """Seconds SIGTERM gives the requests in flight to finish (their bodies
+    are still read meanwhile) before they are cancelled."""
+
+
+class InFlight:
+    """The requests inside a handler: ``with in_flight:`` around each
+    (the app's middleware), :meth:`none` to wait until there are none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()  # set while the count is 0
+        self._idle.set()
+
+    def __enter__(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def none(self, timeout: float) -> bool:
+        """Wait until no request is in a handler, at most ``timeout`` seconds; whether none is."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
 
 class Served:
@@ -66,6 +95,7 @@ class Served:
         self.stream_count = 0
         self.subscriptions: dict[str, Subscription] = {}  # name -> its newest stream's (for acks)
         self.shutting_down = False
+        self.in_flight = InFlight()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Make the asyncio front on the serving loop (at the app's startup)
@@ -97,6 +127,20 @@ class Served:
             yield
         finally:
             self.stream_count -= 1
+
+    async def end_streams(self) -> None:
+        """The server is stopping: the open watch and subscription streams
+        end now (their clients resume elsewhere or later), new ones are refused."""
+        self.shutting_down = True
+        for watcher in list(self.streams):
+            await watcher.aclose()
+
+    async def drain(self, timeout: float) -> bool:
+        """End the streams, then wait until no request is in a handler, at
+        most ``timeout`` seconds; whether none is."""
+        await self.end_streams()
+        await asyncio.sleep(0)  # a request whose headers were read already enters its handler
+        return await self.in_flight.none(timeout)
 
     async def wait_applied(self, q: "Query") -> None:
         """``min_lsn``: wait (bounded by ``min_lsn_timeout``, default 5 s, at

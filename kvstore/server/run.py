@@ -8,10 +8,20 @@ from :mod:`ssl`: a certificate and key, and optionally a CA file whose
 client certificates it requires (``tls_client_ca``).
 
 Shutdown: SIGTERM or SIGINT stops accepting connections, ends the open
-watch streams, gives requests in flight up to
-:attr:`~kvstore.server.context.Limits.shutdown_timeout` seconds, then closes
-the store (every acknowledged write is durable already, per its sync mode;
-close flushes LMDB and records a clean close).
+watch streams, and gives the requests in flight up to
+:attr:`~kvstore.server.context.Limits.shutdown_timeout` seconds to finish
+(:func:`~kvstore.server.app.drain`) on their connections, still open, so
+a body still arriving is read and answered (with ``Connection: close``).
+Only then does aiohttp's cleanup close the connections (an idle one is owed
+no answer), give a request still running :data:`CANCEL_GRACE` more seconds,
+cancel it (a cancelled write is still written), and close the store (every
+acknowledged write is durable already, per its sync mode; close flushes
+LMDB and records a clean close).
+
+Why the drain comes first: aiohttp's ``AppRunner.cleanup()`` closes every
+connection before it waits for the handlers, and a closed connection reads
+nothing more, so a request that had its ``100 Continue`` but not yet its
+body would wait for the body until cancelled.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvstore.server.app import make_app
+from kvstore.server.app import drain, make_app
 from kvstore.server.auth import Tokens
 from kvstore.server.connections import guarded_server
 from kvstore.server.context import Limits
@@ -37,6 +47,9 @@ from kvstore.store.store import KVStore
 from wal.errors import WalkvError
 
 DEFAULT_PORT = 7379
+CANCEL_GRACE = 1.0
+"""Seconds aiohttp's cleanup gives a request still running after the drain
+before it cancels it, and a cancelled one to unwind."""
 
 
 class ServeError(WalkvError):
@@ -104,7 +117,7 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
     # handler_cancellation: a client that disconnects cancels its handler, so an idle watch
     # stream gives back its slot at once (a cancelled write is still written: kvstore.store.aio)
     runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=limits.idle_timeout,
-                           shutdown_timeout=limits.shutdown_timeout, access_log=None, handler_cancellation=True)
+                           shutdown_timeout=CANCEL_GRACE, access_log=None, handler_cancellation=True)
     await runner.setup()
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
@@ -118,9 +131,10 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
             on_listening(url)
         await stop.wait()
         server.close()  # stop accepting
+        await drain(app, limits.shutdown_timeout)  # streams end, requests in flight finish
     finally:
         try:  # a second SIGTERM/SIGINT meanwhile sets the event again: a no-op (the drain is bounded)
-            await runner.cleanup()  # streams end, requests in flight finish (bounded), the store closes
+            await runner.cleanup()  # connections close, what still runs is cancelled, the store closes
         finally:
             for sig in handled:
                 loop.remove_signal_handler(sig)

@@ -16,7 +16,8 @@ batch ``L`` is sent whole again (at least once, never a lost change).
 Each stream holds one of :attr:`~kvstore.server.context.Limits.max_streams`
 slots (429 past it) and one thread, where the blocking watcher runs
 (:class:`kvstore.watch.watcher.AsyncWatcher`). Server shutdown closes every
-stream (they end without ``end``: clients resume elsewhere or later).
+stream (they end without ``end``: clients resume elsewhere or later); a
+stream asked for after that is a 503 (``ServerUnavailable``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvstore.client.wire import NotFound, change_json, error_body
+from kvstore.client.wire import NotFound, ServerUnavailable, change_json, error_body
 from kvstore.server.context import MAX_LSN, Query, Served, dumps, json_response, lsn_field, read_json, served
 from kvstore.watch.consumers import check_name
 from kvstore.watch.consumers import read as read_subscription
@@ -103,6 +104,8 @@ async def _pump(request: web.Request, s: Served, changes: Changes, ndjson: bool)
         "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     s.streams.add(watcher)
     try:
+        if s.shutting_down:  # it began after the server ended its streams: 503, the client resumes later
+            raise ServerUnavailable("this server is stopping; open the stream again once it is back (or on another)")
         await response.prepare(request)
         stream = _Stream(request, response, ndjson, s.limits.idle_timeout)
         try:
