@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import threading
+import time
 
 import pytest
 
@@ -276,6 +277,48 @@ def test_snapshot_never_claims_an_lsn_the_log_has_not_made_durable(tmp_path) -> 
         finally:
             stop.set()
             t.join()
+
+
+def test_a_snapshot_does_not_deadlock_with_a_writer_growing_the_map(tmp_path) -> None:
+    """A snapshot reads from a view that holds off growth of LMDB's map, then
+    (sync="none") makes the log durable up to its LSN, which waits for the
+    group being written. When that group's writer is growing the map, it waits
+    for the view: the snapshot must have released the view by then (it did
+    not, and both waited forever). Here the writer starts while the snapshot
+    reads, and the snapshot goes on once the writer waits for the view."""
+    db = kvstore.open(str(tmp_path / "s"), sync="none", map_size=1 << 20)
+    for i in range(2000):
+        db.put(b"k%05d" % i, b"v" * 100)
+    gate = db._state.lmdb.gate
+    big = b"x" * (4 << 20)  # more than the map holds: the writer must grow it
+    result: dict[str, object] = {}
+
+    def write_big() -> None:
+        result["lsn"] = db.put(b"big", big)
+
+    writer = threading.Thread(target=write_big, daemon=True)
+
+    def progress(done: int, total: int) -> None:
+        if writer.ident is None:  # the first call: the view is open, the pairs half read
+            writer.start()
+            deadline = time.monotonic() + 60
+            while not gate.blocking:  # the writer waits for readers to leave LMDB
+                assert writer.is_alive() and time.monotonic() < deadline, "the writer never waited for the view"
+                time.sleep(0.001)
+
+    def snap() -> None:
+        result["info"] = db.snapshot(chunk_bytes=16 << 10, progress=progress)
+
+    snapshotter = threading.Thread(target=snap, daemon=True)
+    snapshotter.start()
+    for t in (snapshotter, writer):
+        t.join(120)  # a liveness bound, not a timing assertion: a deadlock never ends
+    if snapshotter.is_alive() or writer.is_alive():
+        pytest.fail("the snapshot and the writer deadlocked (the store is left open)")
+    info = result["info"]
+    assert info.lsn == 2000 and info.count == 2000 and db.durable_lsn >= info.lsn
+    assert result["lsn"] == 2001 and db.get(b"big") == big
+    db.close()
 
 
 def test_rebuild_replays_the_whole_log_when_no_snapshot_is_usable(tmp_path) -> None:

@@ -124,6 +124,10 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
     newest = own_snapshots(parent, store_id)
 
     def before_commit() -> None:
+        # Every pair was read: release the view before waiting for the log. A
+        # group's leader may be growing LMDB's map, which waits for open views;
+        # log.sync() waits for that leader: holding the view would deadlock.
+        view.close()
         log.check_directory()
         _make_durable(log, lsn)
 
@@ -135,7 +139,7 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         # the keyspaces' sections ("ks:<name>") and the expiry metadata's ("ttl:...", "lease:...")
         sections = {**view.sections(),
                     **{name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}}
-        items = view.db_pairs(None)  # the view stays open for the sections (the with-block closes it)
+        items = view.db_pairs(None)  # the view stays open for the sections (before_commit closes it)
         info = snapshot.write(
             parent, lsn, items, sections=sections, store_id=store_id, fs=fs, progress=progress, total=view.count,
             before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
