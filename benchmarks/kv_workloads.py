@@ -228,23 +228,10 @@ def _gets_in_child(n_keys: int, n_gets: int, tree: str | None) -> Callable[[Cont
 # ---- recovery ------------------------------------------------------------
 
 def encode_puts(pairs: list[tuple[bytes, bytes]]) -> bytes:
-    """One log entry payload (the contract's batch format), via kvstore's own
-    encoder when it has one."""
-    try:
-        from kvstore.entry import codec as kvbatch
+    """One log entry payload putting ``pairs`` (:mod:`kvstore.entry.codec`'s format)."""
+    from kvstore.entry.codec import OP_PUT, pack_ops
 
-        for name in ("encode", "encode_ops", "pack"):
-            fn = getattr(kvbatch, name, None)
-            if fn is not None:
-                try:
-                    return fn([(1, k, v) for k, v in pairs])
-                except Exception:
-                    break
-    except ImportError:
-        pass
-    import msgpack
-
-    return msgpack.packb([[1, k, v] for k, v in pairs], use_bin_type=True)
+    return pack_ops([(OP_PUT, k, v) for k, v in pairs])
 
 
 def _walkv_recovery_prepare(entries: int):
@@ -283,7 +270,7 @@ def child_reopen_walkv(path: str) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     try:
         n = len(db)
-        applied = getattr(db, "applied_lsn", None)
+        applied = db.applied_lsn
     finally:
         db.close()
     return {"ops": n, "seconds": seconds, "applied_lsn": applied}

@@ -93,7 +93,7 @@ def child_snapshot_walkv(path: str, n: int) -> dict[str, Any]:
             info = db.snapshot()
     finally:
         db.close()
-    return t.result(n, snapshot_lsn=getattr(info, "lsn", None))
+    return t.result(n, snapshot_lsn=info.lsn)
 
 
 def child_scan_lmdb(path: str) -> dict[str, Any]:
