@@ -28,6 +28,7 @@ from mypy_extensions import mypyc_attr
 
 _HAS_FDATASYNC: Final = hasattr(os, "fdatasync")
 _HAS_FALLOCATE: Final = hasattr(os, "posix_fallocate")
+_pwrite: Final = os.pwrite
 # Files walkv creates are private to their owner unless configured otherwise.
 DEFAULT_FILE_MODE: Final = 0o600
 DEFAULT_DIR_MODE: Final = 0o700
@@ -54,7 +55,7 @@ class File:
 
     def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
         """Write all of ``data`` at ``offset`` (short writes are retried)."""
-        n = os.pwrite(self.fd, data, offset)
+        n = _pwrite(self.fd, data, offset)
         if n == len(data):
             return
         view = memoryview(data)[n:]

@@ -36,6 +36,7 @@ from wal.truncation import cut_marked, mark_truncate
 
 PREALLOC_STEP: Final = 8 << 20  # the active segment grows by this much (at most) at a time
 DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the directory at least this often
+_time_ns: Final = time.time_ns
 CommitHook = Callable[[Group], None]
 PrepareHook = Callable[[Group], "list[Payload] | None"]
 
@@ -54,6 +55,8 @@ class LogWriter:
         self.fs = fs
         self.mutex = mutex
         self.sync_mode = sync_mode
+        self._always = sync_mode == "always"
+        self._directory_check_us = DIRECTORY_CHECK_US  # read at open (a test sets it to 0 first)
         self.segment_bytes = segment_bytes
         self.sync_bytes = sync_bytes
         self.prealloc_step = min(PREALLOC_STEP, round_block(segment_bytes))
@@ -93,17 +96,17 @@ class LogWriter:
                 group = Group(group.first_lsn, [check_payload(p, limit) for p in prepared], group.contexts)
         first, payloads = group.first_lsn, group.payloads
         active = self.files.active
-        now_us = time.time_ns() // 1000
+        now_us = _time_ns() // 1000
         if active.data_end >= self.segment_bytes and active.last_lsn >= active.file.first_lsn:
             self._roll(first)
             active = self.files.active
-        elif self.sync_mode != "always" and abs(now_us - self._checked_us) >= DIRECTORY_CHECK_US:
+        elif not self._always and abs(now_us - self._checked_us) >= self._directory_check_us:
             self.lock.check()
             self._checked_us = now_us
         written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
         lsn = first + len(payloads)
         self.written = (lsn - 1, active.data_end)
-        if self.sync_mode == "always":
+        if self._always:
             self.timed_sync(full=grew)
             self.lock.check()  # after the fsync: acknowledged durable means in the store's files
             self.durable = self.written
