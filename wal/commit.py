@@ -122,6 +122,9 @@ class GroupCommit:
         mutex: threading.Lock,
     ) -> None:
         self.mutex = mutex
+        # The direct path's: bound once (compiled, ``mutex.acquire()`` looks the method up by name each call).
+        self._acquire = mutex.acquire
+        self._release = mutex.release
         self._work = threading.Condition(self.mutex)
         self._write_group = write_group
         self._on_failure = on_failure
@@ -173,14 +176,14 @@ class GroupCommit:
         leader and get the leadership handed to them
         (:meth:`_after_direct`); the durability is the same, since the group
         is acknowledged only after ``write_group`` returned."""
-        m = self.mutex
-        m.acquire()
+        acquire, release = self._acquire, self._release
+        acquire()
         if self._leading or self._queue or self._woken > 1:
             return self._submit_queued(payloads, contexts)  # releases the mutex
         first = self._take_lsns(len(payloads))
         last = first + len(payloads) - 1
         self._leading = True
-        m.release()
+        release()
         error: BaseException | None = None
         try:
             self._write_group(Group(first, payloads, contexts))
@@ -189,13 +192,13 @@ class GroupCommit:
         if error is not None:
             self._after_direct(first, last, error)
             raise self._group_failure()
-        m.acquire()
+        acquire()
         if self._waiters or self._queue:
             self._after_direct(first, last, None)  # releases the mutex
         else:
             self.acked_lsn = last
             self._leading = False
-            m.release()
+            release()
         return first
 
     def _take_lsns(self, count: int) -> int:
