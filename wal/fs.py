@@ -108,12 +108,9 @@ class File:
     def preallocate(self, offset: int, length: int) -> None:
         """Reserve ``[offset, offset+length)`` past the end of the file, reading
         as zeros, so later writes there change no file size: ``posix_fallocate``
-        (unwritten extents), or :meth:`write_zeros` where there is none.
-
-        Not zeros written: on ext4 a small ``pwrite`` over blocks already
-        written costs 1.0 us against 0.4 us over unwritten extents (measured,
-        130-byte writes), and an ``fdatasync`` after either costs the same.
-        A full disk is ENOSPC here, as with zeros written."""
+        (unwritten extents), or :meth:`write_zeros` where there is none. A full
+        disk is ENOSPC here, as with zeros written. (The log picks this or
+        :meth:`write_zeros` by its sync mode: :func:`wal.segment_writer.reserve`.)"""
         if _HAS_FALLOCATE:
             os.posix_fallocate(self.fd, offset, length)
         else:

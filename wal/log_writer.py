@@ -81,7 +81,8 @@ class LogWriter:
 
     def _open_segments(self, recovery: str) -> SegmentSet:
         return SegmentSet.open(self.directory, fs=self.fs, recovery=recovery, prealloc=self.prealloc_step,
-                               max_record_bytes=self.max_record_bytes, start_lsn=self.start_lsn)
+                               max_record_bytes=self.max_record_bytes, start_lsn=self.start_lsn,
+                               zeroed=self._always)
 
     def publish_durable(self) -> None:
         self._durable_marker.publish(self.durable[0])
@@ -133,8 +134,8 @@ class LogWriter:
         self._checked_us = time.time_ns() // 1000
         index = self.files.active.seal(self.fs, self.timed_sync)
         new = ActiveSegment.create(self.directory, self.files.store_id, first, self.prealloc_step, self.fs,
-                                   self.max_record_bytes)
-        new.open(self.fs, self.prealloc_step)
+                                   self.max_record_bytes, zeroed=self._always)
+        new.open(self.fs, self.prealloc_step, zeroed=self._always)
         with self.mutex:  # readers copy the segment list under it
             old = self.files.replace_active(index, new)
             self.written = self.durable = (first - 1, new.data_end)

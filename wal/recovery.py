@@ -93,9 +93,10 @@ def _scan_active(path: str, header: SegmentHeader, start: int, expected: int
 
 
 def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", prealloc: int,
-            max_record_bytes: int, start_lsn: int = 1) -> Recovered:
+            max_record_bytes: int, start_lsn: int = 1, zeroed: bool = False) -> Recovered:
     """Open-time recovery of a log directory (creating it, with its first
-    entry to get ``start_lsn``, when it holds no segment)."""
+    entry to get ``start_lsn``, when it holds no segment; a segment it creates
+    is preallocated as :func:`wal.segment_writer.reserve` says, ``zeroed`` or not)."""
     if mode not in ("strict", "prefix"):
         raise ValueError(f"recovery must be 'strict' or 'prefix', not {mode!r}")
     fs.makedirs(directory)
@@ -105,7 +106,7 @@ def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", pre
     if not segments:
         store_id = uuid.uuid4().hex
         return Recovered(store_id, [], ActiveSegment.create(directory, store_id, start_lsn, prealloc, fs,
-                                                            max_record_bytes))
+                                                            max_record_bytes, zeroed=zeroed))
     try:
         rec = _recover_segments(directory, segments, fs)
     except CorruptionError as e:
@@ -115,10 +116,11 @@ def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", pre
         log.warning("recovery='prefix': %s; dropped %d bytes after LSN %s (kept in %s)",
                     e, report.dropped_bytes, report.last_good_lsn, ", ".join(report.broken_files) or "-")
         rec = _recover_segments(directory, list_segments(directory, fs), fs)
-    return _fit_limit(directory, rec, fs, prealloc, max_record_bytes)
+    return _fit_limit(directory, rec, fs, prealloc, max_record_bytes, zeroed)
 
 
-def _fit_limit(directory: str, rec: Recovered, fs: FileSystem, prealloc: int, max_record_bytes: int) -> Recovered:
+def _fit_limit(directory: str, rec: Recovered, fs: FileSystem, prealloc: int, max_record_bytes: int,
+               zeroed: bool) -> Recovered:
     """Make the active segment's header allow ``max_record_bytes``: an empty
     active segment is replaced (atomically, by rename), a non-empty one
     sealed and followed by a new one."""
@@ -135,7 +137,7 @@ def _fit_limit(directory: str, rec: Recovered, fs: FileSystem, prealloc: int, ma
         rec.sealed.append(SealedSegment(SegmentFile(active.file.first_lsn, active.file.path, active.data_end), index))
     log.info("%s: new segment from LSN %d for records of up to %d bytes (the last one allowed %d)",
              directory, first, max_record_bytes, active.header.max_record_bytes)
-    rec.active = ActiveSegment.create(directory, rec.store_id, first, prealloc, fs, max_record_bytes)
+    rec.active = ActiveSegment.create(directory, rec.store_id, first, prealloc, fs, max_record_bytes, zeroed=zeroed)
     return rec
 
 

@@ -39,13 +39,13 @@ class SegmentSet:
 
     @classmethod
     def open(cls, directory: str, *, fs: FileSystem, recovery: str, prealloc: int, max_record_bytes: int,
-             start_lsn: int) -> SegmentSet:
+             start_lsn: int, zeroed: bool = False) -> SegmentSet:
         """Recover the log in ``directory`` (:func:`wal.recovery.recover`) and
         open its active segment for writing, synced (what a crashed process
         left in the page cache is made durable before anything is built on it)."""
         rec = recover(directory, fs=fs, mode=recovery, prealloc=prealloc, max_record_bytes=max_record_bytes,
-                      start_lsn=start_lsn)
-        rec.active.open(fs, prealloc)
+                      start_lsn=start_lsn, zeroed=zeroed)
+        rec.active.open(fs, prealloc, zeroed=zeroed)
         rec.active.sync_full()
         return cls(rec.store_id, [s.file for s in rec.sealed], {s.file.first_lsn: s.index for s in rec.sealed},
                    rec.active, rec.dropped_bytes)
