@@ -21,9 +21,8 @@ again at once. The next leader then *gathers*: it waits, at most
 :data:`GATHER_SECONDS`, until as many entries are queued, and writes them as
 one group. Without it, the first appender back (each must get the GIL in
 turn) would write alone, and with 8 threads the groups alternated between 1
-and 7 entries: 4.6 entries per fsync instead of 7.3, and 7-16% fewer durable
-puts per second from 8 threads (measured, compiled: the benchmark's ratio to
-LevelDB went from 1.02x to 1.09x, a direct A/B from 20.3k to 23.5k puts/s).
+and 7 entries: 4.6 entries per fsync instead of 7.3, and 10-13% fewer durable
+puts per second from 8 threads (an A/B of the two, interleaved, 3 rounds).
 
 Each payload travels with a *context*, an object the log never looks at
 (the store passes the decoded operations), and reaches the log's
