@@ -10,7 +10,6 @@ checks and :mod:`wal.repair` for what :func:`repair` does.
 from wal.compiled import build_info
 
 # isort: split
-from wal.commit import Group
 from wal.durable import DURABLE_NAME, read_durable_lsn
 from wal.errors import (
     ArchiveError,
@@ -34,6 +33,7 @@ from wal.errors import (
     ViewExpiredError,
     WalkvError,
 )
+from wal.group import Group
 from wal.index import SparseIndex, read_index
 from wal.log import SYNC_MODES, Log, open
 from wal.reader import read_log

@@ -47,8 +47,9 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Final, final
+from typing import Final
 
+from wal.group import Group
 from wal.segment import Payload
 
 logger = logging.getLogger("walkv.wal")
@@ -62,34 +63,6 @@ Callback = Callable[[int, "BaseException | None"], None]
 # callback)`` for each run of nowait entries in the group, and the error that
 # failed them (None: all acknowledged).
 Done = tuple[list[tuple[int, Callback]], "BaseException | None"]
-
-
-@final
-class Group:
-    """One group as written: the entries with LSNs ``first_lsn ..`` in order,
-    each payload with the context its appender passed (``None``: none).
-
-    A plain final class, not a NamedTuple: one is made for every group, and
-    compiled, making a NamedTuple goes through Python's ``__new__`` (0.27 us,
-    a tenth of a raw append)."""
-
-    __slots__ = ("contexts", "first_lsn", "payloads")
-
-    def __init__(self, first_lsn: int, payloads: list[Payload], contexts: list[object]) -> None:
-        self.first_lsn = first_lsn
-        self.payloads = payloads  # bytes, or a tuple of pieces (see Log.append)
-        self.contexts = contexts
-
-    @property
-    def last_lsn(self) -> int:
-        return self.first_lsn + len(self.payloads) - 1
-
-    def entries(self) -> list[tuple[int, Payload]]:
-        """``[(lsn, payload), ...]``."""
-        return list(zip(range(self.first_lsn, self.first_lsn + len(self.payloads)), self.payloads))
-
-    def __repr__(self) -> str:
-        return f"Group(first_lsn={self.first_lsn}, {len(self.payloads)} entries)"
 
 
 class _Waiter:

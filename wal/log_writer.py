@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from wal.commit import Group
 from wal.durable import DurableMarker
 from wal.errors import LogFailedError
 from wal.flusher import BatchFlusher
 from wal.fs import FileSystem
+from wal.group import Group
 from wal.lock import DirectoryLock
 from wal.segment import Payload
 from wal.segment_writer import ActiveSegment, check_payload, gathered, round_block

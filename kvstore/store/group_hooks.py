@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, cast, final
 
 from kvstore.entry.conditions import decide_group
 from kvstore.state import Ops, State
-from wal.commit import Group
+from wal.group import Group
 from wal.segment import Payload
 
 if TYPE_CHECKING:  # (interpreted classes: the hooks call them, never the other way)
