@@ -110,7 +110,9 @@ class Overlay:
         order) that end at ``last_lsn``; True when the overlay is now full,
         or a flush is due, and the caller should flush it."""
         size = 0
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # (not ``with``: compiled, its __enter__/__exit__ calls cost more than the dict work)
+        try:
             active = self.active
             if not active:
                 self._since = time.monotonic()
@@ -119,7 +121,7 @@ class Overlay:
                     self._on_occupied(True)
             for op in ops:
                 if op[0] == 1:
-                    value = op[2]
+                    value: bytes = op[2]
                     active[op[1]] = value
                     size += len(value)
                 else:
@@ -127,6 +129,8 @@ class Overlay:
             self.lsn = last_lsn
             self.bytes += size
             return len(active) >= MAX_KEYS or self.bytes >= MAX_BYTES or self.due
+        finally:
+            lock.release()
 
     def freeze(self) -> tuple[Values, int] | None:
         """With :attr:`flush_lock` held: make ``active`` the frozen
