@@ -393,6 +393,8 @@ class AsyncWatcher:
         return self
 
     async def __anext__(self) -> Change:
+        if not self._finalizer.alive:  # closed (or ended): the iteration is over, as for the sync watcher
+            raise StopAsyncIteration
         loop = asyncio.get_running_loop()
         try:
             change = await loop.run_in_executor(self._pool, next, self.watcher, None)
