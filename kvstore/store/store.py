@@ -14,7 +14,8 @@ the commit path; after a machine crash LMDB is rebuilt from the log
 
 Applied means: a group of fewer than 4,096 puts and deletes is applied to
 the in-memory overlay (one dictionary operation per write), which reaches
-LMDB in bulk within :data:`kvstore.state.overlay.FLUSH_SECONDS` (50 ms), or sooner
+LMDB in bulk within :data:`kvstore.state.overlay.FLUSH_SECONDS` (50 ms; 52 ms if
+the writer went idle meanwhile), or sooner
 when the overlay is full, before a scan, view, count or snapshot, and at
 close (:mod:`kvstore.state.overlay`); any other group, and every group when the
 store is opened with ``overlay=False``, is written to LMDB in its own write
@@ -25,7 +26,7 @@ second one gets :class:`LockedError`. Any number of threads in the writing
 process may read and write. ``readonly=True`` opens beside a writer (or
 none): it reads LMDB through LMDB's reader lock table and never writes,
 replays or takes the store lock. It sees what the writer has written to LMDB:
-every write acknowledged at least 50 ms (plus the time of one bulk write of
+every write acknowledged at least 52 ms (plus the time of one bulk write of
 at most 16,384 keys) before, so it may be up to that far behind the writer's
 own reads; every write acknowledged by then when the writer opened the store
 with ``overlay=False``; with no writer running it sees
