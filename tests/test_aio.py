@@ -1,4 +1,4 @@
-"""The asyncio front's write path (kvstore/store/aio.py, issue 15): writes issued in
+"""The asyncio front's write path (kvstore/store/aio.py and aio_writes.py, issue 15): writes issued in
 one loop turn are queued with the log as one run (``Log.append_many_nowait``),
 get one callback and one wake-up of the loop, and each write's future still
 resolves on its own: with its own LSN, only once durable and applied, with the
@@ -17,6 +17,7 @@ import pytest
 import kvstore
 import wal
 from kvstore.entry.codec import decode
+from kvstore.store.aio_writes import PendingWrites
 from tests.faultfs import FaultFS, scratch_dir
 from wal.errors import LogFailedError
 
@@ -69,6 +70,21 @@ def test_a_put_resolves_only_once_durable_and_applied(store) -> None:
     asyncio.run(main())
 
 
+class CountingLog:
+    """A store's log, counting the runs it calls back for (by first LSN)."""
+
+    def __init__(self, log: wal.Log) -> None:
+        self.log = log
+        self.calls: list[int] = []
+
+    def append_many_nowait(self, payloads, callback, contexts) -> int:
+        def counting(first: int, error: BaseException | None) -> None:
+            self.calls.append(first)
+            callback(first, error)
+
+        return self.log.append_many_nowait(payloads, counting, contexts)
+
+
 def test_writes_issued_in_one_turn_are_one_group(store) -> None:
     """One run per loop turn: 300 puts issued before the loop runs again are
     written with one fsync, and make one cross-thread callback."""
@@ -76,18 +92,12 @@ def test_writes_issued_in_one_turn_are_one_group(store) -> None:
         async with kvstore.open_async(store) as adb:
             await adb.put(b"warm", b"up")
             log = adb.store._log
-            calls: list[int] = []
-            real = adb._callback
-
-            def counting(first: int, error: BaseException | None) -> None:
-                calls.append(first)
-                real(first, error)
-
-            adb._callback = counting
+            counting = CountingLog(log)
+            writes = PendingWrites(asyncio.get_running_loop(), counting, adb.store.max_value_bytes, adb._refusal)
             fsyncs = adb.stats()["log"]["fsyncs"]
-            lsns = await asyncio.gather(*(adb.put(b"k%03d" % i, b"v") for i in range(300)))
+            lsns = await asyncio.gather(*(writes.put(b"k%03d" % i, b"v") for i in range(300)))
             assert lsns == list(range(2, 302))
-            assert calls == [2]
+            assert counting.calls == [2]
             assert adb.stats()["log"]["fsyncs"] == fsyncs + 1
             assert log.durable_lsn == 301
 
@@ -176,8 +186,9 @@ def test_a_refused_batch_is_retried_write_by_write(store) -> None:
                         raise kvstore.RecordTooLargeError("refused")
                     return self.log.append_many_nowait(payloads, callback, contexts)
 
-            adb._log = Picky(adb._log)
-            futs = [adb.put(b"k%d" % i, b"bad" if i == 3 else b"good") for i in range(6)]
+            writes = PendingWrites(asyncio.get_running_loop(), Picky(adb.store._log), adb.store.max_value_bytes,
+                                   adb._refusal)
+            futs = [writes.put(b"k%d" % i, b"bad" if i == 3 else b"good") for i in range(6)]
             results = await asyncio.gather(*futs, return_exceptions=True)
             assert isinstance(results[3], kvstore.RecordTooLargeError)
             good = [r for i, r in enumerate(results) if i != 3]

@@ -98,6 +98,23 @@ def test_the_flushing_thread_catches_lmdb_up(tmp_path, monkeypatch):
         assert lmdb_value(db, b"b") == b"2" and db._state.lmdb_applied_lsn == 2  # with no read asking
 
 
+def test_a_due_flush_is_handed_to_the_writers_next_put(tmp_path, monkeypatch):
+    # The thread marks the flush due and then waits an hour for the writer:
+    # only the writer's own next put can have flushed what the overlay held.
+    monkeypatch.setattr(overlay_mod, "FLUSH_SECONDS", 0.01)
+    monkeypatch.setattr(overlay_mod, "HANDOFF_SECONDS", 3600.0)
+    with kvstore.open(str(tmp_path / "s"), sync="none") as db:
+        overlay = db._state.overlay
+        db.put(b"a", b"1")
+        deadline = time.monotonic() + 60
+        while not overlay.due and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert overlay.due and overlay.flushes == 0 and db._state.lmdb_applied_lsn == 0
+        db.put(b"b", b"2")
+        assert overlay.flushes == 1 and not overlay.due and len(overlay) == 0
+        assert db._state.lmdb_applied_lsn == 2 and lmdb_value(db, b"a") == b"1" and lmdb_value(db, b"b") == b"2"
+
+
 def test_groups_that_are_not_plain_puts_apply_after_the_overlay(tmp_path, monkeypatch):
     monkeypatch.setattr(overlay_mod, "FLUSH_SECONDS", 3600.0)
     with kvstore.open(str(tmp_path / "s"), sync="none") as db:

@@ -178,6 +178,21 @@ def test_async_watch(tmp_path):
     assert [c.key for c in asyncio.run(main())] == [b"a1", b"a2"]
 
 
+def test_an_async_watcher_ends_once_closed(tmp_path):
+    async def main() -> None:
+        db = kvstore.open(tmp_path / "s")
+        adb = AsyncKVStore(db, asyncio.get_running_loop())
+        await adb.put(b"a", b"1")
+        w = adb.watch(from_lsn=1)
+        assert (await w.__anext__()).key == b"a"
+        await w.aclose()
+        assert [c async for c in w] == []  # ends, as a closed sync watcher does (no RuntimeError)
+        with pytest.raises(StopAsyncIteration):
+            await w.__anext__()
+        await adb.close()
+    asyncio.run(main())
+
+
 WRITER = r"""
 import sys, time, kvstore
 db = kvstore.open(sys.argv[1], segment_bytes=4096)

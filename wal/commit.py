@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
+from wal.forkguard import forked_error
 from wal.group import Group
 from wal.segment import Payload
 
@@ -119,6 +120,13 @@ class GroupCommit:
         self.next_lsn = next_lsn
         self.acked_lsn = next_lsn - 1  # what appenders may be told is done
         self.failure: BaseException | None = None
+        self._forked: tuple[str, int] | None = None  # (what, owner pid) in a forked child
+
+    def refuse_in_fork(self, what: str, owner_pid: int) -> None:
+        """In a forked child (:mod:`wal.forkguard`): every later submit raises
+        ForkedError, before it touches the mutex (a thread of the parent may
+        have held it at the fork, and no thread of the child will release it)."""
+        self._forked = (what, owner_pid)
 
     def _group_failure(self) -> BaseException:
         """Why a group was not acknowledged: a group fails only by setting
@@ -149,6 +157,8 @@ class GroupCommit:
         leader and get the leadership handed to them
         (:meth:`_after_direct`); the durability is the same, since the group
         is acknowledged only after ``write_group`` returned."""
+        if self._forked is not None:
+            raise forked_error(*self._forked)
         acquire, release = self._acquire, self._release
         acquire()
         if self._leading or self._queue or self._woken > 1:
@@ -258,6 +268,8 @@ class GroupCommit:
         first + len(payloads) - 1``). ``callback(first, error)`` runs once, on
         the committing thread, when the whole run is acknowledged (``error``
         None) or failed: a run is always written in one group."""
+        if self._forked is not None:
+            raise forked_error(*self._forked)
         with self.mutex:
             while self._frozen:
                 self._thawed.wait()

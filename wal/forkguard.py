@@ -8,7 +8,8 @@ descriptors. Were the child to append, it would hand out the same LSNs as the
 parent and overwrite the same bytes of the active segment: both would
 acknowledge writes, and one of them would be lost. So every open
 :class:`wal.Log`, :class:`wal.lock.DirectoryLock` and store object registers
-itself here (a weak reference, at open), and one ``os.register_at_fork``
+itself here (a weak reference, at open; a compiled part, which takes no weak
+reference, through the object that owns it), and one ``os.register_at_fork``
 hook, run in the child right after the fork, tells each of them
 (``_after_fork_in_child()``):
 
@@ -50,13 +51,19 @@ class ForkAware(Protocol):
 
 
 _open: weakref.WeakSet[ForkAware] = weakref.WeakSet()
+_parts: weakref.WeakKeyDictionary[object, list[ForkAware]] = weakref.WeakKeyDictionary()
 _inherited: dict[str, int] = {}  # in a forked child: path -> pid of the process that had it open
 
 
-def track(obj: ForkAware) -> None:
+def track(obj: ForkAware, owner: object = None) -> None:
     """Call ``obj._after_fork_in_child()`` in every child forked while
-    ``obj`` is alive."""
-    _open.add(obj)
+    ``obj`` is alive; or, given its ``owner``, while the owner is alive
+    (for a compiled object, which takes no weak reference: its owner holds
+    it, and is held weakly here instead)."""
+    if owner is None:
+        _open.add(obj)
+    else:
+        _parts.setdefault(owner, []).append(obj)
 
 
 def keep_forever(obj: object, path: str, owner_pid: int) -> None:
@@ -103,12 +110,13 @@ class Refusing:
 
 
 def _after_fork_in_child() -> None:
-    for obj in list(_open):
+    for obj in [*_open, *(part for parts in list(_parts.values()) for part in parts)]:
         try:
             obj._after_fork_in_child()
         except Exception:  # noqa: BLE001  a hook must not break the fork
             pass
     _open.clear()
+    _parts.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -150,8 +150,11 @@ class Log:
             raise file_error(e, f"opening the log at {self.directory}") from None
         self._closed = False
         self._failure: LogFailedError | None = None
-        # Refusing in a forked child: a declared type mypyc checks at run time, so it says so.
-        self._gc: GroupCommit | Refusing = GroupCommit(w.write_group, self._fail, self._refuse, w.written[0] + 1, mutex)
+        # Appends call the group commit as a GroupCommit (compiled: a direct call); everything
+        # else reaches it as _gc, which turns Refusing in a forked child (a declared type that
+        # mypyc checks at run time, so it says so), and the group commit refuses appends itself.
+        self._appends = GroupCommit(w.write_group, self._fail, self._refuse, w.written[0] + 1, mutex)
+        self._gc: GroupCommit | Refusing = self._appends
         self._flusher = w.flusher = BatchFlusher(mutex, sync_interval / 1000.0, self.sync) if sync == "batch" else None
         self._pid = os.getpid()
         track(self)
@@ -163,6 +166,7 @@ class Log:
             return
         self._closed = True
         self._gc = Refusing(f"the log at {self.directory}", self._pid)
+        self._appends.refuse_in_fork(f"the log at {self.directory}", self._pid)
 
     # -- properties ----------------------------------------------------------
 
@@ -223,7 +227,7 @@ class Log:
         buffer (``on_commit`` gets the tuple)."""
         if type(payload) is not bytes or len(payload) > self._max_payload:
             payload = check_payload(payload, self.max_record_bytes)
-        return self._gc.submit([payload], [context])
+        return self._appends.submit([payload], [context])
 
     def append_batch(self, payloads: Iterable[Payload | BytesLike]) -> tuple[int, int]:
         """Append several entries, written as one group; return ``(first,
@@ -232,7 +236,7 @@ class Log:
         items = [check_payload(p, self.max_record_bytes) for p in payloads]
         if not items:
             raise ValueError("append_batch needs at least one payload")
-        first = self._gc.submit(items, [None] * len(items))
+        first = self._appends.submit(items, [None] * len(items))
         return first, first + len(items) - 1
 
     def append_nowait(self, payload: Payload | BytesLike, callback: Callback, context: object = None) -> int:
@@ -241,7 +245,7 @@ class Log:
         (durable when ``sync="always"``), or with the error that failed it. It
         must be quick and must not call back into the log. ``context`` as for
         :meth:`append`."""
-        return self._gc.submit_nowait([check_payload(payload, self.max_record_bytes)], [context], callback)
+        return self._appends.submit_nowait([check_payload(payload, self.max_record_bytes)], [context], callback)
 
     def append_many_nowait(self, payloads: Sequence[Payload | BytesLike], callback: Callback,
                            contexts: Sequence[object]) -> int:
@@ -254,7 +258,7 @@ class Log:
             raise ValueError("append_many_nowait needs as many contexts as payloads, and at least one")
         limit, record_limit = self._max_payload, self.max_record_bytes
         items = [p if type(p) is bytes and len(p) <= limit else check_payload(p, record_limit) for p in payloads]
-        return self._gc.submit_nowait(items, contexts, callback)
+        return self._appends.submit_nowait(items, contexts, callback)
 
     def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:

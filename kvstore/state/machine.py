@@ -73,6 +73,7 @@ from kvstore.state.readers import ReadView
 from kvstore.state.reads import CachedReads, FreshReads, Get
 from kvstore.state.view import View
 from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
+from wal.forkguard import track
 from wal.segment import Payload, payload_size
 
 log = logging.getLogger("walkv.state")
@@ -137,6 +138,7 @@ class State:
         # LMDB, shared by reading threads and the writer (kvstore/state/environment.py)
         self.lmdb = Environment(path, readonly=readonly, map_size=map_size, writemap=writemap,
                                 max_readers=max_readers)
+        track(self.overlay, owner=self.lmdb)  # a forked child's overlay holds nothing (it is compiled: no weakref)
         try:
             self._load_meta()
         except BaseException as exc:
@@ -290,12 +292,10 @@ class State:
 
     def _to_overlay(self, ops: Ops, last: int) -> None:
         """Apply puts and deletes ending at LSN ``last`` to the overlay."""
-        full = self.overlay.add(ops, last)
+        full_or_due = self.overlay.add(ops, last)
         self.applied_lsn = last
-        if full:
-            self.flush()
-        else:
-            self.lmdb.maintain_now_and_then()
+        if full_or_due:
+            self.flush()  # (LMDB's maintenance follows each of its commits)
 
     def _apply_keyspaces(self, batches: Sequence[Ops], last: int, payloads: Sequence[Payload]) -> None:
         """Apply a group in which some batch uses a keyspace: its writes,

@@ -25,10 +25,16 @@ When a flush happens, and why:
 
 * the overlay holds :data:`MAX_KEYS` keys or :data:`MAX_BYTES` bytes of
   values (memory stays bounded by settings, not by the store's size);
-* :data:`FLUSH_SECONDS` after its first write, by a background thread: so a
-  read-only process beside the writer, which reads LMDB only, sees every
-  acknowledged write at most that long (plus one flush) after it returned,
-  and a process crash leaves at most that much to replay;
+* :data:`FLUSH_SECONDS` after its first write: so a read-only process beside
+  the writer, which reads LMDB only, sees every acknowledged write at most
+  that long (plus :data:`HANDOFF_SECONDS` and one flush) after it returned,
+  and a process crash leaves at most that much to replay. A background
+  thread keeps the time, but the flush is handed to the applying thread
+  (``add`` returns True once it is due) and the background thread flushes
+  only if no write came within :data:`HANDOFF_SECONDS`: py-lmdb lets go of
+  the GIL around every key it writes, so a flush in a second thread while
+  the writer runs trades the GIL once per key, a futex wake and a context
+  switch each (measured: a third of a writer's time at 200k puts/s);
 * before anything that reads LMDB as a whole (a scan, a view, a count, a
   snapshot, stats) and before a group that is not plain puts and deletes
   (a range delete, a big batch), which is applied with the flush in one
@@ -51,11 +57,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
-
-from mypy_extensions import mypyc_attr
-
-from wal.forkguard import track
+from typing import Any, Final, final
 
 log = logging.getLogger("walkv.state")
 
@@ -68,20 +70,24 @@ disk that filled up with the overlay full needs about twice this freed), and
 a flush of 1 MiB already spreads a write transaction's cost over thousands
 of small writes."""
 FLUSH_SECONDS = 0.05
-"""A write waits at most this long in the overlay before a flush begins."""
+"""A write waits at most this long in the overlay before a flush is due."""
+HANDOFF_SECONDS = 0.002
+"""How long a due flush waits for the applying thread (its next write) to
+do it, before the background thread does it itself (the writer is idle)."""
 MISSING: Final = object()
 """What a lookup in the overlay returns for a key it does not hold."""
 
 Values = dict[bytes, "bytes | None"]
 
 
-@mypyc_attr(native_class=False)  # wal.forkguard holds it weakly: compiled classes take no weak references
+@final
 class Overlay:
     """The two dictionaries, their LSNs and the flushing thread of one state.
 
     ``add`` is called by the one applying thread; ``freeze``/``thaw`` by a
     flush, under :attr:`flush_lock` (one flush at a time); reads use
-    :attr:`active` and :attr:`frozen` without a lock.
+    :attr:`active` and :attr:`frozen` without a lock. Compiled, so its
+    owner registers it with :mod:`wal.forkguard` (``track(overlay, owner)``).
     """
 
     def __init__(self, on_occupied: Callable[[bool], None] | None = None) -> None:
@@ -93,18 +99,20 @@ class Overlay:
         self.flush_lock = threading.Lock()  # one flush (LMDB write) at a time
         self._wake = threading.Condition(self.lock)
         self._since = 0.0
+        self.due = False      # FLUSH_SECONDS passed: the next add asks its caller to flush
         self._applier: threading.Thread | None = None
         self._stopping = False
         self.flushes = 0
         self._on_occupied = on_occupied
-        track(self)
 
     def add(self, ops: Sequence[Sequence[Any]], last_lsn: int) -> bool:
         """Record puts and deletes (``[1, key, value]`` / ``[2, key]``, in
-        order) that end at ``last_lsn``; True when the overlay is now full
-        and should be flushed."""
+        order) that end at ``last_lsn``; True when the overlay is now full,
+        or a flush is due, and the caller should flush it."""
         size = 0
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # (not ``with``: compiled, its __enter__/__exit__ calls cost more than the dict work)
+        try:
             active = self.active
             if not active:
                 self._since = time.monotonic()
@@ -113,14 +121,16 @@ class Overlay:
                     self._on_occupied(True)
             for op in ops:
                 if op[0] == 1:
-                    value = op[2]
+                    value: bytes = op[2]
                     active[op[1]] = value
                     size += len(value)
                 else:
                     active[op[1]] = None
             self.lsn = last_lsn
             self.bytes += size
-            return len(active) >= MAX_KEYS or self.bytes >= MAX_BYTES
+            return len(active) >= MAX_KEYS or self.bytes >= MAX_BYTES or self.due
+        finally:
+            lock.release()
 
     def freeze(self) -> tuple[Values, int] | None:
         """With :attr:`flush_lock` held: make ``active`` the frozen
@@ -133,6 +143,7 @@ class Overlay:
             self.frozen = frozen
             self.active = {}
             self.bytes = 0
+            self.due = False
             return frozen, self.lsn
 
     def thaw(self) -> None:
@@ -161,8 +172,9 @@ class Overlay:
     # -- the flushing thread ---------------------------------------------------
 
     def start(self, flush: Callable[[], None]) -> None:
-        """Run ``flush()`` :data:`FLUSH_SECONDS` after each first write into
-        an empty overlay, in a daemon thread, until :meth:`stop`."""
+        """Have ``flush()`` run :data:`FLUSH_SECONDS` after each first write
+        into an empty overlay (by the next write, or by a daemon thread when
+        none comes; see the module docstring), until :meth:`stop`."""
         self._applier = threading.Thread(target=self._run, args=(flush,), name="walkv-apply", daemon=True)
         self._applier.start()
 
@@ -175,6 +187,10 @@ class Overlay:
                 left = self._since + FLUSH_SECONDS - time.monotonic()
                 if left > 0:
                     self._wake.wait(left)
+                    continue
+                if not self.due:  # hand it to the writer first (a flush resets due)
+                    self.due = True
+                    self._wake.wait(HANDOFF_SECONDS)
                     continue
                 self.lock.release()
                 try:

@@ -12,29 +12,15 @@ Durability is exactly the store's (:mod:`kvstore.store.store`): with
 ``sync="always"`` an awaited write has been fsynced and applied to LMDB.
 
 How thousands of coroutines share each fsync without a thread each: a write
-gets a future and joins the loop's current *batch*; the first write of a batch
-schedules one ``_flush`` (``call_soon``), which runs after every coroutine that
-was ready has had its turn and queues the whole batch with the log's
-non-blocking ``append_many_nowait``: one mutex round and one callback for the
-batch, which gets consecutive LSNs and is always written in one group. The
-log's committing thread writes, fsyncs and applies the group, then calls that
-callback once per batch; it only appends ``(first_lsn, error)`` to a deque
-and, the first time since the loop last drained it, schedules one wake-up of
-the loop (``call_soon_threadsafe``). The loop then resolves every future of
-every finished batch, the i-th with ``first_lsn + i``.
-
-Queuing a turn's writes at once also keeps groups whole: N coroutines that
-write in a loop are all resumed by one drain and all queue in the next turn,
-so each group holds all N. Queued one by one, the committer starts a group
-with the first few while the rest are still being queued, and the writers
-settle into two alternating halves, each paying its own fsync (issue 15: with
-256 coroutines, groups of ~130 before, 256 after).
-
-Each write keeps a future of its own (rather than awaiting one shared per
-batch): cancelling a task cancels the future it awaits, so a shared one would
-cancel its neighbours. A cancelled write stays queued and is written; only its
-result is dropped. A batch the log refuses (closed, failed) is queued again
-write by write, so an error reaches exactly the writes it concerns.
+gets a future and joins the loop's current batch, and the batch goes to the log
+as one run when every coroutine that was ready has had its turn; the log's
+committing thread calls back once per run, and one wake-up of the loop
+resolves every future of every finished run, the i-th with ``first_lsn + i``
+(:mod:`kvstore.store.aio_writes`, which is compiled: the loop's thread is what
+limits durable writes from many coroutines). A write's future is its own:
+cancelling the task that awaits it drops only its result (the write was
+handed over and is written), and an error reaches exactly the writes it
+concerns.
 
 Reads answer directly from LMDB on the event loop's thread (a read is a
 few microseconds and never waits for the log). ``open`` and ``close`` run in
@@ -45,9 +31,8 @@ transactions: :mod:`kvstore.store.aio_batch`.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable, Iterable
-from typing import Any, Iterator, NoReturn, TypeVar
+from typing import Any, Iterator, TypeVar
 
 from kvstore.entry.codec import (
     OP_DROP_KEYSPACE,
@@ -60,6 +45,7 @@ from kvstore.entry.codec import (
 )
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
 from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
+from kvstore.store.aio_writes import PendingWrites
 from kvstore.store.expiring import lease_id_of
 from kvstore.store.leases import Lease
 from kvstore.store.store import KVStore
@@ -82,98 +68,19 @@ class AsyncKVStore:
     def __init__(self, store: KVStore, loop: asyncio.AbstractEventLoop) -> None:
         self.store = store
         self._loop = loop
-        # The batch being collected on the loop (flushed by _flush).
-        self._payloads: list[Payload] = []
-        self._ops: list[list] = []
-        self._futures: list[asyncio.Future] = []
-        self._runs: dict[int, list[asyncio.Future]] = {}  # first LSN -> a queued batch's futures
-        self._done: deque[tuple[int, BaseException | None]] = deque()
-        self._wake_scheduled = False
         self._closing = False
         self._max_value = store.max_value_bytes
-        self._log = store._log  # the store's log (None: read-only, every write refused)
-        self._refusing = self._log is None
-        self._create_future = loop.create_future
-        self._call_soon = loop.call_soon
-        self._callback = self._on_durable
+        # Writes go to the store's log (None, read-only: every write refused).
+        self._writes = PendingWrites(loop, store._log, self._max_value, self._refusal)
 
-    # -- the completion path ---------------------------------------------------
+    def _submit(self, payload: Payload, ops: list) -> "asyncio.Future[int]":
+        return self._writes.submit(payload, ops)
 
-    def _on_durable(self, first: int, error: BaseException | None) -> None:
-        # On the log's committing thread, once per batch.
-        self._done.append((first, error))
-        if not self._wake_scheduled:
-            self._wake_scheduled = True
-            try:
-                self._loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:  # the loop is closed; nobody is waiting
-                self._wake_scheduled = False
-
-    def _drain(self) -> None:
-        # On the loop: clear the flag first, so a callback that runs while we
-        # drain either lands in this drain or schedules the next one.
-        self._wake_scheduled = False
-        done = self._done
-        runs = self._runs
-        while done:
-            first, error = done.popleft()
-            futures = runs.pop(first, None)
-            if futures is None:
-                continue
-            if error is None:
-                for lsn, fut in enumerate(futures, first):
-                    try:
-                        fut.set_result(lsn)
-                    except asyncio.InvalidStateError:  # cancelled: written all the same
-                        pass
-            else:
-                _fail(futures, error)
-
-    def _submit(self, payload: Payload, ops: list) -> asyncio.Future:
-        if self._refusing:
-            self._refuse()
-        fut = self._create_future()
-        if not self._payloads:
-            self._call_soon(self._flush)
-        self._payloads.append(payload)
-        self._ops.append(ops)
-        self._futures.append(fut)
-        return fut
-
-    def _flush(self) -> None:
-        """Queue the batch collected on the loop with the log, as one run."""
-        payloads, ops, futures = self._payloads, self._ops, self._futures
-        if not payloads:
-            return
-        self._payloads, self._ops, self._futures = [], [], []
-        try:
-            # No await between the append and the insert: _drain runs on this
-            # same loop thread, so it cannot look the run up before it is there.
-            self._runs[self._append_many(payloads, ops)] = futures
-        except Exception as e:
-            if len(payloads) == 1:
-                _fail(futures, e)
-                return
-            # Refused as a whole (nothing was queued): write by write, so each
-            # error reaches only the write it concerns.
-            for i, fut in enumerate(futures):
-                try:
-                    self._runs[self._append_many([payloads[i]], [ops[i]])] = [fut]
-                except Exception as e1:
-                    _fail([fut], e1)
-
-    def _append_many(self, payloads: list[Payload], ops: list[list]) -> int:
-        """Queue one run with the log (its first LSN); refused once closing,
-        and always when read-only."""
-        if self._refusing or self._log is None:
-            self._refuse()
-        return self._log.append_many_nowait(payloads, self._callback, ops)
-
-    def _refuse(self) -> NoReturn:
+    def _refusal(self) -> BaseException:
         if self._closing:
-            raise ClosedError(f"the store {self.store.path} is closed")
-        raise ReadOnlyError(f"the store {self.store.path} was opened with "
-                            f"readonly=True; writes are refused")
+            return ClosedError(f"the store {self.store.path} is closed")
+        return ReadOnlyError(f"the store {self.store.path} was opened with "
+                             f"readonly=True; writes are refused")
 
     # -- writes -------------------------------------------------------------
 
@@ -182,8 +89,7 @@ class AsyncKVStore:
         """Set ``key``; the awaited result is the LSN, once durable and applied.
         ``ttl``/``lease`` as :meth:`KVStore.put` takes them."""
         if ttl is None and lease is None:
-            payload, ops = put_entry(key, value, self._max_value)
-            return self._submit(payload, ops)
+            return self._writes.put(key, value)
         payload, ops = self.store._expiring.put_entry(key, value, ttl, lease)
         return self._checked(payload, ops)
 
@@ -244,7 +150,7 @@ class AsyncKVStore:
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
         store = self.store
-        return kind(self._submit, self._max_value, store._max_payload, store._writable_keyspace(keyspace),
+        return kind(self._writes.submit, self._max_value, store._max_payload, store._writable_keyspace(keyspace),
                     store._writable_keyspace, store._expiring)
 
     async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes, keyspace: str = "") -> bool:
@@ -326,7 +232,7 @@ class AsyncKVStore:
 
     def stats(self) -> dict:
         st = self.store.stats()
-        st["async_pending"] = len(self._payloads) + sum(len(f) for f in self._runs.values())
+        st["async_pending"] = self._writes.pending
         return st
 
     async def sync(self) -> int:
@@ -341,13 +247,13 @@ class AsyncKVStore:
         the store."""
         if self._closing:
             return
-        self._flush()  # what was asked for before close() goes to the log
-        self._closing = self._refusing = True
+        writes = self._writes
+        writes.flush()  # what was asked for before close() goes to the log
+        self._closing = True
+        writes.refuse()
         await self._loop.run_in_executor(None, self.store.close)
-        self._drain()
-        for futures in self._runs.values():
-            _fail(futures, ClosedError("the store was closed before this write finished"))
-        self._runs.clear()
+        writes.drain()
+        writes.fail_unfinished(ClosedError("the store was closed before this write finished"))
 
     async def __aenter__(self) -> "AsyncKVStore":
         return self
@@ -416,12 +322,6 @@ class AsyncKeyspace:
 
     def watch(self, prefix: bytes | None = None, **options: Any) -> AsyncWatcher:
         return AsyncWatcher(self.adb.store.watch(prefix, keyspace=self.name, **options))
-
-
-def _fail(futures: list[asyncio.Future], error: BaseException) -> None:
-    for fut in futures:
-        if not fut.done():
-            fut.set_exception(error)
 
 
 class _Opening:

@@ -84,6 +84,11 @@ class GroupHooks:
         state = self._state
         assert state is not None, "the log committed before the store was bound"
         state.apply(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
-        self._hub.committed()
-        if self._writer is not None:
-            self._writer.committed()
+        # Looks before calls: each is a call into interpreted code, worth
+        # making only while somebody watches, or automatic snapshots are on.
+        hub = self._hub
+        if hub.watchers:
+            hub.committed()
+        writer = self._writer
+        if writer is not None and writer.auto is not None:
+            writer.committed()

@@ -126,10 +126,23 @@ class WatchHub:
     def __init__(self) -> None:
         # Reentrant: a watcher collected by the GC in a thread holding it closes itself here.
         self.cond = threading.Condition(threading.RLock())
-        self.watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
+        # Weak references to the live watchers (a dropped one leaves through its
+        # reference's callback). A plain set, not a WeakSet, so that the store's
+        # commit hook looks at it once per group in C (a WeakSet's len is Python code).
+        self.watchers: set[weakref.ref[Watcher]] = set()
         self.closed = False
 
+    def add(self, watcher: Watcher) -> None:
+        """Track ``watcher`` (under :attr:`cond`) until it is discarded or dropped."""
+        self.watchers.add(weakref.ref(watcher, self.watchers.discard))
+
+    def discard(self, watcher: Watcher) -> None:
+        """Stop tracking ``watcher`` (under :attr:`cond`)."""
+        self.watchers.discard(weakref.ref(watcher))
+
     def committed(self) -> None:
+        """A group was applied: wake the watchers (the commit hook calls this
+        only while :attr:`watchers` is not empty)."""
         if self.watchers:
             with self.cond:
                 self.cond.notify_all()
@@ -137,7 +150,8 @@ class WatchHub:
     def positions(self) -> list[int]:
         """The next LSN each live watcher needs."""
         with self.cond:
-            return [w.next_lsn for w in list(self.watchers)]
+            live = [ref() for ref in list(self.watchers)]
+        return [w.next_lsn for w in live if w is not None]
 
     def close(self) -> None:
         with self.cond:
@@ -204,7 +218,7 @@ class Watcher:
         self.batch_left = 0
         """Changes of the last change's batch (its LSN) not delivered yet."""
         with source.hub.cond:
-            source.hub.watchers.add(self)
+            source.hub.add(self)
 
     def __iter__(self) -> "Watcher":
         return self
@@ -219,7 +233,7 @@ class Watcher:
         hub = self._src.hub
         with hub.cond:
             self._closed = True
-            hub.watchers.discard(self)
+            hub.discard(self)
             hub.cond.notify_all()
 
     def __enter__(self) -> "Watcher":
@@ -379,6 +393,8 @@ class AsyncWatcher:
         return self
 
     async def __anext__(self) -> Change:
+        if not self._finalizer.alive:  # closed (or ended): the iteration is over, as for the sync watcher
+            raise StopAsyncIteration
         loop = asyncio.get_running_loop()
         try:
             change = await loop.run_in_executor(self._pool, next, self.watcher, None)
