@@ -63,15 +63,17 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvstore.state.base_load",
     "kvstore.state.machine",
     "kvstore.store.group_hooks",
+    "kvstore.store.write_batch",
     "kvstore.store.aio_writes",
 )
 """The modules ``setup.py`` compiles (read there with :func:`runpy.run_path`, so this
 module imports only the standard library): the record framing and reader, the
 segment writer and scanner, group commit and the log's write path (with its file
 seam and counters, which a profile of appends showed next), the entry codec and
-conditions, the overlay and the state machine's apply and read paths, and the
-store's hooks into its log (run once per group), and the asyncio front's way
-to the log and back (twice per write on the event loop's thread)."""
+conditions, the overlay and the state machine's apply and read paths, the
+store's hooks into its log (run once per group), the batch (one call per put
+of a bulk load), and the asyncio front's way to the log and back (twice per
+write on the event loop's thread)."""
 
 MANIFEST = "_compiled.json"
 """The build's record beside this module: ``{"mypyc": version, "sources": {module: sha256}}``."""

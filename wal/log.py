@@ -60,7 +60,7 @@ from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_err
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
-from wal.log_writer import CommitHook, LogWriter, PrepareHook
+from wal.log_writer import CommitHook, LogWriter, PrepareHook, StageHook
 from wal.reader import entries_of
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.segment import ENTRY_HEADER_SIZE, Entry, EntryBatch, Payload
@@ -88,7 +88,12 @@ class Log:
     just before it is framed (the previous group is written and committed by
     then), returning the payloads to write instead (same number, same LSNs)
     or ``None`` to write them as they are: the layer above decides what
-    depends on the order of the log there; ``max_record_bytes``, the
+    depends on the order of the log there; ``on_stage``, with
+    ``sync="always"`` called with each group by its leader once it is written
+    and before it is synced, returning a :class:`~wal.log_writer.Staged` whose
+    work runs while the group's fsync does and is published only once the
+    fsync returned (aborted if the group fails), or ``None``
+    (:mod:`wal.log_writer` says when what runs); ``max_record_bytes``, the
     bound on one entry (at most :data:`~wal.record.MAX_RECORD_LIMIT`, 1 GiB;
     each segment's header states the limit it was written with, which is
     what readers go by); ``start_lsn``, the first LSN of a log created empty
@@ -111,6 +116,7 @@ class Log:
         recovery: str = "strict",
         on_commit: CommitHook | None = None,
         on_prepare: PrepareHook | None = None,
+        on_stage: StageHook | None = None,
         fs: FileSystem | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         start_lsn: int = 1,
@@ -139,7 +145,7 @@ class Log:
             self._writer = w = LogWriter(
                 self.directory, fs or OS_FS, mutex, recovery=recovery, sync_mode=sync, segment_bytes=segment_bytes,
                 sync_bytes=sync_bytes, max_record_bytes=max_record_bytes, start_lsn=start_lsn, on_prepare=on_prepare,
-                on_commit=on_commit)
+                on_commit=on_commit, on_stage=on_stage)
         except OSError as e:
             raise file_error(e, f"opening the log at {self.directory}") from None
         self._closed = False

@@ -13,6 +13,19 @@ acknowledged; otherwise at most every :data:`DIRECTORY_CHECK_US`
 microseconds of groups). One thread at a time
 writes through it; it changes what readers copy (the segments, the
 positions) only under ``mutex``, the group commit's.
+
+A group's sync, with ``sync="always"`` (:meth:`LogWriter.write_group`): the
+group is framed and written, then, when ``on_stage`` returns a
+:class:`Staged` for it (the layer above has work worth overlapping: a bulk
+write to its state), the fsync runs on a helper thread while the leader runs
+``staged.run()`` (the fsync releases the GIL), and the leader waits for the
+fsync. Only after the fsync returned, and the directory check passed, is
+the group durable, published (``DURABLE``), ``staged.publish()``-ed, and
+handed to ``on_commit``; if anything failed, ``staged.abort()`` drops the
+staged work and the group fails (the log with it). So staged work is never
+visible before its group is durable. Every other group (``on_stage``
+returned None: the single put, any small group) syncs on the leader, as
+before, with no thread.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from wal.durable import DurableMarker
 from wal.errors import LogFailedError
@@ -41,16 +54,37 @@ CommitHook = Callable[[Group], None]
 PrepareHook = Callable[[Group], "list[Payload] | None"]
 
 
+class Staged(Protocol):
+    """Work the layer above does for one group while its fsync runs (the
+    module docstring says when each method is called; all three on the
+    leader's thread, so a resource bound to a thread, an LMDB write
+    transaction, may be begun in one and ended in another)."""
+
+    def run(self) -> None:
+        """Do the work, invisibly: the group is not durable yet."""
+
+    def publish(self) -> None:
+        """The group is durable: make the work visible."""
+
+    def abort(self) -> None:
+        """The group failed (its write, its fsync, or :meth:`run`): drop the work."""
+
+
+StageHook = Callable[[Group], "Staged | None"]
+
+
 class LogWriter:
     """The writer of the log in ``directory``: opening it creates the
     directory, takes its lock (:class:`~wal.lock.DirectoryLock`, released
     if the rest fails) and recovers the segments; it then writes groups into
     them, rolling at ``segment_bytes`` and syncing as ``sync_mode`` says.
-    ``on_prepare`` and ``on_commit`` as :class:`wal.Log` describes them."""
+    ``on_prepare``, ``on_stage`` and ``on_commit`` as :class:`wal.Log`
+    describes them."""
 
     def __init__(self, directory: str, fs: FileSystem, mutex: threading.Lock, *, recovery: str, sync_mode: str,
                  segment_bytes: int, sync_bytes: int, max_record_bytes: int, start_lsn: int,
-                 on_prepare: PrepareHook | None, on_commit: CommitHook | None) -> None:
+                 on_prepare: PrepareHook | None, on_commit: CommitHook | None,
+                 on_stage: StageHook | None = None) -> None:
         self.directory = directory
         self.fs = fs
         self.mutex = mutex
@@ -64,6 +98,7 @@ class LogWriter:
         self.start_lsn = start_lsn
         self._on_prepare = on_prepare
         self._on_commit = on_commit
+        self._on_stage = on_stage if sync_mode == "always" else None  # nothing to overlap without an fsync
         self.flusher: BatchFlusher | None = None  # sync="batch": set by the log once its flusher runs
         self.stats = LogStats()
         self._unsynced_bytes = 0
@@ -108,10 +143,22 @@ class LogWriter:
         lsn = first + len(payloads)
         self.written = (lsn - 1, active.data_end)
         if self._always:
-            self.timed_sync(full=grew)
-            self.lock.check()  # after the fsync: acknowledged durable means in the store's files
-            self.durable = self.written
-            self._durable_marker.publish(lsn - 1)
+            staged = self._on_stage(group) if self._on_stage is not None else None
+            if staged is None:
+                self.timed_sync(full=grew)
+                self.lock.check()  # after the fsync: acknowledged durable means in the store's files
+                self.durable = self.written
+                self._durable_marker.publish(lsn - 1)
+            else:
+                try:
+                    self._sync_while(staged, grew)
+                    self.lock.check()
+                    self.durable = self.written
+                    self._durable_marker.publish(lsn - 1)
+                except BaseException:
+                    staged.abort()
+                    raise
+                staged.publish()
         else:
             self._unsynced_bytes += written
             if self.flusher is not None and self._unsynced_bytes >= self.sync_bytes:
@@ -120,6 +167,27 @@ class LogWriter:
         self.stats.group(len(payloads), written)
         if self._on_commit is not None:
             self._on_commit(group)
+
+    def _sync_while(self, staged: Staged, full: bool) -> None:
+        """The group's fsync on a helper thread while this one runs
+        ``staged.run()``; returns once both are done, raising the fsync's
+        error first (it fails the log), else the work's."""
+        failed: list[BaseException] = []
+
+        def sync() -> None:
+            try:
+                self.timed_sync(full)
+            except BaseException as exc:  # noqa: BLE001 - handed to the leader
+                failed.append(exc)
+
+        syncer = threading.Thread(target=sync, name="walkv-fsync", daemon=True)
+        syncer.start()
+        try:
+            staged.run()
+        finally:
+            syncer.join()
+            if failed:
+                raise failed[0]
 
     def timed_sync(self, full: bool = False) -> None:
         active = self.files.active

@@ -292,23 +292,54 @@ class Environment:
         """Run ``fn(txn)`` in one write transaction, growing the map and
         retrying as often as it fills; once it is committed, cached read
         transactions are renewed (``gen``)."""
-        committed = False
-        while not committed:
+        self.commit_write(self.begin_write(fn), fn)
+
+    def begin_write(self, fn: Callable[[lmdb.Transaction], object]) -> lmdb.Transaction:
+        """:meth:`write` in two halves, for a write to be made visible later
+        (:class:`kvstore.state.machine.StagedApply`): begin a write
+        transaction and run ``fn(txn)`` in it (growing the map and retrying
+        as often as it fills), and return it open, invisible to every
+        reader. End it with :meth:`commit_write` or :meth:`abort_write`, on
+        this thread (LMDB's writer lock belongs to the thread that began it);
+        other writers wait meanwhile."""
+        while True:
             txn = self.env.begin(write=True, db=self.data_db)
             try:
                 fn(txn)
-                txn.commit()
-                committed = True
+                return txn
             except lmdb.MapFullError:
                 self.keyspaces.forget_created()
+                self.keyspaces.write_ended()
                 self.grow(txn)
             except BaseException:
-                self.keyspaces.forget_created()
-                self._abort_write(txn)
+                self.abort_write(txn)
                 raise
-            finally:
+
+    def commit_write(self, txn: lmdb.Transaction, fn: Callable[[lmdb.Transaction], object]) -> None:
+        """Commit ``txn``, begun by :meth:`begin_write` with ``fn`` (written
+        again in a new transaction when the commit finds the map full), and
+        renew cached read transactions (``gen``)."""
+        while True:
+            try:
+                txn.commit()
+                break
+            except lmdb.MapFullError:
+                self.keyspaces.forget_created()
                 self.keyspaces.write_ended()
+                self.grow(txn)
+                txn = self.begin_write(fn)
+            except BaseException:
+                self.abort_write(txn)
+                raise
+        self.keyspaces.write_ended()
         self.generation.value += 1
+
+    def abort_write(self, txn: lmdb.Transaction) -> None:
+        """Drop ``txn``, begun by :meth:`begin_write`: nothing it wrote was
+        ever visible."""
+        self.keyspaces.forget_created()
+        self.keyspaces.write_ended()
+        self._abort_write(txn)
 
     def make_room(self, nbytes: int) -> None:
         """Before a write transaction that adds about ``nbytes`` of keys and

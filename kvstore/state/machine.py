@@ -134,6 +134,7 @@ class State:
         self.apply_seconds = 0.0   # ... and their time
         self.apply_max_seconds = 0.0
         self._failure: Exception | None = None  # a flush that failed (raised by every later apply)
+        self._staging: StagedApply | None = None  # the group being staged (stage), while it runs
         # LMDB, shared by reading threads and the writer (kvstore/state/environment.py)
         self.lmdb = Environment(path, readonly=readonly, map_size=map_size, writemap=writemap,
                                 max_readers=max_readers)
@@ -279,13 +280,15 @@ class State:
         else:
             self._count(flat)
         if not codes.isdisjoint(EXPIRY_CODES):
-            self._write_through(flat, last, 0, puts_only=False)
-        elif self.use_overlay and flat and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS:
+            self._write_through(flat, last, 0, puts_only=False, expiry_ops=True)
+        elif (self.use_overlay and flat and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS
+              and self._staging is None):
             # (a group that writes nothing, failed transactions only, goes to LMDB below so that
             # LMDB's applied LSN, which snapshots read, covers it: the overlay keeps no LSN without a key)
             self._to_overlay(flat, last)
         else:
-            self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES)
+            self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES,
+                                expiry_ops=False)
 
     def _to_overlay(self, ops: Ops, last: int) -> None:
         """Apply puts and deletes ending at LSN ``last`` to the overlay."""
@@ -306,7 +309,8 @@ class State:
         self.applied_groups += 1
         self.applied_entries += len(batches)
         self._count(flat)
-        self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=False)
+        self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=False,
+                            expiry_ops=not {op[0] for op in flat}.isdisjoint(EXPIRY_CODES))
 
     def flush(self) -> None:
         """Write the overlay to LMDB (one write transaction, one
@@ -346,14 +350,19 @@ class State:
             elif code not in EXPIRY_CODES and code not in KEYSPACE_CODES:
                 self.delete_ranges += 1
 
-    def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool) -> None:
+    def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool, expiry_ops: bool) -> None:
         """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
         overlay holds, in one write transaction; through the expiry metadata
-        (:mod:`kvstore.state.expiry`) when they touch it or a key has an expiry."""
-        expiry = self.expiry.keys > 0 or not {op[0] for op in ops}.isdisjoint(EXPIRY_CODES)
+        (:mod:`kvstore.state.expiry`) when they touch it (``expiry_ops``) or
+        a key has an expiry. While a group is staged (:meth:`stage`), the
+        transaction is left open, with the overlay's lock held, for
+        :class:`StagedApply` to commit."""
+        expiry = expiry_ops or self.expiry.keys > 0
         overlay = self.overlay
         main = self.lmdb.main_db
-        with overlay.flush_lock:
+        overlay.flush_lock.acquire()
+        staged = False
+        try:
             frozen = overlay.freeze()
             self.lmdb.make_room(size_hint)
 
@@ -369,12 +378,29 @@ class State:
                 else:
                     apply_ops(txn, ops, self.lmdb.keyspace_db_in)
                 txn.put(K_APPLIED, pack_lsn(last), True, True, False, main)
+            staging = self._staging
+            if staging is not None:
+                t0 = time.perf_counter()
+                txn = self._begin_applied(write, last)
+                staging.through = _ThroughWrite(self, txn, write, last, frozen is not None, expiry,
+                                                time.perf_counter() - t0)
+                staged = True
+                return
             self._write_applied(write, last)
-            if frozen is not None:
-                overlay.thaw()
-            self.applied_lsn = last
-            if expiry:
-                self._reads_for_expiry()
+            self._written_through(last, frozen is not None, expiry)
+        finally:
+            if not staged:
+                overlay.flush_lock.release()
+
+    def _written_through(self, last: int, thaw: bool, expiry: bool) -> None:
+        """After a write-through transaction up to LSN ``last`` committed (the
+        overlay's lock held): its frozen part (``thaw``) is in LMDB, the
+        LSN applied."""
+        if thaw:
+            self.overlay.thaw()
+        self.applied_lsn = last
+        if expiry:
+            self._reads_for_expiry()
 
     def _write_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> None:
         """Run ``write`` in one write transaction (growing the map as often
@@ -385,18 +411,61 @@ class State:
         try:
             self.lmdb.write(write)
         except BaseException as exc:
-            if isinstance(exc, lmdb.Error):
-                exc = LogFailedError(f"applying LSNs up to {lsn} to LMDB ({self.path}) failed: {exc}")
-            if isinstance(exc, Exception):
-                self._failure = exc
-            raise exc from None
+            raise self._failed(exc, lsn) from None
+        self._applied_in_lmdb(lsn, time.perf_counter() - t0)
+
+    def _begin_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> lmdb.Transaction:
+        """:meth:`_write_applied`'s ``write`` in a transaction left open
+        (:meth:`kvstore.state.environment.Environment.begin_write`)."""
+        try:
+            return self.lmdb.begin_write(write)
+        except BaseException as exc:
+            raise self._failed(exc, lsn) from None
+
+    def _commit_applied(self, txn: lmdb.Transaction, write: Callable[[lmdb.Transaction], None], lsn: int,
+                        seconds: float) -> None:
+        """Commit what :meth:`_begin_applied` wrote (``seconds``: the time
+        that took), as :meth:`_write_applied` would have."""
+        t0 = time.perf_counter()
+        try:
+            self.lmdb.commit_write(txn, write)
+        except BaseException as exc:
+            raise self._failed(exc, lsn) from None
+        self._applied_in_lmdb(lsn, seconds + time.perf_counter() - t0)
+
+    def _applied_in_lmdb(self, lsn: int, seconds: float) -> None:
+        """A write transaction that took ``seconds`` committed LSNs up to ``lsn``."""
         self.lmdb_applied_lsn = lsn
-        dt = time.perf_counter() - t0
         self.lmdb_commits += 1
-        self.apply_seconds += dt
-        if dt > self.apply_max_seconds:
-            self.apply_max_seconds = dt
+        self.apply_seconds += seconds
+        if seconds > self.apply_max_seconds:
+            self.apply_max_seconds = seconds
         self.lmdb.maintain_now_and_then()
+
+    def _failed(self, exc: BaseException, lsn: int) -> BaseException:
+        """Keep a failure to apply LSNs up to ``lsn`` (raised again by every
+        later apply and flush); return what to raise."""
+        if isinstance(exc, lmdb.Error):
+            exc = LogFailedError(f"applying LSNs up to {lsn} to LMDB ({self.path}) failed: {exc}")
+        if isinstance(exc, Exception):
+            self._failure = exc
+        return exc
+
+    # -- staging a bulk group while the log syncs it (the log's on_stage) -------
+
+    def stage(self, first_lsn: int, batches: Sequence[Ops], payloads: Sequence[Payload]) -> StagedApply | None:
+        """What the log's ``on_stage`` returns for a group (:mod:`wal.log_writer`):
+        for a group of at least :data:`DIRECT_OPS` operations, which is
+        written to LMDB in one transaction anyway, a :class:`StagedApply` that
+        writes it into an LMDB write transaction while the log's fsync runs
+        and commits it once the fsync returned; None for any other group (a
+        single put costs one length test here)."""
+        if len(batches) == 1:
+            if len(batches[0]) < DIRECT_OPS:
+                return None
+        elif sum(map(len, batches)) < DIRECT_OPS:
+            return None
+        return StagedApply(self, first_lsn, batches, payloads)
 
     # -- reads that know expiry and keyspaces (kvstore/state/expiring_reads.py) ----
 
@@ -512,3 +581,88 @@ class State:
         self.lmdb.close(sync=sync and error is None and not self.readonly)
         if error is not None:
             raise error
+
+
+class _ThroughWrite:
+    """One write-through transaction of :meth:`State._write_through`, written
+    and open, with the overlay's lock held and its frozen part in it: to be
+    committed (then the overlay is thawed and the LSN applied) or aborted,
+    on the thread that began it."""
+
+    __slots__ = ("state", "txn", "write", "last", "thaw", "expiry", "seconds")
+
+    def __init__(self, state: State, txn: lmdb.Transaction, write: Callable[[lmdb.Transaction], None], last: int,
+                 thaw: bool, expiry: bool, seconds: float) -> None:
+        self.state = state
+        self.txn = txn
+        self.write = write
+        self.last = last
+        self.thaw = thaw
+        self.expiry = expiry
+        self.seconds = seconds
+
+    def commit(self) -> None:
+        state = self.state
+        try:
+            state._commit_applied(self.txn, self.write, self.last, self.seconds)
+            state._written_through(self.last, self.thaw, self.expiry)
+        finally:
+            state.overlay.flush_lock.release()
+
+    def abort(self, why: Exception) -> None:
+        """Drop the transaction; ``why`` is kept as the state's failure (the
+        overlay stays frozen: its writes are not in LMDB)."""
+        state = self.state
+        try:
+            state._failure = why
+            state.lmdb.abort_write(self.txn)
+        finally:
+            state.overlay.flush_lock.release()
+
+
+class StagedApply:
+    """A bulk group applied while the log syncs it (:meth:`State.stage`; the
+    log's :class:`~wal.log_writer.Staged`), all on the log's leader thread.
+
+    Durability: :meth:`run` writes the group (after the overlay's writes)
+    into an LMDB write transaction it leaves open, while the log's fsync of
+    the group runs; no reader sees any of it. :meth:`publish`, called once
+    the fsync returned, commits that transaction: the group becomes visible
+    and LMDB's applied LSN reaches it, never before the log holds it
+    durably. :meth:`abort` (the write, the fsync or :meth:`run` failed)
+    drops the transaction and fails the state machine as a failed apply
+    does: LMDB keeps its applied LSN, and the next open replays the group
+    from the log if the log has it."""
+
+    __slots__ = ("state", "first_lsn", "batches", "payloads", "through")
+
+    def __init__(self, state: State, first_lsn: int, batches: Sequence[Ops], payloads: Sequence[Payload]) -> None:
+        self.state = state
+        self.first_lsn = first_lsn
+        self.batches = batches
+        self.payloads = payloads
+        self.through: _ThroughWrite | None = None
+
+    def run(self) -> None:
+        """:meth:`State.apply` of the group, its LMDB transaction left open."""
+        state = self.state
+        state._staging = self
+        try:
+            state.apply(self.first_lsn, self.batches, self.payloads)
+        finally:
+            state._staging = None
+
+    def publish(self) -> None:
+        """Commit what :meth:`run` wrote (nothing when the group was applied
+        already, on a replay)."""
+        through, self.through = self.through, None
+        if through is not None:
+            through.commit()
+
+    def abort(self) -> None:
+        through, self.through = self.through, None
+        if through is not None:
+            last = self.first_lsn + len(self.batches) - 1
+            through.abort(LogFailedError(
+                f"LSNs up to {last} were not applied to LMDB ({self.state.path}): writing or syncing "
+                f"them to the log failed; reopen the store (the log holds what it acknowledged)"))

@@ -8,10 +8,17 @@ are on every write's path and are compiled with the core (wal/compiled.py):
   (:mod:`kvstore.entry.conditions`), then what expiry decides in log order
   (:mod:`kvstore.store.expiring`: leases, TTL puts). A group of plain writes,
   the common one, costs a look at its first op.
+- ``stage`` (``sync="always"`` only) runs once the group is written, before
+  its fsync. For a bulk group (:meth:`kvstore.state.State.stage`: one that
+  goes to LMDB in one write transaction anyway) it returns the work the log
+  runs while the fsync does: the group written into an LMDB transaction that
+  is committed only once the fsync returned
+  (:class:`kvstore.state.machine.StagedApply`); for any other group, None.
 - ``commit`` runs after the group is written (and fsynced, with
   ``sync="always"``) and before any of its appenders is released. It applies
   the group to the state machine (so every read after the write returns sees
-  it), wakes the store's watchers and pokes the automatic snapshots.
+  it; a staged group is applied by then, and applying is idempotent), wakes
+  the store's watchers and pokes the automatic snapshots.
 
 The log is opened before the state machine it replays into exists, so the
 hooks are made first and :meth:`GroupHooks.bind` gives them the store's parts;
@@ -24,6 +31,7 @@ from typing import TYPE_CHECKING, cast, final
 
 from kvstore.entry.conditions import decide_group
 from kvstore.state import Ops, State
+from kvstore.state.machine import StagedApply
 from wal.group import Group
 from wal.segment import Payload
 
@@ -36,7 +44,7 @@ if TYPE_CHECKING:  # (interpreted classes: the hooks call them, never the other 
 @final
 class GroupHooks:
     """The hooks of one store's log (``on_prepare=hooks.prepare``,
-    ``on_commit=hooks.commit``)."""
+    ``on_stage=hooks.stage``, ``on_commit=hooks.commit``)."""
 
     def __init__(self, hub: WatchHub) -> None:
         self._hub = hub
@@ -62,6 +70,12 @@ class GroupHooks:
                 expiry = expiring.decide(group.payloads if out is None else out, contexts)
                 return out if expiry is None else expiry
         return out
+
+    def stage(self, group: Group) -> StagedApply | None:
+        """The work to do while the group's fsync runs, or None (module docstring)."""
+        state = self._state
+        assert state is not None, "the log wrote before the store was bound"
+        return state.stage(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
 
     def commit(self, group: Group) -> None:
         """Apply the written group and tell whoever waits for writes. This
