@@ -1,5 +1,5 @@
 """A bulk group's LMDB write overlapped with its fsync (wal/log_writer.py's
-``on_stage``, :class:`kvstore.state.machine.StagedApply`): it runs while the
+``on_stage``, :class:`kvstore.state.staged.StagedApply`): it runs while the
 fsync does, is visible only once the fsync returned, and a failed or killed
 fsync leaves LMDB without the group; a reopen replays it when the log has it.
 """

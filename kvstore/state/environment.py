@@ -296,7 +296,7 @@ class Environment:
 
     def begin_write(self, fn: Callable[[lmdb.Transaction], object]) -> lmdb.Transaction:
         """:meth:`write` in two halves, for a write to be made visible later
-        (:class:`kvstore.state.machine.StagedApply`): begin a write
+        (:class:`kvstore.state.staged.StagedApply`): begin a write
         transaction and run ``fn(txn)`` in it (growing the map and retrying
         as often as it fills), and return it open, invisible to every
         reader. End it with :meth:`commit_write` or :meth:`abort_write`, on

@@ -71,6 +71,7 @@ from kvstore.state.meta import K_APPLIED, mark_complete, pack_lsn, read_meta, wr
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView
 from kvstore.state.reads import CachedReads, FreshReads, Get
+from kvstore.state.staged import StagedApply, ThroughWrite
 from kvstore.state.view import View
 from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
 from wal.forkguard import track
@@ -382,7 +383,7 @@ class State:
             if staging is not None:
                 t0 = time.perf_counter()
                 txn = self._begin_applied(write, last)
-                staging.through = _ThroughWrite(self, txn, write, last, frozen is not None, expiry,
+                staging.through = ThroughWrite(self, txn, write, last, frozen is not None, expiry,
                                                 time.perf_counter() - t0)
                 staged = True
                 return
@@ -581,88 +582,3 @@ class State:
         self.lmdb.close(sync=sync and error is None and not self.readonly)
         if error is not None:
             raise error
-
-
-class _ThroughWrite:
-    """One write-through transaction of :meth:`State._write_through`, written
-    and open, with the overlay's lock held and its frozen part in it: to be
-    committed (then the overlay is thawed and the LSN applied) or aborted,
-    on the thread that began it."""
-
-    __slots__ = ("state", "txn", "write", "last", "thaw", "expiry", "seconds")
-
-    def __init__(self, state: State, txn: lmdb.Transaction, write: Callable[[lmdb.Transaction], None], last: int,
-                 thaw: bool, expiry: bool, seconds: float) -> None:
-        self.state = state
-        self.txn = txn
-        self.write = write
-        self.last = last
-        self.thaw = thaw
-        self.expiry = expiry
-        self.seconds = seconds
-
-    def commit(self) -> None:
-        state = self.state
-        try:
-            state._commit_applied(self.txn, self.write, self.last, self.seconds)
-            state._written_through(self.last, self.thaw, self.expiry)
-        finally:
-            state.overlay.flush_lock.release()
-
-    def abort(self, why: Exception) -> None:
-        """Drop the transaction; ``why`` is kept as the state's failure (the
-        overlay stays frozen: its writes are not in LMDB)."""
-        state = self.state
-        try:
-            state._failure = why
-            state.lmdb.abort_write(self.txn)
-        finally:
-            state.overlay.flush_lock.release()
-
-
-class StagedApply:
-    """A bulk group applied while the log syncs it (:meth:`State.stage`; the
-    log's :class:`~wal.log_writer.Staged`), all on the log's leader thread.
-
-    Durability: :meth:`run` writes the group (after the overlay's writes)
-    into an LMDB write transaction it leaves open, while the log's fsync of
-    the group runs; no reader sees any of it. :meth:`publish`, called once
-    the fsync returned, commits that transaction: the group becomes visible
-    and LMDB's applied LSN reaches it, never before the log holds it
-    durably. :meth:`abort` (the write, the fsync or :meth:`run` failed)
-    drops the transaction and fails the state machine as a failed apply
-    does: LMDB keeps its applied LSN, and the next open replays the group
-    from the log if the log has it."""
-
-    __slots__ = ("state", "first_lsn", "batches", "payloads", "through")
-
-    def __init__(self, state: State, first_lsn: int, batches: Sequence[Ops], payloads: Sequence[Payload]) -> None:
-        self.state = state
-        self.first_lsn = first_lsn
-        self.batches = batches
-        self.payloads = payloads
-        self.through: _ThroughWrite | None = None
-
-    def run(self) -> None:
-        """:meth:`State.apply` of the group, its LMDB transaction left open."""
-        state = self.state
-        state._staging = self
-        try:
-            state.apply(self.first_lsn, self.batches, self.payloads)
-        finally:
-            state._staging = None
-
-    def publish(self) -> None:
-        """Commit what :meth:`run` wrote (nothing when the group was applied
-        already, on a replay)."""
-        through, self.through = self.through, None
-        if through is not None:
-            through.commit()
-
-    def abort(self) -> None:
-        through, self.through = self.through, None
-        if through is not None:
-            last = self.first_lsn + len(self.batches) - 1
-            through.abort(LogFailedError(
-                f"LSNs up to {last} were not applied to LMDB ({self.state.path}): writing or syncing "
-                f"them to the log failed; reopen the store (the log holds what it acknowledged)"))

@@ -13,7 +13,7 @@ are on every write's path and are compiled with the core (wal/compiled.py):
   goes to LMDB in one write transaction anyway) it returns the work the log
   runs while the fsync does: the group written into an LMDB transaction that
   is committed only once the fsync returned
-  (:class:`kvstore.state.machine.StagedApply`); for any other group, None.
+  (:class:`kvstore.state.staged.StagedApply`); for any other group, None.
 - ``commit`` runs after the group is written (and fsynced, with
   ``sync="always"``) and before any of its appenders is released. It applies
   the group to the state machine (so every read after the write returns sees
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, cast, final
 
 from kvstore.entry.conditions import decide_group
 from kvstore.state import Ops, State
-from kvstore.state.machine import StagedApply
+from kvstore.state.staged import StagedApply
 from wal.group import Group
 from wal.segment import Payload
 
