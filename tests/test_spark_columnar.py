@@ -17,6 +17,7 @@ pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
 import snapshot  # noqa: E402
+from kvstore.spark import arrow as sa  # noqa: E402
 from kvstore.spark import columnar  # noqa: E402
 from snapshot.chunk import ChunkInfo, encode_header  # noqa: E402
 from tests.test_snapshot_damage import _chunk, _frame  # noqa: E402
@@ -266,3 +267,16 @@ def test_snapshot_table_types_and_rows_through_read(tmp_path, backend):
     assert t.schema.field("value").type == pa.string()
     assert dict(zip(t.column("key").to_pylist(), t.column("value").to_pylist())) == {
         k: v.decode() for k, v in items.items()}
+
+
+def test_constant_columns_come_from_the_heap_the_next_batch_reuses():
+    """A batch's LSN and keyspace columns are allocated from malloc's heap
+    (arrow.CONSTANTS_POOL), not from pyarrow's default pool, which hands
+    freed pages back at once: each batch would fault in new pages."""
+    pool = pa.system_memory_pool()
+    before = pool.bytes_allocated()
+    batch = sa.snapshot_batch([b"k%05d" % i for i in range(10_000)], [b"v"] * 10_000, 7, sa.BINARY, sa.BINARY,
+                              lambda: "test", keyspace="users")
+    assert pool.bytes_allocated() - before >= 8 * 10_000 + 4 * 10_000  # the LSNs and the keyspace offsets
+    assert batch.column("lsn").to_pylist() == [7] * 10_000
+    assert set(batch.column("keyspace").to_pylist()) == {"users"}

@@ -110,7 +110,7 @@ class Rows:
             [k, sa.as_format(pa.array(self.values, pa.binary()), self.vf, "value", where), pa.nulls(len(k), k.type),
              _NAMES.take(pa.array(self.types, pa.int8())), pa.array(lsns, pa.int64()),
              pa.array(self.stamps, pa.timestamp("us", tz="UTC")), pa.array(self.idxs, pa.int32()),
-             pa.repeat(pa.scalar(self.keyspace, pa.string()), len(k))],
+             sa.repeat(pa.scalar(self.keyspace, pa.string()), len(k))],
             schema=self.schema,
         )
         for col in (self.keys, self.values, self.types, self.lsns, self.stamps, self.idxs):
