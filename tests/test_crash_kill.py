@@ -71,8 +71,9 @@ def one_round(store: str, run: int, rnd: random.Random, machine_crash: bool) -> 
     # One round in three has one writing thread: every write takes the group
     # commit's direct path (no queue), killed between its write and its fsync too.
     threads = 1 if run % 3 == 0 else THREADS
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))  # this checkout's walkv
     child = subprocess.Popen([sys.executable, CHILD, store, str(run), str(threads)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env)
     # Kill at a random moment: often while writing, sometimes while opening.
     if rnd.random() < 0.2:
         time.sleep(rnd.uniform(0.0, 0.3))
