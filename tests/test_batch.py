@@ -40,6 +40,19 @@ def test_put_payload_is_the_contract_bytes() -> None:
     assert encode_put(b"k", b"v") == b"\x91\x93\x01\xc4\x01k\xc4\x01v"
 
 
+_LENGTHS = st.sampled_from([0, 1, 255, 256, 65535, 65536, 70000])
+
+
+@given(st.integers(1, MAX_KEY_BYTES), _LENGTHS | st.integers(0, 300), st.binary(min_size=1, max_size=1))
+@settings(max_examples=60)
+def test_put_entry_writes_msgpacks_bytes(key_len, value_len, fill) -> None:
+    # put_entry writes msgpack's encoding out by hand: every bin8/16/32 boundary of the key and value
+    key, value = fill * key_len, fill * value_len
+    payload, ops = batch.put_entry(key, value, 1 << 20)
+    assert ops == [[OP_PUT, key, value]]
+    assert payload == packb([[OP_PUT, key, value]])
+
+
 def test_delete_and_range_payloads() -> None:
     assert encode_delete(b"k") == packb([[2, b"k"]])
     assert encode_delete_range(b"a", b"b") == packb([[3, b"a", b"b"]])

@@ -34,6 +34,7 @@ from wal.errors import (
     WalkvError,
 )
 from wal.group import Group
+from wal.hooks import LogHooks
 from wal.index import SparseIndex, read_index
 from wal.log import SYNC_MODES, Log, open
 from wal.reader import read_log
@@ -53,6 +54,7 @@ from wal.segment import (
 __all__ = [
     "build_info",
     "Group",
+    "LogHooks",
     "DURABLE_NAME",
     "SYNC_MODES",
     "ArchiveError",

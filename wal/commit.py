@@ -51,6 +51,7 @@ from typing import Final
 
 from wal.forkguard import forked_error
 from wal.group import Group
+from wal.log_writer import LogWriter
 from wal.segment import Payload
 
 logger = logging.getLogger("walkv.wal")
@@ -80,8 +81,8 @@ class _Waiter:
 class GroupCommit:
     """The queue and leadership of one log.
 
-    ``write_group(group)`` does the I/O for a :class:`Group` (called by one
-    leader at a time, without the mutex); when it raises,
+    ``writer.write_group(group)`` does the I/O for a :class:`Group` (called
+    by one leader at a time, without the mutex); when it raises,
     ``on_failure(error, first_lsn)`` returns the exception every later caller
     gets. ``check()`` raises when the log is closed or failed. ``mutex`` is
     the log's: what the writer changes for readers is changed under it too.
@@ -89,7 +90,7 @@ class GroupCommit:
 
     def __init__(
         self,
-        write_group: Callable[[Group], None],
+        writer: LogWriter,
         on_failure: Callable[[BaseException, int], BaseException],
         check: Callable[[], None],
         next_lsn: int,
@@ -100,7 +101,7 @@ class GroupCommit:
         self._acquire = mutex.acquire
         self._release = mutex.release
         self._work = threading.Condition(self.mutex)
-        self._write_group = write_group
+        self._writer = writer  # (a LogWriter, not a callable: compiled, a direct call)
         self._on_failure = on_failure
         self._check = check
         self._queue: list[Payload] = []
@@ -169,7 +170,7 @@ class GroupCommit:
         release()
         error: BaseException | None = None
         try:
-            self._write_group(Group(first, payloads, contexts))
+            self._writer.write_group(Group(first, payloads, contexts))
         except BaseException as e:  # noqa: BLE001 - any failure here fails the log
             error = e
         if error is not None:
@@ -306,7 +307,7 @@ class GroupCommit:
         if error is None:
             self.mutex.release()
             try:
-                self._write_group(group)
+                self._writer.write_group(group)
             except BaseException as e:  # noqa: BLE001 - any failure here fails the log
                 error = e
             self.mutex.acquire()

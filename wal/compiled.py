@@ -44,6 +44,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "wal.segment",
     "wal.segment_writer",
     "wal.group",
+    "wal.hooks",
     "wal.commit",
     "wal.log_writer",
     "wal.log",

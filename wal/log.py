@@ -60,7 +60,8 @@ from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_err
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
-from wal.log_writer import CommitHook, LogWriter, PrepareHook, StageHook
+from wal.hooks import CallableHooks, CommitHook, LogHooks, PrepareHook, StageHook
+from wal.log_writer import LogWriter
 from wal.reader import entries_of
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.segment import ENTRY_HEADER_SIZE, Entry, EntryBatch, Payload
@@ -81,19 +82,14 @@ class Log:
     Options: ``sync`` (see the module docstring); ``segment_bytes``, the size
     at which a segment is sealed and the next begun; ``sync_interval`` (ms) and
     ``sync_bytes`` for ``sync="batch"``; ``recovery`` ("strict" refuses to open
-    a corrupt log, "prefix" keeps its longest valid prefix); ``on_commit``,
-    called with each :class:`~wal.commit.Group` (LSNs, payloads and the
-    contexts their appenders passed) after it is acknowledged and before its
-    appenders return; ``on_prepare``, called with each group by its leader
-    just before it is framed (the previous group is written and committed by
-    then), returning the payloads to write instead (same number, same LSNs)
-    or ``None`` to write them as they are: the layer above decides what
-    depends on the order of the log there; ``on_stage``, with
-    ``sync="always"`` called with each group by its leader once it is written
-    and before it is synced, returning a :class:`~wal.log_writer.Staged` whose
-    work runs while the group's fsync does and is published only once the
-    fsync returned (aborted if the group fails), or ``None``
-    (:mod:`wal.log_writer` says when what runs); ``max_record_bytes``, the
+    a corrupt log, "prefix" keeps its longest valid prefix); ``hooks``, what
+    the layer above does with each :class:`~wal.group.Group` the log writes
+    (LSNs, payloads and the contexts their appenders passed): a
+    :class:`~wal.hooks.LogHooks` whose ``prepare``, ``stage`` and ``commit``
+    the log's leader calls before the group is framed, before its fsync, and
+    once it is acknowledged, before its appenders return (:mod:`wal.hooks`
+    says what each may do), or instead any of ``on_prepare``, ``on_stage``
+    and ``on_commit``, plain callables for the same; ``max_record_bytes``, the
     bound on one entry (at most :data:`~wal.record.MAX_RECORD_LIMIT`, 1 GiB;
     each segment's header states the limit it was written with, which is
     what readers go by); ``start_lsn``, the first LSN of a log created empty
@@ -114,6 +110,7 @@ class Log:
         sync_interval: float = 50.0,
         sync_bytes: int = 1 << 20,
         recovery: str = "strict",
+        hooks: LogHooks | None = None,
         on_commit: CommitHook | None = None,
         on_prepare: PrepareHook | None = None,
         on_stage: StageHook | None = None,
@@ -133,6 +130,10 @@ class Log:
             raise ValueError(f"max_record_bytes must be at most {MAX_RECORD_LIMIT} (1 GiB), not {max_record_bytes!r}")
         if not isinstance(start_lsn, int) or start_lsn < 1:
             raise ValueError(f"start_lsn must be a positive int, not {start_lsn!r}")
+        if hooks is None:
+            hooks = CallableHooks(on_prepare, on_stage, on_commit)
+        elif on_prepare is not None or on_stage is not None or on_commit is not None:
+            raise ValueError("pass the log's hooks either as hooks= or as on_prepare=/on_stage=/on_commit=, not both")
         self.directory = os.fspath(directory)
         self.sync_mode = sync
         self.segment_bytes = segment_bytes
@@ -144,8 +145,7 @@ class Log:
         try:
             self._writer = w = LogWriter(
                 self.directory, fs or OS_FS, mutex, recovery=recovery, sync_mode=sync, segment_bytes=segment_bytes,
-                sync_bytes=sync_bytes, max_record_bytes=max_record_bytes, start_lsn=start_lsn, on_prepare=on_prepare,
-                on_commit=on_commit, on_stage=on_stage)
+                sync_bytes=sync_bytes, max_record_bytes=max_record_bytes, start_lsn=start_lsn, hooks=hooks)
         except OSError as e:
             raise file_error(e, f"opening the log at {self.directory}") from None
         self._closed = False
@@ -153,7 +153,7 @@ class Log:
         # Appends call the group commit as a GroupCommit (compiled: a direct call); everything
         # else reaches it as _gc, which turns Refusing in a forked child (a declared type that
         # mypyc checks at run time, so it says so), and the group commit refuses appends itself.
-        self._appends = GroupCommit(w.write_group, self._fail, self._refuse, w.written[0] + 1, mutex)
+        self._appends = GroupCommit(w, self._fail, self._refuse, w.written[0] + 1, mutex)
         self._gc: GroupCommit | Refusing = self._appends
         self._flusher = w.flusher = BatchFlusher(mutex, sync_interval / 1000.0, self.sync) if sync == "batch" else None
         self._pid = os.getpid()

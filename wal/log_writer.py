@@ -15,15 +15,15 @@ writes through it; it changes what readers copy (the segments, the
 positions) only under ``mutex``, the group commit's.
 
 A group's sync, with ``sync="always"`` (:meth:`LogWriter.write_group`): the
-group is framed and written, then, when ``on_stage`` returns a
-:class:`Staged` for it (the layer above has work worth overlapping: a bulk
+group is framed and written, then, when the hooks' ``stage`` returns a
+:class:`~wal.hooks.Staged` for it (the layer above has work worth overlapping: a bulk
 write to its state), the fsync runs on a helper thread while the leader runs
 ``staged.run()`` (the fsync releases the GIL), and the leader waits for the
 fsync. Only after the fsync returned, and the directory check passed, is
 the group durable, published (``DURABLE``), ``staged.publish()``-ed, and
-handed to ``on_commit``; if anything failed, ``staged.abort()`` drops the
+handed to the hooks' ``commit``; if anything failed, ``staged.abort()`` drops the
 staged work and the group fails (the log with it). So staged work is never
-visible before its group is durable. Every other group (``on_stage``
+visible before its group is durable. Every other group (``stage``
 returned None: the single put, any small group) syncs on the leader, as
 before, with no thread.
 """
@@ -32,16 +32,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final
 
 from wal.durable import DurableMarker
 from wal.errors import LogFailedError
 from wal.flusher import BatchFlusher
 from wal.fs import FileSystem
 from wal.group import Group
+from wal.hooks import LogHooks, Staged
 from wal.lock import DirectoryLock
-from wal.segment import Payload
 from wal.segment_writer import ActiveSegment, check_payload, gathered, round_block
 from wal.segments import SegmentSet
 from wal.stats import LogStats
@@ -50,41 +49,17 @@ from wal.truncation import cut_marked, mark_truncate
 PREALLOC_STEP: Final = 8 << 20  # the active segment grows by this much (at most) at a time
 DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the directory at least this often
 _time_ns: Final = time.time_ns
-CommitHook = Callable[[Group], None]
-PrepareHook = Callable[[Group], "list[Payload] | None"]
-
-
-class Staged(Protocol):
-    """Work the layer above does for one group while its fsync runs (the
-    module docstring says when each method is called; all three on the
-    leader's thread, so a resource bound to a thread, an LMDB write
-    transaction, may be begun in one and ended in another)."""
-
-    def run(self) -> None:
-        """Do the work, invisibly: the group is not durable yet."""
-
-    def publish(self) -> None:
-        """The group is durable: make the work visible."""
-
-    def abort(self) -> None:
-        """The group failed (its write, its fsync, or :meth:`run`): drop the work."""
-
-
-StageHook = Callable[[Group], "Staged | None"]
-
-
 class LogWriter:
     """The writer of the log in ``directory``: opening it creates the
     directory, takes its lock (:class:`~wal.lock.DirectoryLock`, released
     if the rest fails) and recovers the segments; it then writes groups into
     them, rolling at ``segment_bytes`` and syncing as ``sync_mode`` says.
-    ``on_prepare``, ``on_stage`` and ``on_commit`` as :class:`wal.Log`
-    describes them."""
+    ``hooks``: the layer above's (:mod:`wal.hooks`), called as the module
+    docstring says."""
 
     def __init__(self, directory: str, fs: FileSystem, mutex: threading.Lock, *, recovery: str, sync_mode: str,
                  segment_bytes: int, sync_bytes: int, max_record_bytes: int, start_lsn: int,
-                 on_prepare: PrepareHook | None, on_commit: CommitHook | None,
-                 on_stage: StageHook | None = None) -> None:
+                 hooks: LogHooks) -> None:
         self.directory = directory
         self.fs = fs
         self.mutex = mutex
@@ -96,9 +71,7 @@ class LogWriter:
         self.prealloc_step = min(PREALLOC_STEP, round_block(segment_bytes))
         self.max_record_bytes = max_record_bytes
         self.start_lsn = start_lsn
-        self._on_prepare = on_prepare
-        self._on_commit = on_commit
-        self._on_stage = on_stage if sync_mode == "always" else None  # nothing to overlap without an fsync
+        self.hooks = hooks
         self.flusher: BatchFlusher | None = None  # sync="batch": set by the log once its flusher runs
         self.stats = LogStats()
         self._unsynced_bytes = 0
@@ -125,11 +98,11 @@ class LogWriter:
     def write_group(self, group: Group) -> None:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
         it to ``on_commit``. Called by the leader only, without the mutex."""
-        if self._on_prepare is not None:
-            prepared = self._on_prepare(group)
-            if prepared is not None:
-                limit = self.max_record_bytes
-                group = Group(group.first_lsn, [check_payload(p, limit) for p in prepared], group.contexts)
+        hooks = self.hooks
+        prepared = hooks.prepare(group)
+        if prepared is not None:
+            limit = self.max_record_bytes
+            group = Group(group.first_lsn, [check_payload(p, limit) for p in prepared], group.contexts)
         first, payloads = group.first_lsn, group.payloads
         active = self.files.active
         now_us = _time_ns() // 1000
@@ -143,7 +116,7 @@ class LogWriter:
         lsn = first + len(payloads)
         self.written = (lsn - 1, active.data_end)
         if self._always:
-            staged = self._on_stage(group) if self._on_stage is not None else None
+            staged = hooks.stage(group)
             if staged is None:
                 self.timed_sync(full=grew)
                 self.lock.check()  # after the fsync: acknowledged durable means in the store's files
@@ -165,8 +138,7 @@ class LogWriter:
                 with self.mutex:
                     self.flusher.poke()
         self.stats.group(len(payloads), written)
-        if self._on_commit is not None:
-            self._on_commit(group)
+        hooks.commit(group)
 
     def _sync_while(self, staged: Staged, full: bool) -> None:
         """The group's fsync on a helper thread while this one runs

@@ -1,5 +1,5 @@
 """A bulk group applied while the log syncs it: the log's
-:class:`~wal.log_writer.Staged` for a state machine
+:class:`~wal.hooks.Staged` for a state machine
 (:meth:`kvstore.state.machine.State.stage`).
 
 The order that makes it safe, all on the log's leader thread (LMDB's write
@@ -89,7 +89,7 @@ class ThroughWrite:
 
 class StagedApply:
     """A bulk group applied while the log syncs it (:meth:`kvstore.state.machine.State.stage`; the
-    log's :class:`~wal.log_writer.Staged`), all on the log's leader thread.
+    log's :class:`~wal.hooks.Staged`), all on the log's leader thread.
 
     Durability: :meth:`run` writes the group (after the overlay's writes)
     into an LMDB write transaction it leaves open, while the log's fsync of

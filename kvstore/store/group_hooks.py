@@ -1,7 +1,8 @@
-"""What a store does with each group its log writes: the log's two hooks.
+"""What a store does with each group its log writes: the log's hooks.
 
 :class:`wal.Log` calls them on the group's leader, once per group, so they
-are on every write's path and are compiled with the core (wal/compiled.py):
+are on every write's path and are compiled with the core (wal/compiled.py),
+a subclass of :class:`wal.hooks.LogHooks` that the log calls directly:
 
 - ``prepare`` runs before the group is written. It decides the group's
   conditional writes in log order and writes the decisions into the log
@@ -33,6 +34,7 @@ from kvstore.entry.conditions import decide_group
 from kvstore.state import Ops, State
 from kvstore.state.staged import StagedApply
 from wal.group import Group
+from wal.hooks import LogHooks
 from wal.segment import Payload
 
 if TYPE_CHECKING:  # (interpreted classes: the hooks call them, never the other way)
@@ -42,9 +44,8 @@ if TYPE_CHECKING:  # (interpreted classes: the hooks call them, never the other 
 
 
 @final
-class GroupHooks:
-    """The hooks of one store's log (``on_prepare=hooks.prepare``,
-    ``on_stage=hooks.stage``, ``on_commit=hooks.commit``)."""
+class GroupHooks(LogHooks):
+    """The hooks of one store's log (``wal.open(hooks=...)``)."""
 
     def __init__(self, hub: WatchHub) -> None:
         self._hub = hub

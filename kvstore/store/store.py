@@ -152,8 +152,7 @@ class KVStore(Lookups):
                                                                   options)
             else:
                 self._writer, opened = StoreWriter.open(
-                    self.path, self._fs, options, snapshots_, progress=progress, on_commit=self._hooks.commit,
-                    on_prepare=self._hooks.prepare, on_stage=self._hooks.stage,
+                    self.path, self._fs, options, snapshots_, progress=progress, hooks=self._hooks,
                     log_options=dict(log_options, sync=sync, segment_bytes=segment_bytes,
                                      max_record_bytes=max_record_bytes))
                 self._log = self._writer.log

@@ -55,8 +55,8 @@ from kvstore.store import recovery, snapshots
 from kvstore.watch import consumers
 from wal.errors import ArchiveError, ReplicaError, WalkvError
 from wal.fs import FileSystem
+from wal.hooks import LogHooks
 from wal.lock import DirectoryLock
-from wal.log_writer import StageHook
 from wal.progress import Progress
 
 log = logging.getLogger("walkv.store")
@@ -84,9 +84,8 @@ class StoreWriter:
 
     @classmethod
     def open(cls, path: str, fs: FileSystem, options: StateOptions, snapshots_: snapshots.StoreSnapshots, *,
-             progress: Progress | None, on_commit: Callable[[wal.Group], None],
-             on_prepare: Callable[[wal.Group], list[Any] | None], log_options: dict[str, Any],
-             on_stage: StageHook | None = None) -> tuple[StoreWriter, recovery.Opened]:
+             progress: Progress | None, hooks: LogHooks, log_options: dict[str, Any]
+             ) -> tuple[StoreWriter, recovery.Opened]:
         """Take the store at ``path`` as its writer and open its state (module
         docstring); on any failure let go of everything taken."""
         fs.makedirs(path)
@@ -95,8 +94,7 @@ class StoreWriter:
             if os.path.exists(os.path.join(path, REPLICA_NAME)):
                 raise ReplicaError(f"{path} is a read replica (kvstore.replica): open it with "
                                    f"kvstore.open_replica, or promote() it to write to it")
-            log_ = wal.open(os.path.join(path, WAL_DIR), on_commit=on_commit, on_prepare=on_prepare, on_stage=on_stage,
-                            fs=fs, **log_options)
+            log_ = wal.open(os.path.join(path, WAL_DIR), hooks=hooks, fs=fs, **log_options)
             try:
                 opened = recovery.open_state(path, os.path.join(path, LMDB_DIR), log_, fs=fs, options=options,
                                              progress=progress)
