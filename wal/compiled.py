@@ -47,6 +47,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "wal.hooks",
     "wal.commit",
     "wal.log_writer",
+    "wal.append",
     "wal.log",
     "wal.reader",
     "kvstore.entry.limits",

@@ -54,6 +54,7 @@ from typing import Final, Self
 
 from mypy_extensions import mypyc_attr
 
+from wal.append import Appender
 from wal.commit import Callback, GroupCommit
 from wal.crc import BytesLike
 from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_error, log_failed
@@ -155,6 +156,8 @@ class Log:
         # mypyc checks at run time, so it says so), and the group commit refuses appends itself.
         self._appends = GroupCommit(w, self._fail, self._refuse, w.written[0] + 1, mutex)
         self._gc: GroupCommit | Refusing = self._appends
+        self.appender = Appender(self._appends, max_record_bytes)
+        """What :meth:`append` runs: ``log.appender.append`` is the same call, compiled (:mod:`wal.append`)."""
         self._flusher = w.flusher = BatchFlusher(mutex, sync_interval / 1000.0, self.sync) if sync == "batch" else None
         self._pid = os.getpid()
         track(self)
@@ -225,9 +228,7 @@ class Log:
         ``payload`` is bytes, or a tuple of bytes whose concatenation is the
         payload: a large value is then logged without being copied into one
         buffer (``on_commit`` gets the tuple)."""
-        if type(payload) is not bytes or len(payload) > self._max_payload:
-            payload = check_payload(payload, self.max_record_bytes)
-        return self._appends.submit([payload], [context])
+        return self.appender.append(payload, context)
 
     def append_batch(self, payloads: Iterable[Payload | BytesLike]) -> tuple[int, int]:
         """Append several entries, written as one group; return ``(first,

@@ -92,8 +92,9 @@ def frame(payload: BytesLike, offset: int) -> tuple[bytes, int]:
     n = len(payload)
     if n + HEADER_SIZE <= BLOCK_SIZE - offset % BLOCK_SIZE:
         crc = extend_bytes(_FULL_CRC, payload)  # mask() inlined: this is the hot path
-        header = _pack_header((((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF, n, FULL)
-        return header + payload, offset + HEADER_SIZE + n
+        # FRAGMENT_HEADER as one int's 7 little-endian bytes (compiled: no call into struct)
+        masked = (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF
+        return (masked | n << 32 | FULL << 48).to_bytes(HEADER_SIZE, "little") + payload, offset + HEADER_SIZE + n
     parts: list[bytes | memoryview] = []
     end = frame_into(parts, payload, offset)
     return b"".join(parts), end

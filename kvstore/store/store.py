@@ -93,7 +93,7 @@ class KVStore(Lookups):
     wakes its watchers and, unless ``readonly``, a writer
     (:class:`kvstore.store.writer.StoreWriter`: the lock, the log, the
     snapshots, the archiver); its methods delegate to them. Every write goes
-    through :meth:`_append`, the one place that refuses writes.
+    through ``_append``, the one place that refuses writes.
 
     Thread-safe: any number of threads may read and write; concurrent writers
     share fsyncs (group commit). Use as a context manager, or call
@@ -139,6 +139,7 @@ class KVStore(Lookups):
         self._wal_dir = os.path.join(self.path, WAL_DIR)
         self._writer: StoreWriter | None = None  # None: read-only (another process writes)
         self._log: wal.Log | None = None          # the writer's log (for the write path)
+        self._append: Callable[[Payload, Ops], int] = self._refuse_write  # (see "writes" below)
         self._watch_hub = watching.WatchHub()  # wakes watchers, once per group commit
         self._hooks = GroupHooks(self._watch_hub)  # the log's (kvstore/store/group_hooks.py)
         self.max_record_bytes: int | None = None if self.readonly else max_record_bytes
@@ -156,6 +157,7 @@ class KVStore(Lookups):
                     log_options=dict(log_options, sync=sync, segment_bytes=segment_bytes,
                                      max_record_bytes=max_record_bytes))
                 self._log = self._writer.log
+                self._append = self._log.appender.append
                 self._writer.max_retained_bytes = max_retained_bytes
                 self._state, self.replayed, self.rebuilt = opened
                 if snapshot_every_bytes:
@@ -192,6 +194,7 @@ class KVStore(Lookups):
         if self._closed:
             return
         self._forked = True
+        self._append = self._refuse_write
 
     def _check_open(self) -> None:
         if self._closed:
@@ -200,17 +203,17 @@ class KVStore(Lookups):
             raise forked_error(f"the store {self.path}", self._pid)
 
     # -- writes ------------------------------------------------------------------
-    # Every write is one log entry (one LSN) submitted through _append: its
-    # operations travel with the payload through the log to the state machine
-    # (docs/architecture.md, "The path of a put").
+    # Every write is one log entry (one LSN) submitted through ``_append(payload, ops)``,
+    # the one way into the log, and the one check that refuses a write: it is the log's
+    # compiled appender (wal/append.py; a closed log raises ClosedError itself), or
+    # _refuse_write when the store is read-only or forked. The operations travel with
+    # the payload through the log to the state machine (docs/architecture.md, "The path
+    # of a put").
 
-    def _append(self, payload: Payload, ops: Ops) -> int:
-        """The one way into the log, and the one check that refuses a write:
-        read-only (no log) or forked. A closed log raises ClosedError itself."""
-        if self._log is None or self._forked:
-            self._check_open()
-            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; writes are refused")
-        return self._log.append(payload, ops)
+    def _refuse_write(self, payload: Payload, ops: Ops) -> int:
+        """``_append`` when the store may not write: read-only (no log) or forked."""
+        self._check_open()
+        raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; writes are refused")
 
     def put(self, key: bytes, value: bytes, ttl: float | None = None, lease: Lease | int | None = None) -> int:
         """Set ``key`` to ``value``; return the write's LSN. Durable per the
