@@ -28,8 +28,8 @@ flushes it, one flush at a time; any number of threads read, each through its ow
 cached read transaction (a get is one LMDB lookup); see :mod:`kvstore.state.readers`
 for how readers and the writer share LMDB without a lock on the read path.
 
-:class:`State` owns applying and flushing, and has the parts it delegates
-to: the environment (:mod:`kvstore.state.environment`), its bookkeeping
+:class:`State` owns applying (into the overlay, or through to LMDB), and
+has the parts it delegates to: the environment (:mod:`kvstore.state.environment`), its bookkeeping
 (:mod:`kvstore.state.meta`), the overlay, its LMDB commits
 (:mod:`kvstore.state.commits`), a read path for gets
 (:mod:`kvstore.state.reads`) and the reads that know expiry and keyspaces
