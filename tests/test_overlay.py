@@ -38,14 +38,14 @@ def test_a_write_is_visible_at_once_and_reaches_lmdb_in_bulk(tmp_path, monkeypat
         db.put(b"a", b"1")
         state = db._state
         assert db.get(b"a") == b"1" and db.get(b"old") is None and db[b"a"] == b"1"
-        assert lmdb_value(db, b"a") is None and state.lmdb_applied_lsn == 0 < db.applied_lsn == 3
+        assert lmdb_value(db, b"a") is None and state.commits.applied_lsn == 0 < db.applied_lsn == 3
         got: list = []
         t = threading.Thread(target=lambda: got.append(db.get(b"a")))
         t.start()
         t.join()
         assert got == [b"1"]  # any thread
         assert len(db) == 1   # a count flushes first
-        assert lmdb_value(db, b"a") == b"1" and state.lmdb_applied_lsn == 3
+        assert lmdb_value(db, b"a") == b"1" and state.commits.applied_lsn == 3
         assert db.stats()["overlay_keys"] == 0
 
 
@@ -82,7 +82,7 @@ def test_a_full_overlay_is_flushed_by_the_writer(tmp_path, monkeypatch):
     with kvstore.open(str(tmp_path / "s"), sync="none") as db:
         for i in range(25):
             db.put(b"k%02d" % i, b"v")
-        assert db._state.overlay.flushes == 2 and db._state.lmdb_applied_lsn == 20
+        assert db._state.overlay.flushes == 2 and db._state.commits.applied_lsn == 20
         assert lmdb_value(db, b"k19") == b"v" and lmdb_value(db, b"k20") is None
         assert db.get(b"k24") == b"v"
 
@@ -93,9 +93,9 @@ def test_the_flushing_thread_catches_lmdb_up(tmp_path, monkeypatch):
         db.put(b"a", b"1")
         db.put(b"b", b"2")
         deadline = time.monotonic() + 60
-        while db._state.lmdb_applied_lsn < 2 and time.monotonic() < deadline:
+        while db._state.commits.applied_lsn < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert lmdb_value(db, b"b") == b"2" and db._state.lmdb_applied_lsn == 2  # with no read asking
+        assert lmdb_value(db, b"b") == b"2" and db._state.commits.applied_lsn == 2  # with no read asking
 
 
 def test_a_due_flush_is_handed_to_the_writers_next_put(tmp_path, monkeypatch):
@@ -109,10 +109,10 @@ def test_a_due_flush_is_handed_to_the_writers_next_put(tmp_path, monkeypatch):
         deadline = time.monotonic() + 60
         while not overlay.due and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert overlay.due and overlay.flushes == 0 and db._state.lmdb_applied_lsn == 0
+        assert overlay.due and overlay.flushes == 0 and db._state.commits.applied_lsn == 0
         db.put(b"b", b"2")
         assert overlay.flushes == 1 and not overlay.due and len(overlay) == 0
-        assert db._state.lmdb_applied_lsn == 2 and lmdb_value(db, b"a") == b"1" and lmdb_value(db, b"b") == b"2"
+        assert db._state.commits.applied_lsn == 2 and lmdb_value(db, b"a") == b"1" and lmdb_value(db, b"b") == b"2"
 
 
 def test_groups_that_are_not_plain_puts_apply_after_the_overlay(tmp_path, monkeypatch):
@@ -136,7 +136,7 @@ def test_a_process_crash_loses_nothing_the_overlay_held(tmp_path, monkeypatch):
     for i in range(100):
         db.put(b"k%03d" % i, b"%d" % i)
     db.delete(b"base3")
-    assert db._state.lmdb_applied_lsn == 1 and db.last_lsn == 102
+    assert db._state.commits.applied_lsn == 1 and db.last_lsn == 102
     abandon(db)  # the overlay is gone with the process; LMDB stayed at LSN 1
     with kvstore.open(path, sync="none") as db:
         assert db.rebuilt is None and db.replayed == 101

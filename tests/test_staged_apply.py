@@ -67,7 +67,7 @@ def test_a_bulk_group_is_written_to_lmdb_while_it_syncs_and_shown_after(tmp_path
         if db is not None:
             state = db._state
             seen.append((threading.current_thread().name, db.get(b"a000000"), db.get(b"small"),
-                         state.lmdb_applied_lsn))
+                         state.commits.applied_lsn))
 
     db = kvstore.open(str(tmp_path / "s"), fs=SeenFS(on_sync))
     with db:
@@ -81,7 +81,7 @@ def test_a_bulk_group_is_written_to_lmdb_while_it_syncs_and_shown_after(tmp_path
         assert thread == "walkv-fsync"
         assert during is None and small_during == b"1" and lmdb_lsn_during < lsn
         assert db.get(b"a000000") == b"a-value-0" and db.get(b"a%06d" % (BULK - 1)) is not None
-        assert db._state.lmdb_applied_lsn == lsn == db.applied_lsn
+        assert db._state.commits.applied_lsn == lsn == db.applied_lsn
         assert len(db._state.overlay) == 0  # the overlay went to LMDB with it
         assert db.get(b"small") == b"1"
     with kvstore.open(str(tmp_path / "s")) as db2:
@@ -104,7 +104,7 @@ def test_a_failed_fsync_leaves_lmdb_without_the_bulk_group(tmp_path, reboot, pow
         with pytest.raises(LogFailedError):
             bulk(db, b"b")
         state = db._state
-        assert state.lmdb_applied_lsn == first and db.applied_lsn == first + 1
+        assert state.commits.applied_lsn == first and db.applied_lsn == first + 1
         assert db.get(b"b000000") is None and db.get(b"b%06d" % (BULK - 1)) is None
         assert db.get(b"b000001") == b"from the overlay"
         assert db.get(b"a000003") == b"a-value-3"
@@ -135,7 +135,7 @@ def test_sync_modes_without_fsync_do_not_stage(tmp_path) -> None:
                       fs=SeenFS(lambda: synced.append(threading.current_thread().name))) as db:
         synced.clear()
         lsn = bulk(db, b"a")
-        assert synced == [] and db.get(b"a000001") == b"a-value-1" and db._state.lmdb_applied_lsn == lsn
+        assert synced == [] and db.get(b"a000001") == b"a-value-1" and db._state.commits.applied_lsn == lsn
 
 
 def test_sigkill_while_a_staged_group_syncs_leaves_lmdb_a_prefix(tmp_path) -> None:

@@ -25,7 +25,7 @@ def test_the_bookkeeping_survives_a_reopen(tmp_path):
     s.initialize("ab12", 5, complete=False)
     s.close()
     s = state_at(tmp_path)
-    assert (s.initialized, s.store_id, s.applied_lsn, s.lmdb_applied_lsn, s.complete) == (True, "ab12", 5, 5, False)
+    assert (s.initialized, s.store_id, s.applied_lsn, s.commits.applied_lsn, s.complete) == (True, "ab12", 5, 5, False)
     assert s.read_meta_applied() == 5
     s.close()
 

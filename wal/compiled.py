@@ -63,6 +63,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvstore.state.environment",
     "kvstore.state.expiring_reads",
     "kvstore.state.base_load",
+    "kvstore.state.commits",
     "kvstore.state.staged",
     "kvstore.state.machine",
     "kvstore.store.group_hooks",

@@ -19,12 +19,8 @@ Inside the environment:
 * walkv's bookkeeping (the store id, the applied LSN...) are plain keys of
   LMDB's main (unnamed) database: :mod:`kvstore.state.meta`.
 
-Durability: LMDB is opened with ``sync=False, metasync=False``: its fsyncs are
-not on the commit path, the log's are. A process crash cannot corrupt such an
-environment (dirty pages live in the kernel's page cache), a machine crash can
-(pages reach the disk in any order), so whether to trust it at open is decided
-from the SESSION record (kvstore/store/recovery.py), never from LMDB's contents.
-The other options, and why: :mod:`kvstore.state.lmdb_env`.
+Durability: the log's; LMDB is a cache of it, written by the commits of
+:mod:`kvstore.state.commits` (which says why it can be trusted, and when).
 
 Concurrency: one thread at a time applies (the log's committing thread, or the
 opener while replaying); the overlay is written to LMDB by whichever thread
@@ -32,9 +28,10 @@ flushes it, one flush at a time; any number of threads read, each through its ow
 cached read transaction (a get is one LMDB lookup); see :mod:`kvstore.state.readers`
 for how readers and the writer share LMDB without a lock on the read path.
 
-:class:`State` owns applying and flushing, and has the parts it delegates
-to: the environment (:mod:`kvstore.state.environment`), its bookkeeping
-(:mod:`kvstore.state.meta`), the overlay, a read path for gets
+:class:`State` owns applying (into the overlay, or through to LMDB), and
+has the parts it delegates to: the environment (:mod:`kvstore.state.environment`), its bookkeeping
+(:mod:`kvstore.state.meta`), the overlay, its LMDB commits
+(:mod:`kvstore.state.commits`), a read path for gets
 (:mod:`kvstore.state.reads`) and the reads that know expiry and keyspaces
 (:mod:`kvstore.state.expiring_reads`).
 """
@@ -43,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, NamedTuple
@@ -63,17 +59,17 @@ from kvstore.entry.codec import (
 )
 from kvstore.entry.limits import DEFAULT_KEYSPACE
 from kvstore.state.base_load import load_sections
+from kvstore.state.commits import LmdbCommits
 from kvstore.state.environment import Environment
 from kvstore.state.expiring_reads import ExpiringReads
 from kvstore.state.expiry import Expiry
-from kvstore.state.lmdb_ops import apply_ops, put_run, write_values
-from kvstore.state.meta import K_APPLIED, mark_complete, pack_lsn, read_meta, write_meta
+from kvstore.state.meta import mark_complete, read_meta, write_meta
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView
 from kvstore.state.reads import CachedReads, FreshReads, Get
-from kvstore.state.staged import StagedApply, ThroughWrite
+from kvstore.state.staged import StagedApply
 from kvstore.state.view import View
-from wal.errors import CorruptionError, Damage, LogFailedError, WalkvError
+from wal.errors import CorruptionError, Damage, WalkvError
 from wal.forkguard import track
 from wal.segment import Payload, payload_size
 
@@ -131,10 +127,6 @@ class State:
         self.puts = 0
         self.deletes = 0
         self.delete_ranges = 0
-        self.lmdb_commits = 0      # write transactions that applied entries (or the overlay)
-        self.apply_seconds = 0.0   # ... and their time
-        self.apply_max_seconds = 0.0
-        self._failure: Exception | None = None  # a flush that failed (raised by every later apply)
         self._staging: StagedApply | None = None  # the group being staged (stage), while it runs
         # LMDB, shared by reading threads and the writer (kvstore/state/environment.py)
         self.lmdb = Environment(path, readonly=readonly, map_size=map_size, writemap=writemap,
@@ -148,6 +140,10 @@ class State:
                 raise CorruptionError(f"LMDB environment is unreadable: {exc}", kind=Damage.LMDB,
                                       path=path, offset=0) from None
             raise
+        self.expiry = Expiry(self.lmdb.env, readonly=readonly)
+        # the write transactions to LMDB, their failure and counters (kvstore/state/commits.py)
+        self.commits = LmdbCommits(self.lmdb, self.overlay, self.expiry, self.applied_lsn,
+                                   reads_changed=self._reads_for_expiry, written_through=self._written_through)
         # The read path, chosen once (kvstore/state/reads.py). Its get and
         # get_many are exposed as they are, bound methods rather than State
         # methods that call them, so that a get costs no extra Python call:
@@ -155,7 +151,6 @@ class State:
         # empty, get is the LMDB-only one (_overlay_occupied switches); while
         # a key has an expiry, the one that checks it (_reads_for_expiry).
         self.get: Get
-        self.expiry = Expiry(self.lmdb.env, readonly=readonly)
         self._reads: CachedReads | FreshReads
         self._plain_get: Get
         self._plain_get_many: Callable[..., list[bytes | None]]
@@ -168,12 +163,12 @@ class State:
             self._plain_get, self._plain_get_many = cached.get_lmdb, cached.get_many
         self.get, self.get_many = self._plain_get, self._plain_get_many
         # every other read: expiry- and keyspace-aware (kvstore/state/expiring_reads.py)
-        self.expiring_reads = ExpiringReads(self.lmdb, self.overlay, self.expiry, self._reads, self.flush,
-                                            readonly=readonly)
+        self.expiring_reads = ExpiringReads(self.lmdb, self.overlay, self.expiry, self._reads,
+                                            self.commits.flush, readonly=readonly)
         self._checking = False  # get is expiring_reads.get (a key has an expiry)
         self._reads_for_expiry()
         if self.use_overlay:
-            self.overlay.start(self.flush)
+            self.overlay.start(self.commits.flush)
 
     def _overlay_occupied(self, occupied: bool) -> None:
         """The overlay took its first write (``occupied``) or a flush left it
@@ -206,13 +201,12 @@ class State:
         with self.lmdb.env.begin() as txn:
             meta = read_meta(txn, self.lmdb.main_db, self.path)
         self.initialized, self.store_id, self.applied_lsn, self.complete = meta
-        self.lmdb_applied_lsn = self.applied_lsn
 
     def initialize(self, store_id: str, base_lsn: int = 0, *, complete: bool) -> None:
         """Write the meta of a fresh (or rebuilding) environment."""
         self.lmdb.write(partial(write_meta, self.lmdb.main_db, store_id, base_lsn, complete))
         self.store_id = store_id
-        self.applied_lsn = self.lmdb_applied_lsn = base_lsn
+        self.applied_lsn = self.commits.applied_lsn = base_lsn
         self.complete = complete
         self.initialized = True
 
@@ -225,7 +219,7 @@ class State:
         n = load_sections(self.lmdb, self.expiry, pairs, sections or {}, chunk)
         self._reads_for_expiry()
         self.lmdb.write(partial(mark_complete, self.lmdb.main_db, base_lsn, True))
-        self.applied_lsn = self.lmdb_applied_lsn = base_lsn
+        self.applied_lsn = self.commits.applied_lsn = base_lsn
         self.complete = True
         return n
 
@@ -314,32 +308,15 @@ class State:
                             expiry_ops=not {op[0] for op in flat}.isdisjoint(EXPIRY_CODES))
 
     def flush(self) -> None:
-        """Write the overlay to LMDB (one write transaction, one
-        ``putmulti`` call) and record its highest LSN there as applied.
-        Called when the overlay is full, by its thread, before reads of LMDB
-        as a whole, and at close; any thread may call it."""
-        overlay = self.overlay
-        if not overlay.active and overlay.frozen is None:
-            return  # (a flush in progress holds ``frozen``: wait for it below)
-        if self._failure is not None:
-            raise self._failure
-        with overlay.flush_lock:
-            if self.lmdb.closed:
-                return
-            frozen = overlay.freeze()
-            if frozen is None:
-                return
-            values, lsn = frozen
-            main = self.lmdb.main_db
+        """Write the overlay to LMDB: :meth:`LmdbCommits.flush
+        <kvstore.state.commits.LmdbCommits.flush>`."""
+        self.commits.flush()
 
-            def write(txn: lmdb.Transaction) -> None:
-                write_values(txn, values)
-                if self.expiry.keys:
-                    self.expiry.drop(txn, values)
-                txn.put(K_APPLIED, pack_lsn(lsn), True, True, False, main)
-            self._write_applied(write, lsn)
-            overlay.thaw()
-            self._reads_for_expiry()
+    @property
+    def _failure(self) -> Exception | None:
+        """A commit that failed (:attr:`LmdbCommits.failure
+        <kvstore.state.commits.LmdbCommits.failure>`), raised by every later apply."""
+        return self.commits.failure
 
     def _count(self, ops: Ops) -> None:
         for op in ops:
@@ -353,104 +330,23 @@ class State:
 
     def _write_through(self, ops: Ops, last: int, size_hint: int, *, puts_only: bool, expiry_ops: bool) -> None:
         """Apply ``ops`` (ending at LSN ``last``) to LMDB now, after what the
-        overlay holds, in one write transaction; through the expiry metadata
-        (:mod:`kvstore.state.expiry`) when they touch it (``expiry_ops``) or
-        a key has an expiry. While a group is staged (:meth:`stage`), the
-        transaction is left open, with the overlay's lock held, for
-        :class:`StagedApply` to commit."""
-        expiry = expiry_ops or self.expiry.keys > 0
-        overlay = self.overlay
-        main = self.lmdb.main_db
-        overlay.flush_lock.acquire()
-        staged = False
-        try:
-            frozen = overlay.freeze()
-            self.lmdb.make_room(size_hint)
+        overlay holds, in one write transaction
+        (:meth:`kvstore.state.commits.LmdbCommits.write_through`); through the
+        expiry metadata when they touch it (``expiry_ops``) or a key has an
+        expiry. While a group is staged (:meth:`stage`), the transaction is
+        left open for :class:`StagedApply` to commit."""
+        staging = self._staging
+        through = self.commits.write_through(ops, last, size_hint, puts_only=puts_only,
+                                             expiry=expiry_ops or self.expiry.keys > 0, hold=staging is not None)
+        if staging is not None:
+            staging.through = through
 
-            def write(txn: lmdb.Transaction) -> None:
-                if frozen is not None:
-                    write_values(txn, frozen[0])
-                    if self.expiry.keys:
-                        self.expiry.drop(txn, frozen[0])
-                if expiry:
-                    self.expiry.apply(txn, ops, self.lmdb.keyspace_db_in)
-                elif puts_only:
-                    put_run(txn, ops)
-                else:
-                    apply_ops(txn, ops, self.lmdb.keyspace_db_in)
-                txn.put(K_APPLIED, pack_lsn(last), True, True, False, main)
-            staging = self._staging
-            if staging is not None:
-                t0 = time.perf_counter()
-                txn = self._begin_applied(write, last)
-                staging.through = ThroughWrite(self, txn, write, last, frozen is not None, expiry,
-                                                time.perf_counter() - t0)
-                staged = True
-                return
-            self._write_applied(write, last)
-            self._written_through(last, frozen is not None, expiry)
-        finally:
-            if not staged:
-                overlay.flush_lock.release()
-
-    def _written_through(self, last: int, thaw: bool, expiry: bool) -> None:
+    def _written_through(self, last: int, expiry: bool) -> None:
         """After a write-through transaction up to LSN ``last`` committed (the
-        overlay's lock held): its frozen part (``thaw``) is in LMDB, the
-        LSN applied."""
-        if thaw:
-            self.overlay.thaw()
+        overlay's lock held): the LSN is applied."""
         self.applied_lsn = last
         if expiry:
             self._reads_for_expiry()
-
-    def _write_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> None:
-        """Run ``write`` in one write transaction (growing the map as often
-        as it fills) that makes LSNs up to ``lsn`` applied in LMDB. A failure
-        is kept and raised again by every later apply and flush (the writes
-        it carried are in the log: the next open replays them)."""
-        t0 = time.perf_counter()
-        try:
-            self.lmdb.write(write)
-        except BaseException as exc:
-            raise self._failed(exc, lsn) from None
-        self._applied_in_lmdb(lsn, time.perf_counter() - t0)
-
-    def _begin_applied(self, write: Callable[[lmdb.Transaction], None], lsn: int) -> lmdb.Transaction:
-        """:meth:`_write_applied`'s ``write`` in a transaction left open
-        (:meth:`kvstore.state.environment.Environment.begin_write`)."""
-        try:
-            return self.lmdb.begin_write(write)
-        except BaseException as exc:
-            raise self._failed(exc, lsn) from None
-
-    def _commit_applied(self, txn: lmdb.Transaction, write: Callable[[lmdb.Transaction], None], lsn: int,
-                        seconds: float) -> None:
-        """Commit what :meth:`_begin_applied` wrote (``seconds``: the time
-        that took), as :meth:`_write_applied` would have."""
-        t0 = time.perf_counter()
-        try:
-            self.lmdb.commit_write(txn, write)
-        except BaseException as exc:
-            raise self._failed(exc, lsn) from None
-        self._applied_in_lmdb(lsn, seconds + time.perf_counter() - t0)
-
-    def _applied_in_lmdb(self, lsn: int, seconds: float) -> None:
-        """A write transaction that took ``seconds`` committed LSNs up to ``lsn``."""
-        self.lmdb_applied_lsn = lsn
-        self.lmdb_commits += 1
-        self.apply_seconds += seconds
-        if seconds > self.apply_max_seconds:
-            self.apply_max_seconds = seconds
-        self.lmdb.maintain_now_and_then()
-
-    def _failed(self, exc: BaseException, lsn: int) -> BaseException:
-        """Keep a failure to apply LSNs up to ``lsn`` (raised again by every
-        later apply and flush); return what to raise."""
-        if isinstance(exc, lmdb.Error):
-            exc = LogFailedError(f"applying LSNs up to {lsn} to LMDB ({self.path}) failed: {exc}")
-        if isinstance(exc, Exception):
-            self._failure = exc
-        return exc
 
     # -- staging a bulk group while the log syncs it (the log's on_stage) -------
 
@@ -540,7 +436,8 @@ class State:
         """What was applied (counters, approximate under concurrent
         use) and how LMDB looks now
         (:meth:`kvstore.state.environment.Environment.stats`)."""
-        if self._failure is None:
+        commits = self.commits
+        if commits.failure is None:
             self.flush()  # so that LMDB's counts include every applied write
         lmdb_stats = self.lmdb.stats()
         return {
@@ -549,13 +446,13 @@ class State:
             "delete_ranges": self.delete_ranges,
             "applied_entries": self.applied_entries,
             "applied_groups": self.applied_groups,
-            "lmdb_commits": self.lmdb_commits,
-            "apply_avg_us": self.apply_seconds / self.lmdb_commits * 1e6 if self.lmdb_commits else 0.0,
-            "apply_max_us": self.apply_max_seconds * 1e6,
+            "lmdb_commits": commits.count,
+            "apply_avg_us": commits.seconds / commits.count * 1e6 if commits.count else 0.0,
+            "apply_max_us": commits.max_seconds * 1e6,
             "overlay_keys": len(self.overlay),
             "overlay_flushes": self.overlay.flushes,
             "expiring_keys": self.expiry.keys,
-            "lmdb_applied_lsn": self.lmdb_applied_lsn,
+            "lmdb_applied_lsn": commits.applied_lsn,
             **lmdb_stats,
         }
 
@@ -574,7 +471,7 @@ class State:
             return
         self.overlay.stop()
         error: Exception | None = None
-        if sync and not self.readonly and self._failure is None:
+        if sync and not self.readonly and self.commits.failure is None:
             try:
                 self.flush()
             except Exception as exc:  # raised below, once closed

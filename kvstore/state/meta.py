@@ -15,7 +15,8 @@ transaction: the main database's leaf is rewritten by every commit anyway, for
                     LSNs at or below it). Entries after it may be applied
                     in memory only, in the overlay (:mod:`kvstore.state.overlay`):
                     ``State.applied_lsn`` is what this process's reads see,
-                    ``State.lmdb_applied_lsn`` what LMDB holds.
+                    ``LmdbCommits.applied_lsn`` what LMDB holds
+                    (:mod:`kvstore.state.commits`).
 ``walkv.complete``  ``b"1"`` once a rebuild's base (snapshot) load is
                     done; ``b"0"`` while it runs, so an interrupted
                     rebuild is redone
