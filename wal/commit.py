@@ -121,6 +121,7 @@ class GroupCommit:
         self.next_lsn = next_lsn
         self.acked_lsn = next_lsn - 1  # what appenders may be told is done
         self.failure: BaseException | None = None
+        self.closed = False  # set by the log as it closes; from then on appends get check()'s error
         self._forked: tuple[str, int] | None = None  # (what, owner pid) in a forked child
 
     def refuse_in_fork(self, what: str, owner_pid: int) -> None:
@@ -187,12 +188,15 @@ class GroupCommit:
 
     def _take_lsns(self, count: int) -> int:
         """Mutex held: the first of ``count`` LSNs handed out in order, or the
-        log's refusal (closed, failed; the mutex released)."""
-        try:
-            self._check()
-        except BaseException:
-            self.mutex.release()
-            raise
+        log's refusal (closed, failed; the mutex released). The log's
+        ``check()`` says why, and is called only then (compiled, the looks
+        are in C; the call is not)."""
+        if self.closed or self.failure is not None:
+            try:
+                self._check()
+                raise RuntimeError("group commit: appends are refused, but the log's check() passed")
+            finally:
+                self.mutex.release()
         first = self.next_lsn
         self.next_lsn = first + count
         return first

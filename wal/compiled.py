@@ -43,6 +43,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "wal.record_reader",
     "wal.segment",
     "wal.segment_writer",
+    "wal.segments",
     "wal.group",
     "wal.hooks",
     "wal.commit",

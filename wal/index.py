@@ -20,7 +20,7 @@ import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from operator import lt
-from typing import BinaryIO, NamedTuple, overload
+from typing import BinaryIO, Final, NamedTuple, overload
 
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS, FileSystem
@@ -37,7 +37,7 @@ from wal.segment import (
 INDEX_MAGIC = b"WALKVIDX"
 INDEX_VERSION = 1
 """The index's own format version (segment format 2 left the index as it was)."""
-INDEX_INTERVAL = 4096
+INDEX_INTERVAL: Final = 4096  # (Final: the compiled segment writer reads it as a constant)
 
 _INDEX_HEADER = struct.Struct("<8sHHQQQI")
 _INDEX_POINT = struct.Struct("<QQ")

@@ -366,7 +366,7 @@ class Log:
         try:
             if self._failure is None:
                 with self._gc.exclusive():
-                    self._closed = True  # refuses appends from here on
+                    self._closed = self._appends.closed = True  # refuses appends from here on
                     try:
                         w.lock.check()
                     except StoreVanishedError as e:
@@ -379,7 +379,7 @@ class Log:
             pass  # raised below, once everything is released
         finally:
             with self._gc.mutex:
-                self._closed = True
+                self._closed = self._appends.closed = True
             if self._flusher is not None:
                 self._flusher.stop()
             self._gc.stop(self._failure or ClosedError("the log was closed before this entry was written"))

@@ -61,7 +61,7 @@ class Environment:
         self.path = path
         self.readonly = readonly
         self.writemap = writemap and not readonly
-        self._closed = False
+        self.closed = False  # (an attribute, not a property: State.apply reads it once per group)
         self._forked = False
         self._pid = os.getpid()
         self.generation = Generation()  # bumped after every commit and remap: cached transactions renew
@@ -227,7 +227,7 @@ class Environment:
         """Pass the gate (ClosedError when closed)."""
         gate = self.gate
         gate.enter()
-        if self._closed:
+        if self.closed:
             gate.exit()
             raise self.closed_error()
 
@@ -409,10 +409,6 @@ class Environment:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def closed_error(self) -> ClosedError | ForkedError:
         if self._forked:
             return forked_error(f"the LMDB environment {self.path}", self._pid)
@@ -425,7 +421,7 @@ class Environment:
         gate.acquire_exclusive()
         try:
             self._close_views(every=True)
-            self._closed = True
+            self.closed = True
             try:
                 if sync:
                     self.env.sync(True)
@@ -439,10 +435,10 @@ class Environment:
         across fork, so every read and write raises ForkedError (the get
         fast path misses on ``gen``, every other path passes the gate) and
         close() does nothing. Nothing to do if it was closed before the fork."""
-        if self._closed:
+        if self.closed:
             return
         self._forked = True
-        self._closed = True
+        self.closed = True
         self.generation.value = -7  # no cached transaction carries it
         self.gate = Refusing(f"the LMDB environment {self.path}", self._pid)
         keep_forever(self.env, self.path, self._pid)

@@ -28,9 +28,9 @@ the log calls neither before then.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast, final
+from typing import TYPE_CHECKING, Any, cast, final
 
-from kvstore.entry.conditions import decide_group
+from kvstore.entry.conditions import Read, decide_group
 from kvstore.state import Ops, State
 from kvstore.state.staged import StagedApply
 from wal.group import Group
@@ -49,23 +49,26 @@ class GroupHooks(LogHooks):
 
     def __init__(self, hub: WatchHub) -> None:
         self._hub = hub
+        self._watchers: set[Any] = hub.watchers  # the hub's own set (changed in place), read in C
         self._state: State | None = None
         self._expiring: Expiring | None = None
         self._writer: StoreWriter | None = None
+        self._read: Read | None = None  # state.read, bound once (a bound method is made at each look-up)
 
     def bind(self, state: State, expiring: Expiring, writer: StoreWriter | None) -> None:
         """The store's parts, once it has opened them."""
         self._state = state
         self._expiring = expiring
         self._writer = writer
+        self._read = state.read
 
     def prepare(self, group: Group) -> list[Payload] | None:
         """The payloads to log instead of the group's own (decisions written
         in), or None to log them as they are."""
-        state, expiring = self._state, self._expiring
-        assert state is not None and expiring is not None, "the log wrote before the store was bound"
+        read, expiring = self._read, self._expiring
+        assert read is not None and expiring is not None, "the log wrote before the store was bound"
         contexts = group.contexts
-        out = decide_group(group.payloads, contexts, state.read)
+        out = decide_group(group.payloads, contexts, read)
         for context in contexts:
             if type(context) is not list:  # an Outcome: a lease or a TTL the writer decides
                 expiry = expiring.decide(group.payloads if out is None else out, contexts)
@@ -87,9 +90,8 @@ class GroupHooks(LogHooks):
         state.apply(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
         # Looks before calls: each is a call into interpreted code, worth
         # making only while somebody watches, or automatic snapshots are on.
-        hub = self._hub
-        if hub.watchers:
-            hub.committed()
+        if self._watchers:
+            self._hub.committed()
         writer = self._writer
         if writer is not None and writer.auto is not None:
             writer.committed()

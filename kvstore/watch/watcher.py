@@ -128,7 +128,8 @@ class WatchHub:
         self.cond = threading.Condition(threading.RLock())
         # Weak references to the live watchers (a dropped one leaves through its
         # reference's callback). A plain set, not a WeakSet, so that the store's
-        # commit hook looks at it once per group in C (a WeakSet's len is Python code).
+        # commit hook looks at it once per group in C (a WeakSet's len is Python code);
+        # the hook holds this very set, so it is only ever changed in place.
         self.watchers: set[weakref.ref[Watcher]] = set()
         self.closed = False
 
