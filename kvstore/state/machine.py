@@ -249,17 +249,24 @@ class State:
             return
         if first_lsn <= applied:
             batches = batches[applied + 1 - first_lsn:]
-        if len(batches) == 1 and len(batches[0]) == 1 and self.use_overlay:
-            code = batches[0][0][0]
-            if code == OP_PUT or code == OP_DELETE:  # the common group: one put or delete
-                self.applied_groups += 1
-                self.applied_entries += 1
-                if code == OP_PUT:
-                    self.puts += 1
-                else:
-                    self.deletes += 1
-                self._to_overlay(batches[0], last)
-                return
+        if len(batches) == 1 and self.use_overlay:
+            ops = batches[0]
+            op = ops[0] if len(ops) == 1 else None
+            if type(op) is list:  # the common group: one op (a list, as logged: compiled, read in C)
+                code = op[0]
+                if code == OP_PUT or code == OP_DELETE:  # ... a put or a delete: into the overlay
+                    self.applied_groups += 1
+                    self.applied_entries += 1
+                    if code == OP_PUT:
+                        self.puts += 1
+                        full_or_due = self.overlay.set(op[1], op[2], last)
+                    else:
+                        self.deletes += 1
+                        full_or_due = self.overlay.set(op[1], None, last)
+                    self.applied_lsn = last
+                    if full_or_due:
+                        self.flush()
+                    return
         flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
         codes = set(map(_first, flat))
         if not codes.isdisjoint(KEYSPACE_CODES):  # keyspaces: a separate branch, op by op

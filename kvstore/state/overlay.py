@@ -115,10 +115,7 @@ class Overlay:
         try:
             active = self.active
             if not active:
-                self._since = time.monotonic()
-                self._wake.notify()
-                if self.frozen is None and self._on_occupied is not None:
-                    self._on_occupied(True)
+                self._occupied()
             for op in ops:
                 if op[0] == 1:
                     value: bytes = op[2]
@@ -131,6 +128,30 @@ class Overlay:
             return len(active) >= MAX_KEYS or self.bytes >= MAX_BYTES or self.due
         finally:
             lock.release()
+
+    def set(self, key: bytes, value: bytes | None, lsn: int) -> bool:
+        """:meth:`add` of one put of ``value`` (None: a delete) at ``lsn``,
+        the common group, without a list of ops to walk."""
+        lock = self.lock
+        lock.acquire()
+        try:
+            active = self.active
+            if not active:
+                self._occupied()
+            active[key] = value
+            self.lsn = lsn
+            if value is not None:
+                self.bytes += len(value)
+            return len(active) >= MAX_KEYS or self.bytes >= MAX_BYTES or self.due
+        finally:
+            lock.release()
+
+    def _occupied(self) -> None:
+        """With :attr:`lock` held, before the first write into an empty ``active``."""
+        self._since = time.monotonic()
+        self._wake.notify()
+        if self.frozen is None and self._on_occupied is not None:
+            self._on_occupied(True)
 
     def freeze(self) -> tuple[Values, int] | None:
         """With :attr:`flush_lock` held: make ``active`` the frozen
