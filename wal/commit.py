@@ -26,7 +26,7 @@ puts per second from 8 threads (an A/B of the two, interleaved, 3 rounds).
 
 Each payload travels with a *context*, an object the log never looks at
 (the store passes the decoded operations), and reaches the log's
-``on_commit`` hook with it in a :class:`Group`, so the layer above never has
+``commit`` hook (:mod:`wal.hooks`) with it in a :class:`Group`, so the layer above never has
 to decode what it just encoded.
 
 Appenders that must not block (``submit_nowait``, the asyncio front) pass a

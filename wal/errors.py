@@ -342,7 +342,7 @@ def _lsns(first: int, last: int) -> str:
 
 def log_failed(directory: str, error: BaseException, first_lsn: int, durable: int, written: int) -> LogFailedError:
     """The one error a log gives once handling LSN ``first_lsn`` and later
-    failed (a write, an fsync, the ``on_commit`` hook that applies them, or
+    failed (a write, an fsync, the ``commit`` hook that applies them, or
     the directory vanishing), stating only what the facts support:
 
     * LSNs up to ``durable`` were fsynced; those below ``first_lsn`` were

@@ -1,7 +1,7 @@
 """A group: the entries one leader writes, fsyncs and hands to the log's hooks at once.
 
 :mod:`wal.commit` forms groups; :mod:`wal.log_writer` writes them; the layer
-above sees each in its ``on_prepare``/``on_commit`` hook, every payload with
+above sees each in its hooks (:mod:`wal.hooks`), every payload with
 the *context* its appender passed (the store passes the decoded operations,
 so it never decodes what it just encoded).
 """

@@ -224,10 +224,10 @@ class Log:
     def append(self, payload: Payload | BytesLike, context: object = None) -> int:
         """Append one entry; return its LSN. Durable on return when
         ``sync="always"``, written to the OS otherwise. ``context`` is handed
-        to ``on_commit`` with the payload (the log never looks at it).
+        to the hooks' ``commit`` with the payload (the log never looks at it).
         ``payload`` is bytes, or a tuple of bytes whose concatenation is the
         payload: a large value is then logged without being copied into one
-        buffer (``on_commit`` gets the tuple)."""
+        buffer (the hooks get the tuple)."""
         return self.appender.append(payload, context)
 
     def append_batch(self, payloads: Iterable[Payload | BytesLike]) -> tuple[int, int]:

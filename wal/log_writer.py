@@ -97,7 +97,7 @@ class LogWriter:
 
     def write_group(self, group: Group) -> None:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
-        it to ``on_commit``. Called by the leader only, without the mutex."""
+        it to the hooks' ``commit``. Called by the leader only, without the mutex."""
         hooks = self.hooks
         prepared = hooks.prepare(group)
         if prepared is not None:

@@ -52,7 +52,7 @@ delivered for ``s`` seconds. A change's ``lsn`` marks a batch, not an
 operation: to resume after a change, start at its LSN and skip what was
 already seen of that batch, or checkpoint only at progress markers.
 
-Waking: in the writing process, the store's on_commit hook notifies a
+Waking: in the writing process, the store's commit hook notifies a
 condition variable once per group commit (nothing when no watcher is
 attached); a read-only store (another process writes) polls the ``DURABLE``
 marker, sleeping 1..20 ms between looks. Either way a watcher reads at
@@ -117,7 +117,7 @@ class Change(NamedTuple):
 
 class WatchHub:
     """A store's live watchers: :meth:`committed` wakes them, the one call per
-    group from the store's on_commit hook (a look at an empty set when nobody
+    group from the store's commit hook (a look at an empty set when nobody
     watches); :meth:`positions` says which LSNs they still need, so that log
     retention keeps them (:mod:`kvstore.watch.consumers`). A watcher leaves
     the set when it is closed, or dropped (the set holds it weakly: one never
