@@ -97,10 +97,14 @@ def _ascends_past_last(cur: lmdb.Cursor, run: Sequence[Sequence[Any]]) -> bool:
         last: bytes = cur.key()  # type: ignore[assignment]  # bytes: walkv never sets buffers=True
         if last >= prev:
             return False
-    for i in range(1, len(run)):
-        key: bytes = run[i][1]
-        if key <= prev:
+    # (Iterated, not indexed: compiled, run[i] boxes i and takes the generic item path: twice
+    # the cost, 100,000 keys 2.7 ms instead of 1.4.)
+    started = False  # (the first key is prev itself)
+    for op in run:
+        key: bytes = op[1]
+        if started and key <= prev:
             return False
+        started = True
         prev = key
     return True
 
