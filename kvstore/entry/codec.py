@@ -99,6 +99,7 @@ import sys
 from typing import Final, Iterable
 
 import msgpack
+from mypy_extensions import mypyc_attr
 
 from kvstore.entry.limits import (
     DEFAULT_KEYSPACE,
@@ -241,6 +242,20 @@ def encode(ops: Iterable[list | tuple]) -> bytes:
     """The payload of a batch of already validated ops (lists or tuples of
     the shapes in the module docstring)."""
     return pack_ops(list(ops))
+
+
+@mypyc_attr(native_class=False)  # mypyc compiles no subclass of list: this one stays a Python class
+class PlainPuts(list):  # a list of ops, as every context is
+    """A batch's operations that its builder knows to be puts only,
+    ``(OP_PUT, key, value)`` with checked keys and values, in the default
+    keyspace: the context a :class:`~kvstore.store.write_batch.WriteBatch`
+    of puts hands the log with its payload, so that nothing on the way
+    (:func:`kvstore.entry.leases.decide_group`,
+    :meth:`kvstore.state.machine.State.apply`) looks at each of its ops
+    again to learn that (100,000 of them: 1.3 ms). The payload is the same
+    as any list of those ops would have."""
+
+    __slots__ = ()
 
 
 def batch_bytes(op_count: int, ops_bytes: int) -> int:
