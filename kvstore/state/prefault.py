@@ -69,7 +69,10 @@ def map_address(path: str, length: int) -> int | None:
         return None
     ino = str(st.st_ino).encode()
     dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}".encode()
+    near = b" " + ino + b" "
     for line in lines:
+        if near not in line:  # (a substring test first: a process maps hundreds of files)
+            continue
         fields = line.split(None, 5)
         if len(fields) < 6 or fields[4] != ino or fields[3] != dev or int(fields[2], 16) != 0:
             continue
@@ -81,7 +84,12 @@ def map_address(path: str, length: int) -> int | None:
 
 class Prefault:
     """At most one populating thread at a time, over a range of one
-    environment's map (the module docstring says why, and when not)."""
+    environment's map (the module docstring says why, and when not).
+
+    ``threading.Thread.start`` returns once the thread runs, which is what
+    gives it its head start on the writer: started without that wait
+    (``_thread.start_new_thread``), it faulted the same first pages as LMDB
+    wrote them, and the transaction took 2-6 ms longer, not less."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
