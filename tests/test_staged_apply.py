@@ -127,6 +127,27 @@ def test_a_failed_fsync_leaves_lmdb_without_the_bulk_group(tmp_path, reboot, pow
             assert db.get(b"a%06d" % (BULK - 1)) is not None
 
 
+def test_a_failed_write_of_a_bulk_group_leaves_lmdb_without_it(tmp_path) -> None:
+    """The write of a bulk group (before or while it is staged) fails: the
+    batch raises, LMDB never shows it, and a reopen has none of it."""
+    with scratch_dir(tmp_path) as d:
+        path = os.path.join(d, "store")
+        fs = FaultFS()
+        db = kvstore.open(path, fs=fs)
+        first = bulk(db, b"a")
+        fs.fail("write")
+        with pytest.raises(LogFailedError):
+            bulk(db, b"b")
+        assert db._state.lmdb_applied_lsn == first
+        assert db.get(b"b000000") is None and db.get(b"b%06d" % (BULK - 1)) is None
+        assert db.get(b"a000003") == b"a-value-3"
+        close_quietly(db)
+        fs.clear_faults()
+        with kvstore.open(path, fs=fs) as db:
+            assert db.last_lsn == first and db.get(b"b000000") is None
+            assert db.get(b"a%06d" % (BULK - 1)) is not None
+
+
 def test_sync_modes_without_fsync_do_not_stage(tmp_path) -> None:
     """With no fsync per group there is nothing to overlap: a bulk batch is
     applied at once, and nothing syncs."""

@@ -252,11 +252,15 @@ class ActiveSegment:
         return off - start, grew
 
     def _grow(self, off: int) -> bool:
-        """Preallocate past ``off`` when the file must grow; whether it did."""
+        """Preallocate past ``off`` when the file must grow; whether it did.
+        Only past ``off``: the group about to be written fills everything
+        before it (a 12 MiB group into an 8 MiB preallocation wrote 4 MiB of
+        zeros only to overwrite them)."""
         if off <= self._prealloc_end:
             return False
         new_end = round_block(max(off, self._prealloc_end + self._prealloc_step))
-        reserve(self.file_handle, self._prealloc_end, new_end - self._prealloc_end, self._zeroed)
+        if new_end > off:
+            reserve(self.file_handle, off, new_end - off, self._zeroed)
         self._prealloc_end = new_end
         return True
 

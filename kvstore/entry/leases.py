@@ -52,6 +52,7 @@ from kvstore.entry.codec import (
     OP_PUT_LEASED,
     OP_REQUIRE_LEASE,
     OP_REVOKE,
+    PlainPuts,
     pack_ops,
 )
 from kvstore.entry.conditions import Outcome, count_conditions, writes_of
@@ -205,7 +206,7 @@ def decide_group(payloads: Sequence[Any], contexts: list[Any], reader: MetaReade
     payloads to write instead, or ``None`` when none does. ``contexts[i]`` is
     entry i's ops; a decided entry's is replaced by (or filled with) the ops
     it is logged as."""
-    if all(type(c) is list for c in contexts):
+    if all(type(c) is list or type(c) is PlainPuts for c in contexts):  # nothing to decide
         return None
     so_far = MetaSoFar(reader)
     out = list(payloads)

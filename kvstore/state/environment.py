@@ -33,6 +33,7 @@ from kvstore.state.keyspace_dbs import KeyspaceDbs
 from kvstore.state.lmdb_env import MAX_KEYSPACES, MIB, clear_stale_readers, grow_size, open_env, reader_table
 from kvstore.state.lmdb_ops import preallocate, read_error
 from kvstore.state.meta import K_APPLIED, applied_of
+from kvstore.state.prefault import Prefault, map_address
 from kvstore.state.readers import Generation, Reader, ReaderHandle, ReadGate
 from kvstore.state.view import View
 from wal.errors import ClosedError, DiskFullError, ForkedError
@@ -76,6 +77,8 @@ class Environment:
         self.gate: ReadGate | Refusing = ReadGate(self._reader_list, self._on_block, self._on_release)
         self.map_grows = 0
         self._last_sweep = time.perf_counter()
+        self.prefault = Prefault()  # a bulk write's new pages, faulted in ahead of it (make_room)
+        self._map_address: tuple[int, int | None] = (-1, None)  # (map_gen, where the map is)
         self.env, self.main_db, self.data_db = open_env(
             path, readonly=readonly, map_size=map_size, writemap=self.writemap,
             max_readers=max_readers)
@@ -351,12 +354,28 @@ class Environment:
         if nbytes < ROOM_AHEAD_BYTES:
             return
         info = self.env.info()
-        need = ((info["last_pgno"] + 1) * self.env.stat()["psize"] + 2 * nbytes + MIB - 1) & ~(MIB - 1)
+        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        need = (used + 2 * nbytes + MIB - 1) & ~(MIB - 1)
         if need > info["map_size"]:
             try:
                 self.grow(at_least=need)
             except DiskFullError:
                 pass
+        if self.writemap:
+            self._prefault(used, nbytes)
+
+    def _prefault(self, used: int, nbytes: int) -> None:
+        """Fault in the ``nbytes`` of the map after its first ``used`` on a
+        helper thread (:mod:`kvstore.state.prefault`): where a write that adds
+        about ``nbytes`` puts its new pages (all of them, when the data has
+        no free pages to reuse: a growing store)."""
+        map_size = self.env.info()["map_size"]
+        gen, address = self._map_address
+        if gen != self.map_gen:
+            address = map_address(os.path.join(self.path, "data.mdb"), map_size)
+            self._map_address = (self.map_gen, address)
+        if address is not None:
+            self.prefault.start(address + used, min(nbytes, map_size - used))
 
     def _abort_write(self, txn: lmdb.Transaction) -> None:
         """Abort a write transaction with readers held out of LMDB (py-lmdb's
@@ -399,6 +418,7 @@ class Environment:
         try:
             if self.writemap:
                 preallocate(os.path.join(self.path, "data.mdb"), new)
+            self.prefault.wait()  # (it must not outlive the old mapping)
             self.env.set_mapsize(new)
             self.map_gen += 1
         finally:
@@ -422,6 +442,7 @@ class Environment:
         try:
             self._close_views(every=True)
             self.closed = True
+            self.prefault.wait()
             try:
                 if sync:
                     self.env.sync(True)
