@@ -138,7 +138,7 @@ def test_a_failed_write_of_a_bulk_group_leaves_lmdb_without_it(tmp_path) -> None
         fs.fail("write")
         with pytest.raises(LogFailedError):
             bulk(db, b"b")
-        assert db._state.lmdb_applied_lsn == first
+        assert db._state.commits.applied_lsn == first
         assert db.get(b"b000000") is None and db.get(b"b%06d" % (BULK - 1)) is None
         assert db.get(b"a000003") == b"a-value-3"
         close_quietly(db)

@@ -242,8 +242,9 @@ class State:
         (:meth:`kvstore.state.environment.Environment.make_room`)."""
         if self.lmdb.closed:
             raise self.lmdb.closed_error()
-        if self._failure is not None:
-            raise self._failure
+        failure = self.commits.failure  # (a commit that failed: raised by every later apply)
+        if failure is not None:
+            raise failure
         applied = self.applied_lsn
         last = first_lsn + len(batches) - 1
         if last <= applied:
@@ -320,12 +321,6 @@ class State:
         """Write the overlay to LMDB: :meth:`LmdbCommits.flush
         <kvstore.state.commits.LmdbCommits.flush>`."""
         self.commits.flush()
-
-    @property
-    def _failure(self) -> Exception | None:
-        """A commit that failed (:attr:`LmdbCommits.failure
-        <kvstore.state.commits.LmdbCommits.failure>`), raised by every later apply."""
-        return self.commits.failure
 
     def _count(self, ops: Ops) -> None:
         for op in ops:
