@@ -11,8 +11,8 @@ from __future__ import annotations
 import errno
 import operator
 import os
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final, cast
 
 import lmdb
 
@@ -172,15 +172,12 @@ def write_values(txn: lmdb.Transaction, values: dict[bytes, bytes | None]) -> No
     ``txn``: its puts with one putmulti call, then its deletes (each key is
     there once, so their order does not matter; sorting them first costs
     more than it saves LMDB)."""
-    puts: list[tuple[bytes, bytes]] = []
-    deletes: list[bytes] = []
-    for key, value in values.items():
-        if value is None:
-            deletes.append(key)
-        else:
-            puts.append((key, value))
-    if puts:
-        txn.cursor().putmulti(puts)
+    deletes = [key for key, value in values.items() if value is None]
+    if not deletes:  # (the common overlay: its items are the pairs, no list of them to build)
+        txn.cursor().putmulti(cast("Iterable[tuple[bytes, bytes]]", values.items()))  # (no None among them)
+        return
+    if len(deletes) < len(values):
+        txn.cursor().putmulti([(key, value) for key, value in values.items() if value is not None])
     delete = txn.delete
     for key in deletes:
         delete(key)
