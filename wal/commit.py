@@ -121,7 +121,7 @@ class GroupCommit:
         self.next_lsn = next_lsn
         self.acked_lsn = next_lsn - 1  # what appenders may be told is done
         self.failure: BaseException | None = None
-        self.closed = False  # set by the log as it closes; from then on appends get check()'s error
+        self.closed = False  # the log's own closed state (Log.closed), set as it closes: appends then get check()'s error
         self._forked: tuple[str, int] | None = None  # (what, owner pid) in a forked child
 
     def refuse_in_fork(self, what: str, owner_pid: int) -> None:

@@ -52,6 +52,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "wal.log",
     "wal.reader",
     "kvstore.entry.limits",
+    "kvstore.entry.packing",
     "kvstore.entry.codec",
     "kvstore.entry.conditions",
     "kvstore.state.meta",

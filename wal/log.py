@@ -149,7 +149,6 @@ class Log:
                 sync_bytes=sync_bytes, max_record_bytes=max_record_bytes, start_lsn=start_lsn, hooks=hooks)
         except OSError as e:
             raise file_error(e, f"opening the log at {self.directory}") from None
-        self._closed = False
         self._failure: LogFailedError | None = None
         # Appends call the group commit as a GroupCommit (compiled: a direct call); everything
         # else reaches it as _gc, which turns Refusing in a forked child (a declared type that
@@ -165,9 +164,9 @@ class Log:
     def _after_fork_in_child(self) -> None:
         """In a forked child (:mod:`wal.forkguard`): every use raises
         ForkedError, close() touches nothing of the parent's."""
-        if self._closed:
+        if self._appends.closed:
             return
-        self._closed = True
+        self._appends.closed = True
         self._gc = Refusing(f"the log at {self.directory}", self._pid)
         self._appends.refuse_in_fork(f"the log at {self.directory}", self._pid)
 
@@ -200,7 +199,7 @@ class Log:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._appends.closed
 
     @property
     def failure(self) -> LogFailedError | None:
@@ -216,7 +215,7 @@ class Log:
     # -- appending -------------------------------------------------------------
 
     def _refuse(self) -> None:
-        if self._closed:
+        if self._appends.closed:
             raise ClosedError(f"the log at {self.directory} is closed; open it again to append")
         if self._failure is not None:
             raise self._failure
@@ -287,7 +286,7 @@ class Log:
         """:meth:`read_entries`, a block of entries at a time: the segments are
         copied under the mutex (:meth:`SegmentSet.copy`), then read without it."""
         with self._gc.mutex:
-            if self._closed:
+            if self._appends.closed:
                 raise ClosedError(f"the log at {self.directory} is closed")
             w = self._writer
             limit = w.durable if durable_only else w.written
@@ -358,7 +357,7 @@ class Log:
         Idempotent. After a failure it only releases, except that a log
         whose directory vanished (found now or before) raises
         :class:`StoreVanishedError`: nothing of it could be made durable."""
-        if self._closed:
+        if self._appends.closed:
             return
         w = self._writer
         error: OSError | None = None
@@ -366,7 +365,7 @@ class Log:
         try:
             if self._failure is None:
                 with self._gc.exclusive():
-                    self._closed = self._appends.closed = True  # refuses appends from here on
+                    self._appends.closed = True  # refuses appends from here on
                     try:
                         w.lock.check()
                     except StoreVanishedError as e:
@@ -379,7 +378,7 @@ class Log:
             pass  # raised below, once everything is released
         finally:
             with self._gc.mutex:
-                self._closed = self._appends.closed = True
+                self._appends.closed = True
             if self._flusher is not None:
                 self._flusher.stop()
             self._gc.stop(self._failure or ClosedError("the log was closed before this entry was written"))
@@ -408,7 +407,7 @@ class Log:
         return st
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"LSN {self.first_lsn}..{self.last_lsn}, durable {self.durable_lsn}"
+        state = "closed" if self._appends.closed else f"LSN {self.first_lsn}..{self.last_lsn}, durable {self.durable_lsn}"
         return f"<wal.Log {self.directory!r} sync={self.sync_mode} {state}>"
 
 

@@ -95,8 +95,7 @@ The Spark data source reads log segments directly and decodes them with
 
 from __future__ import annotations
 
-import sys
-from typing import Callable, Final, Iterable
+from typing import Final, Iterable
 
 import msgpack
 from mypy_extensions import mypyc_attr
@@ -116,6 +115,8 @@ from kvstore.entry.limits import END_OF_KEYS as END_OF_KEYS
 from kvstore.entry.limits import as_bytes as as_bytes
 from kvstore.entry.limits import check_bound as check_bound
 from kvstore.entry.limits import check_keyspace as check_keyspace
+from kvstore.entry.packing import pack_ops as pack_ops
+from kvstore.entry.packing import put_bytes, put_head
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 
 OP_PUT: Final = 1
@@ -167,37 +168,6 @@ DEFAULT_MAX_VALUE_BYTES: Final = (64 << 20) - 1024
 """Default value limit: the log's default 64 MiB record, minus room for the
 key and framing. LMDB itself takes values up to 4 GiB."""
 
-# msgpack's C Packer runs a pack of lists, ints and bytes without releasing the
-# GIL and without calling back into Python, so one shared Packer is safe with
-# the GIL. A free-threaded interpreter gets the stateless function.
-if getattr(sys, "_is_gil_enabled", lambda: True)():
-    msgpack_pack_ops = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-else:  # pragma: no cover - free-threaded CPython
-    def msgpack_pack_ops(obj: object) -> bytes:
-        return msgpack.packb(obj, use_bin_type=True)
-
-
-def _fast_pack_ops() -> Callable[[object], bytes] | None:
-    """msgspec's MessagePack encoder, when it is installed (the ``fast``
-    extra): the same bytes as :data:`msgpack_pack_ops` for every op (ints in
-    their smallest form, bytes as bin, str as str, lists and tuples as
-    arrays; ``tests/test_codec_encoders.py`` holds them to it) in a quarter
-    of the time (a batch of 100,000 puts: 2.4 ms instead of 9.6; one put: 55
-    ns instead of 160). One encoder is shared: each call keeps its state on
-    its own stack, so threads may share it. msgpack stays the one that is
-    always there (and the decoder)."""
-    try:
-        import msgspec  # type: ignore[import-not-found,unused-ignore]  # optional: may not be installed
-    except ImportError:
-        return None
-    encode: Callable[[object], bytes] = msgspec.msgpack.Encoder().encode
-    return encode
-
-
-pack_ops: Final[Callable[[object], bytes]] = _fast_pack_ops() or msgpack_pack_ops
-"""A batch's payload from its ops (lists or tuples of the shapes in the module
-docstring, already validated): msgspec's encoder when installed, else msgpack's."""
-
 _unpackb: Final = msgpack.unpackb
 
 
@@ -205,45 +175,28 @@ LARGE_VALUE_BYTES: Final = 1 << 20
 """A put of a value this large is logged as pieces (:func:`put_payload`)."""
 
 
-_BIN8: Final[tuple[bytes, ...]] = tuple(b"\xc4" + bytes((n,)) for n in range(0x100))
-"""msgpack's bin8 headers, by length: most keys and values take one."""
-
-
-def _bin_header(n: int) -> bytes:
-    """msgpack's header of ``n`` bytes of binary (bin8, bin16 or bin32)."""
-    if n < 0x100:
-        return _BIN8[n]
-    if n < 0x10000:
-        return b"\xc5" + n.to_bytes(2, "big")
-    return b"\xc6" + n.to_bytes(4, "big")
-
-
 def put_payload(key: bytes, value: bytes) -> tuple[bytes, bytes]:
     """The payload of ``[[PUT, key, value]]`` as two pieces, ``(head,
     value)``, whose concatenation is exactly what :func:`encode` returns: the
     log writes them without copying the value into one buffer (a 64 MiB put
     then costs about its own size in memory, not several times it)."""
-    return b"\x91\x93\x01%b%b%b" % (_bin_header(len(key)), key, _bin_header(len(value))), value
+    return put_head(key, len(value)), value
 
 
 def put_entry(key: object, value: object, max_value: int) -> tuple[bytes | tuple[bytes, bytes], list[list]]:
     """``(payload, ops)`` of one put, its arguments checked: what every put
     path logs (a value of :data:`LARGE_VALUE_BYTES` or more as pieces,
     :func:`put_payload`). The checks cost two type tests when they pass.
-    The payload is msgpack's encoding of ``ops``, written out here: the
-    bytes :func:`pack_ops` would produce, for a fraction of a call into it
-    (``tests/test_batch.py`` holds them equal at every length boundary)."""
+    The payload is msgpack's encoding of ``ops``, written out by
+    :func:`kvstore.entry.packing.put_bytes`."""
     if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
         key = check_key(key)
     if type(value) is not bytes or len(value) > max_value:
         value = check_value(value, max_value)
     ops = [[OP_PUT, key, value]]
-    n = len(value)
-    if n >= LARGE_VALUE_BYTES:
+    if len(value) >= LARGE_VALUE_BYTES:
         return put_payload(key, value), ops
-    # b"\x91\x93\x01": msgpack's [[1, ... (an array of one array of three, led by 1);
-    # a literal format is one allocation, compiled
-    return b"\x91\x93\x01%b%b%b%b" % (_bin_header(len(key)), key, _bin_header(n), value), ops
+    return put_bytes(key, value), ops
 
 
 def delete_entry(key: object) -> tuple[bytes, list[list]]:
