@@ -52,6 +52,7 @@ from typing import Final
 from wal.forkguard import forked_error
 from wal.group import Group
 from wal.log_writer import LogWriter
+from wal.mutex import Mutex, condition
 from wal.segment import Payload
 
 logger = logging.getLogger("walkv.wal")
@@ -71,7 +72,7 @@ class _Waiter:
     __slots__ = ("exclusive", "lead", "lock", "lsn")
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = Mutex()
         self.lock.acquire()
         self.lsn = 0
         self.lead = False
@@ -94,13 +95,10 @@ class GroupCommit:
         on_failure: Callable[[BaseException, int], BaseException],
         check: Callable[[], None],
         next_lsn: int,
-        mutex: threading.Lock,
+        mutex: Mutex,
     ) -> None:
         self.mutex = mutex
-        # The direct path's: bound once (compiled, ``mutex.acquire()`` looks the method up by name each call).
-        self._acquire = mutex.acquire
-        self._release = mutex.release
-        self._work = threading.Condition(self.mutex)
+        self._work = condition(self.mutex)
         self._writer = writer  # (a LogWriter, not a callable: compiled, a direct call)
         self._on_failure = on_failure
         self._check = check
@@ -113,8 +111,8 @@ class GroupCommit:
         self._committer: threading.Thread | None = None
         self.stopping = False
         self._frozen = False  # no LSN may be handed out (truncate_after renumbers)
-        self._thawed = threading.Condition(self.mutex)
-        self._arrived = threading.Condition(self.mutex)  # enough entries queued for a gathering leader
+        self._thawed = condition(self.mutex)
+        self._arrived = condition(self.mutex)  # enough entries queued for a gathering leader
         self._gathering = False
         self._woken = 0  # appenders the last group released
         self.gather_seconds = GATHER_SECONDS
@@ -161,14 +159,14 @@ class GroupCommit:
         is acknowledged only after ``write_group`` returned."""
         if self._forked is not None:
             raise forked_error(*self._forked)
-        acquire, release = self._acquire, self._release
-        acquire()
+        m = self.mutex  # (a Mutex: compiled, acquire and release are C calls)
+        m.acquire()
         if self._leading or self._queue or self._woken > 1:
             return self._submit_queued(payloads, contexts)  # releases the mutex
         first = self._take_lsns(len(payloads))
         last = first + len(payloads) - 1
         self._leading = True
-        release()
+        m.release()
         error: BaseException | None = None
         try:
             self._writer.write_group(Group(first, payloads, contexts))
@@ -177,13 +175,13 @@ class GroupCommit:
         if error is not None:
             self._after_direct(first, last, error)
             raise self._group_failure()
-        acquire()
+        m.acquire()
         if self._waiters or self._queue:
             self._after_direct(first, last, None)  # releases the mutex
         else:
             self.acked_lsn = last
             self._leading = False
-            release()
+            m.release()
         return first
 
     def _take_lsns(self, count: int) -> int:

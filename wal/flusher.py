@@ -9,14 +9,15 @@ import threading
 from collections.abc import Callable
 
 from wal.errors import ClosedError, LogFailedError
+from wal.mutex import Mutex, condition
 
 
 class BatchFlusher:
     """Calls ``sync()`` every ``interval`` seconds until :meth:`stop` (or until
     the log is closed or failed, which ``sync`` reports by raising)."""
 
-    def __init__(self, mutex: threading.Lock, interval: float, sync: Callable[[], object]) -> None:
-        self._due = threading.Condition(mutex)
+    def __init__(self, mutex: Mutex, interval: float, sync: Callable[[], object]) -> None:
+        self._due = condition(mutex)
         self._interval = interval
         self._sync = sync
         self._stopping = False

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Final, Self
@@ -63,6 +62,7 @@ from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
 from wal.hooks import CallableHooks, CommitHook, LogHooks, PrepareHook, StageHook
 from wal.log_writer import LogWriter
+from wal.mutex import Mutex
 from wal.reader import entries_of
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.segment import ENTRY_HEADER_SIZE, Entry, EntryBatch, Payload
@@ -142,7 +142,7 @@ class Log:
         self.sync_bytes = sync_bytes
         self.max_record_bytes = max_record_bytes
         self._max_payload = max_record_bytes - ENTRY_HEADER_SIZE
-        mutex = threading.Lock()  # the group commit's; readers copy the writer's state under it
+        mutex = Mutex()  # the group commit's; readers copy the writer's state under it
         try:
             self._writer = w = LogWriter(
                 self.directory, fs or OS_FS, mutex, recovery=recovery, sync_mode=sync, segment_bytes=segment_bytes,

@@ -41,6 +41,7 @@ from wal.fs import FileSystem
 from wal.group import Group
 from wal.hooks import LogHooks, Staged
 from wal.lock import DirectoryLock
+from wal.mutex import Mutex
 from wal.segment_writer import ActiveSegment, check_payload, gathered, round_block
 from wal.segments import SegmentSet
 from wal.stats import LogStats
@@ -57,7 +58,7 @@ class LogWriter:
     ``hooks``: the layer above's (:mod:`wal.hooks`), called as the module
     docstring says."""
 
-    def __init__(self, directory: str, fs: FileSystem, mutex: threading.Lock, *, recovery: str, sync_mode: str,
+    def __init__(self, directory: str, fs: FileSystem, mutex: Mutex, *, recovery: str, sync_mode: str,
                  segment_bytes: int, sync_bytes: int, max_record_bytes: int, start_lsn: int,
                  hooks: LogHooks) -> None:
         self.directory = directory

@@ -59,6 +59,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, final
 
+from wal.mutex import Mutex, condition
+
 log = logging.getLogger("walkv.state")
 
 MAX_KEYS = 16384
@@ -95,9 +97,9 @@ class Overlay:
         self.frozen: Values | None = None
         self.lsn = 0          # the highest LSN in ``active`` (when it is not empty)
         self.bytes = 0        # bytes of values in ``active``
-        self.lock = threading.Lock()        # add vs freeze
-        self.flush_lock = threading.Lock()  # one flush (LMDB write) at a time
-        self._wake = threading.Condition(self.lock)
+        self.lock = Mutex()        # add vs freeze
+        self.flush_lock = Mutex()  # one flush (LMDB write) at a time
+        self._wake = condition(self.lock)
         self._since = 0.0
         self.due = False      # FLUSH_SECONDS passed: the next add asks its caller to flush
         self._applier: threading.Thread | None = None
