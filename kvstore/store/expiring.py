@@ -144,7 +144,7 @@ class Expiring:
 
     # -- entries ------------------------------------------------------------------
 
-    def put_op(self, key: object, value: object, ttl: float | None, lease: object) -> list:
+    def put_op(self, key: object, value: object, ttl: object, lease: object) -> list:
         """The op of a put with ``ttl`` (seconds) or under ``lease``, checked."""
         key = check_key(key)
         value = check_value(value, self._max_value)
@@ -154,7 +154,7 @@ class Expiring:
             return [OP_PUT_LEASED, key, value, lease_id_of(lease)]
         return [OP_PUT_EXPIRING, key, value, self.clock.now_us() + seconds_to_us(ttl, "ttl")]
 
-    def put_entry(self, key: object, value: object, ttl: float | None, lease: object,
+    def put_entry(self, key: object, value: object, ttl: object, lease: object,
                   keyspace: str = "") -> tuple[bytes, list]:
         """``(payload, ops)`` of a put with ``ttl`` or under ``lease`` into
         ``keyspace`` (checked by the caller; "": the default one)."""
@@ -219,7 +219,7 @@ class Expiring:
         self.check(ops, lsn)
         return lsn
 
-    def put(self, key: object, value: object, ttl: float | None, lease: object, keyspace: str = "") -> int:
+    def put(self, key: object, value: object, ttl: object, lease: object, keyspace: str = "") -> int:
         """Log a put with ``ttl`` or under ``lease`` (:meth:`put_entry`); its LSN."""
         return self.append_checked(*self.put_entry(key, value, ttl, lease, keyspace))
 

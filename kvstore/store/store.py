@@ -71,6 +71,7 @@ from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_secon
 from kvstore.store.group_hooks import GroupHooks
 from kvstore.store.keyspace import Keyspace, new_batch, new_transaction, writable_keyspace
 from kvstore.store.leases import Lease
+from kvstore.store.put import PutPath
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
 from kvstore.watch import consumers
@@ -170,6 +171,8 @@ class KVStore(Lookups):
                                   self.path)
         self._writable_keyspace: Callable[[str], str] = (  # checks a keyspace before a write into it
             check_keyspace if self._writer is None else partial(writable_keyspace, self._state, self.path))
+        if self._log is not None:  # put, compiled (see "writes" below)
+            self.put = PutPath(self._log.appender, self.max_value_bytes, self._expiring.put).put  # type: ignore[method-assign]
         self._hooks.bind(self._state, self._expiring, self._writer)
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
                                         self._watch_hub, polls=self._writer is None)  # what watchers read
@@ -195,6 +198,7 @@ class KVStore(Lookups):
             return
         self._forked = True
         self._append = self._refuse_write
+        vars(self).pop("put", None)  # the method, through _append
 
     def _check_open(self) -> None:
         if self._closed:
@@ -208,7 +212,9 @@ class KVStore(Lookups):
     # compiled appender (wal/append.py; a closed log raises ClosedError itself), or
     # _refuse_write when the store is read-only or forked. The operations travel with
     # the payload through the log to the state machine (docs/architecture.md, "The path
-    # of a put").
+    # of a put"). A writable store's ``put`` is an instance attribute, the compiled
+    # PutPath.put (kvstore/store/put.py), which appends through the same appender; the
+    # method below is what it does, and what runs read-only or forked.
 
     def _refuse_write(self, payload: Payload, ops: Ops) -> int:
         """``_append`` when the store may not write: read-only (no log) or forked."""
