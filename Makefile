@@ -44,7 +44,7 @@ test: $(COMPILED)
 # The format, property and crash tests again on the interpreted twin (WALKV_PURE=1: wal/compiled.py).
 PURE_TESTS = tests/test_record.py tests/test_record_properties.py tests/test_wal_properties.py \
              tests/test_kvstore_model.py tests/test_crash_kill.py tests/test_crashpoints.py tests/test_compiled.py \
-             tests/test_aio.py tests/test_aio_crash.py tests/test_put_path.py
+             tests/test_aio.py tests/test_aio_crash.py tests/test_fast_path.py
 test-pure: $(COMPILED)
 	WALKV_PURE=1 $(PY) -m pytest -q $(PURE_TESTS)
 

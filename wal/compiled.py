@@ -69,7 +69,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "kvstore.state.staged",
     "kvstore.state.machine",
     "kvstore.store.group_hooks",
-    "kvstore.store.put",
+    "kvstore.store.fast_path",
     "kvstore.store.write_batch",
     "kvstore.store.aio_writes",
 )

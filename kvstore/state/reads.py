@@ -38,7 +38,7 @@ from kvstore.state.readers import Reader, ReaderHandle
 class Get(Protocol):
     """A get: the value of ``key``, or ``default``."""
 
-    def __call__(self, key: bytes, default: bytes | None = None, /) -> bytes | None: ...
+    def __call__(self, key: object, default: bytes | None = None, /) -> bytes | None: ...
 
 
 GET_MANY_CHUNK: Final = 1024
@@ -104,7 +104,7 @@ class CachedReads:
                 return self.get_lmdb(key, default)
         return default if v is None else v  # type: ignore[return-value]  # bytes or None (deleted)
 
-    def get_lmdb(self, key: bytes, default: bytes | None = None) -> bytes | None:
+    def get_lmdb(self, key: object, default: bytes | None = None) -> bytes | None:
         """:meth:`get` while the overlay is empty: one LMDB lookup in this
         thread's cached read transaction."""
         if type(key) is not bytes:

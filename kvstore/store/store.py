@@ -68,10 +68,10 @@ from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
 from kvstore.store.clock import Clock, ExpiryClock, SystemClock
 from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_seconds
+from kvstore.store.fast_path import GetPath, PutPath
 from kvstore.store.group_hooks import GroupHooks
 from kvstore.store.keyspace import Keyspace, new_batch, new_transaction, writable_keyspace
 from kvstore.store.leases import Lease
-from kvstore.store.put import PutPath
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
 from kvstore.watch import consumers
@@ -171,7 +171,9 @@ class KVStore(Lookups):
                                   self.path)
         self._writable_keyspace: Callable[[str], str] = (  # checks a keyspace before a write into it
             check_keyspace if self._writer is None else partial(writable_keyspace, self._state, self.path))
-        if self._log is not None:  # put, compiled (see "writes" below)
+        # put and get, compiled (kvstore/store/fast_path.py); the methods below say what they do
+        self.get = GetPath(self._state).get  # type: ignore[method-assign]
+        if self._log is not None:
             self.put = PutPath(self._log.appender, self.max_value_bytes, self._expiring.put).put  # type: ignore[method-assign]
         self._hooks.bind(self._state, self._expiring, self._writer)
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
@@ -213,8 +215,8 @@ class KVStore(Lookups):
     # _refuse_write when the store is read-only or forked. The operations travel with
     # the payload through the log to the state machine (docs/architecture.md, "The path
     # of a put"). A writable store's ``put`` is an instance attribute, the compiled
-    # PutPath.put (kvstore/store/put.py), which appends through the same appender; the
-    # method below is what it does, and what runs read-only or forked.
+    # PutPath.put (kvstore/store/fast_path.py), which appends through the same appender; the
+    # method below is what it does, and what runs read-only or forked (as ``get`` is GetPath.get).
 
     def _refuse_write(self, payload: Payload, ops: Ops) -> int:
         """``_append`` when the store may not write: read-only (no log) or forked."""

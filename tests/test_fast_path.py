@@ -1,5 +1,6 @@
-"""A writable store's ``put`` is the compiled :class:`kvstore.store.put.PutPath`:
-it must log what :meth:`KVStore.put` logs and refuse what it refuses."""
+"""A store's ``put`` and ``get`` are compiled (:mod:`kvstore.store.fast_path`):
+they must do what :meth:`KVStore.put` and :meth:`KVStore.get` do, for as long
+as a caller holds them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import kvstore
 import wal
 from kvstore import KVStore
-from kvstore.store.put import PutPath
+from kvstore.store.fast_path import GetPath, PutPath
 
 BIG = b"v" * (1 << 20)  # logged as pieces (codec.put_payload)
 
@@ -59,3 +60,31 @@ def test_read_only_and_closed_stores_refuse_puts(tmp_path) -> None:
         with pytest.raises(kvstore.ReadOnlyError):
             ro.put(b"k", b"w")
         assert ro.get(b"k") == b"v"
+
+
+def test_a_held_get_follows_the_overlay_expiry_and_close(tmp_path) -> None:
+    # The state's get changes as the overlay fills and empties and keys gain expiries;
+    # a get taken once, before all of that, must see every write.
+    db = kvstore.open(str(tmp_path / "s"), sync="none")
+    get = db.get
+    assert isinstance(get.__self__, GetPath)
+    assert get(b"k") is None and get(b"k", b"d") == b"d"  # empty overlay: LMDB only
+    db.put(b"k", b"1")
+    assert get(b"k") == b"1"  # in the overlay
+    assert len(db) == 1 and len(db._state.overlay) == 0  # a count flushes the overlay: LMDB only again
+    assert get(b"k") == b"1"
+    db.put(b"k", b"2")
+    assert get(b"k") == b"2"
+    db.put(b"t", b"x", ttl=1e-6)  # a key with an expiry: the get that checks it
+    assert get(b"t") is None and get(b"k") == b"2"
+    db.delete(b"k")
+    assert get(b"k") is None
+    for key in (1, "k", None):
+        with pytest.raises(Exception) as by_path:
+            get(key)
+        with pytest.raises(Exception) as by_method:
+            KVStore.get(db, key)
+        assert (type(by_path.value), str(by_path.value)) == (type(by_method.value), str(by_method.value))
+    db.close()
+    with pytest.raises(kvstore.ClosedError):
+        get(b"k")
