@@ -255,7 +255,7 @@ class State:
             ops = batches[0]
             op = ops[0] if len(ops) == 1 else None
             if type(op) is list:  # the common group: one op (a list, as logged: compiled, read in C)
-                code = op[0]
+                code: int = op[0]  # (an int, as decoded or built: compared in C)
                 if code == OP_PUT or code == OP_DELETE:  # ... a put or a delete: into the overlay
                     self.applied_groups += 1
                     self.applied_entries += 1

@@ -52,14 +52,15 @@ class GroupHooks(LogHooks):
         self._watchers: set[Any] = hub.watchers  # the hub's own set (changed in place), read in C
         self._state: State | None = None
         self._expiring: Expiring | None = None
-        self._writer: StoreWriter | None = None
+        self._snapshots_due: StoreWriter | None = None  # told after each group: it takes automatic snapshots
         self._read: Read | None = None  # state.read, bound once (a bound method is made at each look-up)
 
     def bind(self, state: State, expiring: Expiring, writer: StoreWriter | None) -> None:
         """The store's parts, once it has opened them."""
         self._state = state
         self._expiring = expiring
-        self._writer = writer
+        # (automatic snapshots are set up at open, before this: StoreWriter.take_snapshots_every)
+        self._snapshots_due = writer if writer is not None and writer.auto is not None else None
         self._read = state.read
 
     def prepare(self, group: Group) -> list[Payload] | None:
@@ -92,6 +93,6 @@ class GroupHooks(LogHooks):
         # making only while somebody watches, or automatic snapshots are on.
         if self._watchers:
             self._hub.committed()
-        writer = self._writer
-        if writer is not None and writer.auto is not None:
+        writer = self._snapshots_due
+        if writer is not None:
             writer.committed()

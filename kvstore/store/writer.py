@@ -127,7 +127,8 @@ class StoreWriter:
 
     def take_snapshots_every(self, take: Callable[[], object], every_bytes: int) -> None:
         """Call ``take`` in the background whenever ``every_bytes`` of log
-        were written since the last snapshot (:class:`snapshots.AutoSnapshot`)."""
+        were written since the last snapshot (:class:`snapshots.AutoSnapshot`).
+        At open, before the store binds its log hooks, which look once."""
         self.auto = snapshots.AutoSnapshot(take, self.path, every_bytes)
 
     def committed(self) -> None:
