@@ -9,8 +9,9 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 COMPILED = $(VENV)/.compiled
-# What the compiled twins are built from (setup.py; the modules wal/compiled.py lists live here).
-CORE_SOURCES = setup.py $(wildcard wal/*.py kvstore/entry/*.py kvstore/state/*.py)
+# What the compiled twins are built from: setup.py and the modules wal/compiled.py lists.
+CORE_SOURCES = setup.py wal/compiled.py $(shell $(PYTHON) -c "import runpy; \
+    print(*(m.replace('.', '/') + '.py' for m in runpy.run_path('wal/compiled.py')['COMPILED_MODULES']))")
 # `make demo` runs the full-size demo; CI (CI set) or DEMO_ARGS=--small runs the small one.
 DEMO_ARGS ?= $(if $(CI),--small,)
 

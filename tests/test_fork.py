@@ -17,6 +17,7 @@ from kvstore.layout import LMDB_DIR
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 _DB: kvstore.KVStore | None = None  # the module-level store multiprocessing children inherit
+_HELD: tuple = ()  # its put and get, taken before the fork (callers hold them: kvstore/store/fast_path.py)
 
 
 def _outcome(fn) -> str:
@@ -40,14 +41,17 @@ def _fork_child(report) -> list[str]:
            _outcome(lambda: db._log.append(b"raw")),  # the log itself refuses too
            _outcome(db.close)]
     out.append(_outcome(lambda: kvstore.open(db.path, readonly=True).close()))
+    put, get = _HELD
+    out += [_outcome(lambda: put(b"child", b"y")), _outcome(lambda: get(b"k0"))]
     report(out)
     return out
 
 
 def test_forked_child_cannot_use_the_store_and_the_parent_loses_nothing(tmp_path):
-    global _DB
+    global _DB, _HELD
     path = str(tmp_path / "s")
     _DB = db = kvstore.open(path)
+    _HELD = (db.put, db.get)
     try:
         acked = {b"k0": db.put(b"k0", b"v0")}
         r, w = os.pipe()
@@ -68,6 +72,7 @@ def test_forked_child_cannot_use_the_store_and_the_parent_loses_nothing(tmp_path
         assert child[:5] == ["ForkedError"] * 5, child
         assert child[5] == "ok"                  # close() in the child: a no-op
         assert child[6] == "ForkedError", child  # it inherited the environment open
+        assert child[7:] == ["ForkedError"] * 2, child  # a put and a get held from before the fork
         # the child's close released nothing: the parent's lock holds, it writes on
         with pytest.raises(kvstore.LockedError):
             kvstore.open(path)
@@ -75,7 +80,7 @@ def test_forked_child_cannot_use_the_store_and_the_parent_loses_nothing(tmp_path
         assert sorted(acked.values()) == list(range(1, 52))  # no LSN handed out twice
         assert db.get(b"child") is None
     finally:
-        _DB = None
+        _DB, _HELD = None, ()
         db.close()
     shutil.rmtree(os.path.join(path, LMDB_DIR))  # rebuild LMDB from the log
     with kvstore.open(path) as db2:
@@ -121,9 +126,10 @@ def _mp_reader(path: str, q) -> None:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
 def test_module_level_store_with_multiprocessing(tmp_path):
-    global _DB
+    global _DB, _HELD
     path = str(tmp_path / "s")
     _DB = db = kvstore.open(path)
+    _HELD = (db.put, db.get)
     try:
         db.put(b"k0", b"v0")
         fork = multiprocessing.get_context("fork")
@@ -134,6 +140,7 @@ def test_module_level_store_with_multiprocessing(tmp_path):
         p.join(60)
         assert p.exitcode == 0
         assert out[:5] == ["ForkedError"] * 5, out
+        assert out[7:] == ["ForkedError"] * 2, out
         assert db.put(b"k1", b"v1") == 2
         # what the error says to do works: a child that did not inherit the store open
         spawn = multiprocessing.get_context("spawn")
@@ -144,5 +151,5 @@ def test_module_level_store_with_multiprocessing(tmp_path):
         p2.join(60)
         assert p2.exitcode == 0
     finally:
-        _DB = None
+        _DB, _HELD = None, ()
         db.close()

@@ -112,9 +112,7 @@ class Overlay:
         order) that end at ``last_lsn``; True when the overlay is now full,
         or a flush is due, and the caller should flush it."""
         size = 0
-        lock = self.lock
-        lock.acquire()  # (not ``with``: compiled, its __enter__/__exit__ calls cost more than the dict work)
-        try:
+        with self.lock:  # (a Mutex: compiled, C calls, wal/mutex.py)
             active = self.active
             if not active:
                 self._occupied()
@@ -128,15 +126,11 @@ class Overlay:
             self.lsn = last_lsn
             self.bytes += size
             return len(active) >= MAX_KEYS or self.bytes >= MAX_BYTES or self.due
-        finally:
-            lock.release()
 
     def set(self, key: bytes, value: bytes | None, lsn: int) -> bool:
         """:meth:`add` of one put of ``value`` (None: a delete) at ``lsn``,
         the common group, without a list of ops to walk."""
-        lock = self.lock
-        lock.acquire()
-        try:
+        with self.lock:
             active = self.active
             if not active:
                 self._occupied()
@@ -145,8 +139,6 @@ class Overlay:
             if value is not None:
                 self.bytes += len(value)
             return len(active) >= MAX_KEYS or self.bytes >= MAX_BYTES or self.due
-        finally:
-            lock.release()
 
     def _occupied(self) -> None:
         """With :attr:`lock` held, before the first write into an empty ``active``."""

@@ -6,13 +6,17 @@ its methods runs an interpreted frame before it reaches compiled code: about
 600 instructions, an eighth of a get and a twentieth of a non-durable put
 (``callgrind``). A store binds its ``put`` (when it writes) and ``get`` to
 these instead, whose compiled methods call on in C. They do what the
-methods of the same name do, no more and no less; those methods stay the
-reference, and what runs where these are not bound (a read-only store's
-put, a forked child's).
+methods of the same name do; those methods stay the reference, and what
+runs where these are not bound (a read-only store's put, a subclass that
+overrides one). Only a call with the wrong arguments reads differently
+(mypyc words it).
 
 A caller may hold ``db.get`` or ``db.put`` for as long as the store is open
-(``get = db.get`` before a loop is common): both are bound once, at open, and
-what they call on is looked up at each call, as the methods look it up.
+(``get = db.get`` before a loop is common). ``get`` looks the state's
+current get up at each call. ``put`` holds the log's appender, which refuses
+as the store would: a closed log raises :class:`~wal.errors.ClosedError`, a
+forked child's :class:`~wal.errors.ForkedError` (naming the log, where the
+store's method names the store; ``tests/test_fork.py``).
 """
 
 from __future__ import annotations

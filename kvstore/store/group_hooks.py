@@ -52,7 +52,7 @@ class GroupHooks(LogHooks):
         self._watchers: set[Any] = hub.watchers  # the hub's own set (changed in place), read in C
         self._state: State | None = None
         self._expiring: Expiring | None = None
-        self._snapshots_due: StoreWriter | None = None  # told after each group: it takes automatic snapshots
+        self._auto_snapshot_writer: StoreWriter | None = None  # told after each group: it takes automatic snapshots
         self._read: Read | None = None  # state.read, bound once (a bound method is made at each look-up)
 
     def bind(self, state: State, expiring: Expiring, writer: StoreWriter | None) -> None:
@@ -60,7 +60,7 @@ class GroupHooks(LogHooks):
         self._state = state
         self._expiring = expiring
         # (automatic snapshots are set up at open, before this: StoreWriter.take_snapshots_every)
-        self._snapshots_due = writer if writer is not None and writer.auto is not None else None
+        self._auto_snapshot_writer = writer if writer is not None and writer.auto is not None else None
         self._read = state.read
 
     def prepare(self, group: Group) -> list[Payload] | None:
@@ -93,6 +93,6 @@ class GroupHooks(LogHooks):
         # making only while somebody watches, or automatic snapshots are on.
         if self._watchers:
             self._hub.committed()
-        writer = self._snapshots_due
+        writer = self._auto_snapshot_writer
         if writer is not None:
             writer.committed()

@@ -171,9 +171,10 @@ class KVStore(Lookups):
                                   self.path)
         self._writable_keyspace: Callable[[str], str] = (  # checks a keyspace before a write into it
             check_keyspace if self._writer is None else partial(writable_keyspace, self._state, self.path))
-        # put and get, compiled (kvstore/store/fast_path.py); the methods below say what they do
-        self.get = GetPath(self._state).get  # type: ignore[method-assign]
-        if self._log is not None:
+        # put and get, compiled (kvstore/store/fast_path.py), unless a subclass overrides them
+        if type(self).get is KVStore.get:
+            self.get = GetPath(self._state).get  # type: ignore[method-assign]
+        if self._log is not None and type(self).put is KVStore.put:
             self.put = PutPath(self._log.appender, self.max_value_bytes, self._expiring.put).put  # type: ignore[method-assign]
         self._hooks.bind(self._state, self._expiring, self._writer)
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
