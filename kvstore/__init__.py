@@ -28,21 +28,13 @@ the log entry format, :mod:`kvstore.state.machine` for the LMDB state machine an
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 # First: decides whether the compiled twins of the hot modules load (see wal.compiled).
 from wal.compiled import build_info
 
 # isort: split
-from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget
-from kvstore.entry.codec import MAX_KEY_BYTES
-from kvstore.replica.archive_restore import restore_from_archive
-from kvstore.replica.point_in_time import restore
-from kvstore.replica.restore import RestoreInfo
-from kvstore.state.view import View
-from kvstore.store.clock import Clock, ManualClock, SystemClock
-from kvstore.store.leases import KeepAlive, Lease
-from kvstore.store.metrics import prometheus_text
-from kvstore.store.store import KVStore, open
-from kvstore.store.write_batch import WriteBatch
 from wal.errors import (
     ArchiveError,
     ArchiveLagError,
@@ -68,6 +60,53 @@ from wal.errors import (
     ViewExpiredError,
     WalkvError,
 )
+
+if TYPE_CHECKING:
+    from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget
+    from kvstore.entry.codec import MAX_KEY_BYTES
+    from kvstore.replica.archive_restore import restore_from_archive
+    from kvstore.replica.point_in_time import restore
+    from kvstore.replica.restore import RestoreInfo
+    from kvstore.state.view import View
+    from kvstore.store.clock import Clock, ManualClock, SystemClock
+    from kvstore.store.leases import KeepAlive, Lease
+    from kvstore.store.metrics import prometheus_text
+    from kvstore.store.store import KVStore, open
+    from kvstore.store.write_batch import WriteBatch
+
+_HOMES: dict[str, str] = {
+    "Archiver": "kvstore.archive", "ArchiveReader": "kvstore.archive", "ArchiveTarget": "kvstore.archive",
+    "MAX_KEY_BYTES": "kvstore.entry.codec",
+    "restore_from_archive": "kvstore.replica.archive_restore",
+    "restore": "kvstore.replica.point_in_time",
+    "RestoreInfo": "kvstore.replica.restore",
+    "View": "kvstore.state.view",
+    "Clock": "kvstore.store.clock", "ManualClock": "kvstore.store.clock", "SystemClock": "kvstore.store.clock",
+    "KeepAlive": "kvstore.store.leases", "Lease": "kvstore.store.leases",
+    "prometheus_text": "kvstore.store.metrics",
+    "KVStore": "kvstore.store.store", "open": "kvstore.store.store",
+    "WriteBatch": "kvstore.store.write_batch",
+}
+"""Where each of the face's names (but the errors and :func:`build_info`)
+lives. They are imported on first use (:func:`__getattr__`), not by ``import
+kvstore``: a process that only reads files with a higher floor (a Spark
+worker running :mod:`kvstore.spark`) never imports the store, LMDB or the
+archive, whose hundreds of modules every ``gc.collect()`` would walk. The
+``TYPE_CHECKING`` imports above say the same for mypy and tests/test_layers.py."""
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the face, imported from its module on first use (see :data:`_HOMES`)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'kvstore' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value  # later lookups find it without this call
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))
 
 
 def open_replica(source, path, **options):
