@@ -28,8 +28,7 @@ the log entry format, :mod:`kvstore.state.machine` for the LMDB state machine an
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # First: decides whether the compiled twins of the hot modules load (see wal.compiled).
 from wal.compiled import build_info
@@ -60,6 +59,7 @@ from wal.errors import (
     ViewExpiredError,
     WalkvError,
 )
+from wal.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget
@@ -88,25 +88,14 @@ _HOMES: dict[str, str] = {
     "WriteBatch": "kvstore.store.write_batch",
 }
 """Where each of the face's names (but the errors and :func:`build_info`)
-lives. They are imported on first use (:func:`__getattr__`), not by ``import
-kvstore``: a process that only reads files with a higher floor (a Spark
-worker running :mod:`kvstore.spark`) never imports the store, LMDB or the
-archive, whose hundreds of modules every ``gc.collect()`` would walk. The
+lives: imported on first use (:mod:`wal.lazy`), not by ``import kvstore``,
+so a process that only reads files (a Spark worker running
+:mod:`kvstore.spark`) never imports the store, LMDB or the archive. The
 ``TYPE_CHECKING`` imports above say the same for mypy and tests/test_layers.py."""
 
 
-def __getattr__(name: str) -> Any:
-    """A name of the face, imported from its module on first use (see :data:`_HOMES`)."""
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'kvstore' has no attribute {name!r}")
-    value = getattr(import_module(home), name)
-    globals()[name] = value  # later lookups find it without this call
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_names(globals(), _HOMES)
 
 
 def open_replica(source, path, **options):

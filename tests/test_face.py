@@ -1,55 +1,65 @@
-"""The public face, ``kvstore/__init__.py``: every name it lists is there,
-and ``import kvstore`` alone imports none of the store's modules (they load
-on first use: a Spark worker reading files never imports the store, LMDB
-or the archive)."""
+"""The faces ``wal/__init__.py`` and ``kvstore/__init__.py`` import most of
+their names on first use (:mod:`wal.lazy`): every name they list is there,
+from the module the face says; the ``TYPE_CHECKING`` imports mypy and
+tests/test_layers.py read say the same; and ``import kvstore`` alone imports
+neither the store nor the log's writer (a Spark worker reading files never
+needs them)."""
 
 from __future__ import annotations
 
 import ast
+import pkgutil
 import subprocess
 import sys
+from importlib import import_module
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 import kvstore
+import wal
 
-FACE = Path(kvstore.__file__)
+FACES = [wal, kvstore]
 
 
-def test_every_public_name_resolves_to_its_home() -> None:
-    from importlib import import_module
-
-    for name in kvstore.__all__:
-        value = getattr(kvstore, name)
-        home = kvstore._HOMES.get(name)
+@pytest.mark.parametrize("face", FACES, ids=lambda m: m.__name__)
+def test_every_public_name_resolves_to_its_home(face: ModuleType) -> None:
+    for name in face.__all__:
+        value = getattr(face, name)
+        home = face._HOMES.get(name)
         if home is not None:
             assert value is getattr(import_module(home), name), name
-    assert set(kvstore._HOMES) <= set(kvstore.__all__)
-    assert set(kvstore.__all__) <= set(dir(kvstore))
+    assert set(face._HOMES) <= set(face.__all__)
+    assert set(face.__all__) <= set(dir(face))
 
 
-def test_unknown_name_is_an_attribute_error() -> None:
-    try:
-        kvstore.no_such_name  # type: ignore[attr-defined]
-    except AttributeError as e:
-        assert "no_such_name" in str(e)
-    else:
-        raise AssertionError("kvstore.no_such_name did not raise AttributeError")
+@pytest.mark.parametrize("face", FACES, ids=lambda m: m.__name__)
+def test_no_lazy_name_is_a_submodule_name(face: ModuleType) -> None:
+    # Importing the submodule would set the package's attribute to it first.
+    submodules = {m.name for m in pkgutil.iter_modules(face.__path__)}
+    assert set(face._HOMES) & submodules == set()
 
 
-def test_type_checking_imports_name_the_same_homes() -> None:
-    # mypy and tests/test_layers.py read the TYPE_CHECKING imports; the
-    # interpreter reads _HOMES: the two must say the same.
-    tree = ast.parse(FACE.read_text())
+@pytest.mark.parametrize("face", FACES, ids=lambda m: m.__name__)
+def test_unknown_name_is_an_attribute_error(face: ModuleType) -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        face.no_such_name
+
+
+@pytest.mark.parametrize("face", FACES, ids=lambda m: m.__name__)
+def test_type_checking_imports_name_the_same_homes(face: ModuleType) -> None:
+    tree = ast.parse(Path(face.__file__).read_text())
     block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
     declared = {a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for a in node.names}
-    assert declared == kvstore._HOMES
+    assert declared == face._HOMES
 
 
-def test_import_kvstore_leaves_the_store_unimported() -> None:
+def test_import_kvstore_leaves_the_store_and_the_writer_unimported() -> None:
     code = ("import sys, kvstore\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('kvstore.', 'lmdb'))))\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('kvstore.', 'lmdb', 'wal.log', 'wal.group'))))\n"
             "kvstore.open\n"
             "print('kvstore.store.store' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=FACE.parent.parent).stdout.splitlines()
+                         cwd=Path(kvstore.__file__).parent.parent).stdout.splitlines()
     assert out == ["[]", "True"]

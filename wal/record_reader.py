@@ -10,10 +10,13 @@ is handed on as it is, without a step per record.
 
 Each record's bytes are copied once from the blocks read: a FULL fragment's
 payload is a slice of its block, and a record in fragments (FIRST, MIDDLE...,
-LAST) is one join of views into the blocks that hold its fragments. The blocks
-are the ``bytes`` the file's ``read`` returned (immutable, so a view into one
-stays valid while a record is assembled across blocks), and every payload the
-reader yields is ``bytes`` of its own: a caller may keep it.
+LAST) is one join of views into the blocks that hold its fragments (checking
+a view's CRC with ``google_crc32c``, which takes only ``bytes``, copies it
+to a short-lived buffer, reused for the next one: that copy stays in the
+cache). The blocks are the ``bytes`` the file's ``read`` returned
+(immutable, so a view into one stays valid while a record is assembled
+across blocks), and every payload the reader yields is ``bytes`` of its
+own: a caller may keep it.
 """
 
 from __future__ import annotations
