@@ -28,21 +28,12 @@ the log entry format, :mod:`kvstore.state.machine` for the LMDB state machine an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 # First: decides whether the compiled twins of the hot modules load (see wal.compiled).
 from wal.compiled import build_info
 
 # isort: split
-from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget
-from kvstore.entry.codec import MAX_KEY_BYTES
-from kvstore.replica.archive_restore import restore_from_archive
-from kvstore.replica.point_in_time import restore
-from kvstore.replica.restore import RestoreInfo
-from kvstore.state.view import View
-from kvstore.store.clock import Clock, ManualClock, SystemClock
-from kvstore.store.leases import KeepAlive, Lease
-from kvstore.store.metrics import prometheus_text
-from kvstore.store.store import KVStore, open
-from kvstore.store.write_batch import WriteBatch
 from wal.errors import (
     ArchiveError,
     ArchiveLagError,
@@ -68,6 +59,43 @@ from wal.errors import (
     ViewExpiredError,
     WalkvError,
 )
+from wal.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget
+    from kvstore.entry.codec import MAX_KEY_BYTES
+    from kvstore.replica.archive_restore import restore_from_archive
+    from kvstore.replica.point_in_time import restore
+    from kvstore.replica.restore import RestoreInfo
+    from kvstore.state.view import View
+    from kvstore.store.clock import Clock, ManualClock, SystemClock
+    from kvstore.store.leases import KeepAlive, Lease
+    from kvstore.store.metrics import prometheus_text
+    from kvstore.store.store import KVStore, open
+    from kvstore.store.write_batch import WriteBatch
+
+_HOMES: dict[str, str] = {
+    "Archiver": "kvstore.archive", "ArchiveReader": "kvstore.archive", "ArchiveTarget": "kvstore.archive",
+    "MAX_KEY_BYTES": "kvstore.entry.codec",
+    "restore_from_archive": "kvstore.replica.archive_restore",
+    "restore": "kvstore.replica.point_in_time",
+    "RestoreInfo": "kvstore.replica.restore",
+    "View": "kvstore.state.view",
+    "Clock": "kvstore.store.clock", "ManualClock": "kvstore.store.clock", "SystemClock": "kvstore.store.clock",
+    "KeepAlive": "kvstore.store.leases", "Lease": "kvstore.store.leases",
+    "prometheus_text": "kvstore.store.metrics",
+    "KVStore": "kvstore.store.store", "open": "kvstore.store.store",
+    "WriteBatch": "kvstore.store.write_batch",
+}
+"""Where each of the face's names (but the errors and :func:`build_info`)
+lives: imported on first use (:mod:`wal.lazy`), not by ``import kvstore``,
+so a process that only reads files (a Spark worker running
+:mod:`kvstore.spark`) never imports the store, LMDB or the archive. The
+``TYPE_CHECKING`` imports above say the same for mypy and tests/test_layers.py."""
+
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_names(globals(), _HOMES)
 
 
 def open_replica(source, path, **options):

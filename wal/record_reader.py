@@ -7,6 +7,16 @@ its fragments and events (padding, end of data, torn tail, damage) in one
 pass, checking every fragment's CRC; :meth:`RecordReader.batches` assembles
 them into records. A block holding only whole (FULL) records, the common case,
 is handed on as it is, without a step per record.
+
+Each record's bytes are copied once from the blocks read: a FULL fragment's
+payload is a slice of its block, and a record in fragments (FIRST, MIDDLE...,
+LAST) is one join of views into the blocks that hold its fragments (checking
+a view's CRC with ``google_crc32c``, which takes only ``bytes``, copies it
+to a short-lived buffer, reused for the next one: that copy stays in the
+cache). The blocks are the ``bytes`` the file's ``read`` returned
+(immutable, so a view into one stays valid while a record is assembled
+across blocks), and every payload the reader yields is ``bytes`` of its
+own: a caller may keep it.
 """
 
 from __future__ import annotations
@@ -15,9 +25,10 @@ import os
 from collections.abc import Iterator
 from typing import BinaryIO, Final, NamedTuple
 
-from wal.crc import MASK_DELTA, extend_bytes
+from wal.crc import MASK_DELTA, extend, extend_bytes
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.record import (
+    _FULL_CRC,
     _MAX_TYPE,
     _TYPE_CRC,
     BLOCK_SIZE,
@@ -68,13 +79,17 @@ _PAD: Final = -4  # zero-filled space: the rest of the block is unused
 
 class _Block(NamedTuple):
     """The fragments and events of one block, in order: item ``i`` is at
-    ``offsets[i]`` with ``payloads[i]``; its type is ``others[i]``, or FULL
-    when ``i`` is not in ``others`` (so a run of FULL records is a slice)."""
+    ``offsets[i]``; its type is ``others[i]``, or FULL when ``i`` is not in
+    ``others`` (so a run of FULL records is a slice). A FULL fragment's
+    payload is ``payloads[i]`` (a copy: it is the record); a FIRST, MIDDLE or
+    LAST fragment's is ``pieces[i]``, a view into the block (``payloads[i]``
+    is then ``b""``, as for an event)."""
 
     offsets: list[int]
     payloads: list[bytes]
     others: dict[int, int]  # index: type, for every item that is not a FULL fragment (ascending)
     problems: dict[int, tuple[int, str, Damage]]  # index of a _TORN or _BAD event: its problem
+    pieces: dict[int, memoryview]  # index of a FIRST, MIDDLE or LAST fragment: its payload
 
     def event(self, kind: int, at: int, problem: tuple[int, str, Damage] | None = None) -> None:
         """Add an event (an end, padding, damage) at file offset ``at``."""
@@ -130,7 +145,7 @@ class RecordReader:
         self._resyncing = False  # started on a block boundary, inside a record begun before it
         self._record_start = -1  # >= 0 while inside a fragmented record
         self._holed = -1  # start of a fragmented record cut by zero-filled space
-        self._parts: list[bytes] = []  # the fragments of the record being assembled
+        self._parts: list[memoryview] = []  # the fragments of the record being assembled (views)
         self._size = 0
 
     def __iter__(self) -> Iterator[bytes]:
@@ -141,7 +156,8 @@ class RecordReader:
 
     def _blocks(self) -> Iterator[_Block]:
         """Each block's fragments and events; the last block read ends with
-        _EOF or _TORN."""
+        _EOF or _TORN. A block is the ``bytes`` ``read`` returned: the views
+        in ``pieces`` keep it, unchanged, until their record is joined."""
         f = self._f
         limit = self._limit
         delta = MASK_DELTA  # a local: mask() is inlined below, once per fragment
@@ -153,11 +169,12 @@ class RecordReader:
             if limit is not None:
                 want = max(0, min(BLOCK_SIZE, limit - block_start))
             buf = f.read(want) if want else b""
+            view = memoryview(buf)
             full_block = len(buf) == BLOCK_SIZE
             i = pos - block_start
             n = len(buf)
-            block = _Block([], [], {}, {})
-            offsets, payloads, others, problems = block
+            block = _Block([], [], {}, {}, {})
+            offsets, payloads, others, problems, pieces = block
             add_offset, add_payload = offsets.append, payloads.append
             event = block.event
 
@@ -187,16 +204,22 @@ class RecordReader:
                                                        Damage.FRAMING))
                         ended = True
                     break
-                payload = buf[start:end]
-                c = extend_bytes(_TYPE_CRC[ftype], payload)  # mask() inlined: once per fragment
-                if crc == (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF:
-                    if ftype == FULL:  # the common case
+                if ftype == FULL:  # the common case: the payload is the record, copied once
+                    payload = buf[start:end]
+                    c = extend_bytes(_FULL_CRC, payload)
+                else:  # a view: a fragmented record is copied once, when its pieces are joined
+                    payload = b""
+                    piece = view[start:end]
+                    c = extend(_TYPE_CRC[ftype], piece)
+                if crc == (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF:  # mask() inlined: once per fragment
+                    if ftype == FULL:
                         add_offset(block_start + i)
                         add_payload(payload)
                         i = end
                         continue
                     if 0 < ftype <= _MAX_TYPE:
                         others[len(offsets)] = ftype
+                        pieces[len(offsets)] = piece
                         add_offset(block_start + i)
                         add_payload(payload)
                         i = end
@@ -229,11 +252,11 @@ class RecordReader:
         tools: valid ones with their type and payload length, damaged ones
         with type 0 and the problem; stops at the end of data or a torn tail
         (reported as a last fragment with its problem)."""
-        for offsets, payloads, others, problems in self._blocks():
+        for offsets, payloads, others, problems, pieces in self._blocks():
             for j, offset in enumerate(offsets):
                 ftype = others.get(j, FULL)
                 if ftype > 0:
-                    yield Fragment(offset, ftype, len(payloads[j]), None)
+                    yield Fragment(offset, ftype, len(pieces[j]) if j in pieces else len(payloads[j]), None)
                 elif ftype == _BAD:
                     end, reason, _ = problems[j]
                     yield Fragment(offset, ZERO_TYPE, max(0, end - offset - HEADER_SIZE), reason)
@@ -269,7 +292,7 @@ class RecordReader:
         it wants) never sees damage past them."""
         self._resyncing = self.start_offset % BLOCK_SIZE == 0 and self.start_offset > 0
         bulk = self.max_record_bytes >= BLOCK_SIZE  # a FULL fragment is under the limit
-        for offsets, payloads, others, problems in self._blocks():
+        for offsets, payloads, others, problems, pieces in self._blocks():
             got = RecordBatch([], [], -1)
             run = 0  # the next item to take: items run..j-1 are FULL fragments
             damage: CorruptionError | None = None
@@ -282,7 +305,8 @@ class RecordReader:
                         self._resyncing = False
                         run = j
                     for k in range(run, min(j + 1, len(offsets))):
-                        record = self._step(others.get(k, FULL), offsets[k], payloads[k], problems.get(k))
+                        record = self._step(others.get(k, FULL), offsets[k], payloads[k], pieces.get(k),
+                                            problems.get(k))
                         if record is not None:
                             got.offsets.append(record[0])
                             got.payloads.append(record[1])
@@ -306,10 +330,12 @@ class RecordReader:
                 self.end_offset = got.end
                 yield got
 
-    def _step(self, ftype: int, offset: int, item: bytes, problem: tuple[int, str, Damage] | None
-              ) -> tuple[int, bytes, int] | None:
-        """Take one fragment or event; return the record it completes as
-        ``(offset, payload, end)``, if any."""
+    def _step(self, ftype: int, offset: int, item: bytes, piece: memoryview | None,
+              problem: tuple[int, str, Damage] | None) -> tuple[int, bytes, int] | None:
+        """Take one fragment or event (a FULL fragment's payload is ``item``;
+        a FIRST, MIDDLE or LAST fragment's is ``piece``, a view into its
+        block); return the record it completes as ``(offset, payload, end)``,
+        if any."""
         if self._holed >= 0 and ftype != _PAD and ftype != _EOF and ftype != _TORN:
             # Data after the zeros: the record was damaged, not torn.
             self._corrupt(self._holed, offset, "zero-filled space in the middle of a fragmented record")
@@ -326,15 +352,17 @@ class RecordReader:
                 return None
             return offset, item, end
         if ftype == FIRST:
+            assert piece is not None
             self._resyncing = False
             if self._record_start >= 0:
                 self._corrupt(self._record_start, offset,
                               "partial record without end (FIRST inside a fragmented record)")
             self._record_start = offset
-            self._parts = [item]
-            self._size = len(item)
+            self._parts = [piece]
+            self._size = len(piece)
         elif ftype == MIDDLE or ftype == LAST:
-            end = offset + HEADER_SIZE + len(item)
+            assert piece is not None
+            end = offset + HEADER_SIZE + len(piece)
             if self._record_start < 0:
                 if self._resyncing:
                     # LevelDB: the LAST of the record we started inside
@@ -344,15 +372,15 @@ class RecordReader:
                     name = "MIDDLE" if ftype == MIDDLE else "LAST"
                     self._corrupt(offset, end, f"missing start of fragmented record ({name} without FIRST)")
                 return None
-            self._size += len(item)
+            self._size += len(piece)
             if self._size > self.max_record_bytes:
                 self._corrupt(self._record_start, end, f"record over the limit of {self.max_record_bytes} bytes",
                               Damage.TOO_LARGE)
                 self._record_start = -1
                 self._parts = []
                 return None
-            self._parts.append(item)
-            if ftype == LAST:
+            self._parts.append(piece)
+            if ftype == LAST:  # the record's one copy
                 start, payload = self._record_start, b"".join(self._parts)
                 self._record_start = -1
                 self._parts = []
