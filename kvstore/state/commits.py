@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import final
 
 import lmdb
@@ -214,6 +215,7 @@ class LmdbCommits:
 
 
 @final
+@dataclass
 class ThroughWrite:
     """One write-through transaction (:meth:`LmdbCommits.write_through`
     with ``hold``), written and open, with the overlay's lock held and its
@@ -227,16 +229,6 @@ class ThroughWrite:
     thaw: bool
     expiry: bool
     seconds: float
-
-    def __init__(self, commits: LmdbCommits, txn: Transaction, write: Write, last: int,
-                 thaw: bool, expiry: bool, seconds: float) -> None:
-        self.commits = commits
-        self.txn = txn
-        self.write = write
-        self.last = last
-        self.thaw = thaw
-        self.expiry = expiry
-        self.seconds = seconds
 
     def commit(self) -> None:
         commits = self.commits
