@@ -42,6 +42,7 @@ class Damage(str, enum.Enum):
     TOO_LARGE = "too_large"      # a record or file over its stored limit
     CONTENT = "content"          # a well-framed record whose contents do not decode
     LMDB = "lmdb"                # the LMDB state machine is damaged (it is rebuilt)
+    TIMELINE = "timeline"        # a segment on another timeline than the log's history says
 
 
 class CorruptionError(WalkvError):
@@ -304,6 +305,23 @@ class ForkedError(WalkvError):
     and lose acknowledged writes) nor read through the parent's LMDB handles;
     open the store again in the child (``readonly=True`` beside the parent's
     writer). See :mod:`wal.forkguard`."""
+
+
+class ForkedHistoryError(WalkvError):
+    """Two histories of one store forked (:mod:`wal.timeline`): a reader holds
+    entries past the LSN where the log it reads left their timeline (a
+    replica of a store that was repaired, promoted or failed over; a deposed
+    leader; an archive or subscription position on a dead branch). Mixing the
+    two would give a state neither history had, so it is refused; a replica
+    rebuilds from a snapshot. ``mine`` and ``theirs`` are the two
+    :class:`~wal.timeline.TimelineStart` after the fork, ``fork_lsn`` the
+    last LSN both share."""
+
+    def __init__(self, message: str, *, mine: object, theirs: object, fork_lsn: int) -> None:
+        super().__init__(message)
+        self.mine = mine
+        self.theirs = theirs
+        self.fork_lsn = fork_lsn
 
 
 class ViewExpiredError(ClosedError):

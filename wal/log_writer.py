@@ -45,7 +45,8 @@ from wal.mutex import Mutex
 from wal.segment_writer import ActiveSegment, check_payload, gathered, round_block
 from wal.segments import SegmentSet
 from wal.stats import LogStats
-from wal.truncation import cut_marked, mark_truncate
+from wal.timeline import ROOT, History, TimelineStart, fork_history
+from wal.truncation import mark_truncate
 
 PREALLOC_STEP: Final = 8 << 20  # the active segment grows by this much (at most) at a time
 DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the directory at least this often
@@ -60,7 +61,7 @@ class LogWriter:
 
     def __init__(self, directory: str, fs: FileSystem, mutex: Mutex, *, recovery: str, sync_mode: str,
                  segment_bytes: int, sync_bytes: int, max_record_bytes: int, start_lsn: int,
-                 hooks: LogHooks) -> None:
+                 hooks: LogHooks, history: History = ROOT, store_id: str | None = None) -> None:
         self.directory = directory
         self.fs = fs
         self.mutex = mutex
@@ -72,6 +73,8 @@ class LogWriter:
         self.prealloc_step = min(PREALLOC_STEP, round_block(segment_bytes))
         self.max_record_bytes = max_record_bytes
         self.start_lsn = start_lsn
+        self._new_history = history
+        self._new_store_id = store_id
         self.hooks = hooks
         self.flusher: BatchFlusher | None = None  # sync="batch": set by the log once its flusher runs
         self.stats = LogStats()
@@ -91,7 +94,7 @@ class LogWriter:
     def _open_segments(self, recovery: str) -> SegmentSet:
         return SegmentSet.open(self.directory, fs=self.fs, recovery=recovery, prealloc=self.prealloc_step,
                                max_record_bytes=self.max_record_bytes, start_lsn=self.start_lsn,
-                               zeroed=self._always)
+                               zeroed=self._always, history=self._new_history, store_id=self._new_store_id)
 
     def publish_durable(self) -> None:
         self._durable_marker.publish(self.durable[0])
@@ -167,15 +170,18 @@ class LogWriter:
         self.stats.timed(active.sync_full if full else active.sync)
         self._unsynced_bytes = 0
 
-    def _roll(self, first: int) -> None:
+    def _roll(self, first: int, history: History | None = None) -> None:
         """Seal the active segment (cut its zeros, fsync, write its index) and
-        start a new one whose first LSN is ``first`` (never in a directory
-        that is not the one opened: :class:`StoreVanishedError`)."""
+        start a new one whose first LSN is ``first``, on ``history`` (default:
+        the log's); an empty active segment is replaced instead (never in a
+        directory that is not the one opened: :class:`StoreVanishedError`)."""
         self.lock.check()
         self._checked_us = time.time_ns() // 1000
-        index = self.files.active.seal(self.fs, self.timed_sync)
+        active = self.files.active
+        index = active.seal(self.fs, self.timed_sync) if active.last_lsn >= active.file.first_lsn else None
         new = ActiveSegment.create(self.directory, self.files.store_id, first, self.prealloc_step, self.fs,
-                                   self.max_record_bytes, zeroed=self._always)
+                                   self.max_record_bytes, zeroed=self._always,
+                                   history=self.files.history if history is None else history)
         new.open(self.fs, self.prealloc_step, zeroed=self._always)
         with self.mutex:  # readers copy the segment list under it
             old = self.files.replace_active(index, new)
@@ -210,16 +216,22 @@ class LogWriter:
             "The next open recovers the log."
         )
 
-    def cut_after(self, lsn: int) -> None:
-        """Drop every entry after ``lsn`` (crash-safe: :func:`mark_truncate`
-        first) and open the segments again; the log is frozen meanwhile."""
+    def begin_timeline(self, start: TimelineStart) -> None:
+        """Go on on timeline ``start``, which begins at the next LSN: a new
+        segment whose header states the new history (:mod:`wal.timeline`)."""
+        self._roll(start.first_lsn, fork_history(self.files.history, start))
+
+    def cut_after(self, lsn: int, fork: TimelineStart | None) -> None:
+        """Drop every entry after ``lsn`` and go on on timeline ``fork`` (when
+        given), crash-safe: :func:`mark_truncate` first, then open the
+        segments again, which finishes the cut and begins the timeline
+        (:func:`wal.recovery.recover`); the log is frozen meanwhile."""
         if self.durable[0] > lsn:
             # (The offset bounds reads of the active segment; those stop at ``lsn`` anyway.)
             self.durable = (lsn, self.durable[1])
             self.publish_durable()
-        mark_truncate(self.directory, lsn, self.fs)
+        mark_truncate(self.directory, lsn, self.fs, fork)
         self.files.active.close()
-        cut_marked(self.directory, lsn, self.fs)
         self.files = self._open_segments("strict")
         self.written = self.durable = self.files.end
         self.publish_durable()
