@@ -24,6 +24,7 @@ from kvstore.archive.layout import ARCHIVE_NAME, IDENTITY_HINT, SNAPSHOTS_DIR, L
 from kvstore.archive.objects import Chain, chain, list_log_objects
 from kvstore.archive.retention import archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
+from wal.timeline import ROOT, History
 from wal.errors import ArchiveError, CorruptionError, Damage, DamageReport, LogGapError, SnapshotError
 from wal.fs import FileInfo, FileSystem
 from wal.reader import read_segments
@@ -129,6 +130,16 @@ class ArchiveReader:
     @property
     def uri(self) -> str:
         return self.target.uri
+
+    @property
+    def history(self) -> History:
+        """The timeline history of the archive's log (:mod:`wal.timeline`): its newest object's header states it."""
+        objects = self.chain().objects
+        if not objects:
+            return ROOT
+        o = objects[-1]
+        with self.target.fs.open_input(o.path) as f:
+            return read_header(f, self.target.display(o.path))[0].history
 
     def log_objects(self) -> list[LogObject]:
         """Every log object (by name), including those a whole segment replaced."""

@@ -32,6 +32,7 @@ from the LSN after the last whole one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -40,6 +41,7 @@ from wal.errors import CorruptionError, Damage, ReplicaError
 from wal.record import MAX_RECORD_LIMIT
 from wal.record_reader import RecordReader
 from wal.segment import Entry, decode_entry, decode_header, segment_first_lsn
+from wal.timeline import history_from_json
 
 
 class _BodyFile:
@@ -75,7 +77,9 @@ class _BodyFile:
 class SegmentStream:
     """The entries of one ``/v1/log/segment`` answer from ``from_lsn`` (module
     docstring), read as they arrive. ``next_lsn`` is the LSN the next entry
-    must have; ``durable_lsn`` the server's durable LSN when it answered.
+    must have; ``durable_lsn`` the server's durable LSN when it answered,
+    ``history`` its log's timeline history (``Walkv-History``: the entries
+    sent are on it).
     ``wait``: seconds the server may wait for ``from_lsn`` to be durable (a
     long poll; the answer may then hold nothing)."""
 
@@ -88,13 +92,15 @@ class SegmentStream:
             name = resp.headers["Walkv-Segment"]
             offset = int(resp.headers["Walkv-Offset"])
             self.durable_lsn = int(resp.headers["Walkv-Durable-Lsn"])
+            self.history = history_from_json(json.loads(resp.headers["Walkv-History"]), "Walkv-History")
             first = segment_first_lsn(name)
             if first is None or offset < 0:
                 raise ValueError(f"segment {name!r} at offset {offset}")
         except (KeyError, ValueError) as exc:
             self._stack.close()
-            raise ReplicaError(f"{url} answered /v1/log/segment without a valid Walkv-Segment, Walkv-Offset and "
-                               f"Walkv-Durable-Lsn ({exc}): is it a walkv server of this version?") from None
+            raise ReplicaError(f"{url} answered /v1/log/segment without a valid Walkv-Segment, Walkv-Offset, "
+                               f"Walkv-Durable-Lsn and Walkv-History ({exc}): is it a walkv server of this "
+                               "version?") from None
         self._path = f"{url}/v1/log/segment ({name})"
         self._store_id = store_id
         self._first = first

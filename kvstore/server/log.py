@@ -20,6 +20,7 @@ run in the default executor.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
@@ -35,6 +36,7 @@ from snapshot import list_snapshots
 from wal.index import read_index
 from wal.record import BLOCK_SIZE
 from wal.segment import SegmentScan, find_segment, list_segments
+from wal.timeline import history_to_json
 
 MAX_ENTRIES = 10_000
 CURSORS: web.AppKey[LogCursors] = web.AppKey("walkv_log_cursors", LogCursors)
@@ -56,7 +58,7 @@ async def bounds(request: web.Request) -> web.Response:
     segments = await _in_thread(lambda: list_segments(store._wal_dir))
     return json_response({"first_lsn": segments[0].first_lsn if segments else durable + 1,
                           "durable_lsn": durable, "last_lsn": store.last_lsn, "applied_lsn": store.applied_lsn,
-                          "store_id": store.store_id})
+                          "store_id": store.store_id, "history": history_to_json(store.history)})
 
 
 async def _wait_durable(request: web.Request, q: Query, first: int) -> None:
@@ -148,9 +150,13 @@ async def segment(request: web.Request) -> web.StreamResponse:
         return fh, seg.path, block, end
 
     fh, path, offset, end = await _in_thread(locate)
+    # Read after the segment was opened: a fork begins in a segment created after it (wal.timeline), so
+    # the bytes sent are on this history (a cut zeroes the bytes past the fork in place first).
+    history = json.dumps(history_to_json(s.store.history), separators=(",", ":"))
     response = web.StreamResponse(headers={
         "Content-Type": "application/octet-stream", "Content-Length": str(end - offset),
-        "Walkv-Segment": os.path.basename(path), "Walkv-Offset": str(offset), "Walkv-Durable-Lsn": str(durable)})
+        "Walkv-Segment": os.path.basename(path), "Walkv-Offset": str(offset), "Walkv-Durable-Lsn": str(durable),
+        "Walkv-History": history})
     with fh:
         fh.seek(offset)
         await response.prepare(request)

@@ -79,6 +79,8 @@ from kvstore.watch import watcher as watching
 from kvstore.watch.consumers import SubscriptionInfo
 from kvstore.watch.subscription import Subscription, subscribe
 from snapshot import SnapshotInfo
+from wal.segment import read_newest_header
+from wal.timeline import ROOT, History, TimelineStart
 from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
@@ -496,6 +498,23 @@ class KVStore(Lookups):
         if self.readonly and not self._closed:
             return self._state.read_meta_applied()
         return self._state.applied_lsn
+
+    @property
+    def history(self) -> History:
+        """The log's timeline history, oldest first (:mod:`wal.timeline`;
+        read-only: as its newest segment states it)."""
+        if self._log is None:
+            header = read_newest_header(self._wal_dir)
+            return ROOT if header is None else header.history
+        return self._log.history
+
+    def start_timeline(self, number: int | None = None) -> TimelineStart:
+        """Go on on a new timeline from the next LSN (a promote or a failover:
+        :mod:`wal.timeline`), numbered ``number`` (an election's epoch) or the
+        next number; return it. Durable on return."""
+        self._check_writable()
+        assert self._writer is not None
+        return self._writer.start_timeline(number)
 
     @property
     def closed(self) -> bool:

@@ -58,6 +58,7 @@ from wal.fs import FileSystem
 from wal.hooks import LogHooks
 from wal.lock import DirectoryLock
 from wal.progress import Progress
+from wal.timeline import TimelineStart
 
 log = logging.getLogger("walkv.store")
 
@@ -113,6 +114,15 @@ class StoreWriter:
             lock.release()
             raise
         return cls(path, fs, lock, log_, snapshots_), opened
+
+    def start_timeline(self, number: int | None) -> TimelineStart:
+        """The log goes on on a new timeline (:meth:`wal.Log.start_timeline`);
+        LMDB's SESSION states the new history before any entry of it is
+        applied (:mod:`kvstore.store.recovery`)."""
+        start = self.log.start_timeline(number)
+        recovery.write_session(os.path.join(self.path, LMDB_DIR), self.log.store_id, clean=False,
+                               history=self.log.history, fs=self._fs)
+        return start
 
     def start_archiver(self, location: Location, *, interval: float, keep_snapshots: int | None,
                        keep_seconds: float | None, close_timeout: float = ARCHIVE_CLOSE_TIMEOUT) -> None:
@@ -203,7 +213,7 @@ class StoreWriter:
             if clean:
                 try:
                     recovery.write_session(os.path.join(self.path, LMDB_DIR), self.log.store_id, clean=True,
-                                           fs=self._fs)
+                                           history=self.log.history, fs=self._fs)
                 except OSError as exc:
                     raise WalkvError(
                         f"closing {self.path}: could not record the clean close ({exc}); "
