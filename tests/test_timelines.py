@@ -161,7 +161,7 @@ def test_a_truncate_interrupted_before_its_timeline_began_is_finished_at_open(tm
         for i in range(30):
             log.append(b"x%d" % i)
     fork = TimelineStart(2, 21, 12345)
-    mark_truncate(str(d), 20, fork=fork)
+    mark_truncate(str(d), 20, history=(TimelineStart(1, 1), fork))
     with wal.open(d) as log:
         assert log.last_lsn == 20 and log.timeline == fork
         assert not os.path.exists(d / TRUNCATE_MARKER)
@@ -236,3 +236,51 @@ def test_any_sequence_of_forks_leaves_a_log_whose_history_names_every_entry(tmp_
         assert [p for _, p in got] == [p for p, _ in model]
         for lsn, (_, tl) in enumerate(model, 1):
             assert timeline_at(log.history, lsn) == tl
+
+
+def test_a_follower_copies_entries_with_their_lsns_and_times_and_mirrors_its_leaders_timelines(tmp_path):
+    """append_replicated writes another log's entries as they are (LSN,
+    commit time, payload); a follower that starts its leader's timeline
+    before the first entry of it ends with its leader's history."""
+    leader_dir, follower_dir = tmp_path / "leader", tmp_path / "follower"
+    with wal.open(leader_dir, segment_bytes=4096) as leader:
+        for i in range(30):
+            leader.append(b"a%d" % i)
+        t = leader.start_timeline(number=5)
+        for i in range(30):
+            leader.append(b"b%d" % i)
+        want = list(leader.read_entries())
+        history = leader.history
+    with wal.open(follower_dir, segment_bytes=2048) as follower:
+        got_first = follower.append_replicated(want[:10], [None] * 10)
+        assert got_first == 1
+        follower.append_replicated(want[10:30], [None] * 20)
+        with pytest.raises(ValueError):
+            follower.append_replicated(want[31:32], [None])   # not the next LSN
+        follower.start_timeline(timeline=t)
+        follower.append_replicated(want[30:], [None] * 30)
+        assert follower.history == history
+        assert list(follower.read_entries()) == want            # times included
+        assert follower.append(b"local") == 61
+
+
+def test_truncate_after_with_follow_takes_the_leaders_line(tmp_path):
+    """A deposed leader that began timeline 5 at LSN 101 and wrote 101..110
+    rejoins a leader whose timeline 6 began at 105: it drops 105..110 and
+    goes on on timeline 6, its history the leader's up to there."""
+    d = tmp_path / "log"
+    t5 = TimelineStart(5, 101, 55)
+    leader_history = (TimelineStart(1, 1), t5, TimelineStart(6, 105, 66))
+    with wal.open(d, segment_bytes=4096) as log:
+        for i in range(100):
+            log.append(b"x")
+        log.start_timeline(timeline=t5)
+        for i in range(10):
+            log.append(b"y")
+        assert fork_point(log.history, log.last_lsn, leader_history) == 104
+        goes_on = log.truncate_after(104, follow=leader_history)
+        assert goes_on == leader_history[2] and log.history == leader_history and log.last_lsn == 104
+        with pytest.raises(ValueError):
+            log.truncate_after(50, follow=(TimelineStart(1, 1), TimelineStart(9, 40, 9)))  # left mine before 50
+    with wal.open(d) as log:
+        assert log.history == leader_history and log.last_lsn == 104

@@ -60,6 +60,7 @@ from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_err
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
+from wal.group import Group
 from wal.hooks import CallableHooks, CommitHook, LogHooks, PrepareHook, StageHook
 from wal.log_writer import LogWriter
 from wal.mutex import Mutex
@@ -67,7 +68,16 @@ from wal.reader import entries_of
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.segment import ENTRY_HEADER_SIZE, Entry, EntryBatch, Payload
 from wal.segment_writer import check_payload
-from wal.timeline import ROOT, History, TimelineStart, check_history, new_timeline
+from wal.timeline import (
+    ROOT,
+    History,
+    TimelineStart,
+    check_history,
+    fork_history,
+    fork_point,
+    history_until,
+    new_timeline,
+)
 from wal.truncation import delete_segments
 
 logger = logging.getLogger("walkv.wal")
@@ -277,10 +287,38 @@ class Log:
         items = [p if type(p) is bytes and len(p) <= limit else check_payload(p, record_limit) for p in payloads]
         return self._appends.submit_nowait(items, contexts, callback)
 
+    def append_replicated(self, entries: Sequence[Entry], contexts: Sequence[object]) -> int:
+        """Write entries another log wrote (a leader's, read by its follower)
+        with their own LSNs and commit times, as one group (``contexts[i]``
+        goes with ``entries[i]`` to the hooks; ``prepare`` is not called:
+        whatever the log's order decides, the other log decided, and its
+        entries carry the decision). The first must be this log's next LSN and
+        the rest follow it; nothing else is appended meanwhile. Durable on
+        return as :meth:`append`; returns the first LSN."""
+        if not entries or len(entries) != len(contexts):
+            raise ValueError("append_replicated needs entries, and as many contexts")
+        with self._gc.exclusive(freeze=True):
+            first = self._gc.next_lsn
+            if [e.lsn for e in entries] != list(range(first, first + len(entries))):
+                raise ValueError(f"replicated entries must be LSNs {first}.. in order (this log's next is {first}), "
+                                 f"not {entries[0].lsn}..{entries[-1].lsn}")
+            limit = self.max_record_bytes
+            group = Group(first, [check_payload(e.payload, limit) for e in entries], list(contexts))
+            try:
+                self._writer.write_group(group, [e.timestamp_us for e in entries])
+            except BaseException as e:  # noqa: BLE001 - any failure here fails the log
+                raise self._gc.fail(e, first) from e
+            self._gc.renumber(first + len(entries))
+        return first
+
     def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:
             return self._failure
         w = self._writer
+        if isinstance(error, LogFailedError):  # the layer above's own (a write that lost its replicas, its lease)
+            self._failure = error
+            logger.error("%s", error)
+            return error
         self._failure = log_failed(self.directory, error, first_lsn, w.durable[0], w.written[0])
         self._failure.__cause__ = error
         logger.error("%s", self._failure)
@@ -321,12 +359,14 @@ class Log:
             doomed = self._writer.files.drop_before(lsn)
         return delete_segments(self.directory, doomed, self._writer.fs) if doomed else 0
 
-    def truncate_after(self, lsn: int, *, timeline: TimelineStart | None = None) -> TimelineStart | None:
+    def truncate_after(self, lsn: int, *, follow: History | None = None) -> TimelineStart | None:
         """Drop every entry after ``lsn``; the next append gets ``lsn + 1``, on
-        a new timeline (:mod:`wal.timeline`): ``timeline`` (a follower's
-        leader's, beginning at ``lsn + 1``) or the next number. Returns that
-        timeline, or None when there was nothing after ``lsn``. Crash-safe: a
-        ``TRUNCATE`` marker naming both is made durable first, and an
+        a new timeline (:mod:`wal.timeline`): the next number, or, with
+        ``follow`` (a leader's history, which must agree with this log's up to
+        ``lsn``: a follower dropping what it holds past the fork), the line
+        ``follow`` takes from ``lsn + 1``. Returns the timeline the log goes
+        on on, or None when there was nothing after ``lsn``. Crash-safe: a
+        ``TRUNCATE`` marker stating both is made durable first, and an
         interrupted truncation is finished by the next open."""
         first = self.first_lsn
         if lsn < first - 1 or lsn < 0:
@@ -334,14 +374,20 @@ class Log:
         with self._gc.exclusive(freeze=True):
             if lsn >= self._gc.next_lsn - 1:
                 return None
-            fork = self._fork_at(lsn + 1, timeline)
+            mine = self._writer.files.history
+            if follow is None:
+                history = fork_history(mine, new_timeline(mine, lsn + 1))
+            elif fork_point(mine, lsn, follow) is None:
+                history = history_until(follow, lsn + 1)
+            else:
+                raise ValueError(f"cannot follow a history that left this log's before LSN {lsn}")
             try:
-                self._writer.cut_after(lsn, fork)
+                self._writer.cut_after(lsn, history)
             except OSError as e:
                 raise self._gc.fail(e, lsn + 1) from e
             self._gc.renumber(lsn + 1)
-        logger.warning("%s: entries after LSN %d dropped; the log goes on on %s", self.directory, lsn, fork)
-        return fork
+        logger.warning("%s: entries after LSN %d dropped; the log goes on on %s", self.directory, lsn, history[-1])
+        return history[-1]
 
     def start_timeline(self, number: int | None = None, *, timeline: TimelineStart | None = None) -> TimelineStart:
         """Go on on a new timeline from the next LSN (a promote, a failover: the

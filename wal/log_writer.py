@@ -51,6 +51,24 @@ from wal.truncation import mark_truncate
 PREALLOC_STEP: Final = 8 << 20  # the active segment grows by this much (at most) at a time
 DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the directory at least this often
 _time_ns: Final = time.time_ns
+def _write_timed(active: ActiveSegment, first: int, payloads: list[Payload], timestamps: list[int]
+                 ) -> tuple[int, bool]:
+    """``payloads`` written with their own commit times: one write per run of
+    equal times (a leader's group shares one), the bytes written and whether
+    the file grew (any write did)."""
+    written, grew, start = 0, False, 0
+    while start < len(payloads):
+        end = start + 1
+        while end < len(payloads) and timestamps[end] == timestamps[start]:
+            end += 1
+        run = payloads[start:end]
+        n, g = active.write_group(first + start, run, timestamps[start], gathered(run))
+        written += n
+        grew = grew or g
+        start = end
+    return written, grew
+
+
 class LogWriter:
     """The writer of the log in ``directory``: opening it creates the
     directory, takes its lock (:class:`~wal.lock.DirectoryLock`, released
@@ -99,11 +117,14 @@ class LogWriter:
     def publish_durable(self) -> None:
         self._durable_marker.publish(self.durable[0])
 
-    def write_group(self, group: Group) -> None:
+    def write_group(self, group: Group, timestamps: list[int] | None = None) -> None:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
-        it to the hooks' ``commit``. Called by the leader only, without the mutex."""
+        it to the hooks' ``commit``. Called by the leader only, without the
+        mutex. ``timestamps``: the entries' own commit times (entries another
+        log decided and timed, :meth:`wal.Log.append_replicated`: the hooks'
+        ``prepare`` is not called for them); None: now, one clock read."""
         hooks = self.hooks
-        prepared = hooks.prepare(group)
+        prepared = hooks.prepare(group) if timestamps is None else None
         if prepared is not None:
             limit = self.max_record_bytes
             group = Group(group.first_lsn, [check_payload(p, limit) for p in prepared], group.contexts)
@@ -116,7 +137,10 @@ class LogWriter:
         elif not self._always and abs(now_us - self._checked_us) >= self._directory_check_us:
             self.lock.check()
             self._checked_us = now_us
-        written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
+        if timestamps is None:
+            written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
+        else:
+            written, grew = _write_timed(active, first, payloads, timestamps)
         lsn = first + len(payloads)
         self.written = (lsn - 1, active.data_end)
         if self._always:
@@ -221,16 +245,16 @@ class LogWriter:
         segment whose header states the new history (:mod:`wal.timeline`)."""
         self._roll(start.first_lsn, fork_history(self.files.history, start))
 
-    def cut_after(self, lsn: int, fork: TimelineStart | None) -> None:
-        """Drop every entry after ``lsn`` and go on on timeline ``fork`` (when
-        given), crash-safe: :func:`mark_truncate` first, then open the
+    def cut_after(self, lsn: int, history: History | None) -> None:
+        """Drop every entry after ``lsn`` and go on on timeline ``history``
+        (when given), crash-safe: :func:`mark_truncate` first, then open the
         segments again, which finishes the cut and begins the timeline
         (:func:`wal.recovery.recover`); the log is frozen meanwhile."""
         if self.durable[0] > lsn:
             # (The offset bounds reads of the active segment; those stop at ``lsn`` anyway.)
             self.durable = (lsn, self.durable[1])
             self.publish_durable()
-        mark_truncate(self.directory, lsn, self.fs, fork)
+        mark_truncate(self.directory, lsn, self.fs, history)
         self.files.active.close()
         self.files = self._open_segments("strict")
         self.written = self.durable = self.files.end

@@ -48,7 +48,7 @@ from wal.segment import (
     read_header,
 )
 from wal.segment_writer import ActiveSegment
-from wal.timeline import ROOT, History, fork_history, fork_point, timeline_at
+from wal.timeline import ROOT, History, fork_point, timeline_at
 from wal.torn import is_torn
 from wal.truncation import clear_truncate, cut_tail, finish_truncate
 
@@ -129,10 +129,10 @@ def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", pre
         rec = _recover_segments(directory, list_segments(directory, fs), fs)
     header = rec.active.header
     history = header.history
-    if fork is not None:  # the timeline an interrupted truncate_after began
-        if history[-1] != fork:
+    if fork is not None:  # the timeline history an interrupted truncate_after began
+        if history != fork:
             rec = begin_segment(directory, rec, fs, prealloc, max(max_record_bytes, header.max_record_bytes), zeroed,
-                                fork_history(history, fork), f"{fork} begins at LSN {fork.first_lsn}")
+                                fork, f"the log goes on on {fork[-1]}")
         clear_truncate(directory, fs)
         return rec
     if header.max_record_bytes < max_record_bytes:

@@ -46,7 +46,7 @@ from wal.repair_apply import apply, dropped_bytes
 from wal.repair_plan import plan
 from wal.salvage import over_limit, scan_log
 from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header, segment_name
-from wal.timeline import ROOT, TimelineStart, new_timeline
+from wal.timeline import ROOT, TimelineStart, fork_history, history_until, new_timeline
 from wal.torn import is_torn
 from wal.truncation import mark_truncate
 
@@ -227,7 +227,8 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
     if changed:  # those LSNs will hold other entries than some reader may have had: a new timeline
         top = max(s.timeline for h in scan.headers if h is not None for s in h.history)
         report.timeline = new_timeline(history, min(changed), number=top + 1)
-        mark_truncate(directory, decided.last, fs, report.timeline)
+        mark_truncate(directory, decided.last, fs, fork_history(history_until(history, decided.last + 1),
+                                                                report.timeline))
     log.warning("repair of %s: %s at %s offset %s; the log now holds LSNs %d..%d%s; kept what was taken out in %s",
                 directory, report.reason, report.path, report.offset, decided.first, decided.last,
                 f" (the snapshot at LSN {base_lsn} holds LSNs {decided.dropped[0]}..{decided.dropped[1]})"

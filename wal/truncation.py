@@ -12,17 +12,18 @@ each safe against a crash at any step.
   (temp file, fsync, rename, directory fsync); the next open finishes an
   interrupted cut, which is idempotent and reads nothing past that LSN (a
   power loss may have zeroed some of those sectors and not others). The
-  marker also names the timeline the log goes on on after the cut
-  (``LSN TIMELINE FIRST_LSN UID``, :mod:`wal.timeline`), and is removed only
-  once the segment that begins it exists: a crash between the cut and that
-  segment must not let the log go on writing the cut LSNs again on the old
-  timeline.
+  marker also states the timeline history the log goes on on after the cut
+  (a second line: the history as JSON, :mod:`wal.timeline`), and is removed
+  only once the segment that begins it exists: a crash between the cut and
+  that segment must not let the log go on writing the cut LSNs again on the
+  old timeline.
 * Old segments go oldest first, each index before its segment, then one
   directory fsync: a crash leaves a gap-free suffix and no orphan index.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -30,7 +31,7 @@ from wal.errors import CorruptionError, file_error
 from wal.fs import OS_FS, File, FileSystem
 from wal.index import read_index
 from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header
-from wal.timeline import TimelineStart
+from wal.timeline import History, history_from_json, history_to_json
 
 log = logging.getLogger("walkv.wal")
 
@@ -131,10 +132,10 @@ def cut_after(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
     fs.fsync_dir(directory)
 
 
-def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> TimelineStart | None:
+def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> History | None:
     """Complete a ``truncate_after`` that a crash interrupted, if any; return
-    the timeline the log must go on on (the caller begins its segment, then
-    calls :func:`clear_truncate`), or None."""
+    the timeline history the log must go on on (the caller begins its
+    segment, then calls :func:`clear_truncate`), or None."""
     marker = os.path.join(directory, TRUNCATE_MARKER)
     if not fs.exists(marker):
         return None
@@ -145,25 +146,27 @@ def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> TimelineStart | N
         # landed, so the cut (which follows the marker's fsync) never began.
         clear_truncate(directory, fs)
         return None
-    fields = text.split()
-    if len(fields) not in (1, 4) or not all(f.isdigit() for f in fields):
-        raise CorruptionError(f"unreadable {TRUNCATE_MARKER} marker {text!r}", path=marker, offset=0,
-                              hint="delete the marker if no truncate_after was running")
-    lsn = int(fields[0])
-    cut_after(directory, lsn, fs)
-    if len(fields) == 1:
+    first, _, rest = text.partition("\n")
+    try:
+        if not first.isdigit():
+            raise ValueError(first)
+        history = history_from_json(json.loads(rest), TRUNCATE_MARKER) if rest.strip() else None
+    except ValueError:
+        raise CorruptionError(f"unreadable {TRUNCATE_MARKER} marker {text[:200]!r}", path=marker, offset=0,
+                              hint="delete the marker if no truncate_after was running") from None
+    cut_after(directory, int(first), fs)
+    if history is None:
         clear_truncate(directory, fs)
-        return None
-    return TimelineStart(int(fields[1]), int(fields[2]), int(fields[3]))
+    return history
 
 
-def mark_truncate(directory: str, lsn: int, fs: FileSystem = OS_FS, fork: TimelineStart | None = None) -> None:
-    """Make a ``TRUNCATE`` marker naming ``lsn`` (and the timeline ``fork``
+def mark_truncate(directory: str, lsn: int, fs: FileSystem = OS_FS, history: History | None = None) -> None:
+    """Make a ``TRUNCATE`` marker naming ``lsn`` (and the timeline ``history``
     the log goes on on) durable (temp file, fsync, rename, directory fsync):
     from here on a crash leaves the cut to the next open
     (:func:`finish_truncate`). :func:`cut_after` then cuts."""
     marker = os.path.join(directory, TRUNCATE_MARKER)
-    text = str(lsn) if fork is None else f"{lsn} {fork.timeline} {fork.first_lsn} {fork.uid}"
+    text = str(lsn) if history is None else f"{lsn}\n{json.dumps(history_to_json(history))}"
     fs.write_file(marker + ".tmp", text.encode())
     fs.rename(marker + ".tmp", marker)
     fs.fsync_dir(directory)
