@@ -20,9 +20,10 @@ KINDS = ["embedded", "http"]
 
 
 class ServerThread:
-    """``kvstore.server.serve_async`` of the store at ``path`` on 127.0.0.1
-    (``port`` 0: any free one), in a thread with its own event loop (uvloop's,
-    as ``walkv serve``); :attr:`url` once it accepts."""
+    """``kvstore.server.serve_async`` of the store at ``path`` (or of an open
+    store, which the test may read meanwhile) on 127.0.0.1 (``port`` 0: any
+    free one), in a thread with its own event loop (uvloop's, as ``walkv
+    serve``); :attr:`url` once it accepts."""
 
     def __init__(self, path: Any, port: int = 0, **options: Any) -> None:
         self.url = ""
@@ -31,14 +32,15 @@ class ServerThread:
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, args=(str(path), options), daemon=True)
+        served = path if isinstance(path, kvstore.KVStore) else str(path)
+        self._thread = threading.Thread(target=self._run, args=(served, options), daemon=True)
         self._thread.start()
         self._ready.wait(30)
         if self._error is not None:
             raise self._error
         assert self.url, "the server did not start within 30 s"
 
-    def _run(self, path: str, options: dict[str, Any]) -> None:
+    def _run(self, path: Any, options: dict[str, Any]) -> None:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()

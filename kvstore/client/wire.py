@@ -46,6 +46,12 @@ class BadRequest(HttpError, ValueError):
     """400: bad JSON, bad base64, a bad parameter."""
 
 
+class MethodNotAllowed(BadRequest):
+    """405: the path is served, but not with this method (``allow``: the methods it takes)."""
+
+    allow: str | None = None
+
+
 class Unauthorized(HttpError):
     """401: no token, or not a token the server knows."""
 
@@ -88,7 +94,7 @@ class ServerUnavailable(HttpError):
 
 STATUS: dict[type[BaseException], int] = {
     BadRequest: 400, ValueError: 400, TypeError: 400,
-    Unauthorized: 401, Forbidden: 403, NotFound: 404,
+    Unauthorized: 401, Forbidden: 403, NotFound: 404, MethodNotAllowed: 405,
     ConditionFailed: 409, wal.errors.ReadOnlyError: 409, wal.errors.SnapshotError: 409,
     wal.errors.LogGapError: 410, wal.errors.SubscriptionInvalidatedError: 410,
     RecordTooLargeError: 413, PayloadTooLarge: 413,
@@ -105,10 +111,10 @@ _TYPES: dict[str, type[BaseException]] = {
     if isinstance(cls, type) and issubclass(cls, WalkvError)
 }
 _TYPES.update({cls.__name__: cls for cls in (
-    HttpError, BadRequest, Unauthorized, Forbidden, NotFound, ConditionFailed, PayloadTooLarge,
+    HttpError, BadRequest, MethodNotAllowed, Unauthorized, Forbidden, NotFound, ConditionFailed, PayloadTooLarge,
     TooManyStreams, InternalError, ServerUnavailable, builtins.ValueError, builtins.TypeError)})
 _BY_STATUS: dict[int, type[BaseException]] = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
-                                              409: ConditionFailed, 413: PayloadTooLarge, 429: TooManyStreams}
+                                              405: MethodNotAllowed, 409: ConditionFailed, 413: PayloadTooLarge, 429: TooManyStreams}
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -225,7 +231,7 @@ def change_from_json(data: dict[str, Any]) -> Change:
 
 
 __all__ = [
-    "BadRequest", "ConditionFailed", "Forbidden", "HttpError", "InternalError", "NotFound", "PayloadTooLarge",
-    "ServerUnavailable", "STATUS", "TooManyStreams", "Unauthorized", "b64decode", "b64encode", "change_from_json",
+    "BadRequest", "ConditionFailed", "Forbidden", "HttpError", "InternalError", "MethodNotAllowed", "NotFound",
+    "PayloadTooLarge", "ServerUnavailable", "STATUS", "TooManyStreams", "Unauthorized", "b64decode", "b64encode", "change_from_json",
     "change_json", "error_body", "error_from_json", "op_json", "quote", "raise_for_error",
 ]

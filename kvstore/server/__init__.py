@@ -18,8 +18,9 @@ streams and the connection cap directly. :func:`serve` runs it on uvloop's
 event loop (a dependency of the ``server`` extra), which measured 1.1-1.6x
 the puts per second of asyncio's own loop at 128 clients.
 
-Modules: :mod:`~kvstore.server.app` (the application, its one middleware:
-routing by raw path, roles, the error shape), :mod:`~kvstore.server.kv`
+Modules: :mod:`~kvstore.server.app` (the application, its route table, its
+one middleware: routing, roles, the error shape), :mod:`~kvstore.server.routes`
+(the one parse of a request's target, matching it to a route), :mod:`~kvstore.server.kv`
 (keys), :mod:`~kvstore.server.streams` (watch, subscriptions),
 :mod:`~kvstore.server.log` (log and snapshots for followers),
 :mod:`~kvstore.server.admin` (snapshot, stats, metrics, health),

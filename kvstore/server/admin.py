@@ -13,36 +13,37 @@ from aiohttp import web
 
 from kvstore.client.wire import error_body
 from kvstore.server.context import json_response, served
+from kvstore.server.routes import RouteMatch
 from kvstore.store.metrics import CONTENT_TYPE, prometheus_text
 from wal.errors import ClosedError
 
 
-async def take_snapshot(request: web.Request) -> web.Response:
+async def take_snapshot(request: web.Request, match: RouteMatch) -> web.Response:
     store = served(request).store
     info = await asyncio.get_running_loop().run_in_executor(None, store.snapshot)
     return json_response({"lsn": info.lsn, "count": info.count, "bytes": info.bytes, "created_us": info.created_us})
 
 
-async def sync(request: web.Request) -> web.Response:
+async def sync(request: web.Request, match: RouteMatch) -> web.Response:
     store = served(request).store
     return json_response({"durable_lsn": await asyncio.get_running_loop().run_in_executor(None, store.sync)})
 
 
-async def stats(request: web.Request) -> web.Response:
+async def stats(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
     return json_response(s.adb.stats() if s.adb is not None else s.store.stats())
 
 
-async def metrics(request: web.Request) -> web.Response:
+async def metrics(request: web.Request, match: RouteMatch) -> web.Response:
     return web.Response(body=prometheus_text(served(request).store.stats()).encode(),
                         headers={"Content-Type": CONTENT_TYPE})
 
 
-async def healthz(request: web.Request) -> web.Response:
+async def healthz(request: web.Request, match: RouteMatch) -> web.Response:
     return json_response({"ok": True})
 
 
-async def readyz(request: web.Request) -> web.Response:
+async def readyz(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
     store = s.store
     problem: BaseException | None = None

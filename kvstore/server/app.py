@@ -1,11 +1,16 @@
 """The aiohttp application of walkv's HTTP API: :func:`make_app` (routes in
 docs/http-api.md).
 
-One middleware stands in front of every handler (:func:`_guard`): it
-finds the handler (``/v1/kv/...`` by the RAW path, so that a key holding
-``/``, ``..`` or ``%2F`` is never taken for another route), checks the
-token's role (:mod:`kvstore.server.auth`), and turns every exception into
-the one JSON error shape with its status (:func:`kvstore.client.wire.error_body`):
+The route table is :data:`ROUTES`: method, path pattern, handler, the role
+a token needs, the query parameters taken. The application has no aiohttp
+routes (aiohttp's router matches the decoded path): its one middleware
+(:func:`_guard`) is the router. It parses the request's raw target once
+(:mod:`kvstore.server.routes`), which gives the route, and so the role and
+the handler, and the values of the path's parameters (the key, a
+subscription's name), which the handler reads from that match; it checks the
+token's role (:mod:`kvstore.server.auth`; a request no route serves is
+refused, never given a role of its own), and turns every exception into the
+one JSON error shape with its status (:func:`kvstore.client.wire.error_body`):
 4xx for what the request did wrong, 503 for a failing store, 500 only for a
 bug, whose traceback goes to the server's log, never to the client. It
 also counts the requests in flight, which a stopping server lets finish
@@ -25,82 +30,80 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from kvstore.client.wire import BadRequest, NotFound, PayloadTooLarge, error_body
+from kvstore.client.wire import BadRequest, MethodNotAllowed, PayloadTooLarge, error_body
 from kvstore.server import admin, kv, log, streams
 from kvstore.server.auth import ADMIN, OPEN, READ, WRITE, Tokens
-from kvstore.server.context import SERVED, Limits, Served, json_response
+from kvstore.server.context import SERVED, Limits, Query, Served, json_response
+from kvstore.server.routes import Route, RouteMatch, Router, RouteRefusal, route
 from kvstore.store.aio import AsyncKVStore
 from kvstore.store.store import KVStore
 
 logger = logging.getLogger("kvstore.server")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MIN_LSN = ("min_lsn", "min_lsn_timeout")
+STREAM = ("prefix", "start", "stop", "from_lsn", "timeout", "progress_every", "format")
 
-_KV: dict[str, tuple[Handler, int]] = {
-    "GET": (kv.get_key, READ), "HEAD": (kv.get_key, READ),
-    "PUT": (kv.put_key, WRITE), "DELETE": (kv.delete_key, WRITE),
-}
-ROUTES: list[tuple[str, str, Handler, int]] = [
-    ("GET", "/v1/info", kv.info, READ),
-    ("GET", "/v1/count", kv.count, READ),
-    ("GET", "/v1/scan", kv.scan, READ),
-    ("POST", "/v1/get_many", kv.get_many, READ),
-    ("POST", "/v1/delete_range", kv.delete_range, WRITE),
-    ("POST", "/v1/batch", kv.batch, WRITE),
-    ("POST", "/v1/txn", kv.txn, WRITE),
-    ("GET", "/v1/watch", streams.watch, READ),
-    ("GET", "/v1/subscriptions", streams.subscriptions, READ),
-    ("GET", "/v1/subscriptions/{name}/events", streams.subscription_events, WRITE),
-    ("POST", "/v1/subscriptions/{name}/ack", streams.subscription_ack, WRITE),
-    ("DELETE", "/v1/subscriptions/{name}", streams.subscription_drop, WRITE),
-    ("GET", "/v1/log/bounds", log.bounds, READ),
-    ("GET", "/v1/log/entries", log.entries, READ),
-    ("GET", "/v1/log/segment", log.segment, READ),
-    ("GET", "/v1/snapshots", log.snapshots, READ),
-    ("GET", "/v1/snapshots/{lsn}/{name}", log.snapshot_file, READ),
-    ("POST", "/v1/admin/snapshot", admin.take_snapshot, ADMIN),
-    ("POST", "/v1/admin/sync", admin.sync, WRITE),
-    ("GET", "/v1/stats", admin.stats, ADMIN),
-    ("GET", "/metrics", admin.metrics, ADMIN),
-    ("GET", "/healthz", admin.healthz, OPEN),
-    ("GET", "/readyz", admin.readyz, OPEN),
+ROUTES: list[Route] = [
+    route("GET", "/v1/kv/{key*}", kv.get_key, READ, MIN_LSN),
+    route("HEAD", "/v1/kv/{key*}", kv.get_key, READ, MIN_LSN),
+    route("PUT", "/v1/kv/{key*}", kv.put_key, WRITE),
+    route("DELETE", "/v1/kv/{key*}", kv.delete_key, WRITE),
+    route("GET", "/v1/info", kv.info, READ),
+    route("GET", "/v1/count", kv.count, READ, MIN_LSN),
+    route("GET", "/v1/scan", kv.scan, READ, ("start", "stop", "prefix", "reverse", "limit", "after", *MIN_LSN)),
+    route("POST", "/v1/get_many", kv.get_many, READ, MIN_LSN),
+    route("POST", "/v1/delete_range", kv.delete_range, WRITE),
+    route("POST", "/v1/batch", kv.batch, WRITE),
+    route("POST", "/v1/txn", kv.txn, WRITE),
+    route("GET", "/v1/watch", streams.watch, READ, (*STREAM, "on_gap")),
+    route("GET", "/v1/subscriptions", streams.subscriptions, READ),
+    route("GET", "/v1/subscriptions/{name}/events", streams.subscription_events, WRITE, STREAM),
+    route("POST", "/v1/subscriptions/{name}/ack", streams.subscription_ack, WRITE),
+    route("DELETE", "/v1/subscriptions/{name}", streams.subscription_drop, WRITE),
+    route("GET", "/v1/log/bounds", log.bounds, READ),
+    route("GET", "/v1/log/entries", log.entries, READ, ("from_lsn", "limit", "wait")),
+    route("GET", "/v1/log/segment", log.segment, READ, ("from_lsn", "wait")),
+    route("GET", "/v1/snapshots", log.snapshots, READ),
+    route("GET", "/v1/snapshots/{lsn}/{name}", log.snapshot_file, READ),
+    route("POST", "/v1/admin/snapshot", admin.take_snapshot, ADMIN),
+    route("POST", "/v1/admin/sync", admin.sync, WRITE),
+    route("GET", "/v1/stats", admin.stats, ADMIN),
+    route("GET", "/metrics", admin.metrics, ADMIN),
+    route("GET", "/healthz", admin.healthz, OPEN),
+    route("GET", "/readyz", admin.readyz, OPEN),
 ]
-_ROLE: dict[Handler, int] = {handler: role for _, _, handler, role in ROUTES}
+"""Every route the server has (docs/http-api.md). Nothing else is served."""
+
+ROUTER: web.AppKey[Router] = web.AppKey("walkv_router", Router)
 
 
 def _http_error(exc: web.HTTPException) -> Exception:
-    if exc.status == 404:
-        return NotFound("no such route; see docs/http-api.md for the /v1 API")
-    if exc.status == 405:
-        return BadRequest(f"method not allowed here (allowed: {exc.headers.get('Allow', '?')})")
     if exc.status == 413:
         return PayloadTooLarge(f"the request body is over this server's limit: {exc.text}")
     return BadRequest(f"HTTP {exc.status}: {exc.reason}")
 
 
 @web.middleware
-async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                 ) -> web.StreamResponse:
+    """The router (module docstring): aiohttp's own match (``handler``,
+    always its 404: the app has no aiohttp routes) is never used."""
     s = request.app[SERVED]
     with s.in_flight:  # a stopping server waits for it (drain)
-        response = await _answer(request, handler, s)
+        response = await _answer(request, request.app[ROUTER], s)
     if s.shutting_down:
         response.force_close()  # the client's next request goes on a new connection, to a server that runs
     return response
 
 
-async def _answer(request: web.Request, handler: Handler, s: Served) -> web.StreamResponse:
+async def _answer(request: web.Request, router: Router, s: Served) -> web.StreamResponse:
     try:
-        if request.raw_path.startswith(kv.KV_PREFIX):
-            found = _KV.get(request.method)
-            if found is None:
-                raise BadRequest(f"{request.method} is not allowed on /v1/kv/{{key}} (GET, HEAD, PUT, DELETE)")
-            handler, role = found
-        else:
-            route_handler = getattr(request.match_info.route, "handler", None)
-            role = _ROLE.get(route_handler, READ)  # type: ignore[arg-type]
+        found, values, query = router.resolve(request.method, request.raw_path)
         if s.tokens is not None:
-            s.tokens.check(request.headers.get("Authorization"), role)
-        return await handler(request)
+            s.tokens.check(request.headers.get("Authorization"), found.role)
+        if isinstance(found, RouteRefusal):
+            raise found.error
+        return await found.handler(request, RouteMatch(found, values, Query(query, found.params)))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -112,7 +115,8 @@ async def _answer(request: web.Request, handler: Handler, s: Served) -> web.Stre
     status, body = error_body(problem)
     if status == 500:
         logger.error("walkv server: internal error on %s %s", request.method, request.path, exc_info=problem)
-    return json_response(body, status)
+    allow = problem.allow if isinstance(problem, MethodNotAllowed) else None
+    return json_response(body, status, {"Allow": allow} if allow else None)
 
 
 async def _on_startup(app: web.Application) -> None:
@@ -153,12 +157,8 @@ def make_app(db: KVStore | AsyncKVStore, *, tokens: Tokens | None = None, limits
     app = web.Application(middlewares=[_guard], client_max_size=served.max_body,
                           handler_args={"max_field_size": 16 * 1024, "max_line_size": 16 * 1024})
     app[SERVED] = served
+    app[ROUTER] = Router(ROUTES)
     app[log.CURSORS] = log.LogCursors()
-    for method, (handler, _role) in _KV.items():  # matched first and fast; the handler is chosen by raw path
-        if method != "HEAD":
-            app.router.add_route(method, kv.KV_PREFIX + "{key:.*}", handler)
-    for method, path, handler, _role in ROUTES:
-        app.router.add_route(method, path, handler)
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)
     app.on_cleanup.append(_on_cleanup)

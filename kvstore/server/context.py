@@ -170,16 +170,24 @@ def served(request: web.Request) -> Served:
 class Query:
     """A request's query string, decoded from the raw target: names as text,
     values as bytes (``urllib.parse.unquote_to_bytes``), so a key parameter
-    carries any byte string."""
+    carries any byte string. A name not in ``allowed`` (the route's) is a
+    400, and so is a name given twice: a parameter is never silently ignored
+    or overridden."""
 
-    def __init__(self, request: web.Request) -> None:
-        raw = request.raw_path.partition("?")[2]
+    def __init__(self, raw: str, allowed: frozenset[str]) -> None:
         self.values: dict[str, bytes] = {}
         for part in raw.split("&"):
             if not part:
                 continue
-            name, _, value = part.partition("=")
-            self.values[urllib.parse.unquote(name.replace("+", " "))] = urllib.parse.unquote_to_bytes(value)
+            raw_name, _, value = part.partition("=")
+            name = urllib.parse.unquote(raw_name.replace("+", " "))
+            if name not in allowed:
+                takes = ", ".join(sorted(allowed)) or "none"
+                raise BadRequest(f"unknown query parameter {name[:40]!r} (this endpoint takes: {takes}; "
+                                 f"docs/http-api.md)")
+            if name in self.values:
+                raise BadRequest(f"query parameter {name} is given twice")
+            self.values[name] = urllib.parse.unquote_to_bytes(value)
 
     def bytes(self, name: str) -> bytes | None:
         return self.values.get(name)

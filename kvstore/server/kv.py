@@ -20,16 +20,15 @@ import base64
 import binascii
 import itertools
 import re
-import urllib.parse
 from typing import Any
 
 from aiohttp import web
 
 from kvstore.client.wire import MAX_GET_MANY, BadRequest, ConditionFailed, b64encode
 from kvstore.server.context import Query, json_response, key_field, read_body, read_json, served
+from kvstore.server.routes import RouteMatch
 from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
 
-KV_PREFIX = "/v1/kv/"
 DEFAULT_PAGE = 1000
 
 
@@ -41,18 +40,18 @@ def lsn_response(lsn: int) -> web.Response:
 _JSON = {"Content-Type": "application/json"}
 
 
-def path_key(request: web.Request) -> bytes:
-    """The key: everything after ``/v1/kv/`` in the raw (undecoded) path."""
-    key = urllib.parse.unquote_to_bytes(request.raw_path.partition("?")[0][len(KV_PREFIX):])
+def path_key(match: RouteMatch) -> bytes:
+    """The key: everything after ``/v1/kv/`` in the raw path, decoded (the route's ``{key*}``)."""
+    key = match.param("key")
     if not key:
         raise BadRequest("the key is empty: GET/PUT/DELETE /v1/kv/{key} with the key percent-encoded")
     return key
 
 
-async def get_key(request: web.Request) -> web.Response:
+async def get_key(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
-    await s.wait_applied(Query(request))
-    key = path_key(request)
+    await s.wait_applied(match.query)
+    key = path_key(match)
     lsn = s.store.applied_lsn
     value = s.store.get(key)
     if value is None:
@@ -61,22 +60,22 @@ async def get_key(request: web.Request) -> web.Response:
     return web.Response(body=value, content_type="application/octet-stream", headers={"Walkv-Lsn": str(lsn)})
 
 
-async def put_key(request: web.Request) -> web.Response:
+async def put_key(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
-    key = path_key(request)
+    key = path_key(match)
     value = await read_body(request, s)
     return lsn_response(await s.front.put(key, value))
 
 
-async def delete_key(request: web.Request) -> web.Response:
+async def delete_key(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
-    return lsn_response(await s.front.delete(path_key(request)))
+    return lsn_response(await s.front.delete(path_key(match)))
 
 
-async def get_many(request: web.Request) -> web.Response:
+async def get_many(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
     doc = await read_json(request, s)
-    await s.wait_applied(_lsn_query(request, doc))
+    await s.wait_applied(_lsn_query(match.query, doc))
     keys = doc.get("keys")
     if not isinstance(keys, list) or len(keys) > MAX_GET_MANY:
         raise BadRequest(f"field 'keys' must be a list of at most {MAX_GET_MANY} base64 keys")
@@ -87,9 +86,8 @@ async def get_many(request: web.Request) -> web.Response:
     return json_response({"values": [None if x is None else b64encode(x) for x in values], "lsn": lsn})
 
 
-def _lsn_query(request: web.Request, doc: dict[str, Any]) -> Query:
+def _lsn_query(q: Query, doc: dict[str, Any]) -> Query:
     """The query, with a body's ``min_lsn``/``min_lsn_timeout`` when it has them."""
-    q = Query(request)
     for name in ("min_lsn", "min_lsn_timeout"):
         if name in doc:
             q.values[name] = str(doc[name]).encode()
@@ -113,10 +111,10 @@ def _untoken(token: bytes) -> bytes:
         raise BadRequest("parameter 'after' is not a continuation token this server gave") from None
 
 
-async def scan(request: web.Request) -> web.Response:
+async def scan(request: web.Request, match: RouteMatch) -> web.Response:
     """One page of a scan: at most ``limit`` items, ``after`` to go on."""
     s = served(request)
-    q = Query(request)
+    q = match.query
     await s.wait_applied(q)
     start, stop, prefix = q.bytes("start"), q.bytes("stop"), q.bytes("prefix")
     reverse = q.flag("reverse")
@@ -139,14 +137,14 @@ async def scan(request: web.Request) -> web.Response:
                           "after": _token(items[-1][0]) if more else None})
 
 
-async def count(request: web.Request) -> web.Response:
+async def count(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
-    await s.wait_applied(Query(request))
+    await s.wait_applied(match.query)
     with s.store.view() as v:
         return json_response({"count": len(v), "lsn": v.lsn})
 
 
-async def info(request: web.Request) -> web.Response:
+async def info(request: web.Request, match: RouteMatch) -> web.Response:
     """What a client checks its arguments against, as the embedded store does."""
     store = served(request).store
     return json_response({"api": 1, "store_id": store.store_id, "readonly": store.readonly,
@@ -154,7 +152,7 @@ async def info(request: web.Request) -> web.Response:
                           "max_payload_bytes": store._max_payload})
 
 
-async def delete_range(request: web.Request) -> web.Response:
+async def delete_range(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
     doc = await read_json(request, s)
     lsn = await s.front.delete_range(key_field(doc, "start", nullable=True),
@@ -179,7 +177,7 @@ def _add_ops(target: AsyncWriteBatch | AsyncTransaction, ops: Any) -> None:
             raise BadRequest(f"ops[{i}]: 'op' must be put, delete or delete_range, not {kind!r}")
 
 
-async def batch(request: web.Request) -> web.Response:
+async def batch(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
     doc = await read_json(request, s)
     b = s.front.batch()
@@ -187,7 +185,7 @@ async def batch(request: web.Request) -> web.Response:
     return json_response({"lsn": await b.acommit()})
 
 
-async def txn(request: web.Request) -> web.Response:
+async def txn(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
     doc = await read_json(request, s)
     t = s.front.transaction()

@@ -30,6 +30,7 @@ from aiohttp import web
 from kvstore.client.wire import NotFound, b64encode
 from kvstore.server.context import MAX_LSN, Query, json_response, served
 from kvstore.server.cursors import LogCursors
+from kvstore.server.routes import RouteMatch
 from kvstore.store.snapshots import snapshots_dir
 from kvstore.watch.log_tail import LogTail
 from snapshot import list_snapshots
@@ -52,7 +53,7 @@ def _wal_dir(request: web.Request) -> str:
     return served(request).store._wal_dir
 
 
-async def bounds(request: web.Request) -> web.Response:
+async def bounds(request: web.Request, match: RouteMatch) -> web.Response:
     store = served(request).store
     durable = store.durable_lsn
     segments = await _in_thread(lambda: list_segments(store._wal_dir))
@@ -72,11 +73,11 @@ async def _wait_durable(request: web.Request, q: Query, first: int) -> None:
         pause = min(pause * 2, 0.05)
 
 
-async def entries(request: web.Request) -> web.Response:
+async def entries(request: web.Request, match: RouteMatch) -> web.Response:
     """Durable entries from ``from_lsn``, at most ``limit``; with ``wait=S``
     (at most 30), wait up to S seconds for the first one."""
     s = served(request)
-    q = Query(request)
+    q = match.query
     first = q.integer("from_lsn", None, 1, MAX_LSN)
     if first is None:
         raise ValueError("from_lsn is required: GET /v1/log/entries?from_lsn=N")
@@ -104,9 +105,9 @@ async def entries(request: web.Request) -> web.Response:
     return json_response({"entries": out, "next_lsn": out[-1]["lsn"] + 1 if out else first})
 
 
-async def segment(request: web.Request) -> web.StreamResponse:
+async def segment(request: web.Request, match: RouteMatch) -> web.StreamResponse:
     s = served(request)
-    q = Query(request)
+    q = match.query
     first = q.integer("from_lsn", None, 1, MAX_LSN)
     if first is None:
         raise ValueError("from_lsn is required: GET /v1/log/segment?from_lsn=N")
@@ -175,7 +176,7 @@ def _snapshot_files(path: str) -> list[dict]:
             for name in sorted(os.listdir(path)) if os.path.isfile(os.path.join(path, name))]
 
 
-async def snapshots(request: web.Request) -> web.Response:
+async def snapshots(request: web.Request, match: RouteMatch) -> web.Response:
     store = served(request).store
 
     def read() -> list[dict]:
@@ -185,14 +186,14 @@ async def snapshots(request: web.Request) -> web.Response:
     return json_response({"snapshots": await _in_thread(read)})
 
 
-async def snapshot_file(request: web.Request) -> web.StreamResponse:
+async def snapshot_file(request: web.Request, match: RouteMatch) -> web.StreamResponse:
     """A file of a verified snapshot, by name (only names the listing has)."""
     store = served(request).store
-    try:
-        lsn = int(request.match_info["lsn"])
-    except ValueError:
-        raise NotFound(f"no snapshot {request.match_info['lsn'][:40]!r}") from None
-    name = request.match_info["name"]
+    text = match.param("lsn").decode("utf-8", "replace")
+    if not text.isascii() or not text.isdigit():
+        raise NotFound(f"no snapshot {text[:40]!r}")
+    lsn = int(text)
+    name = match.param("name").decode("utf-8", "surrogateescape")  # not UTF-8: no file has that name
 
     def find() -> str:
         for info in list_snapshots(snapshots_dir(store.path)):

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from kvstore.client.wire import NotFound, ServerUnavailable, change_json, error_body
 from kvstore.server.context import MAX_LSN, Query, Served, dumps, json_response, lsn_field, read_json, served
+from kvstore.server.routes import RouteMatch
 from kvstore.watch.consumers import check_name
 from kvstore.watch.consumers import read as read_subscription
 from kvstore.watch.watcher import ON_GAP, PROGRESS, AsyncWatcher, Change, Changes
@@ -124,9 +125,9 @@ async def _pump(request: web.Request, s: Served, changes: Changes, ndjson: bool)
     return response
 
 
-async def watch(request: web.Request) -> web.StreamResponse:
+async def watch(request: web.Request, match: RouteMatch) -> web.StreamResponse:
     s = served(request)
-    q = Query(request)
+    q = match.query
     on_gap = q.text("on_gap", "error")
     if on_gap not in ON_GAP:
         raise ValueError(f"on_gap must be one of {ON_GAP}, not {on_gap!r}")
@@ -138,23 +139,23 @@ async def watch(request: web.Request) -> web.StreamResponse:
         return await _pump(request, s, watcher, _wants_ndjson(request, q))
 
 
-def _name(request: web.Request) -> str:
-    """The subscription's name (aiohttp decoded the path; names are plain
-    letters, digits, ``.``, ``_``, ``-``, checked by the store)."""
-    return check_name(request.match_info["name"])
+def _name(match: RouteMatch) -> str:
+    """The subscription's name, from the path (names are plain letters,
+    digits, ``.``, ``_``, ``-``, checked by the store)."""
+    return check_name(match.text("name"))
 
 
-async def subscriptions(request: web.Request) -> web.Response:
+async def subscriptions(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
     return json_response({"subscriptions": [info._asdict() for info in s.store.subscriptions()]})
 
 
-async def subscription_events(request: web.Request) -> web.StreamResponse:
+async def subscription_events(request: web.Request, match: RouteMatch) -> web.StreamResponse:
     """The subscription's changes from after its last acknowledged LSN
     (created at ``from_lsn`` by the first call, over ``prefix``/``start``/``stop``)."""
     s = served(request)
-    q = Query(request)
-    name = _name(request)
+    q = match.query
+    name = _name(match)
     options = dict(start=q.bytes("start"), stop=q.bytes("stop"), from_lsn=_from_lsn(request, q),
                    timeout=q.number_or_none("timeout", 0.0, MAX_PROGRESS_EVERY),
                    progress_every=q.number_or_none("progress_every", 0.01, MAX_PROGRESS_EVERY))
@@ -166,12 +167,12 @@ async def subscription_events(request: web.Request) -> web.StreamResponse:
         return await _pump(request, s, sub, _wants_ndjson(request, q))
 
 
-async def subscription_ack(request: web.Request) -> web.Response:
+async def subscription_ack(request: web.Request, match: RouteMatch) -> web.Response:
     """Acknowledge every change up to ``lsn`` that the subscription's newest
     stream delivered (durable when it answers), as ``Subscription.ack`` does:
     the server keeps each subscription's newest stream's position for this."""
     s = served(request)
-    name = _name(request)
+    name = _name(match)
     lsn = lsn_field(await read_json(request, s), "lsn")
     sub = s.subscriptions.get(name)
     if sub is None:
@@ -183,8 +184,8 @@ async def subscription_ack(request: web.Request) -> web.Response:
     return json_response({"acked_lsn": sub.acked_lsn})
 
 
-async def subscription_drop(request: web.Request) -> web.Response:
-    name = _name(request)
+async def subscription_drop(request: web.Request, match: RouteMatch) -> web.Response:
+    name = _name(match)
     served(request).subscriptions.pop(name, None)
     if not served(request).store.drop_subscription(name):
         raise NotFound(f"no subscription {name!r}")
