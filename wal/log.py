@@ -287,6 +287,14 @@ class Log:
         items = [p if type(p) is bytes and len(p) <= limit else check_payload(p, record_limit) for p in payloads]
         return self._appends.submit_nowait(items, contexts, callback)
 
+    def refuse_appends(self, error: BaseException | None) -> None:
+        """While ``error`` is set, every append raises it (and nothing is
+        written); None: appends are taken again. A follower's store refuses
+        its own writers this way while :meth:`append_replicated` (and sync,
+        truncate) go on."""
+        with self._gc.mutex:
+            self._appends.refusal = error
+
     def append_replicated(self, entries: Sequence[Entry], contexts: Sequence[object]) -> int:
         """Write entries another log wrote (a leader's, read by its follower)
         with their own LSNs and commit times, as one group (``contexts[i]``

@@ -127,10 +127,12 @@ class Http:
 
     @contextlib.contextmanager
     def stream(self, method: str, path: str, *, params: Params | None = None,
-               headers: Mapping[str, str] | None = None) -> Iterator[httpx.Response]:
-        """A response whose body is read incrementally (no read timeout);
-        raises the walkv exception of an error answer."""
-        timeout = httpx.Timeout(self._client.timeout.connect, read=None)
+               headers: Mapping[str, str] | None = None, read_timeout: float | None = None
+               ) -> Iterator[httpx.Response]:
+        """A response whose body is read incrementally (no read timeout
+        unless ``read_timeout``: the longest wait for the headers or for the
+        next bytes); raises the walkv exception of an error answer."""
+        timeout = httpx.Timeout(self._client.timeout.connect, read=read_timeout)
         try:
             with self._client.stream(method, path + query(params), headers=headers, timeout=timeout) as resp:
                 if resp.status_code >= 300:

@@ -96,6 +96,7 @@ STATUS: dict[type[BaseException], int] = {
     BadRequest: 400, ValueError: 400, TypeError: 400,
     Unauthorized: 401, Forbidden: 403, NotFound: 404, MethodNotAllowed: 405,
     ConditionFailed: 409, wal.errors.ReadOnlyError: 409, wal.errors.SnapshotError: 409,
+    wal.errors.NotLeaderError: 421,
     wal.errors.LogGapError: 410, wal.errors.SubscriptionInvalidatedError: 410,
     RecordTooLargeError: 413, PayloadTooLarge: 413,
     TooManyStreams: 429,

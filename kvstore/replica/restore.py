@@ -180,13 +180,16 @@ def restore_store(source: str | os.PathLike[str] | OpenStore, target: str | os.P
 
 def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot | None, target_lsn: int, *,
           source: str, progress: Progress | None = None, t0: float | None = None,
-          history: History = ROOT) -> RestoreInfo:
+          history: History = ROOT, store_id: str | None = None) -> RestoreInfo:
     """The second half of a restore, for any source (a store's files, an
     archive): ``base`` (None: an empty state) plus ``log_source``'s entries up
     to ``target_lsn``, into a new store at ``target`` (steps 2 and 3 of the
     module docstring). ``source`` names the source in messages, ``history``
     is the source's timeline history (the restored store's log goes on on a
-    new timeline that forks from it after ``target_lsn``: wal.timeline)."""
+    new timeline that forks from it after ``target_lsn``: wal.timeline).
+    With ``store_id`` the target is that store, not a new one: a cluster
+    node starting as its leader's follower, whose log goes on on the
+    leader's line (no fork)."""
     t0 = time.monotonic() if t0 is None else t0
     check_target(target)
     base_lsn = base.lsn if base is not None else 0
@@ -196,9 +199,11 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
     shutil.rmtree(tmp, ignore_errors=True)
     OS_FS.makedirs(tmp)
     try:
-        lineage = history_until(history, target_lsn)
-        with wal.open(os.path.join(tmp, WAL_DIR), start_lsn=target_lsn + 1,
-                      history=fork_history(lineage, new_timeline(history, target_lsn + 1))) as new_log:
+        lineage = history_until(history, target_lsn + 1 if store_id else target_lsn)
+        if store_id is None:
+            lineage = fork_history(lineage, new_timeline(history, target_lsn + 1))
+        with wal.open(os.path.join(tmp, WAL_DIR), start_lsn=target_lsn + 1, history=lineage,
+                      store_id=store_id) as new_log:
             store_id = new_log.store_id
             new_history = new_log.history
         lmdb_dir = os.path.join(tmp, LMDB_DIR)

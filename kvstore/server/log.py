@@ -20,6 +20,7 @@ run in the default executor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from kvstore.server.context import MAX_LSN, Query, json_response, served
 from kvstore.server.cursors import LogCursors
 from kvstore.server.routes import RouteMatch
 from kvstore.store.snapshots import snapshots_dir
+from kvstore.store.store import KVStore
 from kvstore.watch.log_tail import LogTail
 from snapshot import list_snapshots
 from wal.index import read_index
@@ -62,14 +64,49 @@ async def bounds(request: web.Request, match: RouteMatch) -> web.Response:
                           "store_id": store.store_id, "history": history_to_json(store.history)})
 
 
+class DurableSignal:
+    """Wakes the long polls of ``/v1/log/*`` as soon as a group is durable:
+    the store's synchronous replicas (:mod:`kvstore.store.replication`) poke
+    it from the log's thread before they wait for the followers, so a
+    follower's round trip starts at once. Without them (no follower waits
+    on this store) the polls look again every few milliseconds."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event = asyncio.Event()
+
+    def attach(self, loop: asyncio.AbstractEventLoop, store: KVStore) -> None:
+        self._loop = loop
+        if store.replicas is not None:
+            store.replicas.on_durable = self.poke
+
+    def poke(self, lsn: int) -> None:
+        """From any thread: a group up to ``lsn`` is durable."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+
+
+DURABLE: web.AppKey[DurableSignal] = web.AppKey("walkv_durable", DurableSignal)
+
+
 async def _wait_durable(request: web.Request, q: Query, first: int) -> None:
     """``wait=S``: until ``first`` is durable, at most S seconds."""
     store = served(request).store
+    signal = request.app[DURABLE]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + q.number("wait", 0.0, 0.0, 30.0)
     pause = 0.001
     while store.durable_lsn < first and (left := deadline - loop.time()) > 0:
-        await asyncio.sleep(min(pause, left))
+        await signal.wait(min(pause, left))
         pause = min(pause * 2, 0.05)
 
 
@@ -111,6 +148,9 @@ async def segment(request: web.Request, match: RouteMatch) -> web.StreamResponse
     first = q.integer("from_lsn", None, 1, MAX_LSN)
     if first is None:
         raise ValueError("from_lsn is required: GET /v1/log/segment?from_lsn=N")
+    replica = q.text("replica")
+    if replica and s.store.replicas is not None:  # a follower's report: it holds up to first - 1 durably
+        s.store.replicas.report(replica, first - 1, q.integer("epoch", 0, 0, MAX_LSN) or 0)
     await _wait_durable(request, q, first)
     durable = s.store.durable_lsn
     wal_dir = s.store._wal_dir
@@ -157,7 +197,7 @@ async def segment(request: web.Request, match: RouteMatch) -> web.StreamResponse
     response = web.StreamResponse(headers={
         "Content-Type": "application/octet-stream", "Content-Length": str(end - offset),
         "Walkv-Segment": os.path.basename(path), "Walkv-Offset": str(offset), "Walkv-Durable-Lsn": str(durable),
-        "Walkv-History": history})
+        "Walkv-History": history, "Walkv-Epoch": str(s.store.history[-1].timeline)})
     with fh:
         fh.seek(offset)
         await response.prepare(request)
