@@ -20,7 +20,8 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from kvstore.client.http import AsyncHttp, Http, Params
+from kvstore.client.http import Params
+from kvstore.client.leader import AsyncTransport, Transport
 from kvstore.client.wire import (
     MAX_GET_MANY,
     ConditionFailed,
@@ -65,7 +66,7 @@ class Call(Generic[T]):
     recover: Callable[[Exception], T] | None = None
 
 
-def send(http: Http, call: Call[T]) -> T:
+def send(http: Transport, call: Call[T]) -> T:
     """What ``call`` answers, over the sync transport."""
     try:
         response = http.request(call.method, call.path, params=call.params, json=call.json, content=call.content)
@@ -75,7 +76,7 @@ def send(http: Http, call: Call[T]) -> T:
     return call.answer(response)
 
 
-async def send_async(http: AsyncHttp, call: Call[T]) -> T:
+async def send_async(http: AsyncTransport, call: Call[T]) -> T:
     """What ``call`` answers, over the asyncio transport."""
     try:
         response = await http.request(call.method, call.path, params=call.params, json=call.json,

@@ -32,7 +32,8 @@ from typing import Any, TypeVar
 from kvstore.client import calls
 from kvstore.client.calls import Call
 from kvstore.client.events import RemoteWatcher, Resumption
-from kvstore.client.http import Cert, Http, Verify
+from kvstore.client.http import Cert, Verify
+from kvstore.client.leader import FAILOVER_TIMEOUT, transport
 from kvstore.client.wire import NotFound
 from kvstore.state.lookups import Lookups
 from kvstore.store import txn
@@ -67,11 +68,12 @@ class RemoteStore(Lookups):
     """A store served over HTTP (module docstring). Thread-safe: threads
     share the connection pool."""
 
-    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
-                 cert: Cert = None, max_connections: int = 100) -> None:
-        self.url = url
-        self._http = Http(url, token=token, timeout=timeout, verify=verify, cert=cert,
-                          max_connections=max_connections)
+    def __init__(self, url: str | list[str], *, token: str | None = None, timeout: float = 10.0,
+                 verify: Verify = True, cert: Cert = None, max_connections: int = 100, reads: str = "leader",
+                 failover_timeout: float = FAILOVER_TIMEOUT) -> None:
+        self.url = url if isinstance(url, str) else ",".join(url)
+        self._http = transport(url, token=token, timeout=timeout, verify=verify, cert=cert,
+                               max_connections=max_connections, reads=reads, failover_timeout=failover_timeout)
         self._closed = False
         try:
             info = calls.send(self._http, calls.info())
@@ -232,10 +234,16 @@ class RemoteStore(Lookups):
         return f"<RemoteStore {self.url}{' closed' if self._closed else ''}>"
 
 
-def connect(url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
-            cert: Cert = None, max_connections: int = 100) -> RemoteStore:
-    """Connect to a walkv server (``walkv serve``); ``verify``: False, a CA
-    bundle's path or an :class:`ssl.SSLContext`, for a server whose certificate
-    the system does not trust; ``cert``: the client certificate a server with
-    ``--tls-client-ca`` requires (a PEM file with its key, or ``(certfile, keyfile)``)."""
-    return RemoteStore(url, token=token, timeout=timeout, verify=verify, cert=cert, max_connections=max_connections)
+def connect(url: str | list[str], *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
+            cert: Cert = None, max_connections: int = 100, reads: str = "leader",
+            failover_timeout: float = FAILOVER_TIMEOUT) -> RemoteStore:
+    """Connect to a walkv server (``walkv serve``), or to the nodes of a
+    cluster (a list of URLs: the client follows the leader,
+    :mod:`kvstore.client.leader`; ``reads``: "leader" or "any";
+    ``failover_timeout``: how long it looks for a leader); ``verify``: False,
+    a CA bundle's path or an :class:`ssl.SSLContext`, for a server whose
+    certificate the system does not trust; ``cert``: the client certificate a
+    server with ``--tls-client-ca`` requires (a PEM file with its key, or
+    ``(certfile, keyfile)``)."""
+    return RemoteStore(url, token=token, timeout=timeout, verify=verify, cert=cert, max_connections=max_connections,
+                       reads=reads, failover_timeout=failover_timeout)

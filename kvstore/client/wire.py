@@ -90,6 +90,18 @@ class ServerUnavailable(HttpError):
     write the outcome is unknown: the write may have been applied."""
 
 
+class WriteOutcomeUnknown(ServerUnavailable, wal.errors.OutcomeUnknownError):
+    """A write was sent and whether it was applied is unknown: the connection
+    broke after it went out, or the server answered that it failed with the
+    write in its log (:class:`~wal.errors.OutcomeUnknownError`). Read the key
+    to find out; only an idempotent write is safe to send again as it is."""
+
+    @classmethod
+    def of(cls, exc: BaseException, method: str, path: str) -> "WriteOutcomeUnknown":
+        return cls(f"{method} {path}: its outcome is unknown ({type(exc).__name__}: {exc}); it may or may not "
+                   "have been applied: read the key to find out (a put or delete of one key may be sent again)")
+
+
 # -- the status table -------------------------------------------------------------
 
 STATUS: dict[type[BaseException], int] = {

@@ -209,6 +209,11 @@ class ClusterNode:
                               f"acknowledged; its outcome is unknown. This node steps down and follows the new "
                               f"leader")
 
+    def check_read(self) -> None:
+        """A leader whose lease ran out answers no read (it may be deposed)."""
+        if self.role == "leader" and not self.elector.lease_ok():
+            raise self._not_leader()
+
     def _not_leader(self) -> NotLeaderError:
         leader = self.elector.leader
         url = leader.url if leader is not None and leader.url != self.me else None

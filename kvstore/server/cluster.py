@@ -31,7 +31,7 @@ from kvstore.cluster.node import ClusterNode
 from kvstore.server.app import ROUTES
 from kvstore.server.auth import READ
 from kvstore.server.context import json_response
-from kvstore.server.routes import RouteMatch, route
+from kvstore.server.routes import Handler, Route, RouteMatch, route
 from kvstore.server.run import serve_async
 
 log = logging.getLogger("walkv.cluster")
@@ -43,7 +43,21 @@ async def cluster_info(request: web.Request, match: RouteMatch) -> web.Response:
     return json_response(request.app[NODE].describe())
 
 
-CLUSTER_ROUTES = [*ROUTES, route("GET", "/v1/cluster", cluster_info, READ)]
+READS = ("/v1/kv/{key*}", "/v1/get_many", "/v1/scan", "/v1/count")
+
+
+def _leader_reads(handler: Handler) -> Handler:
+    """A read on the leader is answered only while its lease holds (so it
+    sees every acknowledged write); a replica's reads may be stale, and say
+    which LSN they saw (``Walkv-Lsn``)."""
+    async def checked(request: web.Request, match: RouteMatch) -> web.StreamResponse:
+        request.app[NODE].check_read()
+        return await handler(request, match)
+    return checked
+
+
+CLUSTER_ROUTES = [Route(r.method, r.pattern, _leader_reads(r.handler), r.role, r.params) if r.pattern in READS else r
+                  for r in ROUTES] + [route("GET", "/v1/cluster", cluster_info, READ)]
 
 
 def _stamp(node: ClusterNode) -> Callable[[web.Request, web.StreamResponse], Any]:
@@ -72,7 +86,7 @@ async def serve_cluster(path: str, host: str, port: int, *, cluster: str, coordi
             store = await node.open()
             cycle = asyncio.Event()
 
-            async def end_cycle() -> None:
+            async def end_cycle(cycle: asyncio.Event) -> None:
                 waits = [asyncio.ensure_future(node.reopen.wait()), asyncio.ensure_future(stop.wait())]
                 try:
                     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -92,7 +106,7 @@ async def serve_cluster(path: str, host: str, port: int, *, cluster: str, coordi
                 app[NODE] = node
                 app.on_response_prepare.append(_stamp(node))
 
-            watcher = asyncio.create_task(end_cycle())
+            watcher = asyncio.create_task(end_cycle(cycle))
             try:
                 await serve_async(store, host, port, stop=cycle, routes=CLUSTER_ROUTES, setup=setup,
                                   on_listening=listening, **server_options)
