@@ -23,7 +23,6 @@ from wal.segment import (
     encode_header,
     list_segments,
     pack_entry_header,
-    read_header,
     read_newest_header,
 )
 from wal.timeline import (

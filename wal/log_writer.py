@@ -42,6 +42,7 @@ from wal.group import Group
 from wal.hooks import LogHooks, Staged
 from wal.lock import DirectoryLock
 from wal.mutex import Mutex
+from wal.segment import Payload
 from wal.segment_writer import ActiveSegment, check_payload, gathered, round_block
 from wal.segments import SegmentSet
 from wal.stats import LogStats

@@ -24,12 +24,12 @@ from kvstore.archive.layout import ARCHIVE_NAME, IDENTITY_HINT, SNAPSHOTS_DIR, L
 from kvstore.archive.objects import Chain, chain, list_log_objects
 from kvstore.archive.retention import archived_snapshot_lsns
 from kvstore.archive.target import ArchiveTarget, Location
-from wal.timeline import ROOT, History
 from wal.errors import ArchiveError, CorruptionError, Damage, DamageReport, LogGapError, SnapshotError
 from wal.fs import FileInfo, FileSystem
 from wal.reader import read_segments
 from wal.readfs import ReadFS
 from wal.segment import Entry, SegmentFile, SegmentScan, read_header
+from wal.timeline import ROOT, History
 
 log = logging.getLogger("walkv.archive")
 

@@ -53,6 +53,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kvstore.cluster.etcd import Etcd, KeyValue, prefix_end
 from wal.errors import CoordinatorError
@@ -113,9 +114,9 @@ class Elector:
         self.epoch = 0
         self.lease = 0
         self.lease_valid_until = 0.0  # time.monotonic(); meaningful while leading
-        self.members: list[dict[str, object]] = []  # the statuses last read (GET /v1/cluster)
+        self.members: list[dict[str, Any]] = []  # the statuses last read (GET /v1/cluster)
         self._members_at = 0.0
-        self._published: dict[str, object] | None = None
+        self._published: dict[str, Any] | None = None
         self._published_at = 0.0
         self._stopping = asyncio.Event()
         self.last_error: BaseException | None = None
@@ -270,7 +271,7 @@ class Elector:
             self.lease = 0
 
 
-def _json(kv: KeyValue) -> dict[str, object]:
+def _json(kv: KeyValue) -> dict[str, Any]:
     try:
         doc = json.loads(kv.value)
     except ValueError:

@@ -49,7 +49,7 @@ from typing import Any
 from kvstore.client.http import Http
 from kvstore.replica.http_log import SegmentStream
 from kvstore.store.store import KVStore
-from wal.errors import LogGapError, ReplicaError, WalkvError
+from wal.errors import LogGapError, ReplicaError, SnapshotError, WalkvError
 from wal.segment import Entry
 from wal.timeline import History, fork_point, history_from_json, same_timeline, timeline_at
 
@@ -195,7 +195,11 @@ class Follower:
         if fork + 1 < leader_first:
             self._stop_for(f"bootstrap: this store left the leader {url}'s history after LSN {fork}, before "
                            f"the leader's log starts (LSN {leader_first})")
-        dropped = store.discard_after(fork, theirs)
+        try:
+            dropped = store.discard_after(fork, theirs)
+        except SnapshotError as exc:
+            self._stop_for(f"bootstrap: {exc}")
+            raise
         log.warning("follower %s discarded %d entries after LSN %d that its leader %s does not hold",
                     self.me, dropped, fork, url)
         if store.applied_lsn > fork:

@@ -43,7 +43,6 @@ from wal.record_reader import RecordReader
 from wal.segment import Entry, decode_entry, decode_header, segment_first_lsn
 from wal.timeline import history_from_json
 
-
 READ_TIMEOUT = 5.0
 """Seconds past its long poll that a segment answer may make a reader wait
 for its headers or its next bytes."""

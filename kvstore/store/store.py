@@ -55,8 +55,8 @@ from kvstore.entry.codec import (
     OP_DROP_KEYSPACE,
     as_bytes,
     check_keyspace,
-    delete_entry,
     decode,
+    delete_entry,
     delete_range_entry,
     pack_ops,
     parse,
@@ -81,14 +81,13 @@ from kvstore.watch import watcher as watching
 from kvstore.watch.consumers import SubscriptionInfo
 from kvstore.watch.subscription import Subscription, subscribe
 from snapshot import SnapshotInfo
-from wal.segment import read_newest_header
-from wal.timeline import ROOT, History, TimelineStart
 from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
 from wal.record import DEFAULT_MAX_RECORD_BYTES
-from wal.segment import Payload
+from wal.segment import Payload, read_newest_header
+from wal.timeline import ROOT, History, TimelineStart
 
 
 class KVStore(Lookups):
@@ -563,7 +562,9 @@ class KVStore(Lookups):
         return how many were dropped. Snapshots past ``lsn`` are deleted. When
         the state had applied any of them (:attr:`applied_lsn` is past
         ``lsn``), it is marked to be rebuilt: close the store and open it
-        again before reading or following on."""
+        again before reading or following on. :class:`~wal.errors.SnapshotError`,
+        with nothing changed, when no snapshot at or before ``lsn`` is left to
+        rebuild it from (build the store again from its leader's snapshot)."""
         self._check_open()
         if self._writer is None:
             raise ReadOnlyError(f"the store {self.path} was opened with readonly=True")

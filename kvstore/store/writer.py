@@ -53,12 +53,12 @@ from kvstore.layout import LMDB_DIR, REPLICA_NAME, WAL_DIR
 from kvstore.state import State, StateOptions
 from kvstore.store import recovery, snapshots
 from kvstore.watch import consumers
-from wal.errors import ArchiveError, ReplicaError, WalkvError
+from snapshot.layout import discard_dir, parse_snapshot_dir_name
+from wal.errors import ArchiveError, ReplicaError, SnapshotError, WalkvError
 from wal.fs import FileSystem
 from wal.hooks import LogHooks
 from wal.lock import DirectoryLock
 from wal.progress import Progress
-from snapshot.layout import discard_dir, parse_snapshot_dir_name
 from wal.timeline import History, TimelineStart
 
 log = logging.getLogger("walkv.store")
@@ -146,6 +146,12 @@ class StoreWriter:
         dropped = self.log.last_lsn - lsn
         if dropped <= 0:
             return 0
+        first = self.log.first_lsn
+        bases = [at for at, _ in snapshot_dirs_after(self.snapshots.parent, -1) if first - 1 <= at <= lsn]
+        if state.applied_lsn > lsn and first > 1 and not bases:
+            raise SnapshotError(f"{self.path} cannot drop its entries after LSN {lsn}: its state applied them, and "
+                                f"no snapshot at or before LSN {lsn} that its log (from LSN {first}) continues is "
+                                "left to rebuild it from; build it again from its leader's snapshot")
         lmdb_dir = os.path.join(self.path, LMDB_DIR)
         if state.applied_lsn > lsn:  # before the cut: a crash from here on rebuilds it too
             recovery.write_session(lmdb_dir, self.log.store_id, clean=False, history=self.log.history, fs=self._fs,
