@@ -48,7 +48,8 @@ def add_commands(add: AddCommand) -> None:
     cluster.add_argument("--lease-seconds", type=float, default=5.0, metavar="S",
                          help="the leader's etcd lease (default 5): a dead leader is replaced after about S s")
     cluster.add_argument("--follow-token", metavar="TOKEN",
-                         help="the read token this node follows its leader with (when the nodes have --tokens)")
+                         help="the admin token this node follows its leader with (when the nodes have --tokens): "
+                              "its reports count toward acknowledgements")
 
 
 def _listen(text: str) -> tuple[str, int]:

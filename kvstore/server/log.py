@@ -15,6 +15,13 @@ the new bytes only (:mod:`kvstore.server.cursors`). Both log endpoints take
 ``wait=S`` (at most 30): wait up to S seconds for ``from_lsn`` to become
 durable (a long poll) before answering, possibly with nothing. File reads
 run in the default executor.
+
+A cluster's follower (:mod:`kvstore.cluster.follower`) adds ``replica=URL``
+and ``epoch=E`` to its segment requests: the request is its report that it
+holds every entry before ``from_lsn`` durably, which the store's synchronous
+replicas count (:mod:`kvstore.store.replication`). Since a report counts
+toward what a write's acknowledgement promises, a server with tokens takes
+it only with an admin token.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import BinaryIO, TypeVar
 from aiohttp import web
 
 from kvstore.client.wire import NotFound, b64encode
+from kvstore.server.auth import ADMIN
 from kvstore.server.context import MAX_LSN, Query, json_response, served
 from kvstore.server.cursors import LogCursors
 from kvstore.server.routes import RouteMatch
@@ -150,6 +158,8 @@ async def segment(request: web.Request, match: RouteMatch) -> web.StreamResponse
         raise ValueError("from_lsn is required: GET /v1/log/segment?from_lsn=N")
     replica = q.text("replica")
     if replica and s.store.replicas is not None:  # a follower's report: it holds up to first - 1 durably
+        if s.tokens is not None:  # a report counts toward durability: an admin token's, not any reader's
+            s.tokens.check(request.headers.get("Authorization"), ADMIN)
         s.store.replicas.report(replica, first - 1, q.integer("epoch", 0, 0, MAX_LSN) or 0)
     await _wait_durable(request, q, first)
     durable = s.store.durable_lsn
