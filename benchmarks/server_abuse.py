@@ -86,6 +86,7 @@ def scenario(url: str, pid: int, poll_path: str, work: Callable[[], Any]) -> dic
     lat = poller.latencies
     return {"peak_rss_growth_mib": round((_rss_kib(pid, "VmHWM") - before) / 1024, 1),
             "poll_max_ms": round(max(lat) * 1000, 1), "poll_median_ms": round(statistics.median(lat) * 1000, 1),
+            "poll_p90_ms": round(statistics.quantiles(lat, n=10)[-1] * 1000, 1),
             "seconds": round(took, 2), "answer": got}
 
 

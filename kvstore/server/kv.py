@@ -20,8 +20,9 @@ of keys and values; one item always fits): a scan page ends early, with its
 ``AnswerTooLarge``, whose ``fits`` says how many of its keys fit (issue 33:
 one 15 KiB request naming a 256 KiB key 2,000 times made a 666 MiB answer).
 A page is read and encoded :data:`STEP` items at a time, letting the other
-requests on the loop run between the steps: 40 clients paging through big
-ranges no longer hold a point GET for seconds.
+requests on the loop run between the steps, and ends after about
+:data:`PAGE_SECONDS` of work: 40 clients paging through big ranges no
+longer hold a point GET for seconds (``benchmarks/server_abuse.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import asyncio
 import base64
 import binascii
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,8 +47,11 @@ from kvstore.store.keyspace import Keyspace
 from kvstore.store.store import KVStore
 
 DEFAULT_PAGE = 1000
-STEP = 256
+STEP = 64
 """Items read or encoded between two turns of the event loop."""
+PAGE_SECONDS = 0.02
+"""A scan page ends after about this much work (its ``after`` goes on), so
+that many big scans at once hold neither the loop nor much memory."""
 KEYSPACE = ("keyspace",)
 
 
@@ -215,14 +220,17 @@ async def _page(items: Iterator[tuple[bytes, bytes]], limit: int, budget: int) -
     pieces: list[bytes] = []
     size = 0
     last: bytes | None = None
+    deadline = time.monotonic() + PAGE_SECONDS
     for key, value in items:
         if len(pieces) == limit or size >= budget:
             return pieces, last
+        if len(pieces) % STEP == 0 and pieces:
+            if time.monotonic() > deadline:
+                return pieces, last
+            await asyncio.sleep(0)  # the other requests on the loop run (the view stays open)
         pieces.append(b'["%s","%s"]' % (base64.b64encode(key), base64.b64encode(value)))
         size += len(key) + len(value)
         last = key
-        if len(pieces) % STEP == 0:
-            await asyncio.sleep(0)  # the other requests on the loop run (the view stays open)
     return pieces, None
 
 
