@@ -13,8 +13,11 @@ records only, never the active segment's preallocated zeros, and a follower
 can read it all and reuse the connection. A follower's next request costs
 the new bytes only (:mod:`kvstore.server.cursors`). Both log endpoints take
 ``wait=S`` (at most 30): wait up to S seconds for ``from_lsn`` to become
-durable (a long poll) before answering, possibly with nothing. File reads
-run in the default executor.
+durable (a long poll) before answering, possibly with nothing; a stopping
+server answers at once. ``/v1/log/entries`` answers at most
+:attr:`~kvstore.server.context.Limits.max_answer_bytes` of payloads once
+one entry is in (``next_lsn`` goes on). File reads run in the default
+executor.
 """
 
 from __future__ import annotations

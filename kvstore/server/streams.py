@@ -13,9 +13,14 @@ stream ends; any other error likewise ends it with ``event: error``. With
 broke (the client resumes it). ``Last-Event-ID: L`` resumes at LSN ``L``: the
 batch ``L`` is sent whole again (at least once, never a lost change).
 
+``keyspace=K`` watches keyspace K, ``keyspace=*`` every one. A
+subscription is created by ``POST /v1/subscriptions/{name}`` (as the
+embedded ``db.subscribe`` creates it, at once) or by its first stream; never
+at an LSN past the log's next one (it would skip the changes in between).
+
 Each stream holds one of :attr:`~kvstore.server.context.Limits.max_streams`
-slots (429 past it) and one thread, where the blocking watcher runs
-(:class:`kvstore.watch.watcher.AsyncWatcher`). Server shutdown closes every
+slots, within its token's share (429 past either), and one thread, where
+the blocking watcher runs (:class:`kvstore.watch.watcher.AsyncWatcher`). Server shutdown closes every
 stream (they end without ``end``: clients resume elsewhere or later); a
 stream asked for after that is a 503 (``ServerUnavailable``).
 """
