@@ -69,6 +69,13 @@ from wal.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvstore.archive import Archiver, ArchiveReader, ArchiveTarget
+    from kvstore.client.wire import (
+        ConditionFailed,
+        Forbidden,
+        NotSupportedRemotelyError,
+        ServerUnavailable,
+        Unauthorized,
+    )
     from kvstore.entry.codec import MAX_KEY_BYTES
     from kvstore.replica.archive_restore import restore_from_archive
     from kvstore.replica.point_in_time import restore
@@ -82,6 +89,9 @@ if TYPE_CHECKING:
 
 _HOMES: dict[str, str] = {
     "Archiver": "kvstore.archive", "ArchiveReader": "kvstore.archive", "ArchiveTarget": "kvstore.archive",
+    "ConditionFailed": "kvstore.client.wire", "Forbidden": "kvstore.client.wire",
+    "NotSupportedRemotelyError": "kvstore.client.wire", "ServerUnavailable": "kvstore.client.wire",
+    "Unauthorized": "kvstore.client.wire",
     "MAX_KEY_BYTES": "kvstore.entry.codec",
     "restore_from_archive": "kvstore.replica.archive_restore",
     "restore": "kvstore.replica.point_in_time",
@@ -158,4 +168,5 @@ __all__ = [
     "RestoreInfo", "View", "ViewExpiredError", "WalkvError", "WriteBatch", "connect", "connect_async", "open", "open_async",
     "open_replica", "serve",
     "prometheus_text", "restore", "restore_from_archive",
+    "ConditionFailed", "Forbidden", "NotSupportedRemotelyError", "ServerUnavailable", "Unauthorized",
 ]

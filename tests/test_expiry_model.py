@@ -355,7 +355,8 @@ class ExpiryModel(RuleBasedStateMachine):
                 raw.pop((c.keyspace, c.key), None)
             else:
                 assert c.op == "delete_range"  # a range delete, or a drop of a keyspace
-                for sk in [sk for sk in raw if sk[0] == c.keyspace and c.key <= sk[1] < c.end_key]:
+                for sk in [sk for sk in raw if sk[0] == c.keyspace and c.key <= sk[1]
+                           and (c.end_key is None or sk[1] < c.end_key)]:  # None: to the last key
                     del raw[sk]
         assert raw == self.values
 

@@ -16,7 +16,7 @@ import pytest
 
 import kvstore
 import snapshot
-from kvstore.entry.codec import END_OF_KEYS, OP_DROP_KEYSPACE, OP_KEYSPACE, OP_PUT, decode, encode
+from kvstore.entry.codec import OP_DROP_KEYSPACE, OP_KEYSPACE, OP_PUT, decode, encode
 from wal.errors import CorruptionError
 
 BEFORE_KEYSPACES = "f56a9d6"
@@ -118,7 +118,7 @@ def test_watch_carries_the_keyspace_and_a_drop(tmp_path):
         users.drop()
         every = [(c.lsn, c.op, c.key, c.end_key, c.keyspace) for c in db.watch(from_lsn=1, keyspace=None, timeout=0)]
         assert every == [(1, "upsert", b"k", None, ""), (2, "upsert", b"k", None, "users"),
-                         (2, "upsert", b"j", None, ""), (3, "delete_range", b"", END_OF_KEYS, "users")]
+                         (2, "upsert", b"j", None, ""), (3, "delete_range", b"", None, "users")]
         assert [(c.lsn, c.key) for c in db.watch(from_lsn=1, timeout=0)] == [(1, b"k"), (2, b"j")]
         assert [(c.lsn, c.op) for c in users.watch(from_lsn=1, timeout=0)] == [(2, "upsert"), (3, "delete_range")]
 

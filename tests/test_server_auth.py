@@ -73,6 +73,10 @@ def endpoints() -> list[Endpoint]:
         Endpoint("HEAD", "/v1/kv/k01", "read"),
         Endpoint("GET", "/v1/info", "read"),
         Endpoint("GET", "/v1/count", "read"),
+        Endpoint("GET", "/v1/count", "read", params=(("keyspace", "users"),)),
+        Endpoint("GET", "/v1/ttl/k01", "read"),
+        Endpoint("GET", "/v1/keyspaces", "read"),
+        Endpoint("GET", "/v1/leases/12345", "read"),
         Endpoint("GET", "/v1/subscriptions", "read"),
         Endpoint("GET", "/v1/log/bounds", "read"),
         Endpoint("GET", "/v1/log/entries", "read", params=(("from_lsn", "1"), ("limit", "5"))),
@@ -96,6 +100,12 @@ def endpoints() -> list[Endpoint]:
         Endpoint("POST", f"/v1/subscriptions/{SUBSCRIPTION}/ack", "write", json={"lsn": 1}),
         Endpoint("DELETE", f"/v1/subscriptions/{SUBSCRIPTION}", "write"),
         Endpoint("POST", "/v1/admin/sync", "write"),
+        Endpoint("PUT", "/v1/kv/k05", "write", params=(("keyspace", "users"), ("ttl", "30")), content=b"v"),
+        Endpoint("DELETE", "/v1/keyspaces/users", "write"),
+        Endpoint("POST", "/v1/leases", "write", json={"ttl": 10}),
+        Endpoint("POST", "/v1/leases/12345/keepalive", "write"),
+        Endpoint("DELETE", "/v1/leases/12345", "write"),
+        Endpoint("POST", "/v1/subscriptions/created", "write", json={"prefix": b64(b"k"), "from_lsn": 1}),
         # admin
         Endpoint("POST", "/v1/admin/snapshot", "admin"),
         Endpoint("GET", "/v1/stats", "admin"),
@@ -220,7 +230,7 @@ def test_health_needs_no_token(served, path):
 
 
 @pytest.mark.parametrize("ep", [e for e in ENDPOINTS if e.role == "read" and e.method == "GET"
-                                and "watch" not in e.path], ids=str)
+                                and "watch" not in e.path and "leases" not in e.path], ids=str)
 def test_every_role_reads(served, ep):
     """The refusals above are not the server refusing everything: each role
     that may read does (the write and admin endpoints act for real in

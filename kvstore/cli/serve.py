@@ -1,14 +1,5 @@
 """``walkv serve STORE``: serve a store over HTTP (:mod:`kvstore.server`; the API
-is docs/http-api.md).
-
-It prints one line, ``walkv: listening on http://HOST:PORT`` (``https`` with
-TLS; the real port when ``--listen HOST:0``), on stdout once it accepts
-requests, and serves until SIGTERM or SIGINT: then it stops accepting,
-finishes the requests in flight (at most ``--shutdown-timeout`` seconds) and
-closes the store cleanly. It listens on 127.0.0.1 unless ``--listen`` says
-otherwise, and refuses a non-loopback address without ``--tokens`` unless
-``--insecure`` (exit code 2, a usage error).
-"""
+is docs/http-api.md)."""
 
 from __future__ import annotations
 
@@ -17,10 +8,24 @@ import argparse
 from kvstore.cli.common import EXIT_OK, EXIT_USAGE, AddCommand, CliError
 from kvstore.cli.progress import Reporter
 
+DESCRIPTION = """\
+Serve a store over HTTP (the /v1 API of docs/http-api.md: keys, keyspaces, TTLs and
+leases, scans, batches, transactions, watch, subscriptions, the log for replicas,
+metrics).
+
+Once it accepts requests it prints one line on stdout, "walkv: listening on
+http://HOST:PORT" (https with TLS; the real port with --listen HOST:0), and serves
+until SIGTERM or SIGINT: then it stops accepting, ends watch streams and long polls,
+finishes the requests in flight (at most --shutdown-timeout seconds) and closes the
+store cleanly. It listens on 127.0.0.1 unless --listen says otherwise, and refuses a
+non-loopback address without --tokens unless --insecure (exit code 2, a usage error).
+Needs the server extra: pip install 'walkv[server]'."""
+
 
 def add_commands(add: AddCommand) -> None:
     p = add("serve", "serve a store over HTTP (the /v1 API: kv, scan, batch, txn, watch, log, metrics)", cmd_serve,
-            description=__doc__)
+            description=DESCRIPTION)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("store", metavar="STORE", help="the store directory (created if missing)")
     p.add_argument("--listen", default="127.0.0.1:7379", metavar="HOST:PORT",
                    help="address to listen on (default 127.0.0.1:7379; PORT 0: any free port)")
@@ -31,7 +36,15 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback address without --tokens")
     p.add_argument("--sync", default="always", choices=["always", "batch", "none"], help="the store's sync mode")
     p.add_argument("--max-body-bytes", type=int, help="largest request body (default: the store's largest record)")
+    p.add_argument("--max-json-bytes", type=int, default=8 << 20,
+                   help="largest JSON request body: get_many, batch, txn, ... (default 8 MiB)")
+    p.add_argument("--max-json-items", type=int, default=250_000,
+                   help="most elements of one JSON request body (default 250,000)")
+    p.add_argument("--max-answer-bytes", type=int, default=8 << 20,
+                   help="key and value bytes of one scan page, get_many or log answer (default 8 MiB)")
     p.add_argument("--max-streams", type=int, default=256, help="open watch streams at most (default 256)")
+    p.add_argument("--max-streams-per-token", type=int,
+                   help="open watch streams one token may hold (default: an equal share of --max-streams)")
     p.add_argument("--max-connections", type=int, default=1024, help="open connections at most (default 1024)")
     p.add_argument("--idle-timeout", type=float, default=15.0,
                    help="seconds a connection may idle or take to send its headers (default 15)")
@@ -60,7 +73,11 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
-    from kvstore.server import Limits, ServeError, Tokens, serve, tls_context
+    try:
+        from kvstore.server import Limits, ServeError, Tokens, serve, tls_context
+    except ImportError as exc:  # aiohttp (or another of the extra) is missing
+        raise CliError(f"walkv serve needs the server extra ({exc.name or exc} is not installed): "
+                       f"pip install 'walkv[server]'", code=EXIT_USAGE) from None
 
     host, port = _listen(args.listen)
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -68,8 +85,10 @@ def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
     tokens = Tokens.from_file(args.tokens) if args.tokens else None
     tls = tls_context(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     limits = Limits(max_body_bytes=args.max_body_bytes, max_streams=args.max_streams,
-                    max_connections=args.max_connections, idle_timeout=args.idle_timeout,
-                    shutdown_timeout=args.shutdown_timeout)
+                    max_streams_per_token=args.max_streams_per_token, max_connections=args.max_connections,
+                    idle_timeout=args.idle_timeout, shutdown_timeout=args.shutdown_timeout,
+                    max_json_bytes=args.max_json_bytes, max_json_items=args.max_json_items,
+                    max_answer_bytes=args.max_answer_bytes)
     announce = lambda url: print(f"walkv: listening on {url}", flush=True)  # noqa: E731
     if args.cluster is not None:
         if args.coordinator is None or args.advertise is None:

@@ -14,6 +14,8 @@ an oversized value raises what the embedded store raises.
 
 from __future__ import annotations
 
+import json
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -24,52 +26,60 @@ from kvstore.client.http import Params
 from kvstore.client.leader import AsyncTransport, Transport
 from kvstore.client.wire import (
     MAX_GET_MANY,
-    ConditionFailed,
+    AnswerTooLarge,
     NotFound,
+    PayloadTooLarge,
     b64_or_none,
     b64decode,
     b64encode,
-    op_json,
     quote,
 )
 from kvstore.entry.codec import (
+    END_OF_KEYS,
     MAX_KEY_BYTES,
-    OP_REQUIRE_ABSENT,
-    OP_REQUIRE_EQUALS,
-    OP_REQUIRE_PRESENT,
     as_bytes,
     check_key,
+    check_keyspace,
     check_range,
     check_value,
 )
-from kvstore.entry.conditions import Outcome
+from kvstore.store.clock import seconds_to_us
+from kvstore.store.expiring import expiring_put_op, lease_id_of
 from kvstore.watch.consumers import SubscriptionInfo
 from kvstore.watch.watcher import ON_GAP
 
 T = TypeVar("T")
-_CONDITIONS = {OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT}
 
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
     """One request and what its answer means: ``answer(response)`` for a
     2xx; an error answer of a class in ``expected`` is ``recover(error)``
-    (any other raises)."""
+    (any other raises). ``json``: the body, already serialized (:func:`json_body`)."""
 
     method: str
     path: str
     answer: Callable[[httpx.Response], T]
     params: Params | None = None
-    json: Any = None
+    json: bytes | None = None
     content: bytes | None = None
     expected: tuple[type[Exception], ...] = ()
     recover: Callable[[Exception], T] | None = None
 
+    def body(self) -> tuple[bytes | None, dict[str, str] | None]:
+        if self.json is not None:
+            return self.json, _JSON
+        return self.content, None
+
+
+_JSON = {"Content-Type": "application/json"}
+
 
 def send(http: Transport, call: Call[T]) -> T:
     """What ``call`` answers, over the sync transport."""
+    content, headers = call.body()
     try:
-        response = http.request(call.method, call.path, params=call.params, json=call.json, content=call.content)
+        response = http.request(call.method, call.path, params=call.params, content=content, headers=headers)
     except call.expected as exc:
         assert call.recover is not None
         return call.recover(exc)
@@ -78,16 +88,30 @@ def send(http: Transport, call: Call[T]) -> T:
 
 async def send_async(http: AsyncTransport, call: Call[T]) -> T:
     """What ``call`` answers, over the asyncio transport."""
+    content, headers = call.body()
     try:
-        response = await http.request(call.method, call.path, params=call.params, json=call.json,
-                                      content=call.content)
+        response = await http.request(call.method, call.path, params=call.params, content=content, headers=headers)
     except call.expected as exc:
         assert call.recover is not None
         return call.recover(exc)
     return call.answer(response)
 
 
-def _lsn(response: httpx.Response) -> int:
+def json_body(doc: Any, info: "ServerInfo | None" = None, what: str = "request") -> bytes:
+    """``doc`` as the JSON body of a request; over the server's JSON bounds
+    (``info``): :class:`PayloadTooLarge` (a RecordTooLargeError, as an
+    embedded batch over the record limit raises), nothing sent."""
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    if info is not None:
+        items = body.count(b"[") + body.count(b"{") + body.count(b",")
+        if len(body) > info.max_json_bytes or items > info.max_json_items:
+            raise PayloadTooLarge(f"this {what} is {len(body)} bytes of JSON with {items} elements, over the "
+                                  f"server's limits ({info.max_json_bytes} bytes, {info.max_json_items} elements: "
+                                  f"its --max-json-bytes, --max-json-items); split it. Nothing was written.")
+    return body
+
+
+def lsn_of(response: httpx.Response) -> int:
     return int(response.json()["lsn"])
 
 
@@ -104,6 +128,11 @@ def _subscription(name: str) -> str:
     return "/v1/subscriptions/" + quote(name.encode())
 
 
+def _space(keyspace: str) -> dict[str, Any]:
+    """The ``keyspace`` parameter ("" left out: the default keyspace)."""
+    return {"keyspace": keyspace or None}
+
+
 # -- the server ------------------------------------------------------------------
 
 
@@ -115,13 +144,19 @@ class ServerInfo:
     readonly: bool
     max_value_bytes: int
     max_payload_bytes: int
+    max_json_bytes: int
+    max_json_items: int
+
+
+_UNBOUNDED = 1 << 62  # a server before the JSON bounds (it announced none)
 
 
 def info() -> Call[ServerInfo]:
     def answer(response: httpx.Response) -> ServerInfo:
         doc = response.json()
         return ServerInfo(doc.get("store_id"), bool(doc.get("readonly")), int(doc["max_value_bytes"]),
-                          int(doc["max_payload_bytes"]))
+                          int(doc["max_payload_bytes"]), int(doc.get("max_json_bytes", _UNBOUNDED)),
+                          int(doc.get("max_json_items", _UNBOUNDED)))
 
     return Call("GET", "/v1/info", answer)
 
@@ -129,46 +164,28 @@ def info() -> Call[ServerInfo]:
 # -- writes ----------------------------------------------------------------------
 
 
-def put(key: bytes, value: bytes, max_value_bytes: int) -> Call[int]:
-    path = _kv(check_key(key))
-    return Call("PUT", path, _lsn, content=check_value(value, max_value_bytes))
+def put(key: bytes, value: bytes, max_value_bytes: int, ttl: float | None = None, lease: Any = None,
+        keyspace: str = "") -> Call[int]:
+    """A put; with ``ttl`` or ``lease`` checked as the embedded put checks them."""
+    params = _space(keyspace)
+    if ttl is None and lease is None:
+        key, value = check_key(key), check_value(value, max_value_bytes)
+    else:
+        op = expiring_put_op(key, value, max_value_bytes, ttl, lease, 0)  # op[3]: the lease, or the TTL in µs
+        key, value = op[1], op[2]
+        params.update({"lease": op[3]} if lease is not None else {"ttl": op[3] / 1e6})
+    return Call("PUT", _kv(key), lsn_of, params=params, content=value)
 
 
-def delete(key: bytes) -> Call[int]:
-    return Call("DELETE", _kv(check_key(key)), _lsn)
+def delete(key: bytes, keyspace: str = "") -> Call[int]:
+    return Call("DELETE", _kv(check_key(key)), lsn_of, params=_space(keyspace))
 
 
-def delete_range(start: bytes | None, end: bytes | None) -> Call[int]:
+def delete_range(start: bytes | None, end: bytes | None, keyspace: str = "") -> Call[int]:
     start, end = check_range(start, end)
-    return Call("POST", "/v1/delete_range", _lsn, json={"start": b64_or_none(start), "end": b64_or_none(end)})
-
-
-def commit(ops: list) -> Call[int]:
-    """Log ``ops`` (a batch's, or a transaction's :class:`Outcome`, whose
-    conditions come first); the answer is the entry's LSN, and a
-    transaction's outcome is recorded in ``ops``."""
-    writes = [op_json(op) for op in ops if op[0] not in _CONDITIONS]
-    if not isinstance(ops, Outcome):
-        return Call("POST", "/v1/batch", _lsn, json={"ops": writes})
-    conditions: list[dict[str, Any]] = []
-    for op in ops:
-        if op[0] == OP_REQUIRE_EQUALS:
-            conditions.append({"key": b64encode(op[1]), "equals": b64encode(op[2])})
-        elif op[0] in _CONDITIONS:
-            conditions.append({"key": b64encode(op[1]), "absent" if op[0] == OP_REQUIRE_ABSENT else "present": True})
-
-    def held(response: httpx.Response) -> int:
-        ops.decided, ops.failed = True, None
-        lsn = response.json()["lsn"]
-        return int(lsn) if lsn is not None else 0
-
-    def failed(exc: Exception) -> int:
-        assert isinstance(exc, ConditionFailed)
-        ops.decided, ops.failed = True, exc.failed
-        return int(exc.lsn) if exc.lsn is not None else 0
-
-    return Call("POST", "/v1/txn", held, json={"conditions": conditions, "ops": writes},
-                expected=(ConditionFailed,), recover=failed)
+    return Call("POST", "/v1/delete_range", lsn_of, params=_space(keyspace),
+                json=json_body({"start": b64_or_none(start or None),
+                                "end": None if end == END_OF_KEYS else b64encode(end)}))
 
 
 # -- reads -----------------------------------------------------------------------
@@ -180,29 +197,70 @@ def read_key(key: Any) -> bytes | None:
     return checked if 0 < len(checked) <= MAX_KEY_BYTES else None
 
 
-def get(key: bytes, default: bytes | None, min_lsn: int | None) -> Call[bytes | None] | None:
+def get(key: bytes, default: bytes | None, min_lsn: int | None, keyspace: str = "") -> Call[bytes | None] | None:
     """The value of ``key`` or ``default``; None: nothing to ask, the answer
     is ``default`` (no key can be ``key``)."""
     checked = read_key(key)
     if checked is None:
         return None
-    return Call("GET", _kv(checked), lambda response: response.content, params={"min_lsn": min_lsn},
-                expected=(NotFound,), recover=lambda _exc: default)
+    return Call("GET", _kv(checked), lambda response: response.content,
+                params={"min_lsn": min_lsn, **_space(keyspace)}, expected=(NotFound,), recover=lambda _exc: default)
 
 
-def get_many(keys: Iterable[bytes], default: bytes | None) -> list[Call[list[bytes | None]]]:
-    """One call per :data:`MAX_GET_MANY` keys, each read at one LSN."""
-    encoded = [b64encode(k if type(k) is bytes else as_bytes(k, "key")) for k in keys]
+class ManyGets:
+    """A ``get_many`` as requests (:meth:`next`, None when every value is
+    in :attr:`values`): chunks of at most :data:`MAX_GET_MANY` keys and
+    of the server's JSON bounds, each read at one LSN; a chunk whose values
+    are over the server's answer budget (``AnswerTooLarge``) is asked again
+    as the keys that fit, then the rest."""
 
-    def values(response: httpx.Response) -> list[bytes | None]:
-        return [default if v is None else b64decode(v) for v in response.json()["values"]]
+    def __init__(self, keys: Iterable[bytes], default: bytes | None, keyspace: str, info: ServerInfo) -> None:
+        self._keys = [b64encode(k if type(k) is bytes else as_bytes(k, "key")) for k in keys]
+        self._default = default
+        self._params = _space(keyspace)
+        self.values: list[bytes | None] = []
+        self._chunks: deque[tuple[int, int]] = deque()
+        room = max(1, min(info.max_json_bytes, 1 << 40) - 64)
+        start = size = 0
+        for i, key in enumerate(self._keys):
+            if i > start and (i - start == MAX_GET_MANY or size + len(key) + 3 > room):
+                self._chunks.append((start, i))
+                start, size = i, 0
+            size += len(key) + 3
+        if start < len(self._keys):
+            self._chunks.append((start, len(self._keys)))
 
-    return [Call("POST", "/v1/get_many", values, json={"keys": encoded[i:i + MAX_GET_MANY]})
-            for i in range(0, len(encoded), MAX_GET_MANY)]
+    def next(self) -> Call[None] | None:
+        if not self._chunks:
+            return None
+        lo, hi = self._chunks[0]
+        return Call("POST", "/v1/get_many", self._answer, params=self._params,
+                    json=json_body({"keys": self._keys[lo:hi]}), expected=(AnswerTooLarge,), recover=self._split)
+
+    def _answer(self, response: httpx.Response) -> None:
+        self._chunks.popleft()
+        default = self._default
+        self.values.extend(default if v is None else b64decode(v) for v in response.json()["values"])
+
+    def _split(self, exc: Exception) -> None:
+        lo, hi = self._chunks.popleft()
+        fits = min(max(1, int(getattr(exc, "fits", None) or 1)), hi - lo)  # (one key always fits)
+        if lo + fits < hi:
+            self._chunks.appendleft((lo + fits, hi))
+        self._chunks.appendleft((lo, lo + fits))
 
 
-def count() -> Call[int]:
-    return Call("GET", "/v1/count", lambda response: int(response.json()["count"]))
+def count(keyspace: str = "") -> Call[int]:
+    return Call("GET", "/v1/count", lambda response: int(response.json()["count"]), params=_space(keyspace))
+
+
+def ttl(key: bytes, keyspace: str = "") -> Call[float | None]:
+    """Seconds until ``key`` expires (None: no expiry, or absent), as ``db.ttl``."""
+    def answer(response: httpx.Response) -> float | None:
+        seconds = response.json()["ttl"]
+        return None if seconds is None else float(seconds)
+
+    return Call("GET", "/v1/ttl/" + quote(check_key(key)), answer, params=_space(keyspace))
 
 
 def _key_or_none(value: bytes | None, what: str) -> bytes | None:
@@ -218,10 +276,11 @@ class ScanPages:
     next page's items, None after the last page."""
 
     def __init__(self, start: bytes | None, stop: bytes | None, prefix: bytes | None, reverse: bool,
-                 page: int) -> None:
+                 page: int, keyspace: str = "") -> None:
         self._params: dict[str, Any] = {
             "start": _key_or_none(start, "start"), "stop": _key_or_none(stop, "stop"),
-            "prefix": _key_or_none(prefix, "prefix"), "reverse": reverse or None, "limit": page}
+            "prefix": _key_or_none(prefix, "prefix"), "reverse": reverse or None, "limit": page,
+            **_space(keyspace)}
         self._done = False
 
     def next(self) -> Call[list[tuple[bytes, bytes]]] | None:
@@ -242,8 +301,9 @@ class ScanPages:
 
 
 def watch_params(prefix: bytes | None, start: bytes | None, stop: bytes | None, timeout: float | None,
-                 progress_every: float | None, on_gap: str | None) -> dict[str, Any]:
-    """The query of ``/v1/watch`` (``on_gap`` None: a subscription's, which has none)."""
+                 progress_every: float | None, on_gap: str | None, keyspace: str | None = "") -> dict[str, Any]:
+    """The query of ``/v1/watch`` (``on_gap`` None: a subscription's, which
+    has none, nor a keyspace); ``keyspace`` None: every keyspace."""
     params: dict[str, Any] = {
         "prefix": _key_or_none(prefix, "prefix"), "start": _key_or_none(start, "start"),
         "stop": _key_or_none(stop, "stop"), "timeout": timeout, "progress_every": progress_every}
@@ -251,6 +311,7 @@ def watch_params(prefix: bytes | None, start: bytes | None, stop: bytes | None, 
         if on_gap not in ON_GAP:
             raise ValueError(f"on_gap must be one of {ON_GAP}, not {on_gap!r}")
         params["on_gap"] = on_gap
+        params["keyspace"] = "*" if keyspace is None else (check_keyspace(keyspace) or None)
     return params
 
 
@@ -260,7 +321,20 @@ def subscription_events(name: str) -> str:
 
 
 def ack(name: str, lsn: int) -> Call[None]:
-    return Call("POST", _subscription(name) + "/ack", lambda _response: None, json={"lsn": lsn})
+    if type(lsn) is not int:
+        raise TypeError(f"ack takes a change's LSN (an int), not {type(lsn).__name__}")
+    return Call("POST", _subscription(name) + "/ack", lambda _response: None, json=json_body({"lsn": lsn}))
+
+
+def subscribe(name: str, prefix: bytes | None, start: bytes | None, stop: bytes | None,
+              from_lsn: int | None) -> Call[SubscriptionInfo]:
+    """Create subscription ``name`` now (an existing one: the same key range), as ``db.subscribe`` does."""
+    if from_lsn is not None and (type(from_lsn) is not int or from_lsn < 1):
+        raise ValueError(f"from_lsn must be an int >= 1, not {from_lsn!r}")
+    doc = {"prefix": b64_or_none(_key_or_none(prefix, "prefix")), "start": b64_or_none(_key_or_none(start, "start")),
+           "stop": b64_or_none(_key_or_none(stop, "stop")), "from_lsn": from_lsn}
+    return Call("POST", _subscription(name), lambda response: SubscriptionInfo(**response.json()),
+                json=json_body(doc))
 
 
 def subscriptions() -> Call[list[SubscriptionInfo]]:
@@ -288,6 +362,41 @@ def snapshot() -> Call[dict[str, Any]]:
 
 def sync() -> Call[int]:
     return Call("POST", "/v1/admin/sync", lambda response: int(response.json()["durable_lsn"]))
+
+
+# -- keyspaces, leases ------------------------------------------------------------
+
+
+def keyspaces() -> Call[list[str]]:
+    return Call("GET", "/v1/keyspaces", lambda response: list(response.json()["keyspaces"]))
+
+
+def drop_keyspace(name: str) -> Call[int]:
+    return Call("DELETE", "/v1/keyspaces/" + quote(check_keyspace(name, default_ok=False).encode()), lsn_of)
+
+
+def _lease_path(lease: Any) -> str:
+    return f"/v1/leases/{lease_id_of(lease)}"
+
+
+def grant(ttl: float) -> Call[tuple[int, int]]:
+    """A new lease: ``(id, granted TTL in microseconds)``."""
+    ttl_us = seconds_to_us(ttl, "ttl")
+    return Call("POST", "/v1/leases", lambda response: (int(response.json()["id"]), ttl_us),
+                json=json_body({"ttl": ttl}))
+
+
+def lease(lease_id: Any) -> Call[dict[str, Any]]:
+    """``{"id", "granted_ttl", "ttl"}`` of a lease alive now (else LeaseNotFoundError)."""
+    return Call("GET", _lease_path(lease_id), _doc)
+
+
+def keepalive(lease_id: Any) -> Call[dict[str, Any]]:
+    return Call("POST", _lease_path(lease_id) + "/keepalive", _doc)
+
+
+def revoke(lease_id: Any) -> Call[int]:
+    return Call("DELETE", _lease_path(lease_id), lsn_of)
 
 
 def stats() -> Call[dict[str, Any]]:

@@ -144,6 +144,10 @@ class Http:
         except httpx.TransportError as exc:
             raise _unreachable(self.url, method, path, exc) from exc
 
+    @property
+    def closed(self) -> bool:
+        return self._client.is_closed
+
     def close(self) -> None:
         self._client.close()
 
@@ -182,6 +186,10 @@ class AsyncHttp:
                 yield resp
         except httpx.TransportError as exc:
             raise _unreachable(self.url, method, path, exc) from exc
+
+    @property
+    def closed(self) -> bool:
+        return self._client.is_closed
 
     async def aclose(self) -> None:
         await self._client.aclose()

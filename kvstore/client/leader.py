@@ -118,6 +118,7 @@ class ClusterHttp:
         self._route = _Routing(urls, reads, failover_timeout)
         self._options = dict(token=token, timeout=timeout, verify=verify, cert=cert, max_connections=max_connections)
         self._nodes: dict[str, Http] = {}
+        self._closed = False
         self.url = self._route.urls[0]
 
     def _node(self, url: str) -> Http:
@@ -162,7 +163,12 @@ class ClusterHttp:
                                     read_timeout=read_timeout) as resp:
             yield resp
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
+        self._closed = True
         for node in self._nodes.values():
             node.close()
 
@@ -176,6 +182,7 @@ class AsyncClusterHttp:
         self._route = _Routing(urls, reads, failover_timeout)
         self._options = dict(token=token, timeout=timeout, verify=verify, cert=cert, max_connections=max_connections)
         self._nodes: dict[str, AsyncHttp] = {}
+        self._closed = False
         self.url = self._route.urls[0]
 
     def _node(self, url: str) -> AsyncHttp:
@@ -218,7 +225,12 @@ class AsyncClusterHttp:
         async with self._node(url).stream(method, path, params=params, headers=headers) as resp:
             yield resp
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def aclose(self) -> None:
+        self._closed = True
         for node in self._nodes.values():
             await node.aclose()
 

@@ -11,9 +11,8 @@
   :func:`raise_for_error` raises it again on the client as the same class,
   with the same attributes. The HTTP-only types (:class:`BadRequest`,
   :class:`NotFound`, ...) are defined here so that both ends share them.
-* Operations of a batch or transaction in JSON (:func:`op_json`,
-  :func:`op_from_json`) and a watch change (:func:`change_json`,
-  :func:`change_from_json`).
+* A watch change in JSON (:func:`change_json`, :func:`change_from_json`;
+  the operations of a batch: :mod:`kvstore.client.batches`).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import urllib.parse
 from typing import Any, NoReturn
 
 import wal.errors
-from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_PUT
+from kvstore.entry.codec import DELETE_RANGE
 from kvstore.watch.watcher import Change
 from wal.errors import RecordTooLargeError, WalkvError
 
@@ -77,6 +76,29 @@ class PayloadTooLarge(HttpError, RecordTooLargeError):
     """413: the request body is over the server's limit."""
 
 
+class AnswerTooLarge(HttpError):
+    """413: the answer would be over the server's answer budget
+    (``--max-answer-bytes``); ``fits``: how many of the keys asked for fit
+    (the client asks for those first, then for the rest)."""
+
+    fits: int | None = None
+
+    def __init__(self, message: str, *, fits: int | None = None) -> None:
+        super().__init__(message)
+        self.fits = fits
+
+
+class NotSupportedRemotelyError(HttpError, NotImplementedError):
+    """What a client of a server cannot do that the embedded store can
+    (``view()``, ``write(payload)``, the store's files...): ``method`` names it."""
+
+    method: str | None = None
+
+    def __init__(self, method: str, why: str) -> None:
+        super().__init__(f"{method} is not supported over HTTP: {why} (README: what the client can and cannot do)")
+        self.method = method
+
+
 class TooManyStreams(HttpError):
     """429: over the server's cap on open watch streams (or connections)."""
 
@@ -110,7 +132,8 @@ STATUS: dict[type[BaseException], int] = {
     ConditionFailed: 409, wal.errors.ReadOnlyError: 409, wal.errors.SnapshotError: 409,
     wal.errors.NotLeaderError: 421,
     wal.errors.LogGapError: 410, wal.errors.SubscriptionInvalidatedError: 410,
-    RecordTooLargeError: 413, PayloadTooLarge: 413,
+    RecordTooLargeError: 413, PayloadTooLarge: 413, AnswerTooLarge: 413,
+    wal.errors.LeaseNotFoundError: 404, wal.errors.KeyspaceLimitError: 409,
     TooManyStreams: 429,
     wal.errors.LogFailedError: 503, wal.errors.ArchiveError: 503, wal.errors.ClosedError: 503,
     wal.errors.ReplicaError: 503, wal.errors.CorruptionError: 503, wal.errors.LockedError: 503,
@@ -125,7 +148,7 @@ _TYPES: dict[str, type[BaseException]] = {
 }
 _TYPES.update({cls.__name__: cls for cls in (
     HttpError, BadRequest, MethodNotAllowed, Unauthorized, Forbidden, NotFound, ConditionFailed, PayloadTooLarge,
-    TooManyStreams, InternalError, ServerUnavailable, builtins.ValueError, builtins.TypeError)})
+    AnswerTooLarge, TooManyStreams, InternalError, ServerUnavailable, builtins.ValueError, builtins.TypeError)})
 _BY_STATUS: dict[int, type[BaseException]] = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
                                               405: MethodNotAllowed, 409: ConditionFailed, 413: PayloadTooLarge, 429: TooManyStreams}
 _SCALARS = (str, int, float, bool, type(None))
@@ -218,33 +241,26 @@ def quote(key: bytes) -> str:
     return urllib.parse.quote_from_bytes(key, safe="")
 
 
-def op_json(op: Any) -> dict[str, Any]:
-    """A batch operation (``kvstore.entry.codec``'s ``(code, ...)``) as JSON."""
-    code = op[0]
-    if code == OP_PUT:
-        return {"op": "put", "key": b64encode(op[1]), "value": b64encode(op[2])}
-    if code == OP_DELETE:
-        return {"op": "delete", "key": b64encode(op[1])}
-    if code == OP_DELETE_RANGE:
-        return {"op": "delete_range", "start": b64_or_none(op[1]), "end": b64_or_none(op[2])}
-    raise ValueError(f"not a write operation: {op!r}")
-
-
 def change_json(change: Change, index: int) -> dict[str, Any]:
-    """A watch change as the stream's JSON (``index``: its place in its batch)."""
-    return {"lsn": change.lsn, "op": change.op, "key": b64encode(change.key), "value": b64_or_none(change.value),
-            "end_key": b64_or_none(change.end_key), "time": change.time, "index": index}
+    """A watch change as the stream's JSON (``index``: its place in its
+    batch). A delete_range from the first key has ``key`` null (and one to
+    the last, ``end_key`` null, as the change's ``end_key`` None)."""
+    key = None if change.op == DELETE_RANGE and not change.key else b64encode(change.key)
+    return {"lsn": change.lsn, "op": change.op, "key": key, "value": b64_or_none(change.value),
+            "end_key": b64_or_none(change.end_key), "time": change.time, "index": index,
+            "keyspace": change.keyspace}
 
 
 def change_from_json(data: dict[str, Any]) -> Change:
     end = data.get("end_key")
     value = data.get("value")
     return Change(int(data["lsn"]), int(data.get("time") or 0), str(data["op"]), b64decode(data.get("key") or ""),
-                  None if value is None else b64decode(value), None if end is None else b64decode(end))
+                  None if value is None else b64decode(value), None if end is None else b64decode(end),
+                  str(data.get("keyspace") or ""))
 
 
 __all__ = [
-    "BadRequest", "ConditionFailed", "Forbidden", "HttpError", "InternalError", "MethodNotAllowed", "NotFound",
-    "PayloadTooLarge", "ServerUnavailable", "STATUS", "TooManyStreams", "Unauthorized", "b64decode", "b64encode", "change_from_json",
-    "change_json", "error_body", "error_from_json", "op_json", "quote", "raise_for_error",
+    "AnswerTooLarge", "BadRequest", "ConditionFailed", "Forbidden", "HttpError", "InternalError", "MethodNotAllowed",
+    "NotFound", "NotSupportedRemotelyError", "PayloadTooLarge", "ServerUnavailable", "STATUS", "TooManyStreams", "Unauthorized", "b64decode", "b64encode", "change_from_json",
+    "change_json", "error_body", "error_from_json", "quote", "raise_for_error",
 ]

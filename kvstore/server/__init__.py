@@ -15,18 +15,22 @@ the gets, with half the p99 latency at 256 clients (the table is in
 :mod:`benchmarks.frameworks`). It is also one dependency where the other is
 two, and its streaming responses and protocol factory give the watch
 streams and the connection cap directly. :func:`serve` runs it on uvloop's
-event loop (a dependency of the ``server`` extra), which measured 1.1-1.6x
-the puts per second of asyncio's own loop at 128 clients.
+event loop (a dependency of the ``server`` extra; asyncio's own without it),
+which measured 1.1-1.6x the puts per second of asyncio's own loop at 128
+clients.
 
 Modules: :mod:`~kvstore.server.app` (the application, its route table, its
 one middleware: routing, roles, the error shape), :mod:`~kvstore.server.routes`
-(the one parse of a request's target, matching it to a route), :mod:`~kvstore.server.kv`
-(keys), :mod:`~kvstore.server.streams` (watch, subscriptions),
+(the one parse of a request's target, matching it to a route),
+:mod:`~kvstore.server.kv` (keys, keyspaces), :mod:`~kvstore.server.batches`
+(delete_range, batches, transactions), :mod:`~kvstore.server.leases`,
+:mod:`~kvstore.server.streams` (watch, subscriptions),
 :mod:`~kvstore.server.log` (log and snapshots for followers),
 :mod:`~kvstore.server.admin` (snapshot, stats, metrics, health),
 :mod:`~kvstore.server.auth` (tokens), :mod:`~kvstore.server.context`
-(limits, parsing), :mod:`~kvstore.server.connections` (the connection cap),
-:mod:`~kvstore.server.run` (serve, TLS, shutdown).
+(limits, the served store, the query), :mod:`~kvstore.server.bodies`
+(request bodies: bounds, parsing), :mod:`~kvstore.server.connections` (the
+connection cap), :mod:`~kvstore.server.run` (serve, TLS, shutdown).
 """
 
 from kvstore.server.app import drain, make_app

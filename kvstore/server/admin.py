@@ -1,6 +1,7 @@
 """Admin and health: ``POST /v1/admin/snapshot``, ``POST /v1/admin/sync``,
 ``GET /v1/stats``, ``GET /metrics`` (Prometheus text, made by
-:func:`kvstore.store.metrics.prometheus_text` through prometheus-client),
+:func:`kvstore.store.metrics.prometheus_text` through prometheus-client, and
+the server's own gauges: requests in flight, open streams),
 ``GET /healthz`` (200 while the process serves) and ``GET /readyz`` (200
 when the store is open and its log accepts writes, else 503 with the error
 JSON)."""
@@ -8,11 +9,12 @@ JSON)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 from aiohttp import web
 
 from kvstore.client.wire import error_body
-from kvstore.server.context import json_response, served
+from kvstore.server.context import Served, json_response, served
 from kvstore.server.routes import RouteMatch
 from kvstore.store.metrics import CONTENT_TYPE, prometheus_text
 from wal.errors import ClosedError
@@ -35,8 +37,28 @@ async def stats(request: web.Request, match: RouteMatch) -> web.Response:
 
 
 async def metrics(request: web.Request, match: RouteMatch) -> web.Response:
-    return web.Response(body=prometheus_text(served(request).store.stats()).encode(),
-                        headers={"Content-Type": CONTENT_TYPE})
+    s = served(request)
+    text = prometheus_text(s.store.stats()) + _server_metrics(s)
+    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def _server_metrics(s: Served) -> str:
+    """The server's own gauges (the requests in a handler, the open streams), as the store's are labelled."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    class Collector:
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            for name, text, value in (
+                    ("walkv_http_requests_in_flight", "Requests inside a handler of this server.", s.in_flight.count),
+                    ("walkv_http_streams_open", "Open watch and subscription streams.", s.stream_count)):
+                gauge = GaugeMetricFamily(name, text, labels=["store"])
+                gauge.add_metric([s.store.path], value)
+                yield gauge
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return generate_latest(registry).decode("utf-8")
 
 
 async def healthz(request: web.Request, match: RouteMatch) -> web.Response:

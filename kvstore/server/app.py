@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from kvstore.client.wire import BadRequest, MethodNotAllowed, PayloadTooLarge, error_body
-from kvstore.server import admin, kv, log, streams
+from kvstore.server import admin, batches, kv, leases, log, streams
 from kvstore.server.auth import ADMIN, OPEN, READ, WRITE, Tokens
 from kvstore.server.context import SERVED, Limits, Query, Served, json_response
 from kvstore.server.routes import Route, RouteMatch, Router, RouteRefusal, route
@@ -41,22 +41,31 @@ from kvstore.store.store import KVStore
 logger = logging.getLogger("kvstore.server")
 
 MIN_LSN = ("min_lsn", "min_lsn_timeout")
+KS = ("keyspace",)
 STREAM = ("prefix", "start", "stop", "from_lsn", "timeout", "progress_every", "format")
 
 ROUTES: list[Route] = [
-    route("GET", "/v1/kv/{key*}", kv.get_key, READ, MIN_LSN),
-    route("HEAD", "/v1/kv/{key*}", kv.get_key, READ, MIN_LSN),
-    route("PUT", "/v1/kv/{key*}", kv.put_key, WRITE),
-    route("DELETE", "/v1/kv/{key*}", kv.delete_key, WRITE),
+    route("GET", "/v1/kv/{key*}", kv.get_key, READ, (*KS, *MIN_LSN)),
+    route("HEAD", "/v1/kv/{key*}", kv.get_key, READ, (*KS, *MIN_LSN)),
+    route("PUT", "/v1/kv/{key*}", kv.put_key, WRITE, (*KS, "ttl", "lease")),
+    route("DELETE", "/v1/kv/{key*}", kv.delete_key, WRITE, KS),
+    route("GET", "/v1/ttl/{key*}", kv.ttl, READ, (*KS, *MIN_LSN)),
     route("GET", "/v1/info", kv.info, READ),
-    route("GET", "/v1/count", kv.count, READ, MIN_LSN),
-    route("GET", "/v1/scan", kv.scan, READ, ("start", "stop", "prefix", "reverse", "limit", "after", *MIN_LSN)),
-    route("POST", "/v1/get_many", kv.get_many, READ, MIN_LSN),
-    route("POST", "/v1/delete_range", kv.delete_range, WRITE),
-    route("POST", "/v1/batch", kv.batch, WRITE),
-    route("POST", "/v1/txn", kv.txn, WRITE),
-    route("GET", "/v1/watch", streams.watch, READ, (*STREAM, "on_gap")),
+    route("GET", "/v1/count", kv.count, READ, (*KS, *MIN_LSN)),
+    route("GET", "/v1/scan", kv.scan, READ, ("start", "stop", "prefix", "reverse", "limit", "after", *KS, *MIN_LSN)),
+    route("POST", "/v1/get_many", kv.get_many, READ, (*KS, *MIN_LSN)),
+    route("POST", "/v1/delete_range", batches.delete_range, WRITE, KS),
+    route("POST", "/v1/batch", batches.batch, WRITE),
+    route("POST", "/v1/txn", batches.txn, WRITE),
+    route("GET", "/v1/keyspaces", kv.keyspaces, READ),
+    route("DELETE", "/v1/keyspaces/{name}", kv.drop_keyspace, WRITE),
+    route("POST", "/v1/leases", leases.grant, WRITE),
+    route("GET", "/v1/leases/{id}", leases.lease_info, READ),
+    route("POST", "/v1/leases/{id}/keepalive", leases.keepalive, WRITE),
+    route("DELETE", "/v1/leases/{id}", leases.revoke, WRITE),
+    route("GET", "/v1/watch", streams.watch, READ, (*STREAM, "on_gap", *KS)),
     route("GET", "/v1/subscriptions", streams.subscriptions, READ),
+    route("POST", "/v1/subscriptions/{name}", streams.subscription_create, WRITE),
     route("GET", "/v1/subscriptions/{name}/events", streams.subscription_events, WRITE, STREAM),
     route("POST", "/v1/subscriptions/{name}/ack", streams.subscription_ack, WRITE),
     route("DELETE", "/v1/subscriptions/{name}", streams.subscription_drop, WRITE),
@@ -99,11 +108,10 @@ async def _guard(request: web.Request, handler: Callable[[web.Request], Awaitabl
 async def _answer(request: web.Request, router: Router, s: Served) -> web.StreamResponse:
     try:
         found, values, query = router.resolve(request.method, request.raw_path)
-        if s.tokens is not None:
-            s.tokens.check(request.headers.get("Authorization"), found.role)
+        token = None if s.tokens is None else s.tokens.check(request.headers.get("Authorization"), found.role)
         if isinstance(found, RouteRefusal):
             raise found.error
-        return await found.handler(request, RouteMatch(found, values, Query(query, found.params)))
+        return await found.handler(request, RouteMatch(found, values, Query(query, found.params), token))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -69,23 +69,40 @@ class Tokens:
     def __repr__(self) -> str:
         return f"<Tokens: {len(self._known)} tokens>"
 
+    def identify(self, header: str | None) -> tuple[int, int] | None:
+        """``(index, role)`` of the token in an ``Authorization`` header (its
+        place among the known tokens, which tells the clients of one token
+        apart from another's), or None. The scheme is case-insensitive
+        (RFC 7235): ``Bearer``, ``bearer``, ``BEARER``."""
+        if not header:
+            return None
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        digest = _digest(token.strip())
+        found = None
+        for index, (known, known_role) in enumerate(self._known):  # every digest, always: no early exit
+            if hmac.compare_digest(known, digest):
+                found = (index, known_role)
+        return found
+
     def role_of(self, header: str | None) -> int | None:
         """The role of the token in an ``Authorization`` header, or None."""
-        if not header or not header.startswith("Bearer "):
-            return None
-        digest = _digest(header[7:].strip())
-        role = None
-        for known, known_role in self._known:  # every digest, always: no early exit
-            if hmac.compare_digest(known, digest):
-                role = known_role
-        return role
+        found = self.identify(header)
+        return None if found is None else found[1]
 
-    def check(self, header: str | None, needed: int) -> None:
-        """Unauthorized without a known token; Forbidden when its role is below ``needed``."""
+    def check(self, header: str | None, needed: int) -> int | None:
+        """Unauthorized without a known token; Forbidden when its role is below
+        ``needed``. Returns the token's index (:meth:`identify`; None when
+        ``needed`` is OPEN: no token is looked at)."""
         if needed == OPEN:
-            return
-        role = self.role_of(header)
-        if role is None:
+            return None
+        found = self.identify(header)
+        if found is None:
             raise Unauthorized("this server needs `Authorization: Bearer TOKEN` with a token from its tokens file")
+        index, role = found
         if role < needed:
-            raise Forbidden(f"a {ROLE_NAMES[role]} token cannot do this; it needs a {ROLE_NAMES[needed]} token")
+            article = "an" if ROLE_NAMES[needed][0] in "aeiou" else "a"
+            raise Forbidden(f"a {ROLE_NAMES[role]} token cannot do this; it needs {article} "
+                            f"{ROLE_NAMES[needed]} token")
+        return index

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvstore.client.wire import MAX_PAGE, BadRequest, PayloadTooLarge, TooManyStreams, b64decode
+from kvstore.client.wire import MAX_PAGE, BadRequest, ServerUnavailable, TooManyStreams
 from kvstore.server.auth import Tokens
 from kvstore.store.aio import AsyncKVStore
 from kvstore.store.store import KVStore
@@ -47,6 +47,19 @@ class Limits:
     """Seconds a request may take to send its body."""
     max_page: int = MAX_PAGE
     """Most items of one scan page (the default page is 1,000)."""
+    max_answer_bytes: int = 8 << 20
+    """Most key and value bytes in one answer of a scan page, a ``get_many``
+    or ``/v1/log/entries`` (one item always fits, however big): a scan page
+    or log answer ends early (its continuation says where to go on); a
+    ``get_many`` over it is 413 ``AnswerTooLarge`` saying how many of its keys fit."""
+    max_json_bytes: int = 8 << 20
+    """Largest JSON request body (get_many, batch, txn, ...): far below a
+    value's limit, as a JSON body is parsed whole (:mod:`kvstore.server.bodies`)."""
+    max_json_items: int = 250_000
+    """Most elements of one JSON body; over it: 413 before it is parsed."""
+    max_streams_per_token: int | None = None
+    """Open streams one token may hold (None: an equal share of
+    :attr:`max_streams` per token of the tokens file); one more: 429."""
     shutdown_timeout: float = 10.0
     """Seconds SIGTERM gives the requests in flight to finish (their bodies
     are still read meanwhile) before they are cancelled."""
@@ -93,8 +106,10 @@ class Served:
         self.store: KVStore = db.store if isinstance(db, AsyncKVStore) else db
         self.streams: weakref.WeakSet[AsyncWatcher] = weakref.WeakSet()
         self.stream_count = 0
+        self.streams_of: dict[int | None, int] = {}  # open streams per token (its index in the tokens file)
         self.subscriptions: dict[str, Subscription] = {}  # name -> its newest stream's (for acks)
         self.shutting_down = False
+        self._stopping: asyncio.Event | None = None  # set with shutting_down (made on the serving loop)
         self.in_flight = InFlight()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -102,6 +117,17 @@ class Served:
         unless the app was given one."""
         if self.adb is None:
             self.adb = AsyncKVStore(self.store, loop)
+        self._stopping = asyncio.Event()
+
+    async def pause(self, seconds: float) -> bool:
+        """Sleep ``seconds``, or less when the server starts stopping meanwhile;
+        whether it is stopping (a wait then ends at once, with an answer)."""
+        if self._stopping is None or self.shutting_down:
+            return self.shutting_down
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+        return self.shutting_down
 
     @property
     def front(self) -> AsyncKVStore:
@@ -117,21 +143,39 @@ class Served:
         return self.store.max_record_bytes or (self.store.max_value_bytes + 64 * 1024)
 
     @contextlib.asynccontextmanager
-    async def stream_slot(self) -> AsyncIterator[None]:
-        """One of the :attr:`Limits.max_streams` slots, for the block."""
+    async def stream_slot(self, token: int | None) -> AsyncIterator[None]:
+        """One of the :attr:`Limits.max_streams` slots, for the block, within
+        the share of ``token`` (its index in the tokens file; None: no tokens)."""
+        share = self.stream_share()
+        held = self.streams_of.get(token, 0)
         if self.stream_count >= self.limits.max_streams:
             raise TooManyStreams(f"this server already has {self.stream_count} open streams (its cap, "
                                  f"--max-streams); close one or retry later")
+        if held >= share:
+            raise TooManyStreams(f"this token already holds {held} open streams, its share of this server's "
+                                 f"(--max-streams-per-token); close one or retry later")
         self.stream_count += 1
+        self.streams_of[token] = held + 1
         try:
             yield
         finally:
             self.stream_count -= 1
+            self.streams_of[token] -= 1
+
+    def stream_share(self) -> int:
+        """The streams one token may hold (:attr:`Limits.max_streams_per_token`)."""
+        if self.limits.max_streams_per_token is not None:
+            return self.limits.max_streams_per_token
+        if not self.tokens:
+            return self.limits.max_streams
+        return max(1, -(-self.limits.max_streams // len(self.tokens)))
 
     async def end_streams(self) -> None:
         """The server is stopping: the open watch and subscription streams
         end now (their clients resume elsewhere or later), new ones are refused."""
         self.shutting_down = True
+        if self._stopping is not None:
+            self._stopping.set()  # long polls and min_lsn waits end now (pause)
         for watcher in list(self.streams):
             await watcher.aclose()
 
@@ -144,7 +188,8 @@ class Served:
 
     async def wait_applied(self, q: "Query") -> None:
         """``min_lsn``: wait (bounded by ``min_lsn_timeout``, default 5 s, at
-        most 60) until that LSN is applied; ReplicaLagError (503) after."""
+        most 60) until that LSN is applied; ReplicaLagError (503) after, and
+        ServerUnavailable (503) at once when the server starts stopping."""
         target = q.integer("min_lsn", None, 0, MAX_LSN)
         timeout = q.number("min_lsn_timeout", 5.0, 0.0, 60.0)  # checked whether or not a wait happens
         if target is None or self.store.applied_lsn >= target:
@@ -156,7 +201,9 @@ class Served:
             if left <= 0:
                 raise ReplicaLagError(f"LSN {target} was not applied within {timeout:g} s (applied: LSN {applied}); "
                                       f"retry, or read without min_lsn", applied_lsn=applied, target_lsn=target)
-            await asyncio.sleep(min(pause, left))
+            if await self.pause(min(pause, left)):
+                raise ServerUnavailable(f"this server is stopping before LSN {target} was applied (applied: LSN "
+                                        f"{applied}); read from another server, or once it is back")
             pause = min(pause * 2, 0.05)
 
 
@@ -234,71 +281,6 @@ class Query:
         if text not in ("0", "1", "true", "false"):
             raise BadRequest(f"query parameter {name} must be 0 or 1, not {text!r}")
         return text in ("1", "true")
-
-
-async def read_body(request: web.Request, served_: Served) -> bytes:
-    """The request body, bounded in size (413) and in time (:attr:`Limits.body_timeout`)."""
-    limit = served_.max_body
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"the request body of {request.content_length} bytes is over this server's "
-                              f"limit of {limit} bytes")
-    length = request.content_length
-    head = b""
-    if length is not None:  # a small body usually arrived with the headers: no timer needed
-        head = request.content.read_nowait(length)
-        if len(head) == length:
-            return head
-    try:
-        async with asyncio.timeout(served_.limits.body_timeout):
-            if length is not None:
-                return head + await request.content.readexactly(length - len(head))
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in request.content.iter_chunked(64 * 1024):
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"the request body is over this server's limit of {limit} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
-    except TimeoutError:
-        raise BadRequest(f"the request body took longer than {served_.limits.body_timeout:g} s") from None
-    except asyncio.IncompleteReadError:
-        raise BadRequest("the request body ended before its Content-Length") from None
-
-
-async def read_json(request: web.Request, served_: Served) -> dict[str, Any]:
-    """The JSON object of the body (BadRequest when it is not one)."""
-    body = await read_body(request, served_)
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("the request body's JSON is nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise BadRequest(f"the request body must be a JSON object, not {type(doc).__name__}")
-    return doc
-
-
-def key_field(doc: dict[str, Any], name: str, *, nullable: bool = False) -> bytes | None:
-    """A base64 key or value field of a JSON object; ``nullable``: null is
-    allowed (an unbounded range end). A missing field is always an error: a
-    ``delete_range`` without its bounds must not mean "everything"."""
-    if name not in doc:
-        raise BadRequest(f"missing field {name!r}" + (" (null for unbounded)" if nullable else ""))
-    value = doc[name]
-    if value is None:
-        if nullable:
-            return None
-        raise BadRequest(f"field {name!r} must not be null")
-    return b64decode(value, name)
-
-
-def lsn_field(doc: dict[str, Any], name: str) -> int:
-    value = doc.get(name)
-    if type(value) is not int or not 0 <= value <= MAX_LSN:
-        raise BadRequest(f"field {name!r} must be an LSN (an integer >= 0), not {value!r}")
-    return value
 
 
 def dumps(doc: Any) -> bytes:

@@ -13,8 +13,11 @@ records only, never the active segment's preallocated zeros, and a follower
 can read it all and reuse the connection. A follower's next request costs
 the new bytes only (:mod:`kvstore.server.cursors`). Both log endpoints take
 ``wait=S`` (at most 30): wait up to S seconds for ``from_lsn`` to become
-durable (a long poll) before answering, possibly with nothing. File reads
-run in the default executor.
+durable (a long poll) before answering, possibly with nothing; a stopping
+server answers at once. ``/v1/log/entries`` answers at most
+:attr:`~kvstore.server.context.Limits.max_answer_bytes` of payloads once
+one entry is in (``next_lsn`` goes on). File reads run in the default
+executor.
 
 A cluster's follower (:mod:`kvstore.cluster.follower`) adds ``replica=URL``
 and ``epoch=E`` to its segment requests: the request is its report that it
@@ -107,20 +110,27 @@ DURABLE: web.AppKey[DurableSignal] = web.AppKey("walkv_durable", DurableSignal)
 
 
 async def _wait_durable(request: web.Request, q: Query, first: int) -> None:
-    """``wait=S``: until ``first`` is durable, at most S seconds."""
-    store = served(request).store
+    """``wait=S``: until ``first`` is durable, at most S seconds, and not
+    past the start of the server's stop (the answer then says what is
+    durable, maybe nothing, and closes the connection). A durable group
+    wakes it at once (:class:`DurableSignal`)."""
+    s = served(request)
     signal = request.app[DURABLE]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + q.number("wait", 0.0, 0.0, 30.0)
     pause = 0.001
-    while store.durable_lsn < first and (left := deadline - loop.time()) > 0:
+    while s.store.durable_lsn < first and (left := deadline - loop.time()) > 0:
+        if s.shutting_down:
+            return
         await signal.wait(min(pause, left))
         pause = min(pause * 2, 0.05)
 
 
 async def entries(request: web.Request, match: RouteMatch) -> web.Response:
-    """Durable entries from ``from_lsn``, at most ``limit``; with ``wait=S``
-    (at most 30), wait up to S seconds for the first one."""
+    """Durable entries from ``from_lsn``, at most ``limit`` and about
+    :attr:`~kvstore.server.context.Limits.max_answer_bytes` of payloads (one
+    always fits; ``next_lsn`` goes on); with ``wait=S`` (at most 30), wait up
+    to S seconds for the first one."""
     s = served(request)
     q = match.query
     first = q.integer("from_lsn", None, 1, MAX_LSN)
@@ -133,13 +143,20 @@ async def entries(request: web.Request, match: RouteMatch) -> web.Response:
 
     cursors = request.app[CURSORS]
 
+    budget = s.limits.max_answer_bytes
+
     def read() -> list[dict]:
         if durable < first:
             return []
         tail = cursors.take_tail(first) or LogTail(s.store._wal_dir, first)
+        out: list[dict] = []
+        size = 0
         try:
-            out = [{"lsn": e.lsn, "time": e.timestamp_us, "payload": b64encode(e.payload)}
-                   for e in tail.read(durable)]
+            for e in tail.read(durable):  # stopped at the budget: the tail goes on after the last one read
+                out.append({"lsn": e.lsn, "time": e.timestamp_us, "payload": b64encode(e.payload)})
+                size += len(e.payload)
+                if size >= budget:
+                    break
         except BaseException:
             tail.close()
             raise

@@ -16,9 +16,10 @@ subscription's name) all come from ONE match of the raw target:
 * A route's pattern is segments: fixed ones match the raw path literally,
   byte for byte, so ``%6Bv`` is not ``kv`` and ``//``, ``.`` and ``..`` are
   segments no fixed one equals; a ``{name}`` is one raw segment (not empty,
-  ``.`` or ``..``), percent-decoded; a last ``{name*}`` is the rest of the
-  raw path, percent-decoded, whatever it holds (``/v1/kv/{key*}``:
-  everything after ``/v1/kv/`` is the key, ``..`` and ``//`` included).
+  ``.``, ``..`` or holding a ``/``, decoded or not), percent-decoded; a
+  last ``{name*}`` is the rest of the raw path, percent-decoded, whatever
+  it holds (``/v1/kv/{key*}``: everything after ``/v1/kv/`` is the key,
+  ``..`` and ``//`` included).
   Decoding is :func:`urllib.parse.unquote_to_bytes`: any byte string.
 * A request that matches no route is refused (deny by default): 404, after
   the token check a ``read`` route would get (so a stranger learns nothing).
@@ -124,11 +125,19 @@ class Route:
                     return None
             elif i == last and self.tail:
                 values[name] = "/".join(parts[i:])
-            elif parts[i] in ("", ".", ".."):
+            elif not _segment(parts[i]):
                 return None
             else:
                 values[name] = parts[i]
         return values
+
+
+def _segment(raw: str) -> bool:
+    """Whether a raw segment can be a ``{name}``: not empty, ``.`` or ``..``,
+    and no ``/`` once decoded (a name never holds one; ``%2F`` in a path
+    must not make two segments of one)."""
+    decoded = urllib.parse.unquote(raw) if "%" in raw else raw
+    return decoded not in ("", ".", "..") and "/" not in decoded
 
 
 def route(method: str, pattern: str, handler: Handler, role: int, params: Iterable[str] = ()) -> Route:
@@ -138,14 +147,16 @@ def route(method: str, pattern: str, handler: Handler, role: int, params: Iterab
 
 class RouteMatch:
     """What the router found for a request: the route, its path parameters
-    (percent-decoded on demand) and its query (checked against the route's)."""
+    (percent-decoded on demand), its query (checked against the route's) and
+    the token it came with (its index in the tokens file; None without tokens)."""
 
-    __slots__ = ("route", "_values", "query")
+    __slots__ = ("route", "_values", "query", "token")
 
-    def __init__(self, route: Route, values: dict[str, str], query: Query) -> None:
+    def __init__(self, route: Route, values: dict[str, str], query: Query, token: int | None) -> None:
         self.route = route
         self._values = values
         self.query = query
+        self.token = token
 
     def param(self, name: str) -> bytes:
         """Path parameter ``name``, percent-decoded to bytes."""

@@ -146,20 +146,28 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
                 loop.remove_signal_handler(sig)
 
 
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on the event loop ``walkv serve`` runs on (uvloop's, except on Windows)."""
-    loop_factory = None
-    if sys.platform != "win32":  # uvloop (the server extra): measured up to 1.6x the puts/s of asyncio's loop
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop (the ``server`` extra: measured up to 1.6x the
+    puts/s of asyncio's loop), or asyncio's own (None) where uvloop is not
+    installed or not available (Windows)."""
+    if sys.platform == "win32":
+        return None
+    try:
         import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
-        loop_factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on the event loop ``walkv serve`` runs on (:func:`loop_factory`)."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(main)
 
 
 def serve(db: KVStore | AsyncKVStore | str | os.PathLike[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           **options: Any) -> None:
     """Serve ``db`` over HTTP until SIGTERM/SIGINT (options as :func:`serve_async`),
-    on uvloop's event loop (except on Windows),
+    on uvloop's event loop when it is installed (:func:`loop_factory`),
     e.g. ``serve("/data/store", "127.0.0.1", 7379, tokens=Tokens.from_file("tokens"))``."""
     run_loop(serve_async(db, host, port, **options))

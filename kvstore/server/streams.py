@@ -13,9 +13,14 @@ stream ends; any other error likewise ends it with ``event: error``. With
 broke (the client resumes it). ``Last-Event-ID: L`` resumes at LSN ``L``: the
 batch ``L`` is sent whole again (at least once, never a lost change).
 
+``keyspace=K`` watches keyspace K, ``keyspace=*`` every one. A
+subscription is created by ``POST /v1/subscriptions/{name}`` (as the
+embedded ``db.subscribe`` creates it, at once) or by its first stream; never
+at an LSN past the log's next one (it would skip the changes in between).
+
 Each stream holds one of :attr:`~kvstore.server.context.Limits.max_streams`
-slots (429 past it) and one thread, where the blocking watcher runs
-(:class:`kvstore.watch.watcher.AsyncWatcher`). Server shutdown closes every
+slots, within its token's share (429 past either), and one thread, where
+the blocking watcher runs (:class:`kvstore.watch.watcher.AsyncWatcher`). Server shutdown closes every
 stream (they end without ``end``: clients resume elsewhere or later); a
 stream asked for after that is a 503 (``ServerUnavailable``).
 """
@@ -28,10 +33,12 @@ from typing import Any
 from aiohttp import web
 
 from kvstore.client.wire import NotFound, ServerUnavailable, change_json, error_body
-from kvstore.server.context import MAX_LSN, Query, Served, dumps, json_response, lsn_field, read_json, served
+from kvstore.server.bodies import key_field, lsn_field, read_json
+from kvstore.server.context import MAX_LSN, Query, Served, dumps, json_response, served
 from kvstore.server.routes import RouteMatch
 from kvstore.watch.consumers import check_name
 from kvstore.watch.consumers import read as read_subscription
+from kvstore.watch.subscription import Subscription
 from kvstore.watch.watcher import ON_GAP, PROGRESS, AsyncWatcher, Change, Changes
 from wal.errors import LogGapError, SubscriptionInvalidatedError
 
@@ -125,6 +132,13 @@ async def _pump(request: web.Request, s: Served, changes: Changes, ndjson: bool)
     return response
 
 
+def _keyspace(q: Query) -> str | None:
+    """``keyspace=``: absent or empty, the default keyspace; ``*``, every one
+    (each change names its own, as ``watch(keyspace=None)``)."""
+    name = q.text("keyspace", "") or ""
+    return None if name == "*" else name
+
+
 async def watch(request: web.Request, match: RouteMatch) -> web.StreamResponse:
     s = served(request)
     q = match.query
@@ -133,8 +147,9 @@ async def watch(request: web.Request, match: RouteMatch) -> web.StreamResponse:
         raise ValueError(f"on_gap must be one of {ON_GAP}, not {on_gap!r}")
     options = dict(start=q.bytes("start"), stop=q.bytes("stop"), from_lsn=_from_lsn(request, q),
                    timeout=q.number_or_none("timeout", 0.0, MAX_PROGRESS_EVERY),
-                   progress_every=q.number_or_none("progress_every", 0.01, MAX_PROGRESS_EVERY), on_gap=on_gap)
-    async with s.stream_slot():
+                   progress_every=q.number_or_none("progress_every", 0.01, MAX_PROGRESS_EVERY), on_gap=on_gap,
+                   keyspace=_keyspace(q))
+    async with s.stream_slot(match.token):
         watcher = s.store.watch(q.bytes("prefix"), **options)  # type: ignore[arg-type]
         return await _pump(request, s, watcher, _wants_ndjson(request, q))
 
@@ -150,6 +165,43 @@ async def subscriptions(request: web.Request, match: RouteMatch) -> web.Response
     return json_response({"subscriptions": [info._asdict() for info in s.store.subscriptions()]})
 
 
+def _check_from_lsn(s: Served, from_lsn: int | None) -> None:
+    """A subscription starts at most at the log's next LSN: one created
+    further on would skip the changes in between without a word."""
+    if from_lsn is not None and from_lsn > s.store.last_lsn + 1:
+        raise ValueError(f"from_lsn {from_lsn} is past the end of the log (its next LSN is "
+                         f"{s.store.last_lsn + 1}): a subscription there would skip every change up to it")
+
+
+async def _subscribe(s: Served, name: str, prefix: bytes | None, options: dict[str, Any]) -> Subscription:
+    """Open subscription ``name`` (created by the first call), on a thread (its files)."""
+    _check_from_lsn(s, options.get("from_lsn"))
+    return await asyncio.get_running_loop().run_in_executor(
+        None, lambda: s.store.subscribe(name, prefix, **options))
+
+
+async def subscription_create(request: web.Request, match: RouteMatch) -> web.Response:
+    """``POST /v1/subscriptions/{name}`` ``{"prefix", "start", "stop", "from_lsn"}``
+    (each optional): create the subscription now, as the embedded
+    ``db.subscribe(name, ...)`` does (an existing one: its key range must be
+    the same); its information, as ``GET /v1/subscriptions`` lists it."""
+    s = served(request)
+    name = _name(match)
+    doc = await read_json(request, s)
+    bounds = {field: key_field(doc, field, nullable=True) if field in doc else None
+              for field in ("prefix", "start", "stop")}
+    from_lsn = doc.get("from_lsn")
+    if from_lsn is not None:
+        from_lsn = lsn_field(doc, "from_lsn")
+    sub = await _subscribe(s, name, bounds["prefix"], dict(start=bounds["start"], stop=bounds["stop"],
+                                                           from_lsn=from_lsn))
+    sub.close()
+    for info in s.store.subscriptions():
+        if info.name == name:
+            return json_response(info._asdict())
+    raise NotFound(f"no subscription {name!r}: it was dropped meanwhile")
+
+
 async def subscription_events(request: web.Request, match: RouteMatch) -> web.StreamResponse:
     """The subscription's changes from after its last acknowledged LSN
     (created at ``from_lsn`` by the first call, over ``prefix``/``start``/``stop``)."""
@@ -159,10 +211,8 @@ async def subscription_events(request: web.Request, match: RouteMatch) -> web.St
     options = dict(start=q.bytes("start"), stop=q.bytes("stop"), from_lsn=_from_lsn(request, q),
                    timeout=q.number_or_none("timeout", 0.0, MAX_PROGRESS_EVERY),
                    progress_every=q.number_or_none("progress_every", 0.01, MAX_PROGRESS_EVERY))
-    async with s.stream_slot():
-        loop = asyncio.get_running_loop()
-        sub = await loop.run_in_executor(None, lambda: s.store.subscribe(name, q.bytes("prefix"),
-                                                                         **options))  # type: ignore[arg-type]
+    async with s.stream_slot(match.token):
+        sub = await _subscribe(s, name, q.bytes("prefix"), options)
         s.subscriptions[name] = sub  # acks go to the newest stream's position
         return await _pump(request, s, sub, _wants_ndjson(request, q))
 

@@ -102,6 +102,19 @@ def lease_id_of(lease: object) -> int:
     return lease_id
 
 
+def expiring_put_op(key: object, value: object, max_value: int, ttl: object, lease: object, now_us: int) -> list:
+    """The op of a put with ``ttl`` (seconds from ``now_us``) or under
+    ``lease``, its arguments checked (a client of a server passes ``now_us``
+    0: its op then holds the TTL itself, for the server's clock)."""
+    key = check_key(key)
+    value = check_value(value, max_value)
+    if lease is not None:
+        if ttl is not None:
+            raise ValueError("a put takes ttl= or lease=, not both (a key has one expiry)")
+        return [OP_PUT_LEASED, key, value, lease_id_of(lease)]
+    return [OP_PUT_EXPIRING, key, value, now_us + seconds_to_us(ttl, "ttl")]
+
+
 class _StateMeta:
     """The state's expiry metadata as the writer's decision reads it
     (:class:`kvstore.entry.leases.MetaReader`), each question one read
@@ -147,13 +160,7 @@ class Expiring:
 
     def put_op(self, key: object, value: object, ttl: object, lease: object) -> list:
         """The op of a put with ``ttl`` (seconds) or under ``lease``, checked."""
-        key = check_key(key)
-        value = check_value(value, self._max_value)
-        if lease is not None:
-            if ttl is not None:
-                raise ValueError("a put takes ttl= or lease=, not both (a key has one expiry)")
-            return [OP_PUT_LEASED, key, value, lease_id_of(lease)]
-        return [OP_PUT_EXPIRING, key, value, self.clock.now_us() + seconds_to_us(ttl, "ttl")]
+        return expiring_put_op(key, value, self._max_value, ttl, lease, self.clock.now_us())
 
     def put_entry(self, key: object, value: object, ttl: object, lease: object,
                   keyspace: str = "") -> tuple[bytes, list]:

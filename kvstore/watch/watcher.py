@@ -13,15 +13,17 @@ What it yields: :class:`Change` ``(lsn, time, op, key, value, end_key, keyspace)
   or lease ran out, deleted by the sweeper; :mod:`kvstore.store.expiring`)),
   plus ``"snapshot"`` and ``"progress"`` below. A delete_range is ONE change, ``key`` its start and ``end_key`` its
   end (as written, not clipped to the watched keys; shown when the range
-  meets them). The operations of one batch share its LSN, in batch order.
+  meets them): ``key`` b"" from the first key, ``end_key`` None to the last
+  one (an unbounded end, not the bound the log holds for it,
+  ``kvstore.entry.codec.END_OF_KEYS``). The operations of one batch share
+  its LSN, in batch order.
 * ``time`` is the entry's commit time as an int: microseconds since the Unix
   epoch, UTC (the log's own resolution, and the Spark table's).
 * ``keyspace`` is the keyspace the change is in ("": the default one). A
   watcher follows one keyspace (``keyspace=``, default ""), or every one
   (``keyspace=None``). A drop of a keyspace is shown as what it does, a
-  ``delete_range`` of every key (``key`` b"", ``end_key``
-  ``kvstore.entry.codec.END_OF_KEYS``), so a consumer that applies
-  changes needs nothing new for it.
+  ``delete_range`` of every key (``key`` b"", ``end_key`` None), so a
+  consumer that applies changes needs nothing new for it.
 * A conditional write (:mod:`kvstore.store.txn`) is shown only if its conditions
   held (its conditions are not changes); one that failed shows nothing. The
   log itself says which (:mod:`kvstore.entry.conditions`), so a watcher never
@@ -328,7 +330,7 @@ class Watcher:
                 continue
             if code == OP_DROP_KEYSPACE:  # every key of it goes: a delete_range of all
                 if watched is None or watched == op[1]:
-                    out.append(Change(lsn, ts, DELETE_RANGE, b"", None, END_OF_KEYS, op[1]))
+                    out.append(Change(lsn, ts, DELETE_RANGE, b"", None, None, op[1]))
                 continue
             if watched is not None and ks != watched:
                 continue
@@ -342,7 +344,7 @@ class Watcher:
             else:
                 start, end = op[1], op[2]
                 if start < end and end > lo and (hi is None or start < hi):
-                    out.append(Change(lsn, ts, DELETE_RANGE, start, None, end, ks))
+                    out.append(Change(lsn, ts, DELETE_RANGE, start, None, None if end == END_OF_KEYS else end, ks))
         return out
 
     def _from_snapshot(self, gap: LogGapError) -> Iterator[Change]:
