@@ -51,6 +51,7 @@ from kvstore.store.leases import Lease
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch.consumers import SubscriptionInfo
 from wal.errors import ClosedError, LeaseNotFoundError
+from wal.timeline import History, history_from_json
 
 T = TypeVar("T")
 
@@ -364,6 +365,29 @@ class RemoteStore(Lookups):
     def applied_lsn(self) -> int:
         """The last LSN the server applied (what its reads see)."""
         return int(self.bounds()["applied_lsn"])
+
+    @property
+    def history(self) -> History:
+        """The server's log's timeline history (:mod:`wal.timeline`)."""
+        return history_from_json(self.bounds().get("history", [[1, 1, 0]]), f"{self.url}/v1/log/bounds")
+
+    # -- a cluster node's own controls: `walkv serve --cluster` runs them -------------
+
+    @property
+    def failure(self) -> NoReturn:
+        not_remotely("failure", "whether its log failed is the server's: its /healthz and /metrics say")
+
+    def start_timeline(self, number: int | None = None, **_: Any) -> NoReturn:
+        not_remotely("start_timeline()", "a timeline begins in the server's own log (a promote, a failover)")
+
+    def refuse_writes(self, error: Any) -> NoReturn:
+        not_remotely("refuse_writes()", "a cluster node refuses writes itself while it is not the leader")
+
+    def append_replicated(self, entries: Any) -> NoReturn:
+        not_remotely("append_replicated()", "a cluster's follower copies its leader's log in its own process")
+
+    def discard_after(self, lsn: int, follow: Any) -> NoReturn:
+        not_remotely("discard_after()", "a cluster's follower discards what its leader does not hold itself")
 
     @property
     def closed(self) -> bool:
