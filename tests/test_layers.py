@@ -24,6 +24,7 @@ FLOORS = [
     {"kvstore.store"},
     {"kvstore.client"},
     {"kvstore.replica"},
+    {"kvstore.cluster"},
     {"kvstore.server"},
     {"kvstore"},  # the public face (kvstore/__init__.py)
     {"kvstore.spark"},

@@ -129,7 +129,7 @@ def test_promote_is_refused_while_the_server_answers_and_works_once_it_is_gone(t
         try:
             assert _state(promoted) == expected
             assert promoted.put(b"next", b"write") == lsn + 1  # LSNs continue
-            assert promoted.store_id != rep.store_id
+            assert promoted.store_id == rep.store_id and promoted.history[-1].timeline == 2
         finally:
             promoted.close()
     finally:

@@ -453,18 +453,21 @@ def test_truncate_after_across_segments(tmp_path: Path) -> None:
         assert len(segs) > 6
         # Inside an older sealed segment: every later segment goes.
         cut = segs[4].first_lsn + 3
-        log.truncate_after(cut)
+        fork = log.truncate_after(cut)
         assert log.last_lsn == cut
         left = list_segments(str(d))
-        assert [s.path for s in left] == [s.path for s in segs[:5]]
-        assert not any(os.path.exists(index_path(s.path)) for s in segs[4:])
+        # ... and the log goes on on a new timeline, in a segment of its own (wal/timeline.py)
+        assert [s.path for s in left] == [s.path for s in segs[:5]] + [str(d / f"{cut + 1:020d}.wal")]
+        assert fork is not None and fork.first_lsn == cut + 1 and log.timeline == fork
+        assert not any(os.path.exists(index_path(s.path)) for s in segs[5:])
         assert read_all(log) == [(k, model[k]) for k in range(1, cut + 1)]
         assert log.append(b"x") == cut + 1
-        # Exactly at a segment boundary: the segment starting at lsn+1 stays, empty.
+        # Exactly at a segment boundary: the segment starting at lsn+1 stays, empty, on the new timeline.
         boundary = segs[3].first_lsn - 1
         log.truncate_after(boundary)
         assert log.last_lsn == boundary
         assert [s.path for s in list_segments(str(d))] == [s.path for s in segs[:4]]
+        assert [t.first_lsn for t in log.history] == [1, boundary + 1]
         assert read_all(log) == [(k, model[k]) for k in range(1, boundary + 1)]
         new = fill(log, 150, start=1000)
         assert min(new) == boundary + 1

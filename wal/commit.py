@@ -120,6 +120,7 @@ class GroupCommit:
         self.acked_lsn = next_lsn - 1  # what appenders may be told is done
         self.failure: BaseException | None = None
         self.closed = False  # the log's own closed state (Log.closed), set as it closes: appends then get check()'s error
+        self.refusal: BaseException | None = None  # while set, appends raise it (Log.refuse_appends)
         self._forked: tuple[str, int] | None = None  # (what, owner pid) in a forked child
 
     def refuse_in_fork(self, what: str, owner_pid: int) -> None:
@@ -195,6 +196,10 @@ class GroupCommit:
                 raise RuntimeError("group commit: appends are refused, but the log's check() passed")
             finally:
                 self.mutex.release()
+        refusal = self.refusal
+        if refusal is not None:
+            self.mutex.release()
+            raise refusal
         first = self.next_lsn
         self.next_lsn = first + count
         return first
@@ -277,6 +282,8 @@ class GroupCommit:
             while self._frozen:
                 self._thawed.wait()
             self._check()
+            if self.refusal is not None:
+                raise self.refusal
             first = self.next_lsn
             self.next_lsn = first + len(payloads)
             self._queue.extend(payloads)

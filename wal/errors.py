@@ -42,6 +42,7 @@ class Damage(str, enum.Enum):
     TOO_LARGE = "too_large"      # a record or file over its stored limit
     CONTENT = "content"          # a well-framed record whose contents do not decode
     LMDB = "lmdb"                # the LMDB state machine is damaged (it is rebuilt)
+    TIMELINE = "timeline"        # a segment on another timeline than the log's history says
 
 
 class CorruptionError(WalkvError):
@@ -216,6 +217,59 @@ class StoreVanishedError(LogFailedError):
     and nothing recreates the directory."""
 
 
+class OutcomeUnknownError(WalkvError):
+    """A write was sent, but whether it took effect is unknown: the connection
+    to the server broke after the request went out, or the writer lost its
+    replicas or its lease after the write reached its log. It may be applied
+    (now or once a leader that holds it serves again) or never be. Read the
+    key to find out; only an idempotent write (a put of a value, a delete) is
+    safe to send again as it is."""
+
+
+class SyncReplicationError(LogFailedError, OutcomeUnknownError):
+    """A write was durable in the leader's log but fewer than the
+    ``sync_replicas`` it needed confirmed it within ``sync_timeout``: it was
+    not acknowledged, and the store refuses every further write until it is
+    reopened (it never degrades to fewer replicas without saying so). ``lsn``
+    is the entry, ``holding`` how many replicas held it, ``required`` how
+    many it needed."""
+
+    def __init__(self, message: str, *, lsn: int, holding: int, required: int) -> None:
+        super().__init__(message)
+        self.lsn = lsn
+        self.holding = holding
+        self.required = required
+
+
+class FencedError(LogFailedError, OutcomeUnknownError):
+    """This node stopped being the cluster's writer while a write was in its
+    log and not yet acknowledged: its lease ran out (a pause, a partition
+    from the coordinator) or a newer epoch exists. Nothing is acknowledged
+    after that; the node steps down and follows the new leader, discarding
+    what only it holds."""
+
+
+class NotLeaderError(ReadOnlyError):
+    """A write was sent to a node of a cluster that is not its leader.
+    ``leader`` is the leader's URL as this node knows it (None: no leader
+    right now, an election is on) and ``epoch`` the epoch it knows; send the
+    write there (``kvstore.connect([...])`` does)."""
+
+    def __init__(self, message: str, *, leader: str | None, epoch: int) -> None:
+        super().__init__(message)
+        self.leader = leader
+        self.epoch = epoch
+
+
+class CoordinatorError(WalkvError):
+    """The cluster's coordinator (etcd) could not be reached, or refused a
+    request; ``code`` is its gRPC status code when it answered one."""
+
+    def __init__(self, message: str, *, code: object = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class SnapshotError(WalkvError):
     """A snapshot could not be written, found or used."""
 
@@ -304,6 +358,23 @@ class ForkedError(WalkvError):
     and lose acknowledged writes) nor read through the parent's LMDB handles;
     open the store again in the child (``readonly=True`` beside the parent's
     writer). See :mod:`wal.forkguard`."""
+
+
+class ForkedHistoryError(WalkvError):
+    """Two histories of one store forked (:mod:`wal.timeline`): a reader holds
+    entries past the LSN where the log it reads left their timeline (a
+    replica of a store that was repaired, promoted or failed over; a deposed
+    leader; an archive or subscription position on a dead branch). Mixing the
+    two would give a state neither history had, so it is refused; a replica
+    rebuilds from a snapshot. ``mine`` and ``theirs`` are the two
+    :class:`~wal.timeline.TimelineStart` after the fork, ``fork_lsn`` the
+    last LSN both share."""
+
+    def __init__(self, message: str, *, mine: object, theirs: object, fork_lsn: int) -> None:
+        super().__init__(message)
+        self.mine = mine
+        self.theirs = theirs
+        self.fork_lsn = fork_lsn
 
 
 class ViewExpiredError(ClosedError):

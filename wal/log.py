@@ -60,6 +60,7 @@ from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_err
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
+from wal.group import Group
 from wal.hooks import CallableHooks, CommitHook, LogHooks, PrepareHook, StageHook
 from wal.log_writer import LogWriter
 from wal.mutex import Mutex
@@ -67,6 +68,16 @@ from wal.reader import entries_of
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.segment import ENTRY_HEADER_SIZE, Entry, EntryBatch, Payload
 from wal.segment_writer import check_payload
+from wal.timeline import (
+    ROOT,
+    History,
+    TimelineStart,
+    check_history,
+    fork_history,
+    fork_point,
+    history_until,
+    new_timeline,
+)
 from wal.truncation import delete_segments
 
 logger = logging.getLogger("walkv.wal")
@@ -94,8 +105,10 @@ class Log:
     bound on one entry (at most :data:`~wal.record.MAX_RECORD_LIMIT`, 1 GiB;
     each segment's header states the limit it was written with, which is
     what readers go by); ``start_lsn``, the first LSN of a log created empty
-    (a restored store continues its LSNs); ``fs``, the file-system seam
-    (tests inject faults through it).
+    (a restored store continues its LSNs), ``history`` its timeline history
+    (:mod:`wal.timeline`; default: timeline 1) and ``store_id`` its store id
+    (default: a new one); ``fs``, the file-system seam (tests inject faults
+    through it).
 
     It has a :class:`~wal.commit.GroupCommit`, the appenders' queue, whose
     leader writes through the :class:`~wal.log_writer.LogWriter` (the lock,
@@ -118,6 +131,8 @@ class Log:
         fs: FileSystem | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         start_lsn: int = 1,
+        history: History = ROOT,
+        store_id: str | None = None,
     ) -> None:
         if sync not in SYNC_MODES:
             raise ValueError(f"sync must be one of {SYNC_MODES}, not {sync!r}")
@@ -131,6 +146,7 @@ class Log:
             raise ValueError(f"max_record_bytes must be at most {MAX_RECORD_LIMIT} (1 GiB), not {max_record_bytes!r}")
         if not isinstance(start_lsn, int) or start_lsn < 1:
             raise ValueError(f"start_lsn must be a positive int, not {start_lsn!r}")
+        check_history(history)
         if hooks is None:
             hooks = CallableHooks(on_prepare, on_stage, on_commit)
         elif on_prepare is not None or on_stage is not None or on_commit is not None:
@@ -146,7 +162,8 @@ class Log:
         try:
             self._writer = w = LogWriter(
                 self.directory, fs or OS_FS, mutex, recovery=recovery, sync_mode=sync, segment_bytes=segment_bytes,
-                sync_bytes=sync_bytes, max_record_bytes=max_record_bytes, start_lsn=start_lsn, hooks=hooks)
+                sync_bytes=sync_bytes, max_record_bytes=max_record_bytes, start_lsn=start_lsn, hooks=hooks,
+                history=history, store_id=store_id)
         except OSError as e:
             raise file_error(e, f"opening the log at {self.directory}") from None
         self._failure: LogFailedError | None = None
@@ -176,6 +193,16 @@ class Log:
     def store_id(self) -> str:
         """The id every segment of this log carries."""
         return self._writer.files.store_id
+
+    @property
+    def history(self) -> History:
+        """The log's timeline history, oldest first (:mod:`wal.timeline`)."""
+        return self._writer.files.history
+
+    @property
+    def timeline(self) -> TimelineStart:
+        """The timeline the next entry goes on (the history's last)."""
+        return self._writer.files.history[-1]
 
     @property
     def dropped_bytes_at_open(self) -> int:
@@ -260,10 +287,46 @@ class Log:
         items = [p if type(p) is bytes and len(p) <= limit else check_payload(p, record_limit) for p in payloads]
         return self._appends.submit_nowait(items, contexts, callback)
 
+    def refuse_appends(self, error: BaseException | None) -> None:
+        """While ``error`` is set, every append raises it (and nothing is
+        written); None: appends are taken again. A follower's store refuses
+        its own writers this way while :meth:`append_replicated` (and sync,
+        truncate) go on."""
+        with self._gc.mutex:
+            self._appends.refusal = error
+
+    def append_replicated(self, entries: Sequence[Entry], contexts: Sequence[object]) -> int:
+        """Write entries another log wrote (a leader's, read by its follower)
+        with their own LSNs and commit times, as one group (``contexts[i]``
+        goes with ``entries[i]`` to the hooks; ``prepare`` is not called:
+        whatever the log's order decides, the other log decided, and its
+        entries carry the decision). The first must be this log's next LSN and
+        the rest follow it; nothing else is appended meanwhile. Durable on
+        return as :meth:`append`; returns the first LSN."""
+        if not entries or len(entries) != len(contexts):
+            raise ValueError("append_replicated needs entries, and as many contexts")
+        with self._gc.exclusive(freeze=True):
+            first = self._gc.next_lsn
+            if [e.lsn for e in entries] != list(range(first, first + len(entries))):
+                raise ValueError(f"replicated entries must be LSNs {first}.. in order (this log's next is {first}), "
+                                 f"not {entries[0].lsn}..{entries[-1].lsn}")
+            limit = self.max_record_bytes
+            group = Group(first, [check_payload(e.payload, limit) for e in entries], list(contexts))
+            try:
+                self._writer.write_group(group, [e.timestamp_us for e in entries])
+            except BaseException as e:  # noqa: BLE001 - any failure here fails the log
+                raise self._gc.fail(e, first) from e
+            self._gc.renumber(first + len(entries))
+        return first
+
     def _fail(self, error: BaseException, first_lsn: int) -> LogFailedError:
         if self._failure is not None:
             return self._failure
         w = self._writer
+        if isinstance(error, LogFailedError):  # the layer above's own (a write that lost its replicas, its lease)
+            self._failure = error
+            logger.error("%s", error)
+            return error
         self._failure = log_failed(self.directory, error, first_lsn, w.durable[0], w.written[0])
         self._failure.__cause__ = error
         logger.error("%s", self._failure)
@@ -304,21 +367,60 @@ class Log:
             doomed = self._writer.files.drop_before(lsn)
         return delete_segments(self.directory, doomed, self._writer.fs) if doomed else 0
 
-    def truncate_after(self, lsn: int) -> None:
-        """Drop every entry after ``lsn``; the next append gets ``lsn + 1``.
-        Crash-safe: a ``TRUNCATE`` marker is made durable first, and an
+    def truncate_after(self, lsn: int, *, follow: History | None = None) -> TimelineStart | None:
+        """Drop every entry after ``lsn``; the next append gets ``lsn + 1``, on
+        a new timeline (:mod:`wal.timeline`): the next number, or, with
+        ``follow`` (a leader's history, which must agree with this log's up to
+        ``lsn``: a follower dropping what it holds past the fork), the line
+        ``follow`` takes from ``lsn + 1``. Returns the timeline the log goes
+        on on, or None when there was nothing after ``lsn``. Crash-safe: a
+        ``TRUNCATE`` marker stating both is made durable first, and an
         interrupted truncation is finished by the next open."""
         first = self.first_lsn
         if lsn < first - 1 or lsn < 0:
             raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {first}")
         with self._gc.exclusive(freeze=True):
             if lsn >= self._gc.next_lsn - 1:
-                return
+                return None
+            mine = self._writer.files.history
+            if follow is None:
+                history = fork_history(mine, new_timeline(mine, lsn + 1))
+            elif fork_point(mine, lsn, follow) is None:
+                history = history_until(follow, lsn + 1)
+            else:
+                raise ValueError(f"cannot follow a history that left this log's before LSN {lsn}")
             try:
-                self._writer.cut_after(lsn)
+                self._writer.cut_after(lsn, history)
             except OSError as e:
                 raise self._gc.fail(e, lsn + 1) from e
             self._gc.renumber(lsn + 1)
+        logger.warning("%s: entries after LSN %d dropped; the log goes on on %s", self.directory, lsn, history[-1])
+        return history[-1]
+
+    def start_timeline(self, number: int | None = None, *, timeline: TimelineStart | None = None) -> TimelineStart:
+        """Go on on a new timeline from the next LSN (a promote, a failover: the
+        history changes course here) and return it: ``timeline`` as given (a
+        follower takes its leader's), or one numbered ``number`` (an
+        election's epoch) or the next number. Durable on return: its segment
+        is created and fsynced before anything is written on it."""
+        with self._gc.exclusive():
+            self._refuse()
+            start = self._fork_at(self._gc.next_lsn, timeline, number)
+            try:
+                self._writer.begin_timeline(start)
+            except OSError as e:
+                raise self._gc.fail(e, start.first_lsn) from e
+        logger.info("%s: from LSN %d on %s", self.directory, start.first_lsn, start)
+        return start
+
+    def _fork_at(self, first_lsn: int, timeline: TimelineStart | None, number: int | None = None) -> TimelineStart:
+        history = self._writer.files.history
+        if timeline is None:
+            return new_timeline(history, first_lsn, number)
+        if timeline.first_lsn != first_lsn or timeline.timeline <= max(s.timeline for s in history):
+            raise ValueError(f"{timeline} (from LSN {timeline.first_lsn}) cannot begin at LSN {first_lsn} after "
+                             f"this log's history (highest: timeline {max(s.timeline for s in history)})")
+        return timeline
 
     # -- syncing and closing: each waits its turn behind the group being written
 

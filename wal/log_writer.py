@@ -42,14 +42,34 @@ from wal.group import Group
 from wal.hooks import LogHooks, Staged
 from wal.lock import DirectoryLock
 from wal.mutex import Mutex
+from wal.segment import Payload
 from wal.segment_writer import ActiveSegment, check_payload, gathered, round_block
 from wal.segments import SegmentSet
 from wal.stats import LogStats
-from wal.truncation import cut_marked, mark_truncate
+from wal.timeline import ROOT, History, TimelineStart, fork_history
+from wal.truncation import mark_truncate
 
 PREALLOC_STEP: Final = 8 << 20  # the active segment grows by this much (at most) at a time
 DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the directory at least this often
 _time_ns: Final = time.time_ns
+def _write_timed(active: ActiveSegment, first: int, payloads: list[Payload], timestamps: list[int]
+                 ) -> tuple[int, bool]:
+    """``payloads`` written with their own commit times: one write per run of
+    equal times (a leader's group shares one), the bytes written and whether
+    the file grew (any write did)."""
+    written, grew, start = 0, False, 0
+    while start < len(payloads):
+        end = start + 1
+        while end < len(payloads) and timestamps[end] == timestamps[start]:
+            end += 1
+        run = payloads[start:end]
+        n, g = active.write_group(first + start, run, timestamps[start], gathered(run))
+        written += n
+        grew = grew or g
+        start = end
+    return written, grew
+
+
 class LogWriter:
     """The writer of the log in ``directory``: opening it creates the
     directory, takes its lock (:class:`~wal.lock.DirectoryLock`, released
@@ -60,7 +80,7 @@ class LogWriter:
 
     def __init__(self, directory: str, fs: FileSystem, mutex: Mutex, *, recovery: str, sync_mode: str,
                  segment_bytes: int, sync_bytes: int, max_record_bytes: int, start_lsn: int,
-                 hooks: LogHooks) -> None:
+                 hooks: LogHooks, history: History = ROOT, store_id: str | None = None) -> None:
         self.directory = directory
         self.fs = fs
         self.mutex = mutex
@@ -72,6 +92,8 @@ class LogWriter:
         self.prealloc_step = min(PREALLOC_STEP, round_block(segment_bytes))
         self.max_record_bytes = max_record_bytes
         self.start_lsn = start_lsn
+        self._new_history = history
+        self._new_store_id = store_id
         self.hooks = hooks
         self.flusher: BatchFlusher | None = None  # sync="batch": set by the log once its flusher runs
         self.stats = LogStats()
@@ -91,16 +113,19 @@ class LogWriter:
     def _open_segments(self, recovery: str) -> SegmentSet:
         return SegmentSet.open(self.directory, fs=self.fs, recovery=recovery, prealloc=self.prealloc_step,
                                max_record_bytes=self.max_record_bytes, start_lsn=self.start_lsn,
-                               zeroed=self._always)
+                               zeroed=self._always, history=self._new_history, store_id=self._new_store_id)
 
     def publish_durable(self) -> None:
         self._durable_marker.publish(self.durable[0])
 
-    def write_group(self, group: Group) -> None:
+    def write_group(self, group: Group, timestamps: list[int] | None = None) -> None:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
-        it to the hooks' ``commit``. Called by the leader only, without the mutex."""
+        it to the hooks' ``commit``. Called by the leader only, without the
+        mutex. ``timestamps``: the entries' own commit times (entries another
+        log decided and timed, :meth:`wal.Log.append_replicated`: the hooks'
+        ``prepare`` is not called for them); None: now, one clock read."""
         hooks = self.hooks
-        prepared = hooks.prepare(group)
+        prepared = hooks.prepare(group) if timestamps is None else None
         if prepared is not None:
             limit = self.max_record_bytes
             group = Group(group.first_lsn, [check_payload(p, limit) for p in prepared], group.contexts)
@@ -113,7 +138,10 @@ class LogWriter:
         elif not self._always and abs(now_us - self._checked_us) >= self._directory_check_us:
             self.lock.check()
             self._checked_us = now_us
-        written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
+        if timestamps is None:
+            written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
+        else:
+            written, grew = _write_timed(active, first, payloads, timestamps)
         lsn = first + len(payloads)
         self.written = (lsn - 1, active.data_end)
         if self._always:
@@ -167,15 +195,18 @@ class LogWriter:
         self.stats.timed(active.sync_full if full else active.sync)
         self._unsynced_bytes = 0
 
-    def _roll(self, first: int) -> None:
+    def _roll(self, first: int, history: History | None = None) -> None:
         """Seal the active segment (cut its zeros, fsync, write its index) and
-        start a new one whose first LSN is ``first`` (never in a directory
-        that is not the one opened: :class:`StoreVanishedError`)."""
+        start a new one whose first LSN is ``first``, on ``history`` (default:
+        the log's); an empty active segment is replaced instead (never in a
+        directory that is not the one opened: :class:`StoreVanishedError`)."""
         self.lock.check()
         self._checked_us = time.time_ns() // 1000
-        index = self.files.active.seal(self.fs, self.timed_sync)
+        active = self.files.active
+        index = active.seal(self.fs, self.timed_sync) if active.last_lsn >= active.file.first_lsn else None
         new = ActiveSegment.create(self.directory, self.files.store_id, first, self.prealloc_step, self.fs,
-                                   self.max_record_bytes, zeroed=self._always)
+                                   self.max_record_bytes, zeroed=self._always,
+                                   history=self.files.history if history is None else history)
         new.open(self.fs, self.prealloc_step, zeroed=self._always)
         with self.mutex:  # readers copy the segment list under it
             old = self.files.replace_active(index, new)
@@ -210,16 +241,22 @@ class LogWriter:
             "The next open recovers the log."
         )
 
-    def cut_after(self, lsn: int) -> None:
-        """Drop every entry after ``lsn`` (crash-safe: :func:`mark_truncate`
-        first) and open the segments again; the log is frozen meanwhile."""
+    def begin_timeline(self, start: TimelineStart) -> None:
+        """Go on on timeline ``start``, which begins at the next LSN: a new
+        segment whose header states the new history (:mod:`wal.timeline`)."""
+        self._roll(start.first_lsn, fork_history(self.files.history, start))
+
+    def cut_after(self, lsn: int, history: History | None) -> None:
+        """Drop every entry after ``lsn`` and go on on timeline ``history``
+        (when given), crash-safe: :func:`mark_truncate` first, then open the
+        segments again, which finishes the cut and begins the timeline
+        (:func:`wal.recovery.recover`); the log is frozen meanwhile."""
         if self.durable[0] > lsn:
             # (The offset bounds reads of the active segment; those stop at ``lsn`` anyway.)
             self.durable = (lsn, self.durable[1])
             self.publish_durable()
-        mark_truncate(self.directory, lsn, self.fs)
+        mark_truncate(self.directory, lsn, self.fs, history)
         self.files.active.close()
-        cut_marked(self.directory, lsn, self.fs)
         self.files = self._open_segments("strict")
         self.written = self.durable = self.files.end
         self.publish_durable()

@@ -20,6 +20,12 @@ What open checks, and why it stops there:
   the active segment's, that segment is sealed (or, empty, replaced) and a
   new one begun whose header states it, so no record is ever written past
   the limit of the segment holding it.
+* The newest segment's header holds the log's timeline history
+  (:mod:`wal.timeline`); every older segment must be on it (its own header's
+  history agrees with the newest one's up to its first LSN). A segment of
+  another history (copied in from a replica or an older backup) is
+  corruption of kind ``TIMELINE``. A ``truncate_after`` that a crash
+  interrupted is finished, and the new timeline it began is begun.
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ from wal.segment import (
     read_header,
 )
 from wal.segment_writer import ActiveSegment
+from wal.timeline import ROOT, History, fork_point, timeline_at
 from wal.torn import is_torn
-from wal.truncation import cut_tail, finish_truncate
+from wal.truncation import clear_truncate, cut_tail, finish_truncate
 
 log = logging.getLogger("walkv.wal")
 
@@ -93,20 +100,23 @@ def _scan_active(path: str, header: SegmentHeader, start: int, expected: int
 
 
 def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", prealloc: int,
-            max_record_bytes: int, start_lsn: int = 1, zeroed: bool = False) -> Recovered:
+            max_record_bytes: int, start_lsn: int = 1, zeroed: bool = False, history: History = ROOT,
+            store_id: str | None = None) -> Recovered:
     """Open-time recovery of a log directory (creating it, with its first
-    entry to get ``start_lsn``, when it holds no segment; a segment it creates
-    is preallocated as :func:`wal.segment_writer.reserve` says, ``zeroed`` or not)."""
+    entry to get ``start_lsn``, on ``history``'s last timeline and with
+    ``store_id`` (default: a new one), when it holds no segment; a segment it
+    creates is preallocated as :func:`wal.segment_writer.reserve` says,
+    ``zeroed`` or not)."""
     if mode not in ("strict", "prefix"):
         raise ValueError(f"recovery must be 'strict' or 'prefix', not {mode!r}")
     fs.makedirs(directory)
     _clean_temp_files(directory, fs)
-    finish_truncate(directory, fs)
+    fork = finish_truncate(directory, fs)
     segments = list_segments(directory, fs)
     if not segments:
-        store_id = uuid.uuid4().hex
+        store_id = store_id or uuid.uuid4().hex
         return Recovered(store_id, [], ActiveSegment.create(directory, store_id, start_lsn, prealloc, fs,
-                                                            max_record_bytes, zeroed=zeroed))
+                                                            max_record_bytes, zeroed=zeroed, history=history))
     try:
         rec = _recover_segments(directory, segments, fs)
     except CorruptionError as e:
@@ -115,18 +125,29 @@ def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", pre
         report = repair(directory, fs=fs, lock=False)
         log.warning("recovery='prefix': %s; dropped %d bytes after LSN %s (kept in %s)",
                     e, report.dropped_bytes, report.last_good_lsn, ", ".join(report.broken_files) or "-")
+        fork = finish_truncate(directory, fs)  # the timeline the repair began, if it changed an LSN
         rec = _recover_segments(directory, list_segments(directory, fs), fs)
-    return _fit_limit(directory, rec, fs, prealloc, max_record_bytes, zeroed)
-
-
-def _fit_limit(directory: str, rec: Recovered, fs: FileSystem, prealloc: int, max_record_bytes: int,
-               zeroed: bool) -> Recovered:
-    """Make the active segment's header allow ``max_record_bytes``: an empty
-    active segment is replaced (atomically, by rename), a non-empty one
-    sealed and followed by a new one."""
-    active = rec.active
-    if active.header.max_record_bytes >= max_record_bytes:
+    header = rec.active.header
+    history = header.history
+    if fork is not None:  # the timeline history an interrupted truncate_after began
+        if history != fork:
+            rec = begin_segment(directory, rec, fs, prealloc, max(max_record_bytes, header.max_record_bytes), zeroed,
+                                fork, f"the log goes on on {fork[-1]}")
+        clear_truncate(directory, fs)
         return rec
+    if header.max_record_bytes < max_record_bytes:
+        return begin_segment(directory, rec, fs, prealloc, max_record_bytes, zeroed, history,
+                             f"records of up to {max_record_bytes} bytes (the last one allowed "
+                             f"{header.max_record_bytes})")
+    return rec
+
+
+def begin_segment(directory: str, rec: Recovered, fs: FileSystem, prealloc: int, max_record_bytes: int,
+                  zeroed: bool, history: History, why: str) -> Recovered:
+    """Begin a new active segment whose header states ``max_record_bytes`` and
+    ``history``: an empty active segment is replaced (atomically, by rename),
+    a non-empty one sealed and followed by a new one."""
+    active = rec.active
     first = active.last_lsn + 1
     if active.last_lsn >= active.file.first_lsn:
         active.open(fs, prealloc)
@@ -135,9 +156,9 @@ def _fit_limit(directory: str, rec: Recovered, fs: FileSystem, prealloc: int, ma
         finally:
             active.close()
         rec.sealed.append(SealedSegment(SegmentFile(active.file.first_lsn, active.file.path, active.data_end), index))
-    log.info("%s: new segment from LSN %d for records of up to %d bytes (the last one allowed %d)",
-             directory, first, max_record_bytes, active.header.max_record_bytes)
-    rec.active = ActiveSegment.create(directory, rec.store_id, first, prealloc, fs, max_record_bytes, zeroed=zeroed)
+    log.info("%s: new segment from LSN %d: %s", directory, first, why)
+    rec.active = ActiveSegment.create(directory, rec.store_id, first, prealloc, fs, max_record_bytes, zeroed=zeroed,
+                                      history=history)
     return rec
 
 
@@ -154,6 +175,7 @@ def _recover_segments(directory: str, segments: list[SegmentFile], fs: FileSyste
         with open(seg.path, "rb") as fh:
             seg_header, _ = read_header(fh, seg.path)
             _check_store(seg_header, store_id, seg.path)
+            _check_timeline(seg_header, header, seg.path)
             index = read_index(seg.path)
             if index is None or index.first_lsn != seg.first_lsn or index.data_end > os.fstat(fh.fileno()).st_size:
                 log.info("%s: rebuilding its sparse index", seg.path)
@@ -230,6 +252,17 @@ def _check_store(header: SegmentHeader, store_id: str, path: str) -> None:
             f"segment belongs to another store ({header.store_id}, this log is {store_id})",
             kind=Damage.HEADER, path=path, offset=0, hint="move the stray segment out of the log directory",
         )
+
+
+def _check_timeline(seg: SegmentHeader, newest: SegmentHeader, path: str) -> None:
+    """A sealed segment must be on the history the newest segment states (module docstring)."""
+    fork = fork_point(seg.history, seg.first_lsn, newest.history)
+    if fork is not None:
+        raise CorruptionError(
+            f"segment is on {timeline_at(seg.history, fork + 1)} from LSN {fork + 1}, but the log's history "
+            f"(its newest segment's header) has {timeline_at(newest.history, fork + 1)} there: it belongs to "
+            f"another history of this store", kind=Damage.TIMELINE, path=path, offset=0, lsn=fork + 1,
+            hint="move the stray segment out of the log directory")
 
 
 def _check_follows(prev_last: int | None, first_lsn: int, path: str) -> None:

@@ -46,7 +46,9 @@ from wal.repair_apply import apply, dropped_bytes
 from wal.repair_plan import plan
 from wal.salvage import over_limit, scan_log
 from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header, segment_name
+from wal.timeline import ROOT, TimelineStart, fork_history, history_until, new_timeline
 from wal.torn import is_torn
+from wal.truncation import mark_truncate
 
 __all__ = ["CutPoint", "RepairReport", "over_limit", "repair", "verify"]
 
@@ -81,6 +83,10 @@ class RepairReport:
     lost: list[LSNRange] = field(default_factory=list)
     filled: list[LSNRange] = field(default_factory=list)
     rewritten: list[str] = field(default_factory=list)
+    timeline: TimelineStart | None = None
+    """The timeline the repaired log goes on on, from the first LSN it lost
+    or filled (:mod:`wal.timeline`; the next open of the log begins its
+    segment), or None when no LSN a reader may have had changed."""
 
 
 class CutPoint(NamedTuple):
@@ -215,7 +221,14 @@ def repair(directory: str, *, fs: FileSystem = OS_FS, dry_run: bool = False, loc
     if before_change is not None:
         before_change(report)
     sid = scan.store_id or store_id or uuid.uuid4().hex
-    report.broken_files = apply(directory, scan, decided, fs, sid, filler or b"")
+    history = max((h.history for h in scan.headers if h is not None), key=len, default=ROOT)
+    report.broken_files = apply(directory, scan, decided, fs, sid, filler or b"", history)
+    changed = [r[0] for r in decided.lost + decided.filled]
+    if changed:  # those LSNs will hold other entries than some reader may have had: a new timeline
+        top = max(s.timeline for h in scan.headers if h is not None for s in h.history)
+        report.timeline = new_timeline(history, min(changed), number=top + 1)
+        mark_truncate(directory, decided.last, fs, fork_history(history_until(history, decided.last + 1),
+                                                                report.timeline))
     log.warning("repair of %s: %s at %s offset %s; the log now holds LSNs %d..%d%s; kept what was taken out in %s",
                 directory, report.reason, report.path, report.offset, decided.first, decided.last,
                 f" (the snapshot at LSN {base_lsn} holds LSNs {decided.dropped[0]}..{decided.dropped[1]})"

@@ -42,6 +42,7 @@ from wal.record_reader import RecordReader
 from wal.repair_plan import Filler, NewSegment, Plan
 from wal.salvage import LogScan, Run
 from wal.segment import encode_header, index_path, pack_entry_header, segment_name
+from wal.timeline import History, history_until
 from wal.truncation import nonzero_end
 
 _CHUNK = 1 << 20
@@ -101,10 +102,11 @@ class _Writer:
             self.f.close()
 
 
-def _write_segment(fs: FileSystem, path: str, scan: LogScan, new: NewSegment, store_id: str, filler: bytes) -> None:
+def _write_segment(fs: FileSystem, path: str, scan: LogScan, new: NewSegment, store_id: str, filler: bytes,
+                   history: History) -> None:
     w = _Writer(fs, path)
     try:
-        w.add(encode_header(store_id, new.first, new.limit))
+        w.add(encode_header(store_id, new.first, new.limit, history_until(history, new.first)))
         for item in new.items:
             if isinstance(item, Filler):
                 for lsn in range(item.first, item.last + 1):
@@ -166,14 +168,17 @@ def dropped_bytes(scan: LogScan, plan: Plan) -> int:
     return total
 
 
-def apply(directory: str, scan: LogScan, plan: Plan, fs: FileSystem, store_id: str, filler: bytes) -> list[str]:
+def apply(directory: str, scan: LogScan, plan: Plan, fs: FileSystem, store_id: str, filler: bytes,
+          history: History) -> list[str]:
     """Carry out ``plan`` (module docstring); ``filler`` is the payload of a
-    filler entry. Returns the ``.broken`` files written."""
+    filler entry, ``history`` the log's timeline history (each new segment's
+    header states it as it was at the segment's first LSN). Returns the
+    ``.broken`` files written."""
     segments = scan.segments
     broken: list[str] = []
     named = [(new, os.path.join(directory, segment_name(new.first))) for new in plan.new]
     for new, path in named:  # 1
-        _write_segment(fs, path + ".tmp", scan, new, store_id, filler)
+        _write_segment(fs, path + ".tmp", scan, new, store_id, filler, history)
     moved = []  # replaced under another name: renamed to .broken in step 5
     for new, path in named:  # 2
         if new.replaces is None:

@@ -11,10 +11,12 @@ Directory (one log)::
 
 Segment (a file of :mod:`wal.record` records)::
 
-    record 0   header: "<8sHH16sQQQ" magic b"WALKVLOG", format version (2),
+    record 0   header: "<8sHH16sQQQ" magic b"WALKVLOG", format version (3),
                flags (0), store id (16 bytes, a UUID), first LSN, creation
-               time (unix microseconds), max record bytes
-               (version 1: "<8sHH16sQQ", without the last field)
+               time (unix microseconds), max record bytes, then the log's
+               timeline history as :mod:`wal.timeline` encodes it
+               (version 2: without the history, on timeline 1;
+               version 1: "<8sHH16sQQ", without the record limit either)
     record n   entry:  "<QQ" LSN, commit timestamp (unix microseconds),
                then the entry's payload (opaque to the log)
     then       zeros up to the preallocated size (read as the end of data)
@@ -28,6 +30,9 @@ Rules, and why:
   across segments, so segment ``i+1`` starts at the last LSN of ``i`` plus one.
 * A sealed segment is never written again; the active (newest) one is
   preallocated (reading as zeros) ahead of its tail (:mod:`wal.segment_writer`).
+* The header carries the log's timeline history (version 3): which line of
+  forks leads to the segment's entries, so that a reader never mixes two
+  histories of one store. :mod:`wal.timeline` states its rules.
 * The header states the largest record its segment may hold (version 2;
   version 1 segments hold records of at most the default 64 MiB), and every
   reader bounds records by it: the limit a log was written with travels with
@@ -56,16 +61,21 @@ from typing import BinaryIO, Final, NamedTuple
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
 from wal.fs import OS_FS
 from wal.readfs import ReadFS
-from wal.record import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAX_RECORD_LIMIT
+from wal.record import BLOCK_SIZE, DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, MAX_RECORD_LIMIT
 from wal.record_reader import RecordReader
+from wal.timeline import MAX_HISTORY, ROOT, History, TimelineStart, decode_history, encode_history, history_bytes
 
 SEGMENT_MAGIC: Final = b"WALKVLOG"
-FORMAT_VERSION: Final = 2
-"""Written by this walkv; versions 1 (no record limit field) and 2 are read."""
+FORMAT_VERSION: Final = 3
+"""Written by this walkv; versions 1 (no record limit field), 2 (no timeline
+history) and 3 are read."""
 
-_SEGMENT_HEADER: Final = struct.Struct("<8sHH16sQQQ")
+_SEGMENT_HEADER: Final = struct.Struct("<8sHH16sQQQ")  # versions 2 and 3, before 3's history
 _SEGMENT_HEADER_V1: Final = struct.Struct("<8sHH16sQQ")
-_HEADER_READ: Final = HEADER_SIZE + _SEGMENT_HEADER.size  # the header record's bytes, at most
+_MAX_HEADER: Final = _SEGMENT_HEADER.size + history_bytes(MAX_HISTORY)
+_HEADER_READ: Final = HEADER_SIZE + _SEGMENT_HEADER.size + history_bytes(8)
+"""The bytes a header read asks for first: a header with up to 8 timelines
+(one more read for a longer history)."""
 # Little-endian, as every field on disk. Spelled "@QQ" (native order, two aligned
 # 8-byte fields: no padding) on a little-endian machine, where the bytes are the
 # same and struct copies each int whole instead of byte by byte ("<Q" goes through
@@ -105,6 +115,13 @@ class SegmentHeader(NamedTuple):
     first_lsn: int
     created_us: int
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    history: History = ROOT
+    """The log's timelines when this segment began (:mod:`wal.timeline`)."""
+
+    @property
+    def timeline(self) -> TimelineStart:
+        """The timeline this segment's first entry is on."""
+        return self.history[-1]
 
 
 # -- names ---------------------------------------------------------------------
@@ -146,13 +163,17 @@ def find_segment(segments: list[SegmentFile], lsn: int) -> int:
 # -- header ---------------------------------------------------------------------
 
 
-def encode_header(store_id: str, first_lsn: int, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
+def encode_header(store_id: str, first_lsn: int, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                  history: History = ROOT) -> bytes:
     if not 0 < max_record_bytes <= MAX_RECORD_LIMIT:
         raise ValueError(f"max_record_bytes must be in 1..{MAX_RECORD_LIMIT}, not {max_record_bytes}")
+    if history[-1].first_lsn > first_lsn:
+        raise ValueError(f"a segment from LSN {first_lsn} cannot be on {history[-1]}, which begins at LSN "
+                         f"{history[-1].first_lsn}")
     return _SEGMENT_HEADER.pack(
         SEGMENT_MAGIC, FORMAT_VERSION, 0, uuid.UUID(hex=store_id).bytes, first_lsn, time.time_ns() // 1000,
         max_record_bytes,
-    )
+    ) + encode_history(history)
 
 
 def decode_header(payload: bytes, path: str) -> SegmentHeader:
@@ -160,35 +181,42 @@ def decode_header(payload: bytes, path: str) -> SegmentHeader:
         raise CorruptionError("not a walkv log segment (bad magic)", kind=Damage.HEADER, path=path, offset=0,
                               hint=REPAIR_HINT)
     version = int.from_bytes(payload[8:10], "little")
-    if version not in (1, FORMAT_VERSION):
+    if not 1 <= version <= FORMAT_VERSION:
         raise CorruptionError(
             f"segment format version {version} is not supported (this walkv reads 1..{FORMAT_VERSION})",
             kind=Damage.HEADER, path=path, offset=0, hint="upgrade walkv",
         )
-    layout = _SEGMENT_HEADER if version == FORMAT_VERSION else _SEGMENT_HEADER_V1
-    if len(payload) != layout.size:
+    layout = _SEGMENT_HEADER_V1 if version == 1 else _SEGMENT_HEADER
+    if len(payload) != layout.size if version < 3 else len(payload) < layout.size:
         raise CorruptionError("segment header has the wrong size", kind=Damage.HEADER, path=path, offset=0,
                               hint=REPAIR_HINT)
+    history = ROOT
     if version == 1:
         _, _, _flags, sid, first_lsn, created = layout.unpack(payload)
         limit = DEFAULT_MAX_RECORD_BYTES
     else:
-        _, _, _flags, sid, first_lsn, created, limit = layout.unpack(payload)
+        _, _, _flags, sid, first_lsn, created, limit = layout.unpack_from(payload)
+        if version == 3:
+            history = decode_history(payload[layout.size:], path)
+            if history[-1].first_lsn > first_lsn:
+                raise CorruptionError(f"segment header puts its first LSN {first_lsn} on {history[-1]}, which "
+                                      f"begins at LSN {history[-1].first_lsn}", kind=Damage.HEADER, path=path,
+                                      offset=0, hint=REPAIR_HINT)
         if not ENTRY_HEADER_SIZE <= limit <= MAX_RECORD_LIMIT:
             raise CorruptionError(
                 f"segment header states a record limit of {limit} bytes; a walkv log's limit is "
                 f"{ENTRY_HEADER_SIZE}..{MAX_RECORD_LIMIT} bytes", kind=Damage.HEADER, path=path, offset=0,
                 hint=REPAIR_HINT)
-    return SegmentHeader(version, uuid.UUID(bytes=sid).hex, first_lsn, created, limit)
+    return SegmentHeader(version, uuid.UUID(bytes=sid).hex, first_lsn, created, limit, history)
 
 
 def read_header(f: BinaryIO, path: str) -> tuple[SegmentHeader, int]:
     """Read a segment's header record (a few dozen bytes, whatever the
     segment's size); return it and the offset after it."""
-    reader = RecordReader(f, path=path, start_offset=0, end_offset=_HEADER_READ, zeros_end=True,
-                          max_record_bytes=_SEGMENT_HEADER.size)
     try:
-        for _, payload in reader.records():
+        found = _header_record(f, path)
+        if found is not None:
+            payload, end_offset = found
             header = decode_header(payload, path)
             named = segment_first_lsn(os.path.basename(path))
             if named is not None and named != header.first_lsn:
@@ -196,13 +224,27 @@ def read_header(f: BinaryIO, path: str) -> tuple[SegmentHeader, int]:
                     f"segment header says first LSN {header.first_lsn} but the file name says {named}",
                     kind=Damage.HEADER, path=path, offset=0, hint=REPAIR_HINT,
                 )
-            return header, reader.end_offset
+            return header, end_offset
     except CorruptionError as e:
         if e.kind is Damage.HEADER:
             raise
         raise CorruptionError(f"bad segment header record ({e.reason})", kind=Damage.HEADER, path=path, offset=0,
                               hint=REPAIR_HINT) from None
     raise CorruptionError("segment has no header record", kind=Damage.HEADER, path=path, offset=0, hint=REPAIR_HINT)
+
+
+def _header_record(f: BinaryIO, path: str) -> tuple[bytes, int] | None:
+    """The header record's payload and the offset after it (None: no
+    record): first from a short read, then, for a header too long for it (a
+    long timeline history), from a read long enough for the longest one."""
+    for end in (_HEADER_READ, _MAX_HEADER + 4 * BLOCK_SIZE):
+        reader = RecordReader(f, path=path, start_offset=0, end_offset=end, zeros_end=True,
+                              max_record_bytes=_MAX_HEADER)
+        for _, payload in reader.records():
+            return payload, reader.end_offset
+        if reader.torn_tail is None or reader.torn_tail[0] != 0:
+            return None
+    return None
 
 
 # -- entries --------------------------------------------------------------------
@@ -365,9 +407,9 @@ def iter_entries(
     return chain.from_iterable(map(_ENTRIES, scan.batches(from_lsn, to_lsn)))  # no step per entry: a hot path
 
 
-def read_store_id(directory: str, fs: ReadFS = OS_FS) -> str | None:
-    """The store id in the header of the log's newest segment (``None`` when
-    the log has no segment yet)."""
+def read_newest_header(directory: str, fs: ReadFS = OS_FS) -> SegmentHeader | None:
+    """The header of the log's newest segment (``None`` when the log has no
+    segment yet): its store id, and the log's timeline history."""
     for _ in range(3):  # the newest segment may be rolled or trimmed while we look
         segments = list_segments(directory, fs)
         if not segments:
@@ -375,8 +417,15 @@ def read_store_id(directory: str, fs: ReadFS = OS_FS) -> str | None:
         path = segments[-1].path
         try:
             with fs.open_input(path) as f:
-                return read_header(f, fs.display(path))[0].store_id
+                return read_header(f, fs.display(path))[0]
         except FileNotFoundError:
             continue
     raise CorruptionError("the log's segments keep vanishing while being read", kind=Damage.MISSING,
                           path=fs.display(directory), offset=0)
+
+
+def read_store_id(directory: str, fs: ReadFS = OS_FS) -> str | None:
+    """The store id in the header of the log's newest segment (``None`` when
+    the log has no segment yet)."""
+    header = read_newest_header(directory, fs)
+    return None if header is None else header.store_id

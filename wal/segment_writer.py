@@ -49,6 +49,7 @@ from wal.segment import (
     payload_size,
     segment_name,
 )
+from wal.timeline import ROOT, History
 
 GATHER_BYTES: Final = 1 << 20
 """A group this large (or holding a payload given as pieces) is written
@@ -109,16 +110,17 @@ def record_start(offset: int) -> int:
 
 def write_new_segment(
     directory: str, store_id: str, first_lsn: int, prealloc: int, fs: FileSystem = OS_FS,
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, *, zeroed: bool = False,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, *, zeroed: bool = False, history: History = ROOT,
 ) -> tuple[str, int]:
     """Create a segment durably (temp name, header, preallocated space, fsync,
-    rename, fsync directory), its header stating ``max_record_bytes``; the
-    space written as zeros when ``zeroed`` (see :func:`reserve`). Returns its
-    path and the offset after the header."""
+    rename, fsync directory), its header stating ``max_record_bytes`` and the
+    log's timeline ``history``; the space written as zeros when ``zeroed``
+    (see :func:`reserve`). An empty segment of the same name is replaced in
+    one step (the rename). Returns its path and the offset after the header."""
     path = os.path.join(directory, segment_name(first_lsn))
     tmp = path + ".tmp"
     buf = io.BytesIO()
-    RecordWriter(buf, 0).add_record(encode_header(store_id, first_lsn, max_record_bytes))
+    RecordWriter(buf, 0).add_record(encode_header(store_id, first_lsn, max_record_bytes, history))
     data = buf.getvalue()
     end = len(data)
     f = fs.open(tmp, create=True)
@@ -159,11 +161,14 @@ class ActiveSegment:
     @classmethod
     def create(cls, directory: str, store_id: str, first_lsn: int, prealloc: int,
                fs: FileSystem = OS_FS, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, *,
-               zeroed: bool = False) -> ActiveSegment:
+               zeroed: bool = False, history: History = ROOT) -> ActiveSegment:
         """A new, empty segment whose first LSN is ``first_lsn``, for records
-        of at most ``max_record_bytes`` (``zeroed``: see :func:`reserve`)."""
-        path, end = write_new_segment(directory, store_id, first_lsn, prealloc, fs, max_record_bytes, zeroed=zeroed)
-        header = SegmentHeader(FORMAT_VERSION, store_id, first_lsn, time.time_ns() // 1000, max_record_bytes)
+        of at most ``max_record_bytes``, on the last timeline of ``history``
+        (``zeroed``: see :func:`reserve`)."""
+        path, end = write_new_segment(directory, store_id, first_lsn, prealloc, fs, max_record_bytes, zeroed=zeroed,
+                                      history=history)
+        header = SegmentHeader(FORMAT_VERSION, store_id, first_lsn, time.time_ns() // 1000, max_record_bytes,
+                               history)
         return cls(SegmentFile(first_lsn, path), header, end, first_lsn - 1)
 
     @property

@@ -22,6 +22,7 @@ from wal.reader import SegmentView
 from wal.recovery import recover
 from wal.segment import SegmentFile
 from wal.segment_writer import ActiveSegment
+from wal.timeline import ROOT, History
 
 
 class SegmentSet:
@@ -39,12 +40,14 @@ class SegmentSet:
 
     @classmethod
     def open(cls, directory: str, *, fs: FileSystem, recovery: str, prealloc: int, max_record_bytes: int,
-             start_lsn: int, zeroed: bool = False) -> SegmentSet:
-        """Recover the log in ``directory`` (:func:`wal.recovery.recover`) and
-        open its active segment for writing, synced (what a crashed process
-        left in the page cache is made durable before anything is built on it)."""
+             start_lsn: int, zeroed: bool = False, history: History = ROOT, store_id: str | None = None
+             ) -> SegmentSet:
+        """Recover the log in ``directory`` (:func:`wal.recovery.recover`;
+        ``start_lsn``, ``history`` and ``store_id`` are a new log's) and open
+        its active segment for writing, synced (what a crashed process left in
+        the page cache is made durable before anything is built on it)."""
         rec = recover(directory, fs=fs, mode=recovery, prealloc=prealloc, max_record_bytes=max_record_bytes,
-                      start_lsn=start_lsn, zeroed=zeroed)
+                      start_lsn=start_lsn, zeroed=zeroed, history=history, store_id=store_id)
         rec.active.open(fs, prealloc, zeroed=zeroed)
         rec.active.sync_full()
         return cls(rec.store_id, [s.file for s in rec.sealed], {s.file.first_lsn: s.index for s in rec.sealed},
@@ -54,6 +57,11 @@ class SegmentSet:
     def end(self) -> tuple[int, int]:
         """The last LSN written and the offset just after it in the active segment."""
         return self.active.last_lsn, self.active.data_end
+
+    @property
+    def history(self) -> History:
+        """The log's timeline history (:mod:`wal.timeline`): the active segment's header states it."""
+        return self.active.header.history
 
     @property
     def count(self) -> int:
@@ -66,13 +74,17 @@ class SegmentSet:
         return SegmentView(self.sealed + [self.active.file], dict(self.indexes), list(self.active.points),
                            self.first_lsn)
 
-    def replace_active(self, index: SparseIndex, new: ActiveSegment) -> ActiveSegment:
-        """With the mutex held: the active segment was sealed with ``index``;
-        ``new`` is the active one from now on. Returns the old one (for the
-        caller to close once the mutex is released)."""
+    def replace_active(self, index: SparseIndex | None, new: ActiveSegment) -> ActiveSegment:
+        """With the mutex held: the active segment was sealed with ``index``
+        (None: it was empty, and ``new`` replaced its file); ``new`` is the
+        active one from now on. Returns the old one (for the caller to close
+        once the mutex is released)."""
         old = self.active
-        self.sealed.append(old.file)
-        self.indexes[old.file.first_lsn] = index
+        if index is not None:
+            self.sealed.append(old.file)
+            self.indexes[old.file.first_lsn] = index
+        elif not self.sealed:
+            self.first_lsn = new.file.first_lsn
         self.active = new
         return old
 

@@ -1,6 +1,6 @@
 """Cutting a log's files: zeroing what follows a point in a segment, dropping
 the entries after an LSN (``truncate_after``: :func:`mark_truncate`, then
-:func:`cut_marked`; :func:`finish_truncate` at open) and deleting old
+:func:`finish_truncate`, also at open, and :func:`clear_truncate`) and deleting old
 segments (``truncate_before``: :func:`delete_segments`, once
 :meth:`wal.segments.SegmentSet.drop_before` took them out of the open log),
 each safe against a crash at any step.
@@ -11,13 +11,19 @@ each safe against a crash at any step.
 * ``truncate_after`` first makes a ``TRUNCATE`` marker naming the LSN durable
   (temp file, fsync, rename, directory fsync); the next open finishes an
   interrupted cut, which is idempotent and reads nothing past that LSN (a
-  power loss may have zeroed some of those sectors and not others).
+  power loss may have zeroed some of those sectors and not others). The
+  marker also states the timeline history the log goes on on after the cut
+  (a second line: the history as JSON, :mod:`wal.timeline`), and is removed
+  only once the segment that begins it exists: a crash between the cut and
+  that segment must not let the log go on writing the cut LSNs again on the
+  old timeline.
 * Old segments go oldest first, each index before its segment, then one
   directory fsync: a crash leaves a gap-free suffix and no orphan index.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -25,6 +31,7 @@ from wal.errors import CorruptionError, file_error
 from wal.fs import OS_FS, File, FileSystem
 from wal.index import read_index
 from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header
+from wal.timeline import History, history_from_json, history_to_json
 
 log = logging.getLogger("walkv.wal")
 
@@ -99,7 +106,7 @@ def cut_after(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
     """Drop every entry after ``lsn``. Idempotent, so that recovery can finish
     it after a crash: :meth:`Log.truncate_after` first writes a ``TRUNCATE``
     marker naming ``lsn`` (:func:`mark_truncate`) and removes it only when
-    this has returned (:func:`cut_marked`)."""
+    this has returned (:func:`finish_truncate`)."""
     segments = list_segments(directory, fs)
     keep = max((i for i, s in enumerate(segments) if s.first_lsn <= lsn + 1), default=0)
     for seg in reversed(segments[keep + 1 :]):
@@ -125,38 +132,48 @@ def cut_after(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
     fs.fsync_dir(directory)
 
 
-def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> None:
-    """Complete a ``truncate_after`` that a crash interrupted, if any."""
+def finish_truncate(directory: str, fs: FileSystem = OS_FS) -> History | None:
+    """Complete a ``truncate_after`` that a crash interrupted, if any; return
+    the timeline history the log must go on on (the caller begins its
+    segment, then calls :func:`clear_truncate`), or None."""
     marker = os.path.join(directory, TRUNCATE_MARKER)
     if not fs.exists(marker):
-        return
+        return None
     with open(marker, "rb") as fh:
         text = fh.read().decode("ascii", "replace").strip()
     if not text:
         # Written by a walkv that did not rename it into place: its content never
         # landed, so the cut (which follows the marker's fsync) never began.
-        fs.unlink(marker)
-        fs.fsync_dir(directory)
-        return
-    if not text.isdigit():
-        raise CorruptionError(f"unreadable {TRUNCATE_MARKER} marker {text!r}", path=marker, offset=0,
-                              hint="delete the marker if no truncate_after was running")
-    cut_marked(directory, int(text), fs)
+        clear_truncate(directory, fs)
+        return None
+    first, _, rest = text.partition("\n")
+    try:
+        if not first.isdigit():
+            raise ValueError(first)
+        history = history_from_json(json.loads(rest), TRUNCATE_MARKER) if rest.strip() else None
+    except ValueError:
+        raise CorruptionError(f"unreadable {TRUNCATE_MARKER} marker {text[:200]!r}", path=marker, offset=0,
+                              hint="delete the marker if no truncate_after was running") from None
+    cut_after(directory, int(first), fs)
+    if history is None:
+        clear_truncate(directory, fs)
+    return history
 
 
-def mark_truncate(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
-    """Make a ``TRUNCATE`` marker naming ``lsn`` durable (temp file, fsync,
-    rename, directory fsync): from here on a crash leaves the cut to the
-    next open (:func:`finish_truncate`). :func:`cut_marked` then cuts."""
+def mark_truncate(directory: str, lsn: int, fs: FileSystem = OS_FS, history: History | None = None) -> None:
+    """Make a ``TRUNCATE`` marker naming ``lsn`` (and the timeline ``history``
+    the log goes on on) durable (temp file, fsync, rename, directory fsync):
+    from here on a crash leaves the cut to the next open
+    (:func:`finish_truncate`). :func:`cut_after` then cuts."""
     marker = os.path.join(directory, TRUNCATE_MARKER)
-    fs.write_file(marker + ".tmp", str(lsn).encode())
+    text = str(lsn) if history is None else f"{lsn}\n{json.dumps(history_to_json(history))}"
+    fs.write_file(marker + ".tmp", text.encode())
     fs.rename(marker + ".tmp", marker)
     fs.fsync_dir(directory)
 
 
-def cut_marked(directory: str, lsn: int, fs: FileSystem = OS_FS) -> None:
-    """Drop every entry after ``lsn`` (:func:`cut_after`), then remove the
-    ``TRUNCATE`` marker naming it, durably."""
-    cut_after(directory, lsn, fs)
+def clear_truncate(directory: str, fs: FileSystem = OS_FS) -> None:
+    """Remove the ``TRUNCATE`` marker, durably: the cut (and the segment of
+    the timeline it began) is done."""
     fs.unlink(os.path.join(directory, TRUNCATE_MARKER))
     fs.fsync_dir(directory)

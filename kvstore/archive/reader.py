@@ -29,6 +29,7 @@ from wal.fs import FileInfo, FileSystem
 from wal.reader import read_segments
 from wal.readfs import ReadFS
 from wal.segment import Entry, SegmentFile, SegmentScan, read_header
+from wal.timeline import ROOT, History
 
 log = logging.getLogger("walkv.archive")
 
@@ -129,6 +130,16 @@ class ArchiveReader:
     @property
     def uri(self) -> str:
         return self.target.uri
+
+    @property
+    def history(self) -> History:
+        """The timeline history of the archive's log (:mod:`wal.timeline`): its newest object's header states it."""
+        objects = self.chain().objects
+        if not objects:
+            return ROOT
+        o = objects[-1]
+        with self.target.fs.open_input(o.path) as f:
+            return read_header(f, self.target.display(o.path))[0].history
 
     def log_objects(self) -> list[LogObject]:
         """Every log object (by name), including those a whole segment replaced."""

@@ -50,6 +50,19 @@ def add_commands(add: AddCommand) -> None:
                    help="seconds a connection may idle or take to send its headers (default 15)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds SIGTERM gives requests in flight (default 10)")
+    p.add_argument("--sync-replicas", type=int, default=0, metavar="K",
+                   help="acknowledge a write only once K replicas hold it durably (default 0)")
+    p.add_argument("--sync-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a write waits for its replicas before it fails (default 10)")
+    cluster = p.add_argument_group("cluster (a writer elected through etcd; docs/cluster.md)")
+    cluster.add_argument("--cluster", metavar="NAME", help="join the cluster NAME")
+    cluster.add_argument("--coordinator", metavar="etcd://H:P", help="etcd's client URL")
+    cluster.add_argument("--advertise", metavar="URL", help="the URL other nodes and clients reach this node at")
+    cluster.add_argument("--lease-seconds", type=float, default=5.0, metavar="S",
+                         help="the leader's etcd lease (default 5): a dead leader is replaced after about S s")
+    cluster.add_argument("--follow-token", metavar="TOKEN",
+                         help="the admin token this node follows its leader with (when the nodes have --tokens): "
+                              "its reports count toward acknowledgements")
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -76,10 +89,31 @@ def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
                     idle_timeout=args.idle_timeout, shutdown_timeout=args.shutdown_timeout,
                     max_json_bytes=args.max_json_bytes, max_json_items=args.max_json_items,
                     max_answer_bytes=args.max_answer_bytes)
+    announce = lambda url: print(f"walkv: listening on {url}", flush=True)  # noqa: E731
+    if args.cluster is not None:
+        if args.coordinator is None or args.advertise is None:
+            raise CliError("--cluster needs --coordinator etcd://HOST:PORT and --advertise URL", code=EXIT_USAGE)
+        if port == 0:
+            raise CliError("--cluster needs a fixed port in --listen (other nodes reach it at --advertise)",
+                           code=EXIT_USAGE)
+        from kvstore.server.cluster import serve_cluster
+        from kvstore.server.run import run_loop
+
+        try:
+            run_loop(serve_cluster(args.store, host, port, cluster=args.cluster, coordinator=args.coordinator,
+                                   advertise=args.advertise, sync_replicas=args.sync_replicas,
+                                   sync_timeout=args.sync_timeout, lease_seconds=args.lease_seconds,
+                                   follow_token=args.follow_token, store_options={"sync": args.sync},
+                                   on_listening=announce, tokens=tokens, tls=tls, insecure=args.insecure,
+                                   limits=limits))
+        except ServeError as exc:
+            raise CliError(str(exc), code=EXIT_USAGE) from None
+        return EXIT_OK
     try:
         serve(args.store, host, port, tokens=tokens, tls=tls, insecure=args.insecure, limits=limits,
-              store_options={"sync": args.sync},
-              on_listening=lambda url: print(f"walkv: listening on {url}", flush=True))
+              store_options={"sync": args.sync, "sync_replicas": args.sync_replicas,
+                             "sync_timeout": args.sync_timeout},
+              on_listening=announce)
     except ServeError as exc:  # the command line as given is refused: a usage error
         raise CliError(str(exc), code=EXIT_USAGE) from None
     return EXIT_OK

@@ -26,7 +26,8 @@ from kvstore.client import batches, calls
 from kvstore.client.batches import RemoteExpiry
 from kvstore.client.calls import Call, ServerInfo
 from kvstore.client.events import AsyncRemoteWatcher, Resumption
-from kvstore.client.http import AsyncHttp, Cert, Verify
+from kvstore.client.http import Cert, Verify
+from kvstore.client.leader import FAILOVER_TIMEOUT, AsyncTransport, async_transport
 from kvstore.client.remote import not_remotely
 from kvstore.entry.codec import check_keyspace
 from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
@@ -57,7 +58,7 @@ class AsyncRemoteStore:
     """A store served over HTTP, for asyncio (module docstring). Create with
     ``await kvstore.connect_async(url)``."""
 
-    def __init__(self, http: AsyncHttp, info: ServerInfo, keyspace: str = "") -> None:
+    def __init__(self, http: AsyncTransport, info: ServerInfo, keyspace: str = "") -> None:
         self._http = http
         self.url = http.url
         self._closed = False
@@ -212,13 +213,13 @@ class AsyncRemoteStore:
 class _Connecting:
     """What :func:`connect_async` returns: awaitable, and an async context manager."""
 
-    def __init__(self, url: str, options: dict[str, Any]) -> None:
+    def __init__(self, url: str | list[str], options: dict[str, Any]) -> None:
         self._url = url
         self._options = options
         self._db: AsyncRemoteStore | None = None
 
     async def _connect(self) -> AsyncRemoteStore:
-        http = AsyncHttp(self._url, **self._options)
+        http = async_transport(self._url, **self._options)
         try:
             info = await calls.send_async(http, calls.info())
         except BaseException:
@@ -238,8 +239,10 @@ class _Connecting:
             await self._db.close()
 
 
-def connect_async(url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
-                  cert: Cert = None, max_connections: int = 100) -> _Connecting:
-    """``db = await kvstore.connect_async(url)`` or ``async with kvstore.connect_async(url) as db:``."""
+def connect_async(url: str | list[str], *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
+                  cert: Cert = None, max_connections: int = 100, reads: str = "leader",
+                  failover_timeout: float = FAILOVER_TIMEOUT) -> _Connecting:
+    """``db = await kvstore.connect_async(url)`` or ``async with kvstore.connect_async(url) as db:``;
+    a list of URLs is a cluster's nodes (as :func:`kvstore.client.remote.connect`)."""
     return _Connecting(url, dict(token=token, timeout=timeout, verify=verify, cert=cert,
-                                 max_connections=max_connections))
+                                 max_connections=max_connections, reads=reads, failover_timeout=failover_timeout))

@@ -22,7 +22,8 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from kvstore.client.http import AsyncHttp, Http, Params
+from kvstore.client.http import Params
+from kvstore.client.leader import AsyncTransport, Transport
 from kvstore.client.wire import (
     MAX_GET_MANY,
     AnswerTooLarge,
@@ -74,7 +75,7 @@ class Call(Generic[T]):
 _JSON = {"Content-Type": "application/json"}
 
 
-def send(http: Http, call: Call[T]) -> T:
+def send(http: Transport, call: Call[T]) -> T:
     """What ``call`` answers, over the sync transport."""
     content, headers = call.body()
     try:
@@ -85,7 +86,7 @@ def send(http: Http, call: Call[T]) -> T:
     return call.answer(response)
 
 
-async def send_async(http: AsyncHttp, call: Call[T]) -> T:
+async def send_async(http: AsyncTransport, call: Call[T]) -> T:
     """What ``call`` answers, over the asyncio transport."""
     content, headers = call.body()
     try:

@@ -22,7 +22,8 @@ import time
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from typing import Any, NamedTuple
 
-from kvstore.client.http import AsyncHttp, Http, Params
+from kvstore.client.http import Params
+from kvstore.client.leader import AsyncTransport, Transport
 from kvstore.client.wire import ServerUnavailable, change_from_json, error_from_json
 from kvstore.watch.watcher import PROGRESS, Change
 
@@ -158,7 +159,7 @@ class RemoteWatcher:
     :class:`kvstore.watch.Watcher` yields them; reconnects after a broken
     connection where it stopped (:mod:`kvstore.client.events`)."""
 
-    def __init__(self, http: Http, path: str, resumption: Resumption) -> None:
+    def __init__(self, http: Transport, path: str, resumption: Resumption) -> None:
         self._http = http
         self._path = path
         self._stream = Reconnecting(http.url, resumption)
@@ -220,7 +221,7 @@ class AsyncRemoteWatcher:
     """``async for change in db.watch(...)``: as the sync client's
     :class:`RemoteWatcher` (resumes after a broken connection)."""
 
-    def __init__(self, http: AsyncHttp, path: str, resumption: Resumption) -> None:
+    def __init__(self, http: AsyncTransport, path: str, resumption: Resumption) -> None:
         self._http = http
         self._path = path
         self._stream = Reconnecting(http.url, resumption)

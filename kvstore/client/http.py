@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from kvstore.client.wire import ServerUnavailable, quote, raise_for_error
+from kvstore.client.wire import ServerUnavailable, WriteOutcomeUnknown, quote, raise_for_error
 
 RETRIES = 2
 _BACKOFF = (0.05, 0.2)
@@ -91,9 +91,12 @@ def _attempts(method: str) -> int:
 
 
 def _unreachable(url: str, method: str, path: str, exc: Exception) -> ServerUnavailable:
-    unknown = "" if method in ("GET", "HEAD") else "; the request may or may not have been applied"
-    return ServerUnavailable(f"{method} {path} to the walkv server at {url} failed: "
-                             f"{type(exc).__name__}: {exc}{unknown}")
+    """What a failed connection raises: a write that may have left,
+    :class:`WriteOutcomeUnknown` (an :class:`~wal.errors.OutcomeUnknownError`)."""
+    text = f"{method} {path} to the walkv server at {url} failed: {type(exc).__name__}: {exc}"
+    if method in ("GET", "HEAD") or isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return ServerUnavailable(text)
+    return WriteOutcomeUnknown(f"{text}; the request may or may not have been applied")
 
 
 def _answered(resp: httpx.Response) -> httpx.Response:
@@ -127,10 +130,12 @@ class Http:
 
     @contextlib.contextmanager
     def stream(self, method: str, path: str, *, params: Params | None = None,
-               headers: Mapping[str, str] | None = None) -> Iterator[httpx.Response]:
-        """A response whose body is read incrementally (no read timeout);
-        raises the walkv exception of an error answer."""
-        timeout = httpx.Timeout(self._client.timeout.connect, read=None)
+               headers: Mapping[str, str] | None = None, read_timeout: float | None = None
+               ) -> Iterator[httpx.Response]:
+        """A response whose body is read incrementally (no read timeout
+        unless ``read_timeout``: the longest wait for the headers or for the
+        next bytes); raises the walkv exception of an error answer."""
+        timeout = httpx.Timeout(self._client.timeout.connect, read=read_timeout)
         try:
             with self._client.stream(method, path + query(params), headers=headers, timeout=timeout) as resp:
                 if resp.status_code >= 300:

@@ -41,7 +41,8 @@ from kvstore.client import batches, calls
 from kvstore.client.batches import RemoteExpiry
 from kvstore.client.calls import Call
 from kvstore.client.events import RemoteWatcher, Resumption
-from kvstore.client.http import Cert, Http, Verify
+from kvstore.client.http import Cert, Verify
+from kvstore.client.leader import FAILOVER_TIMEOUT, transport
 from kvstore.client.wire import NotFound, NotSupportedRemotelyError
 from kvstore.entry.codec import check_keyspace
 from kvstore.state.lookups import Lookups
@@ -50,6 +51,7 @@ from kvstore.store.leases import Lease
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch.consumers import SubscriptionInfo
 from wal.errors import ClosedError, LeaseNotFoundError
+from wal.timeline import History, history_from_json
 
 T = TypeVar("T")
 
@@ -156,11 +158,12 @@ class RemoteStore(Lookups):
     """A store served over HTTP (module docstring). Thread-safe: threads
     share the connection pool."""
 
-    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
-                 cert: Cert = None, max_connections: int = 100) -> None:
-        self.url = url
-        self._http = Http(url, token=token, timeout=timeout, verify=verify, cert=cert,
-                          max_connections=max_connections)
+    def __init__(self, url: str | list[str], *, token: str | None = None, timeout: float = 10.0,
+                 verify: Verify = True, cert: Cert = None, max_connections: int = 100, reads: str = "leader",
+                 failover_timeout: float = FAILOVER_TIMEOUT) -> None:
+        self.url = url if isinstance(url, str) else ",".join(url)
+        self._http = transport(url, token=token, timeout=timeout, verify=verify, cert=cert,
+                               max_connections=max_connections, reads=reads, failover_timeout=failover_timeout)
         self._closed = False
         try:
             info = calls.send(self._http, calls.info())
@@ -364,6 +367,29 @@ class RemoteStore(Lookups):
         return int(self.bounds()["applied_lsn"])
 
     @property
+    def history(self) -> History:
+        """The server's log's timeline history (:mod:`wal.timeline`)."""
+        return history_from_json(self.bounds().get("history", [[1, 1, 0]]), f"{self.url}/v1/log/bounds")
+
+    # -- a cluster node's own controls: `walkv serve --cluster` runs them -------------
+
+    @property
+    def failure(self) -> NoReturn:
+        not_remotely("failure", "whether its log failed is the server's: its /healthz and /metrics say")
+
+    def start_timeline(self, number: int | None = None, **_: Any) -> NoReturn:
+        not_remotely("start_timeline()", "a timeline begins in the server's own log (a promote, a failover)")
+
+    def refuse_writes(self, error: Any) -> NoReturn:
+        not_remotely("refuse_writes()", "a cluster node refuses writes itself while it is not the leader")
+
+    def append_replicated(self, entries: Any) -> NoReturn:
+        not_remotely("append_replicated()", "a cluster's follower copies its leader's log in its own process")
+
+    def discard_after(self, lsn: int, follow: Any) -> NoReturn:
+        not_remotely("discard_after()", "a cluster's follower discards what its leader does not hold itself")
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -406,11 +432,17 @@ class RemoteStore(Lookups):
         return f"<RemoteStore {self.url}{' closed' if self._closed else ''}>"
 
 
-def connect(url: str, *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
-            cert: Cert = None, max_connections: int = 100) -> RemoteStore:
-    """Connect to a walkv server (``walkv serve``); ``verify``: False, a CA
-    bundle's path or an :class:`ssl.SSLContext`, for a server whose certificate
-    the system does not trust; ``cert``: the client certificate a server with
-    ``--tls-client-ca`` requires (a PEM file with its key, or ``(certfile, keyfile)``)."""
-    return RemoteStore(url, token=token, timeout=timeout, verify=verify, cert=cert, max_connections=max_connections)
+def connect(url: str | list[str], *, token: str | None = None, timeout: float = 10.0, verify: Verify = True,
+            cert: Cert = None, max_connections: int = 100, reads: str = "leader",
+            failover_timeout: float = FAILOVER_TIMEOUT) -> RemoteStore:
+    """Connect to a walkv server (``walkv serve``), or to the nodes of a
+    cluster (a list of URLs: the client follows the leader,
+    :mod:`kvstore.client.leader`; ``reads``: "leader" or "any";
+    ``failover_timeout``: how long it looks for a leader); ``verify``: False,
+    a CA bundle's path or an :class:`ssl.SSLContext`, for a server whose
+    certificate the system does not trust; ``cert``: the client certificate a
+    server with ``--tls-client-ca`` requires (a PEM file with its key, or
+    ``(certfile, keyfile)``)."""
+    return RemoteStore(url, token=token, timeout=timeout, verify=verify, cert=cert, max_connections=max_connections,
+                       reads=reads, failover_timeout=failover_timeout)
 

@@ -112,12 +112,25 @@ class ServerUnavailable(HttpError):
     write the outcome is unknown: the write may have been applied."""
 
 
+class WriteOutcomeUnknown(ServerUnavailable, wal.errors.OutcomeUnknownError):
+    """A write was sent and whether it was applied is unknown: the connection
+    broke after it went out, or the server answered that it failed with the
+    write in its log (:class:`~wal.errors.OutcomeUnknownError`). Read the key
+    to find out; only an idempotent write is safe to send again as it is."""
+
+    @classmethod
+    def of(cls, exc: BaseException, method: str, path: str) -> "WriteOutcomeUnknown":
+        return cls(f"{method} {path}: its outcome is unknown ({type(exc).__name__}: {exc}); it may or may not "
+                   "have been applied: read the key to find out (a put or delete of one key may be sent again)")
+
+
 # -- the status table -------------------------------------------------------------
 
 STATUS: dict[type[BaseException], int] = {
     BadRequest: 400, ValueError: 400, TypeError: 400,
     Unauthorized: 401, Forbidden: 403, NotFound: 404, MethodNotAllowed: 405,
     ConditionFailed: 409, wal.errors.ReadOnlyError: 409, wal.errors.SnapshotError: 409,
+    wal.errors.NotLeaderError: 421,
     wal.errors.LogGapError: 410, wal.errors.SubscriptionInvalidatedError: 410,
     RecordTooLargeError: 413, PayloadTooLarge: 413, AnswerTooLarge: 413,
     wal.errors.LeaseNotFoundError: 404, wal.errors.KeyspaceLimitError: 409,

@@ -33,6 +33,7 @@ from kvstore.state import State, StateOptions
 from kvstore.store import recovery
 from wal.errors import ReplicaError
 from wal.fs import OS_FS, file_in_the_way
+from wal.timeline import History
 
 log = logging.getLogger("walkv.replica")
 
@@ -94,24 +95,35 @@ def claim(path: str, source: ReplicaSource) -> None:
         shutil.rmtree(os.path.join(path, leftover), ignore_errors=True)
 
 
-def starting_state(path: str, source: ReplicaSource, options: StateOptions) -> State:
-    """The replica's LMDB state: trusted as it is, or rebuilt (module docstring)."""
+def starting_state(path: str, source: ReplicaSource, options: StateOptions) -> tuple[State, History]:
+    """The replica's LMDB state and the timeline history its entries are on:
+    trusted as it is (its entries all on the source's history), or rebuilt
+    (module docstring)."""
     lmdb_dir = os.path.join(path, LMDB_DIR)
+    history = source.history()
     state, reason = recovery.trusted_state(lmdb_dir, source.store_id, source.first_lsn(), source.durable_lsn(),
-                                           options)
+                                           options, history=history)
     if state is not None:
-        return state
+        return state, history
     if os.path.exists(lmdb_dir):
         log.warning("rebuilding replica %s from %s: %s", path, source.name, reason)
     return rebuild(lmdb_dir, source, options)
 
 
-def rebuild(lmdb_dir: str, source: ReplicaSource, options: StateOptions) -> State:
-    """A new LMDB at ``lmdb_dir``: the source's newest usable snapshot plus its log."""
-    durable = source.durable_lsn()
-    snap = source.base(durable)
-    source.reset()
-    return recovery.rebuild_state(
-        lmdb_dir, source.log_source(durable), store_id=source.store_id,
-        base=snap, base_lsn=snap.lsn if snap is not None else 0,
-        state_options=options)
+def rebuild(lmdb_dir: str, source: ReplicaSource, options: StateOptions) -> tuple[State, History]:
+    """A new LMDB at ``lmdb_dir``: the source's newest usable snapshot plus its
+    log, and the history they are on (read before and after: a rebuild the
+    source forked under is done again)."""
+    while True:
+        history = source.history()
+        durable = source.durable_lsn()
+        snap = source.base(durable)
+        source.reset()
+        state = recovery.rebuild_state(
+            lmdb_dir, source.log_source(durable), store_id=source.store_id,
+            base=snap, base_lsn=snap.lsn if snap is not None else 0,
+            state_options=options, history=history)
+        if source.history() == history:
+            return state, history
+        state.close(sync=False)
+        log.warning("%s forked while a replica was rebuilt from it; rebuilding again", source.name)

@@ -32,6 +32,7 @@ from the LSN after the last whole one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -40,6 +41,11 @@ from wal.errors import CorruptionError, Damage, ReplicaError
 from wal.record import MAX_RECORD_LIMIT
 from wal.record_reader import RecordReader
 from wal.segment import Entry, decode_entry, decode_header, segment_first_lsn
+from wal.timeline import history_from_json
+
+READ_TIMEOUT = 5.0
+"""Seconds past its long poll that a segment answer may make a reader wait
+for its headers or its next bytes."""
 
 
 class _BodyFile:
@@ -75,26 +81,37 @@ class _BodyFile:
 class SegmentStream:
     """The entries of one ``/v1/log/segment`` answer from ``from_lsn`` (module
     docstring), read as they arrive. ``next_lsn`` is the LSN the next entry
-    must have; ``durable_lsn`` the server's durable LSN when it answered.
+    must have; ``durable_lsn`` the server's durable LSN when it answered,
+    ``history`` its log's timeline history (``Walkv-History``: the entries
+    sent are on it), ``epoch`` the epoch it leads (``Walkv-Epoch``: its
+    timeline's number). ``params``: more query parameters (a follower's
+    ``replica`` and ``epoch``).
     ``wait``: seconds the server may wait for ``from_lsn`` to be durable (a
     long poll; the answer may then hold nothing)."""
 
-    def __init__(self, http: Any, url: str, store_id: str, from_lsn: int, wait: float = 0.0) -> None:
+    def __init__(self, http: Any, url: str, store_id: str, from_lsn: int, wait: float = 0.0, *,
+                 params: dict[str, Any] | None = None) -> None:
         self.next_lsn = self._from = from_lsn
         self._stack = ExitStack()
-        params = {"from_lsn": from_lsn, "wait": wait} if wait else {"from_lsn": from_lsn}
-        resp = self._stack.enter_context(http.stream("GET", "/v1/log/segment", params=params))
+        params = {**(params or {}), "from_lsn": from_lsn, **({"wait": wait} if wait else {})}
+        # A server that stops answering mid-way (a paused process: its socket still accepts) is given up
+        # on after a while, never waited for forever.
+        resp = self._stack.enter_context(http.stream("GET", "/v1/log/segment", params=params,
+                                                     read_timeout=wait + READ_TIMEOUT))
         try:
             name = resp.headers["Walkv-Segment"]
             offset = int(resp.headers["Walkv-Offset"])
             self.durable_lsn = int(resp.headers["Walkv-Durable-Lsn"])
+            self.history = history_from_json(json.loads(resp.headers["Walkv-History"]), "Walkv-History")
+            self.epoch = int(resp.headers.get("Walkv-Epoch", self.history[-1].timeline))
             first = segment_first_lsn(name)
             if first is None or offset < 0:
                 raise ValueError(f"segment {name!r} at offset {offset}")
         except (KeyError, ValueError) as exc:
             self._stack.close()
-            raise ReplicaError(f"{url} answered /v1/log/segment without a valid Walkv-Segment, Walkv-Offset and "
-                               f"Walkv-Durable-Lsn ({exc}): is it a walkv server of this version?") from None
+            raise ReplicaError(f"{url} answered /v1/log/segment without a valid Walkv-Segment, Walkv-Offset, "
+                               f"Walkv-Durable-Lsn and Walkv-History ({exc}): is it a walkv server of this "
+                               "version?") from None
         self._path = f"{url}/v1/log/segment ({name})"
         self._store_id = store_id
         self._first = first

@@ -85,6 +85,7 @@ from kvstore.store.snapshots import choose_base
 from snapshot.layout import MANIFEST_NAME, check_chunk_name, snapshot_dir_name
 from wal.errors import LockedError, ReplicaError, SnapshotError, SourceGoneError, WalkvError
 from wal.segment import Entry
+from wal.timeline import ROOT, History, history_from_json, history_to_json
 
 log = logging.getLogger("walkv.replica")
 
@@ -138,6 +139,7 @@ class HttpSource:
         self._temp_dir: str | None = None
         self._gone = False
         self._durable = 0  # the server's durable LSN, as last seen
+        self._history: History = ROOT  # the server's log's timeline history, as last seen
         self._bounds_at = 0.0  # time.monotonic() of the last bounds request
         self._next: int | None = None  # the LSN after the last entry delivered (None: unknown)
         try:
@@ -171,6 +173,7 @@ class HttpSource:
 
     def _note(self, bounds: dict[str, Any]) -> dict[str, Any]:
         self._durable = int(bounds["durable_lsn"])
+        self._history = history_from_json(bounds.get("history", history_to_json(ROOT)), f"{self.name}/v1/log/bounds")
         self._bounds_at = time.monotonic()
         return bounds
 
@@ -180,6 +183,7 @@ class HttpSource:
             raise SourceGoneError(f"{self.name} was found gone (promote); the replica reads nothing more from it")
         stream = self._stream = SegmentStream(self.http, self.name, self.store_id, from_lsn, wait)
         self._durable = max(self._durable, stream.durable_lsn)
+        self._history = stream.history
         return stream
 
     # -- the ReplicaSource protocol -----------------------------------------------
@@ -198,6 +202,11 @@ class HttpSource:
         except httpx.HTTPError as exc:
             self.reset()
             raise self._unreachable(exc) from exc
+
+    def history(self) -> History:
+        """The server's log's history as its last answer stated it (a new
+        answer, a segment or the bounds, states it again)."""
+        return self._history
 
     def first_lsn(self) -> int:
         return max(1, int(self._bounds()["first_lsn"]))

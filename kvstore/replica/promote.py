@@ -11,19 +11,22 @@ any other, whose LSNs continue the source's.
 2. Give the replica's directory its own log, empty and starting at
    ``applied_lsn + 1`` (as :mod:`kvstore.replica.restore` gives a restored store),
    and a snapshot at ``applied_lsn`` (so that it can rebuild its LMDB after a
-   machine crash, its log starting where it does). The new log has a NEW
-   store id: from here on its history is its own.
+   machine crash, its log starting where it does). The new log keeps the
+   source's store id and goes on on a NEW timeline (:mod:`wal.timeline`)
+   that forks from the replica's history after ``applied_lsn``: the same
+   store, whose history changed course here, so the source's other replicas
+   can follow the promoted store (a replica that applied LSNs past
+   ``applied_lsn`` from the old source rebuilds, never mixes), and an
+   archive of the source takes the new timeline beside the old one.
 3. Remove ``REPLICA``: the commit point. Before it, the directory is still a
    replica (reopening it clears the half-made log and snapshot); after it,
-   a store, and the LMDB meta is switched to the new store id (a crash before
-   that makes the first open rebuild LMDB from the snapshot of step 2).
+   a store.
 
-The old source's archive prefix: the promoted store is another store (its
-own id), so an archiver refuses to ship it to the source's prefix (an archive
-of another store); archive it to a new prefix. Do not restart the old
-source's writer after a promotion: both would then write LSNs after
-``applied_lsn``, two histories. The lock in step 1 only proves that no
-writer was alive then.
+Do not restart the old source's writer after a promotion: it would go on
+writing the old timeline after ``applied_lsn``; readers of both tell the two
+histories apart and refuse to mix them, but two writers of one store is two
+histories nobody can merge. The lock in step 1 only proves that no writer
+was alive then.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.store import recovery
 from kvstore.store.store import KVStore
 from wal.fs import OS_FS
+from wal.timeline import History, fork_history, history_until, new_timeline
 
 
 class Promotable(Protocol):
@@ -46,6 +50,7 @@ class Promotable(Protocol):
 
     path: str
     source: Any
+    history: History
 
     def catch_up(self) -> int: ...
 
@@ -67,19 +72,21 @@ def promote(rep: Promotable, options: dict[str, Any]) -> KVStore:
         try:
             for leftover in (wal_dir, snaps):
                 shutil.rmtree(leftover, ignore_errors=True)
-            with wal.open(wal_dir, start_lsn=applied + 1) as new_log:
-                store_id = new_log.store_id
+            lineage = history_until(rep.history, applied)
+            with wal.open(wal_dir, start_lsn=applied + 1, store_id=rep.source.store_id,
+                          history=fork_history(lineage, new_timeline(rep.history, applied + 1))) as new_log:
+                store_id, history = new_log.store_id, new_log.history
             with state.read_view() as view:
                 snapshot.write(snaps, view.lsn, view.pairs(), sections=view.sections(), store_id=store_id, total=view.count)
+            recovery.write_session(os.path.join(path, LMDB_DIR), store_id, clean=False, history=history)
             OS_FS.unlink(os.path.join(path, REPLICA_NAME))
             OS_FS.fsync_dir(path)
-            state.initialize(store_id, applied, complete=True)
         finally:
             state.close(sync=True)
-        recovery.write_session(os.path.join(path, LMDB_DIR), store_id, clean=True)
+        recovery.write_session(os.path.join(path, LMDB_DIR), store_id, clean=True, history=history)
     finally:
         if fence is not None:
             fence.release()
-    log.info("replica %s promoted at LSN %d (new store id %s; its source was %s)", path, applied, store_id,
-             rep.source.name)
+    log.info("replica %s promoted at LSN %d: store %s goes on on %s (its source was %s)", path, applied, store_id,
+             history[-1], rep.source.name)
     return KVStore(path, **options)

@@ -21,11 +21,23 @@ A replica has its directory (:mod:`kvstore.replica.directory`: the
 the state it serves reads from (:class:`~kvstore.replica.served.ServedState`)
 and a thread that follows the source.
 
-Falling behind retention while running (:class:`~wal.errors.LogGapError`):
-the replica builds a new LMDB beside the old one (``lmdb.rebuild``) from the
-newest snapshot plus the log, while reads go on serving the OLD state; then
-it swaps them (milliseconds; what reads see meanwhile:
-:mod:`kvstore.replica.served`). ``rebuilds`` counts them.
+Falling behind retention while running (:class:`~wal.errors.LogGapError`),
+or a source whose history forked before what the replica applied
+(:class:`~wal.errors.ForkedHistoryError`: the source was repaired, promoted
+or failed over, :mod:`wal.timeline`): the replica builds a new LMDB beside
+the old one (``lmdb.rebuild``) from the newest snapshot plus the log, while
+reads go on serving the OLD state; then it swaps them (milliseconds; what
+reads see meanwhile: :mod:`kvstore.replica.served`). ``rebuilds`` counts
+them.
+
+Histories are never mixed. :attr:`Replica.history` is the timeline history
+the applied entries are on (its LMDB's SESSION states it,
+:mod:`kvstore.store.recovery`). Before a group is applied, the source's
+history is read before and after its entries are: when the two differ the
+group is dropped and read again; when the source's history left the
+replica's timeline at or before an LSN the replica applied, it rebuilds
+(the warning names both timelines and the fork LSN). Only then is the new
+history recorded, and the group applied.
 
 Lag: :attr:`Replica.lag` is ``(lsns, seconds)``: how many durable LSNs of
 the source it has not applied, and for how long it has not shown everything
@@ -59,9 +71,18 @@ from kvstore.state.lookups import Lookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery
 from kvstore.watch import watcher as watching
-from wal.errors import ClosedError, LogGapError, ReplicaError, ReplicaLagError, SourceGoneError, WalkvError
+from wal.errors import (
+    ClosedError,
+    ForkedHistoryError,
+    LogGapError,
+    ReplicaError,
+    ReplicaLagError,
+    SourceGoneError,
+    WalkvError,
+)
 from wal.fs import OS_FS
 from wal.lock import DirectoryLock
+from wal.timeline import History, check_follows
 
 log = logging.getLogger("walkv.replica")
 
@@ -100,7 +121,8 @@ class Replica(Lookups):
         self._lock: DirectoryLock | None = DirectoryLock(self.path, f"the replica {self.path}")
         try:
             directory.claim(self.path, source)
-            self._served = ServedState(directory.starting_state(self.path, source, self._options), self.path)
+            state, self.history = directory.starting_state(self.path, source, self._options)
+            self._served = ServedState(state, self.path)
             self._hold = source.hold(self.applied_lsn + 1)  # the source's retention keeps what it has not read
         except BaseException:
             self._lock.release()
@@ -122,6 +144,9 @@ class Replica(Lookups):
                 progressed = self._step()
             except LogGapError as gap:
                 need_rebuild = f"the source's retention trimmed past it ({gap})"
+                continue
+            except ForkedHistoryError as fork:
+                need_rebuild = str(fork)
                 continue
             except _SourceBehind as behind:
                 need_rebuild = str(behind)
@@ -159,6 +184,9 @@ class Replica(Lookups):
             self._note_applied(applied, durable, seen)
             return False
         last = min(durable, applied + GROUP_ENTRIES)
+        before = self.source.history()
+        if before != self.history:
+            self._follow_history(before, applied)
         batches: list[Sequence[Sequence[Any]]] = []
         size = 0
         for entry in self.source.entries(applied + 1, last):
@@ -168,11 +196,24 @@ class Replica(Lookups):
                 break
         if not batches:
             return False
+        if self.source.history() != before:  # it forked while we read: read again on the new history
+            return True
+        check_follows(before, applied + len(batches), self.source.history(), what=f"the replica {self.path}",
+                      source=self.source.name, hint="it rebuilds from a snapshot")
         state.apply(applied + 1, batches)
         self._note_applied(state.applied_lsn, durable, seen)
         if self._hold is not None:
             self._hold.move(state.applied_lsn + 1)
         return True
+
+    def _follow_history(self, history: History, applied: int) -> None:
+        """The source's history changed: refuse it when it forked at or before
+        ``applied`` (:class:`~wal.errors.ForkedHistoryError`: the caller
+        rebuilds), else record it (SESSION, before any entry of it is applied)."""
+        check_follows(self.history, applied, history, what=f"the replica {self.path}", source=self.source.name,
+                      hint="it rebuilds from the source's newest snapshot")
+        recovery.write_session(self._lmdb_dir, self.source.store_id, clean=False, history=history)
+        self.history = history
 
     def _note_applied(self, applied: int, durable: int, seen: float) -> None:
         if applied >= durable:
@@ -185,18 +226,19 @@ class Replica(Lookups):
         """Rebuild beside the served state, then swap (module docstring)."""
         log.warning("replica %s starts again from %s's newest snapshot: %s", self.path, self.source.name, reason)
         new_dir = os.path.join(self.path, directory.REBUILD_DIR)
-        new = directory.rebuild(new_dir, self.source, self._options)
+        new, history = directory.rebuild(new_dir, self.source, self._options)
         new.close(sync=True)
-        recovery.write_session(new_dir, self.source.store_id, clean=True)
+        recovery.write_session(new_dir, self.source.store_id, clean=True, history=history)
 
         def replace() -> State:
             recovery.remove_state(self._lmdb_dir)
             OS_FS.rename(new_dir, self._lmdb_dir)
             OS_FS.fsync_dir(self.path)
             state = State(self._lmdb_dir, self._options)
-            recovery.write_session(self._lmdb_dir, self.source.store_id, clean=False)
+            recovery.write_session(self._lmdb_dir, self.source.store_id, clean=False, history=history)
             return state
         state = self._served.swap(replace)
+        self.history = history
         self.rebuilds += 1
         self._note_applied(state.applied_lsn, self._source_lsn, time.time())
 
@@ -318,7 +360,7 @@ class Replica(Lookups):
             try:
                 if not self._step():
                     return self.applied_lsn
-            except (LogGapError, _SourceBehind) as exc:
+            except (LogGapError, _SourceBehind, ForkedHistoryError) as exc:
                 self._rebuild_live(str(exc))
             except SourceGoneError:  # its fence found it gone: what was applied is all there is
                 return self.applied_lsn
@@ -355,7 +397,7 @@ class Replica(Lookups):
         state = self.detach()
         self.source.close()
         state.close(sync=True)
-        recovery.write_session(self._lmdb_dir, self.source.store_id, clean=True)
+        recovery.write_session(self._lmdb_dir, self.source.store_id, clean=True, history=self.history)
 
     def __enter__(self) -> Replica:
         return self

@@ -44,6 +44,8 @@ from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
 from wal.errors import CorruptionError, Damage, ReplicaError, RestoreTimeError, SnapshotError, WalkvError
 from wal.fs import OS_FS, file_in_the_way
 from wal.progress import Progress
+from wal.segment import read_newest_header
+from wal.timeline import ROOT, History, fork_history, history_until, new_timeline
 
 
 class OpenStore(Protocol):
@@ -171,16 +173,23 @@ def restore_store(source: str | os.PathLike[str] | OpenStore, target: str | os.P
         base = choose_base(snap_dirs, wal_dir, log_first, target_lsn, read_store_id(wal_dir) if wal_dir else None)
     except SnapshotError as e:
         raise SnapshotError(f"cannot restore to LSN {target_lsn}: {e}") from None
+    header = read_newest_header(wal_dir) if wal_dir else None
     return build(target, LogFiles(wal_dir, log_first, target_lsn), base, target_lsn, source=source,
-                 progress=progress, t0=t0)
+                 progress=progress, t0=t0, history=header.history if header is not None else ROOT)
 
 
 def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot | None, target_lsn: int, *,
-          source: str, progress: Progress | None = None, t0: float | None = None) -> RestoreInfo:
+          source: str, progress: Progress | None = None, t0: float | None = None,
+          history: History = ROOT, store_id: str | None = None) -> RestoreInfo:
     """The second half of a restore, for any source (a store's files, an
     archive): ``base`` (None: an empty state) plus ``log_source``'s entries up
     to ``target_lsn``, into a new store at ``target`` (steps 2 and 3 of the
-    module docstring). ``source`` names the source in messages."""
+    module docstring). ``source`` names the source in messages, ``history``
+    is the source's timeline history (the restored store's log goes on on a
+    new timeline that forks from it after ``target_lsn``: wal.timeline).
+    With ``store_id`` the target is that store, not a new one: a cluster
+    node starting as its leader's follower, whose log goes on on the
+    leader's line (no fork)."""
     t0 = time.monotonic() if t0 is None else t0
     check_target(target)
     base_lsn = base.lsn if base is not None else 0
@@ -190,12 +199,17 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
     shutil.rmtree(tmp, ignore_errors=True)
     OS_FS.makedirs(tmp)
     try:
-        with wal.open(os.path.join(tmp, WAL_DIR), start_lsn=target_lsn + 1) as new_log:
+        lineage = history_until(history, target_lsn + 1 if store_id else target_lsn)
+        if store_id is None:
+            lineage = fork_history(lineage, new_timeline(history, target_lsn + 1))
+        with wal.open(os.path.join(tmp, WAL_DIR), start_lsn=target_lsn + 1, history=lineage,
+                      store_id=store_id) as new_log:
             store_id = new_log.store_id
+            new_history = new_log.history
         lmdb_dir = os.path.join(tmp, LMDB_DIR)
         state = recovery.rebuild_state(
             lmdb_dir, log_source, store_id=store_id,
-            base=base, base_lsn=base_lsn, progress=progress,
+            base=base, base_lsn=base_lsn, progress=progress, history=new_history,
         )
         try:
             replayed = target_lsn - base_lsn
@@ -208,7 +222,7 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
                                total=count)
         finally:
             state.close(sync=True)
-        recovery.write_session(lmdb_dir, store_id, clean=True)
+        recovery.write_session(lmdb_dir, store_id, clean=True, history=new_history)
         if os.path.isdir(target):
             os.rmdir(target)
         os.rename(tmp, target)

@@ -47,7 +47,8 @@ from kvstore.watch.log_tail import LogTail
 from wal.durable import read_durable_lsn
 from wal.errors import LockedError, ReplicaError, WalkvError
 from wal.lock import DirectoryLock
-from wal.segment import Entry, list_segments, read_store_id
+from wal.segment import Entry, list_segments, read_header, read_store_id
+from wal.timeline import ROOT, History
 
 STORE_POLL_SECONDS = 0.002
 ARCHIVE_POLL_SECONDS = 1.0
@@ -69,6 +70,10 @@ class ReplicaSource(Protocol):
     snapshots_dir: str | None
 
     def durable_lsn(self) -> int: ...
+    def history(self) -> History:
+        """The source log's timeline history now (:mod:`wal.timeline`): the
+        entries read after this call, up to the next call, are on it when
+        the next call returns the same (a fork changes it)."""
     def first_lsn(self) -> int: ...
     def entries(self, from_lsn: int, last: int) -> Iterator[Entry]: ...
     def reset(self) -> None: ...
@@ -98,9 +103,30 @@ class StoreSource:
                              "a replica follows a store directory or an archive")
         self.store_id = sid
         self._tail: LogTail | None = None
+        self._history: tuple[tuple[str, int], History] | None = None  # keyed by the newest segment's file
 
     def durable_lsn(self) -> int:
         return read_durable_lsn(self._wal, self.layout.fs) or 0
+
+    def history(self) -> History:
+        """The newest segment's header's (read again only when that file changes)."""
+        fs = self.layout.fs
+        for _ in range(3):  # the newest segment may be rolled or replaced while we look
+            segments = list_segments(self._wal, fs)
+            if not segments:
+                return ROOT
+            path = segments[-1].path
+            try:
+                key = (path, os.stat(path).st_ino)
+                if self._history is not None and self._history[0] == key:
+                    return self._history[1]
+                with fs.open_input(path) as f:
+                    history = read_header(f, fs.display(path))[0].history
+            except FileNotFoundError:
+                continue
+            self._history = (key, history)
+            return history
+        raise ReplicaError(f"{self.name}: its newest log segment keeps vanishing while being read")
 
     def first_lsn(self) -> int:
         segments = list_segments(self._wal, self.layout.fs)
@@ -159,6 +185,9 @@ class ArchiveSource:
 
     def durable_lsn(self) -> int:
         return self.reader.last_lsn
+
+    def history(self) -> History:
+        return self.reader.history
 
     def first_lsn(self) -> int:
         return self.reader.first_lsn or 1

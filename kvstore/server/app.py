@@ -71,7 +71,7 @@ ROUTES: list[Route] = [
     route("DELETE", "/v1/subscriptions/{name}", streams.subscription_drop, WRITE),
     route("GET", "/v1/log/bounds", log.bounds, READ),
     route("GET", "/v1/log/entries", log.entries, READ, ("from_lsn", "limit", "wait")),
-    route("GET", "/v1/log/segment", log.segment, READ, ("from_lsn", "wait")),
+    route("GET", "/v1/log/segment", log.segment, READ, ("from_lsn", "wait", "replica", "epoch")),
     route("GET", "/v1/snapshots", log.snapshots, READ),
     route("GET", "/v1/snapshots/{lsn}/{name}", log.snapshot_file, READ),
     route("POST", "/v1/admin/snapshot", admin.take_snapshot, ADMIN),
@@ -128,7 +128,9 @@ async def _answer(request: web.Request, router: Router, s: Served) -> web.Stream
 
 
 async def _on_startup(app: web.Application) -> None:
-    app[SERVED].attach(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    app[SERVED].attach(loop)
+    app[log.DURABLE].attach(loop, app[SERVED].store)
 
 
 async def _on_shutdown(app: web.Application) -> None:
@@ -154,19 +156,21 @@ async def drain(app: web.Application, timeout: float) -> bool:
 
 
 def make_app(db: KVStore | AsyncKVStore, *, tokens: Tokens | None = None, limits: Limits = Limits(),
-             close_store: bool = False) -> web.Application:
+             close_store: bool = False, routes: list[Route] = ROUTES) -> web.Application:
     """The aiohttp application serving ``db`` (a store, or its asyncio
     front) under ``/v1`` (docs/http-api.md); mount it in an aiohttp server
     of your own (and :func:`drain` it before its cleanup), or run it with
     :func:`kvstore.server.serve`. Without
     ``tokens`` every request is allowed (serve it on loopback only). With
-    ``close_store`` the app closes the store at its cleanup."""
+    ``close_store`` the app closes the store at its cleanup. ``routes``:
+    the route table (a cluster node's adds ``/v1/cluster``)."""
     served = Served(db, tokens, limits, owns_store=close_store)
     app = web.Application(middlewares=[_guard], client_max_size=served.max_body,
                           handler_args={"max_field_size": 16 * 1024, "max_line_size": 16 * 1024})
     app[SERVED] = served
-    app[ROUTER] = Router(ROUTES)
+    app[ROUTER] = Router(routes)
     app[log.CURSORS] = log.LogCursors()
+    app[log.DURABLE] = log.DurableSignal()
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)
     app.on_cleanup.append(_on_cleanup)

@@ -18,11 +18,20 @@ server answers at once. ``/v1/log/entries`` answers at most
 :attr:`~kvstore.server.context.Limits.max_answer_bytes` of payloads once
 one entry is in (``next_lsn`` goes on). File reads run in the default
 executor.
+
+A cluster's follower (:mod:`kvstore.cluster.follower`) adds ``replica=URL``
+and ``epoch=E`` to its segment requests: the request is its report that it
+holds every entry before ``from_lsn`` durably, which the store's synchronous
+replicas count (:mod:`kvstore.store.replication`). Since a report counts
+toward what a write's acknowledgement promises, a server with tokens takes
+it only with an admin token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
@@ -30,15 +39,18 @@ from typing import BinaryIO, TypeVar
 from aiohttp import web
 
 from kvstore.client.wire import NotFound, b64encode
+from kvstore.server.auth import ADMIN
 from kvstore.server.context import MAX_LSN, Query, json_response, served
 from kvstore.server.cursors import LogCursors
 from kvstore.server.routes import RouteMatch
 from kvstore.store.snapshots import snapshots_dir
+from kvstore.store.store import KVStore
 from kvstore.watch.log_tail import LogTail
 from snapshot import list_snapshots
 from wal.index import read_index
 from wal.record import BLOCK_SIZE
 from wal.segment import SegmentScan, find_segment, list_segments
+from wal.timeline import history_to_json
 
 MAX_ENTRIES = 10_000
 CURSORS: web.AppKey[LogCursors] = web.AppKey("walkv_log_cursors", LogCursors)
@@ -60,20 +72,57 @@ async def bounds(request: web.Request, match: RouteMatch) -> web.Response:
     segments = await _in_thread(lambda: list_segments(store._wal_dir))
     return json_response({"first_lsn": segments[0].first_lsn if segments else durable + 1,
                           "durable_lsn": durable, "last_lsn": store.last_lsn, "applied_lsn": store.applied_lsn,
-                          "store_id": store.store_id})
+                          "store_id": store.store_id, "history": history_to_json(store.history)})
+
+
+class DurableSignal:
+    """Wakes the long polls of ``/v1/log/*`` as soon as a group is durable:
+    the store's synchronous replicas (:mod:`kvstore.store.replication`) poke
+    it from the log's thread before they wait for the followers, so a
+    follower's round trip starts at once. Without them (no follower waits
+    on this store) the polls look again every few milliseconds."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event = asyncio.Event()
+
+    def attach(self, loop: asyncio.AbstractEventLoop, store: KVStore) -> None:
+        self._loop = loop
+        if store.replicas is not None:
+            store.replicas.on_durable = self.poke
+
+    def poke(self, lsn: int) -> None:
+        """From any thread: a group up to ``lsn`` is durable."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+
+
+DURABLE: web.AppKey[DurableSignal] = web.AppKey("walkv_durable", DurableSignal)
 
 
 async def _wait_durable(request: web.Request, q: Query, first: int) -> None:
     """``wait=S``: until ``first`` is durable, at most S seconds, and not
     past the start of the server's stop (the answer then says what is
-    durable, maybe nothing, and closes the connection)."""
+    durable, maybe nothing, and closes the connection). A durable group
+    wakes it at once (:class:`DurableSignal`)."""
     s = served(request)
+    signal = request.app[DURABLE]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + q.number("wait", 0.0, 0.0, 30.0)
     pause = 0.001
     while s.store.durable_lsn < first and (left := deadline - loop.time()) > 0:
-        if await s.pause(min(pause, left)):
+        if s.shutting_down:
             return
+        await signal.wait(min(pause, left))
         pause = min(pause * 2, 0.05)
 
 
@@ -124,6 +173,11 @@ async def segment(request: web.Request, match: RouteMatch) -> web.StreamResponse
     first = q.integer("from_lsn", None, 1, MAX_LSN)
     if first is None:
         raise ValueError("from_lsn is required: GET /v1/log/segment?from_lsn=N")
+    replica = q.text("replica")
+    if replica and s.store.replicas is not None:  # a follower's report: it holds up to first - 1 durably
+        if s.tokens is not None:  # a report counts toward durability: an admin token's, not any reader's
+            s.tokens.check(request.headers.get("Authorization"), ADMIN)
+        s.store.replicas.report(replica, first - 1, q.integer("epoch", 0, 0, MAX_LSN) or 0)
     await _wait_durable(request, q, first)
     durable = s.store.durable_lsn
     wal_dir = s.store._wal_dir
@@ -164,9 +218,13 @@ async def segment(request: web.Request, match: RouteMatch) -> web.StreamResponse
         return fh, seg.path, block, end
 
     fh, path, offset, end = await _in_thread(locate)
+    # Read after the segment was opened: a fork begins in a segment created after it (wal.timeline), so
+    # the bytes sent are on this history (a cut zeroes the bytes past the fork in place first).
+    history = json.dumps(history_to_json(s.store.history), separators=(",", ":"))
     response = web.StreamResponse(headers={
         "Content-Type": "application/octet-stream", "Content-Length": str(end - offset),
-        "Walkv-Segment": os.path.basename(path), "Walkv-Offset": str(offset), "Walkv-Durable-Lsn": str(durable)})
+        "Walkv-Segment": os.path.basename(path), "Walkv-Offset": str(offset), "Walkv-Durable-Lsn": str(durable),
+        "Walkv-History": history, "Walkv-Epoch": str(s.store.history[-1].timeline)})
     with fh:
         fh.seek(offset)
         await response.prepare(request)

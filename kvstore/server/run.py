@@ -33,15 +33,16 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
 
-from kvstore.server.app import drain, make_app
+from kvstore.server.app import ROUTES, drain, make_app
 from kvstore.server.auth import Tokens
 from kvstore.server.connections import guarded_server
 from kvstore.server.context import Limits
+from kvstore.server.routes import Route
 from kvstore.store.aio import AsyncKVStore, open_async
 from kvstore.store.store import KVStore
 from wal.errors import WalkvError
@@ -96,15 +97,20 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
                       port: int = DEFAULT_PORT, *, tokens: Tokens | None = None, tls: ssl.SSLContext | None = None,
                       insecure: bool = False, limits: Limits = Limits(), store_options: dict[str, Any] | None = None,
                       on_listening: Callable[[str], None] | None = None,
-                      stop: asyncio.Event | None = None, warn: Callable[[str], None] | None = None) -> None:
+                      stop: asyncio.Event | None = None, warn: Callable[[str], None] | None = None,
+                      routes: list[Route] = ROUTES, setup: Callable[[web.Application], None] | None = None) -> None:
     """Serve ``db`` (a store, its asyncio front, or a path to open) until
     ``stop`` is set or SIGTERM/SIGINT arrives; ``on_listening(url)`` once it
-    accepts requests (the URL has the real port when ``port`` is 0)."""
+    accepts requests (the URL has the real port when ``port`` is 0).
+    ``routes`` and ``setup(app)``: a cluster node's additions
+    (:mod:`kvstore.server.cluster`)."""
     warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
     check_listen(host, tokens, tls is not None, insecure, warn)
     owns = isinstance(db, (str, os.PathLike))
     opened = await open_async(db, **(store_options or {})) if isinstance(db, (str, os.PathLike)) else db
-    app = make_app(opened, tokens=tokens, limits=limits, close_store=owns)
+    app = make_app(opened, tokens=tokens, limits=limits, close_store=owns, routes=routes)
+    if setup is not None:
+        setup(app)
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     handled = []
@@ -153,10 +159,15 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on the event loop ``walkv serve`` runs on (:func:`loop_factory`)."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(main)
+
+
 def serve(db: KVStore | AsyncKVStore | str | os.PathLike[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           **options: Any) -> None:
     """Serve ``db`` over HTTP until SIGTERM/SIGINT (options as :func:`serve_async`),
     on uvloop's event loop when it is installed (:func:`loop_factory`),
     e.g. ``serve("/data/store", "127.0.0.1", 7379, tokens=Tokens.from_file("tokens"))``."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(serve_async(db, host, port, **options))
+    run_loop(serve_async(db, host, port, **options))

@@ -151,6 +151,7 @@ class Expiring:
         self.sweep_keys = max(1, min(DEFAULT_SWEEP_KEYS, max_payload // 600))
         self._meta = _StateMeta(state)
         self._sweeper: threading.Thread | None = None
+        self._paused = False
         self._stop = threading.Event()
         self.swept = 0
         """Keys the sweeper deleted (this process)."""
@@ -321,8 +322,15 @@ class Expiring:
         self._sweeper = threading.Thread(target=self._run, args=(interval,), name="walkv-expiry", daemon=True)
         self._sweeper.start()
 
+    def pause_sweeper(self, paused: bool) -> None:
+        """While paused the sweeper skips its rounds (a follower's store: the
+        leader's sweeps arrive through its log)."""
+        self._paused = paused
+
     def _run(self, interval: float) -> None:
         while not self._stop.wait(interval):
+            if self._paused:
+                continue
             try:
                 while self.sweep() >= self.sweep_keys and not self._stop.is_set():
                     pass

@@ -14,9 +14,13 @@ a subclass of :class:`wal.hooks.LogHooks` that the log calls directly:
   goes to LMDB in one write transaction anyway) it returns the work the log
   runs while the fsync does: the group written into an LMDB transaction that
   is committed only once the fsync returned
-  (:class:`kvstore.state.staged.StagedApply`); for any other group, None.
+  (:class:`kvstore.state.staged.StagedApply`); for any other group, and for
+  every group of a store with synchronous replicas, None.
 - ``commit`` runs after the group is written (and fsynced, with
-  ``sync="always"``) and before any of its appenders is released. It applies
+  ``sync="always"``) and before any of its appenders is released. With
+  synchronous replicas (:mod:`kvstore.store.replication`) it first waits
+  until enough of them hold the group (a read never sees a write no replica
+  holds; a failure there fails the log). It applies
   the group to the state machine (so every read after the write returns sees
   it; a staged group is applied by then, and applying is idempotent), wakes
   the store's watchers and pokes the automatic snapshots.
@@ -39,6 +43,7 @@ from wal.segment import Payload
 
 if TYPE_CHECKING:  # (interpreted classes: the hooks call them, never the other way)
     from kvstore.store.expiring import Expiring
+    from kvstore.store.replication import SyncReplicas
     from kvstore.store.writer import StoreWriter
     from kvstore.watch.watcher import WatchHub
 
@@ -54,6 +59,7 @@ class GroupHooks(LogHooks):
         self._expiring: Expiring | None = None
         self._auto_snapshot_writer: StoreWriter | None = None  # told after each group: it takes automatic snapshots
         self._read: Read | None = None  # state.read, bound once (a bound method is made at each look-up)
+        self.replicas: SyncReplicas | None = None  # what each group waits for before it is applied
 
     def bind(self, state: State, expiring: Expiring, writer: StoreWriter | None) -> None:
         """The store's parts, once it has opened them."""
@@ -80,6 +86,8 @@ class GroupHooks(LogHooks):
         """The work to do while the group's fsync runs, or None (module docstring)."""
         state = self._state
         assert state is not None, "the log wrote before the store was bound"
+        if self.replicas is not None:  # published only after the replicas confirmed: in commit
+            return None
         return state.stage(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
 
     def commit(self, group: Group) -> None:
@@ -88,6 +96,9 @@ class GroupHooks(LogHooks):
         along as its context."""
         state = self._state
         assert state is not None, "the log committed before the store was bound"
+        replicas = self.replicas
+        if replicas is not None:
+            replicas.wait(group.last_lsn)
         state.apply(group.first_lsn, cast("list[Ops]", group.contexts), group.payloads)
         # Looks before calls: each is a call into interpreted code, worth
         # making only while somebody watches, or automatic snapshots are on.

@@ -3,8 +3,9 @@
 ``prometheus_text(db.stats())`` in the writing process gives everything:
 LSNs (last, durable, applied, archived), the archive's lag and errors, the
 log's appends, groups, fsyncs, fsync latency (p50/p99 over the last 4096)
-and group sizes, and each durable subscription's lag and whether it was
-invalidated (label ``subscription``). ``walkv stats --prometheus STORE`` gives what another
+and group sizes, each durable subscription's lag and whether it was
+invalidated (label ``subscription``), and each synchronous replica's durable
+LSN, lag and last report (label ``replica``). ``walkv stats --prometheus STORE`` gives what another
 process can read from the files (LSNs; the archived LSN a sidecar publishes;
 for a replica's directory, its applied LSN, its source's durable LSN and the
 lag): fsync counters live in the writing process only.
@@ -52,6 +53,11 @@ _METRICS: tuple[tuple[str, str, str, str, str], ...] = (
 _SUBSCRIPTION_METRICS = (
     ("walkv_subscription_lag_lsns", "Durable LSNs a subscription has not acknowledged.", "lag_lsns"),
     ("walkv_subscription_lag_bytes", "Log bytes retention keeps for a subscription.", "lag_bytes"),
+)
+_REPLICA_METRICS = (
+    ("walkv_sync_replica_durable_lsn", "The last LSN a synchronous replica reported durable.", "durable_lsn"),
+    ("walkv_sync_replica_lag_lsns", "Entries a synchronous replica has not reported durable.", "lag_lsns"),
+    ("walkv_sync_replica_seen_seconds", "Seconds since a synchronous replica's last report.", "seen_seconds_ago"),
 )
 _LATENCY = ("walkv_log_fsync_seconds", "fsync latency of the log over the last 4096 fsyncs.",
             (("0.5", "fsync_p50_ms"), ("0.99", "fsync_p99_ms")))
@@ -107,6 +113,15 @@ class _StatsCollector:
             for sub in subs:
                 gauge.add_metric([store, str(sub["name"])], float(bool(sub["invalidated"])))
             yield gauge
+        sync = stats.get("sync_replicas")
+        replicas = [r for r in (sync.get("replicas") or ()) if isinstance(r, Mapping)] if isinstance(sync, Mapping) \
+            else []
+        if replicas:
+            for name, text, key in _REPLICA_METRICS:
+                gauge = GaugeMetricFamily(name, text, labels=["store", "replica"])
+                for r in replicas:
+                    gauge.add_metric([store, str(r["name"])], float(r[key]))
+                yield gauge
 
 
 def prometheus_text(stats: Mapping[str, Any]) -> str:

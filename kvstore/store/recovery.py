@@ -23,7 +23,8 @@ including one that says "closed cleanly".
 fsync directory)::
 
     {"format": 1, "store_id": "<log store id>", "boot_id": "<kernel boot id>",
-     "clean": false, "pid": 1234, "time": 1700000000.0}
+     "clean": false, "pid": 1234, "time": 1700000000.0,
+     "history": [[1, 1, 0], [2, 70, 8312...]]}
 
 * Written with ``"clean": false`` and the current boot id before the first
   LMDB write of a session (and made durable first), so any later LMDB write
@@ -31,6 +32,12 @@ fsync directory)::
 * Rewritten with ``"clean": true`` at close, after LMDB was flushed
   (``mdb_env_sync``), while the store's lock is still held.
 * A missing or unreadable SESSION means LMDB cannot be trusted.
+* ``"history"``: the log's timeline history (:mod:`wal.timeline`) the
+  entries LMDB applied are on, written whenever the log's history changes
+  (a new timeline) before an entry of the new timeline is applied. LMDB
+  whose applied LSNs are not all on the log's history (a deposed leader's,
+  a log cut under it) is rebuilt. A record without it (walkv before
+  timelines) is on timeline 1.
 * ``"rebuild": "<why>"`` (written by ``walkv repair`` when it took LSNs
   out of the log that LMDB may have applied) means the next read-write
   open rebuilds LMDB from the newest snapshot plus the log, saying why; a
@@ -55,6 +62,7 @@ from kvstore.store import snapshots
 from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, SnapshotError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
+from wal.timeline import ROOT, History, fork_point, history_from_json, history_to_json, timeline_at
 
 log = logging.getLogger("walkv.recovery")
 
@@ -107,12 +115,14 @@ def read_session(lmdb_dir: str) -> dict | None:
     return rec
 
 
-def write_session(lmdb_dir: str, store_id: str, *, clean: bool,
+def write_session(lmdb_dir: str, store_id: str, *, clean: bool, history: History,
                   fs: FileSystem = OS_FS, rebuild: str | None = None) -> None:
-    """Replace the SESSION record atomically and durably (``rebuild``: why
-    the next open must rebuild LMDB)."""
+    """Replace the SESSION record atomically and durably (``history``: the
+    timeline history LMDB's entries are on; ``rebuild``: why the next open
+    must rebuild LMDB)."""
     rec = {"format": SESSION_FORMAT, "store_id": store_id, "boot_id": boot_id(),
-           "clean": clean, "pid": os.getpid(), "time": time.time(), **({"rebuild": rebuild} if rebuild else {})}
+           "clean": clean, "pid": os.getpid(), "time": time.time(), "history": history_to_json(history),
+           **({"rebuild": rebuild} if rebuild else {})}
     path = os.path.join(lmdb_dir, SESSION_NAME)
     tmp = path + ".tmp"
     fs.write_file(tmp, json.dumps(rec, sort_keys=True).encode() + b"\n")
@@ -138,8 +148,19 @@ def distrust_reason(lmdb_dir: str, session: dict | None, store_id: str) -> str |
     return None
 
 
-def check_state(state: State, store_id: str, first_lsn: int, last_lsn: int) -> str | None:
-    """Why an opened LMDB cannot be used with this log (None: it can)."""
+def session_history(session: dict | None) -> History:
+    """The timeline history a SESSION record states (timeline 1 when it states none)."""
+    try:
+        return history_from_json(session["history"], "SESSION") if session and "history" in session else ROOT
+    except ValueError:
+        return ()
+
+
+def check_state(state: State, store_id: str, first_lsn: int, last_lsn: int, history: History = ROOT,
+                applied_history: History = ROOT) -> str | None:
+    """Why an opened LMDB cannot be used with a log holding ``first_lsn..last_lsn``
+    on ``history`` (None: it can); ``applied_history`` is the timeline history
+    its SESSION says its entries are on."""
     if not state.initialized:
         return "its meta database is empty"
     if not state.complete:
@@ -152,6 +173,13 @@ def check_state(state: State, store_id: str, first_lsn: int, last_lsn: int) -> s
     if state.applied_lsn < first_lsn - 1:
         return (f"it has applied LSN {state.applied_lsn}, but the log starts at LSN "
                 f"{first_lsn} (older entries were truncated)")
+    if not applied_history:
+        return "its SESSION record's timeline history is unreadable"
+    fork = fork_point(applied_history, state.applied_lsn, history)
+    if fork is not None:
+        return (f"it has applied LSNs up to {state.applied_lsn} on {timeline_at(applied_history, fork + 1)}, but "
+                f"the log's history left that timeline after LSN {fork} (a fork: its entries after it are not "
+                f"the log's)")
     return None
 
 
@@ -271,11 +299,12 @@ def rebuild_state(
     progress: Progress | None = None,
     fs: FileSystem = OS_FS,
     state_options: StateOptions = StateOptions(),
+    history: History = ROOT,
 ) -> State:
     """Delete LMDB and build it again: the ``base`` snapshot (every section:
     the keyspaces' and the expiry metadata's too) as of ``base_lsn`` (the
     newest snapshot; none: an empty state at LSN 0), then the log from
-    ``base_lsn + 1``. Returns the open state.
+    ``base_lsn + 1`` (on timeline ``history``). Returns the open state.
 
     Crash-safe: the old environment is deleted durably first, SESSION says
     "not clean" before the first LMDB write, and ``complete`` is set only once
@@ -297,7 +326,7 @@ def rebuild_state(
             kind=Damage.SEQUENCE, path=wal_log.directory, offset=0, hint=REPAIR_HINT)
     remove_state(lmdb_dir, fs)
     fs.makedirs(lmdb_dir)
-    write_session(lmdb_dir, store_id, clean=False, fs=fs)
+    write_session(lmdb_dir, store_id, clean=False, history=history, fs=fs)
     state = State(lmdb_dir, state_options)
     try:
         state.initialize(store_id, base_lsn, complete=base is None)
@@ -336,22 +365,23 @@ class Opened(NamedTuple):
 
 
 def trusted_state(lmdb_dir: str, store_id: str, first_lsn: int, last_lsn: int, options: StateOptions,
-                  fs: FileSystem = OS_FS) -> tuple[State | None, str | None]:
+                  fs: FileSystem = OS_FS, history: History = ROOT) -> tuple[State | None, str | None]:
     """``(state, None)``: the LMDB state at ``lmdb_dir``, trusted as it is
     (:func:`distrust_reason`, :func:`check_state` against a log holding
-    ``first_lsn..last_lsn``) and its session marked open; ``(None, why)``
-    when it must be rebuilt."""
-    reason = distrust_reason(lmdb_dir, read_session(lmdb_dir), store_id)
+    ``first_lsn..last_lsn`` on ``history``) and its session marked open (on
+    ``history``); ``(None, why)`` when it must be rebuilt."""
+    session = read_session(lmdb_dir)
+    reason = distrust_reason(lmdb_dir, session, store_id)
     if reason is not None:
         return None, reason
     try:
         state = State(lmdb_dir, options)
     except CorruptionError as exc:
         return None, f"LMDB will not open ({exc})"
-    reason = check_state(state, store_id, first_lsn, last_lsn)
+    reason = check_state(state, store_id, first_lsn, last_lsn, history, session_history(session))
     try:
         if reason is None:
-            write_session(lmdb_dir, store_id, clean=False, fs=fs)
+            write_session(lmdb_dir, store_id, clean=False, history=history, fs=fs)
             return state, None
     except BaseException:
         state.close(sync=False)
@@ -366,7 +396,8 @@ def open_state(store_path: str, lmdb_dir: str, wal_log: wal.Log, *, fs: FileSyst
     replay the log after its applied LSN, or rebuild it from the newest
     usable snapshot plus the log."""
     store_id = wal_log.store_id
-    state, reason = trusted_state(lmdb_dir, store_id, wal_log.first_lsn, wal_log.last_lsn, options, fs)
+    history = wal_log.history
+    state, reason = trusted_state(lmdb_dir, store_id, wal_log.first_lsn, wal_log.last_lsn, options, fs, history)
     if state is not None:
         try:
             return Opened(state, replay(state, wal_log, progress=progress), None)
@@ -379,7 +410,7 @@ def open_state(store_path: str, lmdb_dir: str, wal_log: wal.Log, *, fs: FileSyst
     found = snapshots.rebuild_base(store_path, store_id)
     base, base_lsn = found if found is not None else (None, 0)
     state = rebuild_state(lmdb_dir, wal_log, store_id=store_id, base=base, base_lsn=base_lsn,
-                          progress=progress, fs=fs, state_options=options)
+                          progress=progress, fs=fs, state_options=options, history=history)
     return Opened(state, state.applied_entries, None if fresh else reason)
 
 

@@ -42,6 +42,7 @@ from kvstore.store.snapshots import own_snapshots
 from wal.errors import CorruptionError, SnapshotError
 from wal.fs import OS_FS, FileSystem
 from wal.salvage import log_store_id
+from wal.timeline import ROOT
 
 log = logging.getLogger("walkv.repair")
 
@@ -99,7 +100,7 @@ def repair_store(store_path: str | None, wal_dir: str, *, salvage: bool = False,
             why = (f"`walkv repair` took LSNs {describe(report.lost)} out of the log; the state is rebuilt from "
                    + (f"the snapshot at LSN {base}" if base else "the log") + " and the log after it")
             recovery.write_session(lmdb_dir, session["store_id"] if session else (store_id or ""), clean=False,
-                                   fs=fs, rebuild=why)
+                                   history=recovery.session_history(session) or ROOT, fs=fs, rebuild=why)
             log.warning("%s: %s", store_path, why)
 
     report = wal.repair(wal_dir, fs=fs, dry_run=dry_run, lock=False, base_lsn=base,

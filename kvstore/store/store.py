@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -55,6 +55,7 @@ from kvstore.entry.codec import (
     OP_DROP_KEYSPACE,
     as_bytes,
     check_keyspace,
+    decode,
     delete_entry,
     delete_range_entry,
     pack_ops,
@@ -72,6 +73,7 @@ from kvstore.store.fast_path import GetPath, PutPath
 from kvstore.store.group_hooks import GroupHooks
 from kvstore.store.keyspace import Keyspace, new_batch, new_transaction, writable_keyspace
 from kvstore.store.leases import Lease
+from kvstore.store.replication import DEFAULT_SYNC_TIMEOUT, SyncReplicas
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
 from kvstore.watch import consumers
@@ -84,7 +86,8 @@ from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
 from wal.record import DEFAULT_MAX_RECORD_BYTES
-from wal.segment import Payload
+from wal.segment import Payload, read_newest_header
+from wal.timeline import ROOT, History, TimelineStart
 
 
 class KVStore(Lookups):
@@ -115,7 +118,9 @@ class KVStore(Lookups):
                  archive_keep_snapshots: int | None = None, archive_keep_seconds: float | None = None,
                  max_retained_bytes: int = consumers.DEFAULT_MAX_RETAINED_BYTES,
                  archive_close_timeout: float = ARCHIVE_CLOSE_TIMEOUT, clock: Clock | None = None,
-                 sweep_interval: float | None = DEFAULT_SWEEP_INTERVAL, **log_options: Any) -> None:
+                 sweep_interval: float | None = DEFAULT_SWEEP_INTERVAL, sync_replicas: int = 0,
+                 sync_timeout: float = DEFAULT_SYNC_TIMEOUT, fence: Callable[[int], None] | None = None,
+                 **log_options: Any) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.readonly = bool(readonly)
         self._fs = fs or OS_FS
@@ -131,6 +136,11 @@ class KVStore(Lookups):
                             "(or run `walkv archive STORE URI` beside it)")
         if self.readonly and log_options:
             raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
+        self.replicas: SyncReplicas | None = None  # what each write waits for (kvstore/store/replication.py)
+        if sync_replicas or fence is not None:
+            if self.readonly:
+                raise TypeError("a store opened with readonly=True writes nothing; its writer waits for replicas")
+            self.replicas = SyncReplicas(sync_replicas, sync_timeout, fence=fence)
         if type(max_retained_bytes) is not int or max_retained_bytes < 0:
             raise ValueError(f"max_retained_bytes must be an int >= 0, not {max_retained_bytes!r}")
         sweep_every = None if self.readonly else sweep_seconds(sweep_interval)  # the writer sweeps
@@ -177,6 +187,9 @@ class KVStore(Lookups):
         if self._log is not None and type(self).put is KVStore.put:
             self.put = PutPath(self._log.appender, self.max_value_bytes, self._expiring.put).put  # type: ignore[method-assign]
         self._hooks.bind(self._state, self._expiring, self._writer)
+        if self.replicas is not None:
+            self.replicas.epoch = self.history[-1].timeline
+            self._hooks.replicas = self.replicas
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
                                         self._watch_hub, polls=self._writer is None)  # what watchers read
         if sweep_every is not None:
@@ -498,8 +511,75 @@ class KVStore(Lookups):
         return self._state.applied_lsn
 
     @property
+    def history(self) -> History:
+        """The log's timeline history, oldest first (:mod:`wal.timeline`;
+        read-only: as its newest segment states it)."""
+        if self._log is None:
+            header = read_newest_header(self._wal_dir)
+            return ROOT if header is None else header.history
+        return self._log.history
+
+    def start_timeline(self, number: int | None = None, *, timeline: TimelineStart | None = None) -> TimelineStart:
+        """Go on on a new timeline from the next LSN (a promote or a failover:
+        :mod:`wal.timeline`), numbered ``number`` (an election's epoch) or the
+        next number, or ``timeline`` as given (a follower takes its leader's);
+        return it. Synchronous replicas count reports of its number from here
+        on. Durable on return."""
+        self._check_open()
+        if self._writer is None:
+            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; its writer starts timelines")
+        start = self._writer.start_timeline(number, timeline)
+        if self.replicas is not None:
+            self.replicas.epoch = start.timeline
+        return start
+
+    # -- following another store's log (kvstore/cluster/follower.py) ---------------
+
+    def refuse_writes(self, error: WalkvError | None) -> None:
+        """While ``error`` is set every write raises it (a cluster's follower:
+        :class:`~wal.errors.NotLeaderError` naming the leader), and expired
+        keys are not swept (the leader's sweeps arrive through its log);
+        None: writes are taken again. :meth:`append_replicated` goes on."""
+        self._check_open()
+        if self._log is None:
+            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True")
+        self._log.refuse_appends(error)
+        self._expiring.pause_sweeper(error is not None)
+
+    def append_replicated(self, entries: Sequence[wal.Entry]) -> int:
+        """Write and apply entries of another log of this store (its leader's),
+        with their own LSNs and commit times; the first must be this store's
+        next LSN. Durable and applied on return (:meth:`wal.Log.append_replicated`)."""
+        self._check_open()
+        if self._log is None:
+            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True")
+        return self._log.append_replicated(entries, [decode(e.payload, e.lsn) for e in entries])
+
+    def discard_after(self, lsn: int, follow: History) -> int:
+        """Drop the log's entries after ``lsn`` (what only this store holds past
+        the point where ``follow``, its leader's history, left its own: a
+        deposed leader's unacknowledged writes) and go on on ``follow``'s line;
+        return how many were dropped. Snapshots past ``lsn`` are deleted. When
+        the state had applied any of them (:attr:`applied_lsn` is past
+        ``lsn``), it is marked to be rebuilt: close the store and open it
+        again before reading or following on. :class:`~wal.errors.SnapshotError`,
+        with nothing changed, when no snapshot at or before ``lsn`` is left to
+        rebuild it from (build the store again from its leader's snapshot)."""
+        self._check_open()
+        if self._writer is None:
+            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True")
+        return self._writer.discard_after(lsn, follow, self._state)
+
+    @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def failure(self) -> WalkvError | None:
+        """The error the log failed with (it refuses every write until the
+        store is reopened: a full disk, a failed fsync, replicas that did not
+        confirm), or None."""
+        return self._log.failure if self._log is not None else None
 
     # -- snapshots, sync, archive, stats -----------------------------------------
 
@@ -568,6 +648,12 @@ class KVStore(Lookups):
         out["expired_swept"] = self._expiring.swept
         if self._writer is not None:
             out.update(self._writer.stats())
+        out["timeline"] = self.history[-1].timeline
+        if self.replicas is not None:
+            out["sync_replicas"] = {"required": self.replicas.required, "timeout": self.replicas.timeout,
+                                    "epoch": self.replicas.epoch, "waits": self.replicas.waits,
+                                    "wait_seconds": self.replicas.wait_seconds,
+                                    "replicas": self.replicas.positions(self.last_lsn)}
         out["subscriptions"] = [s._asdict() for s in self.subscriptions()]
         return out
 
@@ -620,6 +706,14 @@ def open(path: str | os.PathLike[str], sync: str = "always",  # noqa: A001
     ``sweep_interval`` (seconds, default 0.5; None: no sweeper thread, call
     ``sweep_expired()``): expiry's time and cleanup, see
     :mod:`kvstore.store.expiring`.
+
+    ``sync_replicas`` (default 0) and ``sync_timeout`` (seconds, default 10):
+    a write is acknowledged only once it is durable here and on that many
+    replicas (followers of this store's log, :mod:`kvstore.cluster`), and
+    fails with :class:`~wal.errors.SyncReplicationError` when they do not
+    confirm it in time; ``fence(lsn)``, checked before each write is
+    acknowledged, raises when this store may no longer acknowledge (a
+    cluster's leader lease); see :mod:`kvstore.store.replication`.
 
     ``max_retained_bytes`` (default 1 GiB): the most log retention keeps for
     a consumer that falls behind (a named subscription past it is

@@ -53,17 +53,29 @@ from kvstore.layout import LMDB_DIR, REPLICA_NAME, WAL_DIR
 from kvstore.state import State, StateOptions
 from kvstore.store import recovery, snapshots
 from kvstore.watch import consumers
-from wal.errors import ArchiveError, ReplicaError, WalkvError
+from snapshot.layout import discard_dir, parse_snapshot_dir_name
+from wal.errors import ArchiveError, ReplicaError, SnapshotError, WalkvError
 from wal.fs import FileSystem
 from wal.hooks import LogHooks
 from wal.lock import DirectoryLock
 from wal.progress import Progress
+from wal.timeline import History, TimelineStart
 
 log = logging.getLogger("walkv.store")
 
 ARCHIVE_CLOSE_TIMEOUT = 5.0
 """Seconds ``close()`` gives the archiver's last round (``archive_close_timeout``)."""
 
+
+
+def snapshot_dirs_after(parent: str, lsn: int) -> list[tuple[int, str]]:
+    """``(lsn, name)`` of the snapshot directories in ``parent`` past ``lsn``."""
+    found = []
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        at = parse_snapshot_dir_name(name)
+        if at is not None and at > lsn:
+            found.append((at, name))
+    return sorted(found)
 
 
 class StoreWriter:
@@ -113,6 +125,47 @@ class StoreWriter:
             lock.release()
             raise
         return cls(path, fs, lock, log_, snapshots_), opened
+
+    def start_timeline(self, number: int | None, timeline: TimelineStart | None = None) -> TimelineStart:
+        """The log goes on on a new timeline (:meth:`wal.Log.start_timeline`);
+        LMDB's SESSION states the new history before any entry of it is
+        applied (:mod:`kvstore.store.recovery`)."""
+        start = self.log.start_timeline(number, timeline=timeline)
+        self._record_history()
+        return start
+
+    def _record_history(self) -> None:
+        recovery.write_session(os.path.join(self.path, LMDB_DIR), self.log.store_id, clean=False,
+                               history=self.log.history, fs=self._fs)
+
+    def discard_after(self, lsn: int, follow: History, state: State) -> int:
+        """:meth:`kvstore.KVStore.discard_after`: when the state applied past
+        ``lsn`` it is marked to be rebuilt at the next open (the caller
+        reopens the store), snapshots past ``lsn`` go, then the log is cut and
+        goes on on ``follow``'s line."""
+        dropped = self.log.last_lsn - lsn
+        if dropped <= 0:
+            return 0
+        first = self.log.first_lsn
+        bases = [at for at, _ in snapshot_dirs_after(self.snapshots.parent, -1) if first - 1 <= at <= lsn]
+        if state.applied_lsn > lsn and first > 1 and not bases:
+            raise SnapshotError(f"{self.path} cannot drop its entries after LSN {lsn}: its state applied them, and "
+                                f"no snapshot at or before LSN {lsn} that its log (from LSN {first}) continues is "
+                                "left to rebuild it from; build it again from its leader's snapshot")
+        lmdb_dir = os.path.join(self.path, LMDB_DIR)
+        if state.applied_lsn > lsn:  # before the cut: a crash from here on rebuilds it too
+            recovery.write_session(lmdb_dir, self.log.store_id, clean=False, history=self.log.history, fs=self._fs,
+                                   rebuild=f"LSNs after {lsn} were discarded (a fork: the leader's history left "
+                                           f"this store's there)")
+        for lsn_, name in snapshot_dirs_after(self.snapshots.parent, lsn):
+            discard_dir(self._fs, self.snapshots.parent, name, lsn_)
+        self.log.truncate_after(lsn, follow=follow)
+        if state.applied_lsn <= lsn:
+            self._record_history()
+        log.warning("%s: discarded %d log entries after LSN %d that its leader's history does not hold "
+                    "(written here, never acknowledged); it goes on on %s", self.path, dropped, lsn,
+                    self.log.history[-1])
+        return dropped
 
     def start_archiver(self, location: Location, *, interval: float, keep_snapshots: int | None,
                        keep_seconds: float | None, close_timeout: float = ARCHIVE_CLOSE_TIMEOUT) -> None:
@@ -203,7 +256,7 @@ class StoreWriter:
             if clean:
                 try:
                     recovery.write_session(os.path.join(self.path, LMDB_DIR), self.log.store_id, clean=True,
-                                           fs=self._fs)
+                                           history=self.log.history, fs=self._fs)
                 except OSError as exc:
                     raise WalkvError(
                         f"closing {self.path}: could not record the clean close ({exc}); "
