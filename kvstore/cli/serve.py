@@ -8,6 +8,10 @@ finishes the requests in flight (at most ``--shutdown-timeout`` seconds) and
 closes the store cleanly. It listens on 127.0.0.1 unless ``--listen`` says
 otherwise, and refuses a non-loopback address without ``--tokens`` unless
 ``--insecure`` (exit code 2, a usage error).
+
+``--resp HOST:PORT`` also speaks the Redis protocol there, on the same
+store (:mod:`kvstore.server.resp`; the same tokens, loopback rule and TLS),
+and prints ``walkv: RESP listening on redis://HOST:PORT`` once it accepts.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("store", metavar="STORE", help="the store directory (created if missing)")
     p.add_argument("--listen", default="127.0.0.1:7379", metavar="HOST:PORT",
                    help="address to listen on (default 127.0.0.1:7379; PORT 0: any free port)")
+    p.add_argument("--resp", metavar="HOST:PORT",
+                   help="also speak the Redis protocol (RESP2/3) on this address, e.g. 127.0.0.1:6379")
     p.add_argument("--tokens", metavar="FILE", help="tokens file: `ROLE TOKEN` a line (read, write, admin)")
     p.add_argument("--tls-cert", metavar="FILE", help="TLS certificate (PEM)")
     p.add_argument("--tls-key", metavar="FILE", help="TLS private key (PEM)")
@@ -39,10 +45,10 @@ def add_commands(add: AddCommand) -> None:
                    help="seconds SIGTERM gives requests in flight (default 10)")
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(text: str, option: str = "--listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
-        raise CliError(f"--listen must be HOST:PORT, not {text!r}", code=2)
+        raise CliError(f"{option} must be HOST:PORT, not {text!r}", code=2)
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
@@ -60,7 +66,9 @@ def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
     try:
         serve(args.store, host, port, tokens=tokens, tls=tls, insecure=args.insecure, limits=limits,
               store_options={"sync": args.sync},
-              on_listening=lambda url: print(f"walkv: listening on {url}", flush=True))
+              on_listening=lambda url: print(f"walkv: listening on {url}", flush=True),
+              resp=_listen(args.resp, "--resp") if args.resp else None,
+              on_resp_listening=lambda url: print(f"walkv: RESP listening on {url}", flush=True))
     except ServeError as exc:  # the command line as given is refused: a usage error
         raise CliError(str(exc), code=EXIT_USAGE) from None
     return EXIT_OK

@@ -73,7 +73,11 @@ class Tokens:
         """The role of the token in an ``Authorization`` header, or None."""
         if not header or not header.startswith("Bearer "):
             return None
-        digest = _digest(header[7:].strip())
+        return self.role_of_token(header[7:].strip())
+
+    def role_of_token(self, token: str) -> int | None:
+        """The role of ``token`` itself (Redis's ``AUTH TOKEN``), or None."""
+        digest = _digest(token)
         role = None
         for known, known_role in self._known:  # every digest, always: no early exit
             if hmac.compare_digest(known, digest):
