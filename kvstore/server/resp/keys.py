@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from kvstore.entry.codec import END_OF_KEYS, OP_DELETE_RANGE, OP_DROP_KEYSPACE, OP_KEYSPACE, pack_ops
+from kvstore.entry.codec import END_OF_KEYS, OP_DELETE_RANGE, OP_DROP_KEYSPACE, pack_ops
 from kvstore.server.resp.args import SYNTAX, as_int, text
 from kvstore.server.resp.glob import compile_glob, literal_prefix
 from kvstore.server.resp.keyview import DATABASES, KeyView, keyspace_of

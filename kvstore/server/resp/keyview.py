@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from kvstore.entry.codec import (
+    END_OF_KEYS,
     MAX_KEY_BYTES,
     OP_DELETE,
     OP_DELETE_RANGE,
@@ -29,7 +30,6 @@ from kvstore.entry.codec import (
     OP_KEYSPACE,
     OP_PUT,
     OP_PUT_EXPIRING,
-    END_OF_KEYS,
 )
 from kvstore.entry.conditions import GroupSoFar, Meta
 from kvstore.server.resp.replies import RespError

@@ -21,13 +21,13 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-from kvstore.entry.codec import in_keyspace, pack_ops, put_entry
-from kvstore.entry.codec import OP_PUT, OP_PUT_EXPIRING
+from kvstore.entry.codec import OP_PUT, OP_PUT_EXPIRING, in_keyspace, pack_ops, put_entry
 from kvstore.server.resp import floats
 from kvstore.server.resp.args import I64_MAX, I64_MIN, SYNTAX, as_float, as_int, text
 from kvstore.server.resp.keyview import KeyView, walkv_key
 from kvstore.server.resp.replies import OK, RespError, Simple
 from kvstore.server.resp.session import Session
+from wal.segment import Payload
 
 OKAY: Final = Simple("OK")
 MAX_OFFSET: Final = 512 * 1024 * 1024 - 1
@@ -117,6 +117,7 @@ def expire_at(unit: str, raw: bytes, now_us: int, command: str) -> int:
 
 def run_set(s: Session, cmd: list[bytes]) -> None:
     """SET: logged straight from the loop unless an option reads the key."""
+    payload: Payload
     if len(cmd) == 3:
         payload, ops = put_entry(walkv_key(cmd[1]), cmd[2], s.served.max_value)
     else:
@@ -128,7 +129,7 @@ def run_set(s: Session, cmd: list[bytes]) -> None:
     write(s, payload, ops, OK)
 
 
-def put_op(s: Session, key: bytes, value: bytes, at_us: int | None) -> tuple[bytes, list]:
+def put_op(s: Session, key: bytes, value: bytes, at_us: int | None) -> tuple[Payload, list]:
     """The payload and ops of a put of ``key`` in the session's database,
     expiring at ``at_us`` (None: never)."""
     key = walkv_key(key)
