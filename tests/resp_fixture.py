@@ -55,7 +55,11 @@ class InProcess:
     def client(self, **kwargs: Any) -> Any:
         import redis
 
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         kwargs.setdefault("socket_timeout", 30)
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))  # an error is the answer under test: no retries
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
 
     def close(self) -> None:

@@ -124,6 +124,9 @@ class RespConnection(asyncio.Protocol):
         self._resume(_SLOW_READER)
 
     def data_received(self, data: bytes) -> None:
+        if b"\r\n\r\n" in data or data[:1] in (b"\r", b"\n"):
+            self._feed_with_blank_lines(data)
+            return
         self._reader.feed(data)
         if self._held is None:
             self._process()
@@ -153,6 +156,25 @@ class RespConnection(asyncio.Protocol):
         if self._held is None and reader.len() > (self.served.max_request if self.role > OPEN
                                                   else self.served.limits.max_unauthenticated_bytes):
             self._fail(f"ERR Protocol error: a request of more than {reader.len()} bytes, over this server's limit")
+
+    def _feed_with_blank_lines(self, data: bytes) -> None:
+        """Feed ``data``, skipping the empty lines that stand between two
+        commands, as Redis does (``redis-cli --pipe`` sends one): fed piece by
+        piece, so that whether a CRLF stands at a command's boundary is
+        known (the reader holds nothing unread) rather than guessed."""
+        pieces = data.split(b"\r\n\r\n")
+        for n, piece in enumerate(pieces):
+            if n:
+                piece = b"\r\n" + piece
+            if n + 1 < len(pieces):
+                piece += b"\r\n"
+            if self._held is None and not self._reader.has_data():
+                piece = piece.lstrip(b"\r\n")
+            self._reader.feed(piece)
+            if self._held is None:
+                self._process()
+            if self._transport is None or self._quitting:
+                return
 
     def _dispatch(self, cmd: Any) -> None:
         if type(cmd) is not list or not cmd:
