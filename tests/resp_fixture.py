@@ -54,7 +54,6 @@ class InProcess:
 
     def client(self, **kwargs: Any) -> Any:
         import redis
-
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 

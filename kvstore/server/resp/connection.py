@@ -37,7 +37,7 @@ from typing import Any, Final, cast
 
 import hiredis
 
-from kvstore.entry.codec import pack_ops
+from kvstore.entry.codec import OP_KEYSPACE, PlainPuts, pack_ops
 from kvstore.entry.conditions import Decided, GroupSoFar
 from kvstore.server.auth import OPEN, ROLE_NAMES
 from kvstore.server.resp.keyview import EntryView, StateView
@@ -91,7 +91,12 @@ class RespConnection(asyncio.Protocol):
         self._reader = hiredis.Reader()
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []  # answers ready while no write's answer waits before them
-        self._pending: deque[Any] = deque()  # from the first answer that waits: bytes, or (future, Format)
+        self._pending: deque[Any] = deque()  # from the first answer that waits: bytes, or (future, Format, n)
+        self._batch: list[list] = []  # puts not yet logged (put), their answers, database, size
+        self._batch_answers: list[bytes] = []
+        self._batch_db = 0
+        self._batch_plain = True
+        self._batch_bytes = 0
         self._current: tuple[Command, list[bytes]] | None = None  # the command running
         self._held: tuple[Command, list[bytes]] | None = None  # the command waiting for this connection's writes
         self._paused = 0  # why reading is paused: bits of _SLOW_READER, _TOO_MANY
@@ -149,6 +154,8 @@ class RespConnection(asyncio.Protocol):
         except MemoryError:
             self._fail("ERR Protocol error: a request larger than this server takes")
             return
+        if self._batch:
+            self._flush_batch()
         out = self._out
         if out and self._transport is not None:
             self._transport.write(b"".join(out))
@@ -213,6 +220,8 @@ class RespConnection(asyncio.Protocol):
     def must_wait(self) -> bool:
         """Whether the command running must wait for this connection's
         earlier writes (then it runs again once they are answered)."""
+        if self._batch:
+            self._flush_batch()
         if not self._pending:
             return False
         self._held = self._current
@@ -228,24 +237,70 @@ class RespConnection(asyncio.Protocol):
     # -- answering -------------------------------------------------------------------
 
     def reply(self, data: bytes) -> None:
+        if self._batch:
+            self._flush_batch()
         if self._pending:
             self._pending.append(data)
         else:
             self._out.append(data)
 
+    def put(self, ops: list[list], answer: bytes, plain: bool) -> None:
+        """A write that reads nothing (puts of the session's database: SET,
+        SETEX, MSET): its ops join the connection's batch, which goes to the
+        log as ONE entry, answered ``answer`` each once durable, when the
+        commands read from the socket so far are run, or sooner when another
+        command's answer must follow them (:meth:`_flush_batch`). So a
+        pipeline's writes cost one entry, one future and one apply, as a
+        batch of the embedded API does; its entry is atomic. ``plain``: the
+        ops are puts without expiry."""
+        size = 0
+        for op in ops:
+            size += len(op[1]) + len(op[2]) + 32
+        if self._batch and (self.db != self._batch_db or self._batch_bytes + size > self.served.max_payload // 2):
+            self._flush_batch()
+        if not self._batch:
+            self._batch_db = self.db
+            self._batch_plain = True
+            self._batch_bytes = 0
+        self._batch.extend(ops)
+        self._batch_answers.append(answer)
+        self._batch_plain &= plain
+        self._batch_bytes += size
+
+    def _flush_batch(self) -> None:
+        """Log the batch of puts as one entry (:meth:`put`)."""
+        ops, answers = self._batch, self._batch_answers
+        self._batch, self._batch_answers = [], []
+        if self._batch_db:
+            ops = [[OP_KEYSPACE, self.served.writable(self._batch_db)], *ops]
+        elif self._batch_plain:
+            ops = PlainPuts(ops)
+        try:
+            future = self._submit(pack_ops(ops), ops)
+        except Exception as exc:  # refused at once (read-only, closed): each command answers it
+            self.reply(error_for(exc) * len(answers))
+            return
+        self.later(future, b"".join(answers), len(answers))
+
     def answer(self, value: Any) -> None:
         self.reply(encode(value, self.resp3))
 
     def submit(self, payload: Payload, ops: list) -> "asyncio.Future[int]":
+        """Log one entry, after the connection's batch (so in command order)."""
+        if self._batch:
+            self._flush_batch()
         return self._submit(payload, ops)
 
-    def later(self, future: "asyncio.Future[int]", fmt: Format) -> None:
-        """Answer ``fmt`` once ``future`` (a write) is done, in order."""
+    def later(self, future: "asyncio.Future[int]", fmt: Format, commands: int = 1) -> None:
+        """Answer ``fmt`` once ``future`` (a write of ``commands`` commands)
+        is done, in order."""
+        if self._batch:
+            self._flush_batch()
         pending = self._pending
         if self._out and self._transport is not None:
             self._transport.write(b"".join(self._out))
             self._out.clear()
-        pending.append((future, fmt))
+        pending.append((future, fmt, commands))
         if len(pending) == 1:
             future.add_done_callback(self._on_done)
         elif len(pending) > self.served.limits.max_pending_replies:
@@ -260,12 +315,12 @@ class RespConnection(asyncio.Protocol):
                 parts.append(head)
                 pending.popleft()
                 continue
-            future, fmt = head
+            future, fmt, commands = head
             if not future.done():
                 future.add_done_callback(self._on_done)
                 break
             pending.popleft()
-            parts.append(self._finish(future, fmt))
+            parts.append(self._finish(future, fmt, commands))
         transport = self._transport
         if parts and transport is not None:
             transport.write(b"".join(parts))
@@ -279,12 +334,12 @@ class RespConnection(asyncio.Protocol):
         if self._held is not None:
             self._go_on()
 
-    def _finish(self, future: "asyncio.Future[int]", fmt: Format) -> bytes:
+    def _finish(self, future: "asyncio.Future[int]", fmt: Format, commands: int) -> bytes:
         if future.cancelled():
-            return error("ERR the write was cancelled")
+            return error("ERR the write was cancelled") * commands
         exc = future.exception()
         if exc is not None:
-            return error_for(exc)
+            return error_for(exc) * commands
         self.last_lsn = future.result()
         return fmt if type(fmt) is bytes else cast(Callable[[Any], bytes], fmt)(future)
 
@@ -316,7 +371,7 @@ class RespConnection(asyncio.Protocol):
                              "nothing was written")
             return encode(decided.result, resp3)
 
-        self.later(self._submit(_EMPTY, decided), fmt)
+        self.later(self.submit(_EMPTY, decided), fmt)
 
     def _decide_now(self, compute: Compute) -> None:
         if self.must_wait():
@@ -330,6 +385,8 @@ class RespConnection(asyncio.Protocol):
     # -- the connection's state ---------------------------------------------------------
 
     def select(self, db: int) -> None:
+        if self._batch:
+            self._flush_batch()
         self.db = db
         self.view = self.served.view(db)
         if self.watching is not None:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-from kvstore.entry.codec import OP_PUT, OP_PUT_EXPIRING, in_keyspace, pack_ops, put_entry
+from kvstore.entry.codec import OP_PUT, OP_PUT_EXPIRING
 from kvstore.server.resp import floats
 from kvstore.server.resp.args import I64_MAX, I64_MIN, SYNTAX, as_float, as_int, text
 from kvstore.server.resp.keyview import KeyView, walkv_key
 from kvstore.server.resp.replies import OK, RespError, Simple
 from kvstore.server.resp.session import Session
-from wal.segment import Payload
 
 OKAY: Final = Simple("OK")
 MAX_OFFSET: Final = 512 * 1024 * 1024 - 1
@@ -116,38 +115,25 @@ def expire_at(unit: str, raw: bytes, now_us: int, command: str) -> int:
 
 
 def run_set(s: Session, cmd: list[bytes]) -> None:
-    """SET: logged straight from the loop unless an option reads the key."""
-    payload: Payload
-    if len(cmd) == 3:
-        payload, ops = put_entry(walkv_key(cmd[1]), cmd[2], s.served.max_value)
-    else:
+    """SET: a put of the connection's batch (:meth:`Session.put`) unless an
+    option reads the key (then the writer decides it)."""
+    at_us = None
+    if len(cmd) > 3:
         opts = SetOptions(cmd, 3, s.served.now_us())
         if opts.reads:
             s.decide(set_, cmd)
             return
-        payload, ops = put_op(s, cmd[1], cmd[2], opts.at_us)
-    write(s, payload, ops, OK)
+        at_us = opts.at_us
+    s.put([put_op(s.served.max_value, cmd[1], cmd[2], at_us)], OK, at_us is None)
 
 
-def put_op(s: Session, key: bytes, value: bytes, at_us: int | None) -> tuple[Payload, list]:
-    """The payload and ops of a put of ``key`` in the session's database,
-    expiring at ``at_us`` (None: never)."""
+def put_op(max_value: int, key: bytes, value: bytes, at_us: int | None) -> list:
+    """The op of a put of ``key``, expiring at ``at_us`` (None: never), checked."""
     key = walkv_key(key)
-    if at_us is None:
-        return put_entry(key, value, s.served.max_value)
-    if len(value) > s.served.max_value:
+    if len(value) > max_value:
         raise RespError(f"ERR string exceeds maximum allowed size (this store's values are at most "
-                        f"{s.served.max_value} bytes)")
-    ops = [[OP_PUT_EXPIRING, key, value, at_us]]
-    return pack_ops(ops), ops
-
-
-def write(s: Session, payload: Any, ops: list, fmt: bytes) -> None:
-    """Log one entry in the session's database; answer ``fmt`` once it is durable."""
-    keyspace = s.served.writable(s.db) if s.db else ""
-    if keyspace:
-        payload, ops = in_keyspace(keyspace, payload, ops)
-    s.later(s.submit(payload, ops), fmt)
+                        f"{max_value} bytes)")
+    return [OP_PUT, key, value] if at_us is None else [OP_PUT_EXPIRING, key, value, at_us]
 
 
 def set_(v: KeyView, cmd: list[bytes]) -> Any:
@@ -163,7 +149,7 @@ def run_setex(s: Session, cmd: list[bytes]) -> None:
     """SETEX key seconds value, PSETEX key milliseconds value."""
     unit = "EX" if text(cmd[0]) == "SETEX" else "PX"
     at = expire_at(unit, cmd[2], s.served.now_us(), text(cmd[0]).lower())
-    write(s, *put_op(s, cmd[1], cmd[3], at), OK)
+    s.put([put_op(s.served.max_value, cmd[1], cmd[3], at)], OK, False)
 
 
 def setex(v: KeyView, cmd: list[bytes]) -> Any:
@@ -228,19 +214,9 @@ def mset_pairs(cmd: list[bytes]) -> list[tuple[bytes, bytes]]:
 
 
 def run_mset(s: Session, cmd: list[bytes]) -> None:
-    """MSET: one entry of puts, logged straight from the loop."""
-    pairs = mset_pairs(cmd)
+    """MSET: puts of the connection's batch, one answer."""
     limit = s.served.max_value
-    for _, value in pairs:
-        if len(value) > limit:
-            raise RespError(f"ERR string exceeds maximum allowed size (this store's values are at most "
-                            f"{limit} bytes)")
-    ops = [[OP_PUT, k, value] for k, value in pairs]
-    payload = pack_ops(ops)
-    if len(payload) > s.served.max_payload:
-        raise RespError(f"ERR this MSET would be a {len(payload)}-byte log entry, over the store's record "
-                        f"limit of {s.served.max_payload} bytes")
-    write(s, payload, ops, OK)
+    s.put([put_op(limit, key, value, None) for key, value in mset_pairs(cmd)], OK, True)
 
 
 def mset(v: KeyView, cmd: list[bytes]) -> Any:
