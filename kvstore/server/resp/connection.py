@@ -97,8 +97,10 @@ class RespConnection(asyncio.Protocol):
         self._batch_db = 0
         self._batch_plain = True
         self._batch_bytes = 0
-        self._current: tuple[Command, list[bytes]] | None = None  # the command running
-        self._held: tuple[Command, list[bytes]] | None = None  # the command waiting for this connection's writes
+        self._batch_limit = served.max_payload - 64 * 1024
+        self._command: Command | None = None  # the command running, and its arguments
+        self._cmd: list[bytes] = []
+        self._held: tuple[Command | None, list[bytes]] | None = None  # the command waiting for this connection's writes
         self._paused = 0  # why reading is paused: bits of _SLOW_READER, _TOO_MANY
         self._quitting = False
         self._submit = served.front.submit
@@ -191,6 +193,11 @@ class RespConnection(asyncio.Protocol):
                 raise hiredis.ProtocolError(f"expected bulk strings as a command's arguments, got {_kind(arg)}")
         self.served.commands += 1
         command = LOOKUP.get(cmd[0]) or LOOKUP.get(cmd[0].lower())
+        if command is not None and self.multi is None and command.role <= self.role:
+            n, arity = len(cmd), command.arity
+            if n == arity or (arity < 0 and n >= -arity):  # the common case, run at once
+                self._run(command, cmd)
+                return
         try:
             if command is None:
                 raise RespError(_unknown(cmd))
@@ -211,9 +218,11 @@ class RespConnection(asyncio.Protocol):
             self.reply(error(exc.message))
 
     def _run(self, command: Command, cmd: list[bytes]) -> None:
-        self._current = (command, cmd)
+        self._command, self._cmd = command, cmd
         try:
             command.run(self, cmd)
+        except RespError as exc:
+            self.reply(error(exc.message))
         except Exception as exc:
             self.reply(error_for(exc))
 
@@ -224,14 +233,14 @@ class RespConnection(asyncio.Protocol):
             self._flush_batch()
         if not self._pending:
             return False
-        self._held = self._current
+        self._held = (self._command, self._cmd)
         return True
 
     def _go_on(self) -> None:
         """This connection's writes are answered: run the command that waited, and the rest."""
         held, self._held = self._held, None
-        if held is not None:
-            self._run(*held)
+        if held is not None and held[0] is not None:
+            self._run(held[0], held[1])
         self._process()
 
     # -- answering -------------------------------------------------------------------
@@ -253,19 +262,21 @@ class RespConnection(asyncio.Protocol):
         pipeline's writes cost one entry, one future and one apply, as a
         batch of the embedded API does; its entry is atomic. ``plain``: the
         ops are puts without expiry."""
-        size = 0
-        for op in ops:
-            size += len(op[1]) + len(op[2]) + 32
-        if self._batch and (self.db != self._batch_db or self._batch_bytes + size > self.served.max_payload // 2):
+        size = len(ops[0][2]) + 600 if len(ops) == 1 else sum(len(op[2]) + 600 for op in ops)
+        if self._batch and (self.db != self._batch_db or self._batch_bytes + size > self._batch_limit):
             self._flush_batch()
         if not self._batch:
             self._batch_db = self.db
             self._batch_plain = True
             self._batch_bytes = 0
-        self._batch.extend(ops)
+        if len(ops) == 1:
+            self._batch.append(ops[0])
+        else:
+            self._batch.extend(ops)
         self._batch_answers.append(answer)
-        self._batch_plain &= plain
         self._batch_bytes += size
+        if not plain:
+            self._batch_plain = False
 
     def _flush_batch(self) -> None:
         """Log the batch of puts as one entry (:meth:`put`)."""

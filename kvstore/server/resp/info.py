@@ -1,6 +1,7 @@
 """INFO's text: the sections Redis prints, filled from walkv.
 
 ``server`` (the Redis version walkv speaks, walkv's own version, uptime),
+``cluster`` (``cluster_enabled:0``),
 ``clients``, ``persistence`` (walkv's log: the last, durable and applied
 LSNs, the sync mode; ``aof_enabled:1`` since every acknowledged write is in
 the log), ``stats``, ``replication`` (``role:master``, or ``slave`` on a
@@ -18,7 +19,7 @@ from typing import Final
 from kvstore.server.resp.keyview import DATABASES, keyspace_of
 from kvstore.server.resp.served import Served
 
-SECTIONS: Final = ("server", "clients", "persistence", "stats", "replication", "keyspace")
+SECTIONS: Final = ("server", "clients", "persistence", "stats", "replication", "cluster", "keyspace")
 
 
 def _server(served: Served, version: str) -> list[str]:
@@ -31,7 +32,7 @@ def _server(served: Served, version: str) -> list[str]:
         walkv_version = "0"
     up = int(time.time() - served.started)
     return [f"redis_version:{version}", f"walkv_version:{walkv_version}", "redis_mode:standalone",
-            f"os:{os.uname().sysname}", f"process_id:{os.getpid()}", f"uptime_in_seconds:{up}",
+            f"os:{os.uname().sysname}", "arch_bits:64", f"process_id:{os.getpid()}", f"uptime_in_seconds:{up}",
             f"uptime_in_days:{up // 86400}", f"walkv_store:{served.store.path}"]
 
 
@@ -97,7 +98,7 @@ def _expiring(served: Served, keyspace: str) -> int:
 
 _BUILDERS: Final[dict[str, Callable[[Served], list[str]]]] = {
     "clients": _clients, "persistence": _persistence, "stats": _stats, "replication": _replication,
-    "keyspace": _keyspace,
+    "cluster": lambda served: ["cluster_enabled:0"], "keyspace": _keyspace,
 }
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-from kvstore.entry.codec import OP_PUT, OP_PUT_EXPIRING
+from kvstore.entry.codec import MAX_KEY_BYTES, OP_PUT, OP_PUT_EXPIRING
 from kvstore.server.resp import floats
 from kvstore.server.resp.args import I64_MAX, I64_MIN, SYNTAX, as_float, as_int, text
 from kvstore.server.resp.keyview import KeyView, walkv_key
@@ -129,7 +129,8 @@ def run_set(s: Session, cmd: list[bytes]) -> None:
 
 def put_op(max_value: int, key: bytes, value: bytes, at_us: int | None) -> list:
     """The op of a put of ``key``, expiring at ``at_us`` (None: never), checked."""
-    key = walkv_key(key)
+    if not 0 < len(key) <= MAX_KEY_BYTES:
+        walkv_key(key)  # raises
     if len(value) > max_value:
         raise RespError(f"ERR string exceeds maximum allowed size (this store's values are at most "
                         f"{max_value} bytes)")
