@@ -10,8 +10,8 @@ counter: a read-modify-write decided in log order) and MSET (10 keys), over
 100,000 random keys of 3-byte values (redis-benchmark's defaults). A third
 contender, ``floor``, is a Python RESP server that only answers
 (:mod:`benchmarks.resp_floor`): the most a Python face reaches on this
-machine. Each row reports p50 and p99 latency (ms, redis-benchmark's) and the
-server's CPU per operation. The issue's targets: SET ``-P 16`` at 50 clients
+machine. Each row reports p50 and p99 latency (ms, redis-benchmark's), the
+server's CPU per operation and the fdatasync latency measured just before. The issue's targets: SET ``-P 16`` at 50 clients
 >= 1x Redis, SET ``-P 1`` at 256 clients >= 0.5x, GET at 50 clients >= 0.5x.
 
 The load generator shares the machine's cores with the server it loads (2
@@ -34,7 +34,7 @@ from benchmarks.server_peers import Server, start_redis
 from benchmarks.timing import REPO
 
 KEYSPACE = 100_000
-REPORTED = ("p50_ms", "p99_ms", "server_cpu_us_per_op")
+REPORTED = ("p50_ms", "p99_ms", "server_cpu_us_per_op", "fsync_p50_ms")
 LABELS = {"walkv": "walkv serve --resp (sync=always)", "redis": "Redis 7 appendfsync always",
           "floor": "Python RESP floor (answers only)"}
 
@@ -107,10 +107,29 @@ def redis_benchmark(port: int, test: str, clients: int, pipeline: int, requests:
     return {"rps": float(row["rps"]), "p50_ms": float(row["p50_latency_ms"]), "p99_ms": float(row["p99_latency_ms"])}
 
 
+def fsync_p50_ms(directory: str, syncs: int = 20) -> float:
+    """The median time of a 4 KiB write and fdatasync in ``directory`` (the
+    durable writes' floor, measured before each run)."""
+    path = os.path.join(directory, "fsync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        times = []
+        for _ in range(syncs):
+            os.pwrite(fd, b"x" * 4096, 0)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return round(sorted(times)[len(times) // 2] * 1000, 2)
+
+
 def _run(test: str, clients: int, pipeline: int, requests: int):
     def run(ctx: Context) -> Measurement:
         server: Server = ctx.state
         server.check_alive()
+        fsync_ms = fsync_p50_ms(ctx.directory)
         port = int(server.url.rsplit(":", 1)[1])
         cpu = server.cpu_seconds()
         t0 = time.perf_counter()
@@ -118,7 +137,7 @@ def _run(test: str, clients: int, pipeline: int, requests: int):
         seconds = time.perf_counter() - t0
         used = server.cpu_seconds() - cpu
         m = Measurement(ops=requests, seconds=requests / got["rps"])
-        m.extra.update(p50_ms=got["p50_ms"], p99_ms=got["p99_ms"], wall_s=round(seconds, 2),
+        m.extra.update(p50_ms=got["p50_ms"], p99_ms=got["p99_ms"], wall_s=round(seconds, 2), fsync_p50_ms=fsync_ms,
                        server_cpu_us_per_op=round(used / requests * 1e6, 1))
         return m
 
