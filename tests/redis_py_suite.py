@@ -43,7 +43,7 @@ def main(sdist: str) -> int:
             done = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_commands.py",
                  "tests/test_pipeline.py", "--redis-url", f"redis://127.0.0.1:{port}/0", "-k",
-                 f"({SELECTED}) and not ({EXCLUDED})", "-rfE", "--no-header", "-W", "ignore"],
+                 f"({SELECTED}) and not ({EXCLUDED})", "-rfEs", "--no-header", "-W", "ignore"],
                 cwd=sdist, timeout=1800)
         finally:
             served.stop()

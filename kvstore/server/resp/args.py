@@ -44,6 +44,3 @@ def text(raw: bytes) -> str:
     """An option or subcommand name, upper-cased (unknown bytes become U+FFFD)."""
     return raw.decode("utf-8", "replace").upper()
 
-
-def arity_error(name: str) -> RespError:
-    return RespError(f"ERR wrong number of arguments for '{name.lower()}' command")

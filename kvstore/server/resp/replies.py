@@ -11,7 +11,6 @@ value                     RESP2                  RESP3
 ``None``                  null bulk ``$-1``      null ``_``
 :class:`Simple`           simple string ``+``    simple string ``+``
 :class:`RespError`        error ``-``            error ``-``
-``float``                 bulk string            double ``,``
 ``list``, ``tuple``       array ``*``            array ``*``
 ``dict``                  flat array             map ``%``
 :data:`NULL_ARRAY`        null array ``*-1``     null ``_``
@@ -53,12 +52,8 @@ NULL_ARRAY: Final = _NullArray()
 """A null array: EXEC aborted by WATCH, in RESP2 ``*-1``."""
 
 OK: Final = b"+OK\r\n"
-QUEUED: Final = b"+QUEUED\r\n"
-PONG: Final = b"+PONG\r\n"
 NULL2: Final = b"$-1\r\n"
 NULL3: Final = b"_\r\n"
-ZERO: Final = b":0\r\n"
-ONE: Final = b":1\r\n"
 
 
 def line(text: str) -> str:
@@ -69,14 +64,6 @@ def line(text: str) -> str:
 def error(message: str) -> bytes:
     """An error reply, ``-message``."""
     return b"-" + line(message).encode("utf-8", "replace") + b"\r\n"
-
-
-def bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%b\r\n" % (len(value), value)
-
-
-def integer(n: int) -> bytes:
-    return b":%d\r\n" % n
 
 
 def encode(value: Any, resp3: bool) -> bytes:
@@ -107,28 +94,7 @@ def _encode(value: Any, resp3: bool, out: list[bytes]) -> None:
             _encode(v, resp3, out)
     elif isinstance(value, RespError):
         out.append(error(value.message))
-    elif t is float:
-        text = format_float(value).encode()
-        out.append(b",%b\r\n" % text if resp3 else b"$%d\r\n%b\r\n" % (len(text), text))
     elif value is NULL_ARRAY:
         out.append(NULL3 if resp3 else b"*-1\r\n")
-    elif t is str:
-        _encode(value.encode("utf-8"), resp3, out)
-    elif t is bool:
-        out.append(b":1\r\n" if value else b":0\r\n")
     else:
         raise TypeError(f"no RESP encoding for {t.__name__}")
-
-
-def format_float(value: float) -> str:
-    """A float as Redis prints one (INCRBYFLOAT): the shortest text that
-    reads back as the same value, without a trailing ``.0`` or exponent
-    for integral values within 17 digits."""
-    if value != value or value in (float("inf"), float("-inf")):
-        return {"nan": "nan", "inf": "inf", "-inf": "-inf"}[repr(value)]
-    if value == int(value) and abs(value) < 1e17:
-        return str(int(value))
-    text = repr(value)
-    if "e" in text:
-        text = format(value, ".17f").rstrip("0").rstrip(".")
-    return text

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from kvstore.server.auth import OPEN, ROLE_NAMES
+from kvstore.server.auth import OPEN
 from kvstore.server.resp.args import text
 from kvstore.server.resp.keyview import KeyView
 from kvstore.server.resp.replies import OK, RespError, Simple
@@ -142,6 +142,3 @@ def client(s: Session, cmd: list[bytes]) -> None:
     else:
         raise RespError(f"ERR unknown subcommand '{cmd[1].decode('utf-8', 'replace')}'. Try CLIENT HELP.")
 
-
-def role_name(role: int) -> str:
-    return ROLE_NAMES.get(role, "none")
