@@ -282,13 +282,13 @@ class RespConnection(asyncio.Protocol):
         """Log the batch of puts as one entry (:meth:`put`)."""
         ops, answers = self._batch, self._batch_answers
         self._batch, self._batch_answers = [], []
-        if self._batch_db:
-            ops = [[OP_KEYSPACE, self.served.writable(self._batch_db)], *ops]
-        elif self._batch_plain:
-            ops = PlainPuts(ops)
         try:
+            if self._batch_db:
+                ops = [[OP_KEYSPACE, self.served.writable(self._batch_db)], *ops]
+            elif self._batch_plain:
+                ops = PlainPuts(ops)
             future = self._submit(pack_ops(ops), ops)
-        except Exception as exc:  # refused at once (read-only, closed): each command answers it
+        except Exception as exc:  # refused at once (read-only, closed, no keyspace left): each command answers it
             self.reply(error_for(exc) * len(answers))
             return
         self.later(future, b"".join(answers), len(answers))
