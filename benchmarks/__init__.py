@@ -13,7 +13,8 @@ Modules: :mod:`benchmarks.harness` (model, alternation, medians),
 module of workloads per issue: ``log_workloads`` (2), ``kv_workloads`` (3),
 ``keyspace_workloads`` (25), ``expiry_workloads`` (25), ``snapshot_workloads`` (4), ``archive_workloads``
 (12), ``server`` (22: walkv serve against etcd and Redis, which it starts itself:
-:mod:`benchmarks.server_peers`, one load generator :mod:`benchmarks.http_load`), ``spark_workloads`` (5,
+:mod:`benchmarks.server_peers`, one load generator :mod:`benchmarks.http_load`), ``resp`` (35: the
+Redis face against Redis with redis-benchmark; :mod:`benchmarks.resp_floor`), ``spark_workloads`` (5,
 only with ``--only spark``).
 
 ``python -m benchmarks --scale 1M,10M,50M`` runs instead the scale benchmark
@@ -40,6 +41,7 @@ def all_workloads(cfg: Config) -> list[Workload]:
         keyspace_workloads,
         kv_workloads,
         log_workloads,
+        resp,
         server,
         snapshot_workloads,
         spark_workloads,
@@ -47,7 +49,7 @@ def all_workloads(cfg: Config) -> list[Workload]:
 
     out: list[Workload] = []
     for module in (log_workloads, kv_workloads, coord_workloads, keyspace_workloads, expiry_workloads,
-                   snapshot_workloads, archive_workloads, server, spark_workloads):
+                   snapshot_workloads, archive_workloads, server, resp, spark_workloads):
         out.extend(module.workloads(cfg))
     return out
 

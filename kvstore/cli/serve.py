@@ -4,6 +4,7 @@ is docs/http-api.md)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from kvstore.cli.common import EXIT_OK, EXIT_USAGE, AddCommand, CliError
 from kvstore.cli.progress import Reporter
@@ -19,6 +20,10 @@ until SIGTERM or SIGINT: then it stops accepting, ends watch streams and long po
 finishes the requests in flight (at most --shutdown-timeout seconds) and closes the
 store cleanly. It listens on 127.0.0.1 unless --listen says otherwise, and refuses a
 non-loopback address without --tokens unless --insecure (exit code 2, a usage error).
+--resp HOST:PORT also speaks the Redis protocol there, on the same store (the same
+tokens, loopback rule and TLS), and prints "walkv: RESP listening on redis://HOST:PORT"
+once it accepts. --cluster NAME --coordinator etcd://H:P --advertise URL makes it one
+node of a cluster whose writer is elected through etcd (docs/cluster.md).
 Needs the server extra: pip install 'walkv[server]'."""
 
 
@@ -29,6 +34,8 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("store", metavar="STORE", help="the store directory (created if missing)")
     p.add_argument("--listen", default="127.0.0.1:7379", metavar="HOST:PORT",
                    help="address to listen on (default 127.0.0.1:7379; PORT 0: any free port)")
+    p.add_argument("--resp", metavar="HOST:PORT",
+                   help="also speak the Redis protocol (RESP2/3) on this address, e.g. 127.0.0.1:6379")
     p.add_argument("--tokens", metavar="FILE", help="tokens file: `ROLE TOKEN` a line (read, write, admin)")
     p.add_argument("--tls-cert", metavar="FILE", help="TLS certificate (PEM)")
     p.add_argument("--tls-key", metavar="FILE", help="TLS private key (PEM)")
@@ -65,10 +72,10 @@ def add_commands(add: AddCommand) -> None:
                               "its reports count toward acknowledgements")
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(text: str, option: str = "--listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
-        raise CliError(f"--listen must be HOST:PORT, not {text!r}", code=2)
+        raise CliError(f"{option} must be HOST:PORT, not {text!r}", code=2)
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
@@ -90,6 +97,9 @@ def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
                     max_json_bytes=args.max_json_bytes, max_json_items=args.max_json_items,
                     max_answer_bytes=args.max_answer_bytes)
     announce = lambda url: print(f"walkv: listening on {url}", flush=True)  # noqa: E731
+    resp: dict[str, Any] = {} if not args.resp else {
+        "resp": _listen(args.resp, "--resp"),
+        "on_resp_listening": lambda url: print(f"walkv: RESP listening on {url}", flush=True)}
     if args.cluster is not None:
         if args.coordinator is None or args.advertise is None:
             raise CliError("--cluster needs --coordinator etcd://HOST:PORT and --advertise URL", code=EXIT_USAGE)
@@ -105,7 +115,7 @@ def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
                                    sync_timeout=args.sync_timeout, lease_seconds=args.lease_seconds,
                                    follow_token=args.follow_token, store_options={"sync": args.sync},
                                    on_listening=announce, tokens=tokens, tls=tls, insecure=args.insecure,
-                                   limits=limits))
+                                   limits=limits, **resp))
         except ServeError as exc:
             raise CliError(str(exc), code=EXIT_USAGE) from None
         return EXIT_OK
@@ -113,7 +123,7 @@ def cmd_serve(args: argparse.Namespace, rep: Reporter) -> int:
         serve(args.store, host, port, tokens=tokens, tls=tls, insecure=args.insecure, limits=limits,
               store_options={"sync": args.sync, "sync_replicas": args.sync_replicas,
                              "sync_timeout": args.sync_timeout},
-              on_listening=announce)
+              on_listening=announce, **resp)
     except ServeError as exc:  # the command line as given is refused: a usage error
         raise CliError(str(exc), code=EXIT_USAGE) from None
     return EXIT_OK

@@ -28,6 +28,14 @@ codes.
 Keyspaces: a condition is decided in the keyspace the batch is in at that
 point (``[16, name]`` ops may stand among the leading conditions), and the
 state a group leaves is tracked per keyspace, drops included.
+
+Decided writes (:class:`Decided`): a read-modify-write whose ops the writer
+computes, in the same pass and the same log order, from the state as every
+earlier entry leaves it (the value and the expiry of the keys it reads):
+Redis's INCR, APPEND, SETNX or a MULTI/EXEC block (:mod:`kvstore.server.resp`).
+It is logged as the ordinary ops it computed (an empty batch when it writes
+nothing), so the entry format does not change and nothing reading the log
+ever decides again; what it answers travels back in its context.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from kvstore.entry.codec import (
     OP_EXPIRE,
     OP_FAILED,
     OP_KEYSPACE,
+    OP_PUT,
     OP_REQUIRE_ABSENT,
     OP_REQUIRE_EQUALS,
     PUT_CODES,
@@ -56,6 +65,10 @@ Ops = Sequence[Sequence[Any]]
 Payload = bytes | tuple[bytes, ...]  # wal.segment.Payload: a large put arrives in pieces
 Read = Callable[[str, bytes], "bytes | None"]
 """``read(keyspace, key)``: a key's value as the state holds it ("": the default keyspace)."""
+Meta = tuple[int, int]
+"""A key's expiry: ``(OP_PUT_EXPIRING, at_us)`` or ``(OP_PUT_LEASED, lease id)`` (:mod:`kvstore.entry.leases`)."""
+ReadMeta = Callable[[str, bytes], "Meta | None"]
+"""``read_meta(keyspace, key)``: a key's expiry as the state holds it (None: it has none)."""
 _LEADING: Final = CONDITION_CODES | {OP_KEYSPACE}
 
 
@@ -73,15 +86,54 @@ class Outcome(list):  # a list of ops, as every context is
         self.decided = False
 
 
+@mypyc_attr(native_class=False)
+class Decided(Outcome):
+    """A write the writer decides (module docstring): empty until
+    :func:`decide_group` calls ``compute(so_far)`` (a :class:`GroupSoFar`)
+    in log order, which returns ``(ops, result)``: the ops to log (checked
+    as any write's are, at most ``max_payload`` bytes packed) and what the
+    caller is answered. Then the list holds the ops as logged, :attr:`result`
+    the answer, or :attr:`error` what ``compute`` raised (nothing is
+    written then); :attr:`failed` is set when a lease a put needed was not
+    alive there (:mod:`kvstore.entry.leases`). ``compute`` runs on the
+    group's leader thread: it may read ``so_far`` and nothing of the caller's."""
+
+    __slots__ = ("compute", "max_payload", "result", "error")
+
+    def __init__(self, compute: Callable[["GroupSoFar"], tuple[list, Any]], max_payload: int) -> None:
+        super().__init__(())
+        self.compute = compute
+        self.max_payload = max_payload
+        self.result: Any = None
+        self.error: Exception | None = None
+
+    def decide(self, so_far: "GroupSoFar") -> bytes:
+        """Compute the ops (module docstring) and return their payload."""
+        try:
+            ops, self.result = self.compute(so_far)
+            payload = pack_ops(ops)
+            if len(payload) > self.max_payload:
+                raise ValueError(f"the write would be a {len(payload)}-byte log entry, over the log's "
+                                 f"record limit of {self.max_payload} bytes; nothing was written")
+        except Exception as exc:  # the caller's: reported to it, never the group's
+            ops, payload, self.error = [], pack_ops([]), exc
+        self[:] = ops
+        self.decided = True
+        return payload
+
+
 class GroupSoFar:
     """The state as the entries decided so far in a group leave it: their
-    writes over ``read`` (LMDB as the previous group left it). Not the
-    state machine's overlay (:mod:`kvstore.state.overlay`): this one lives
-    for one decision of one group."""
+    writes over ``read`` (LMDB as the previous group left it), values and,
+    with ``read_meta``, expiry. Not the state machine's overlay
+    (:mod:`kvstore.state.overlay`): this one lives for one decision of one
+    group."""
 
-    def __init__(self, read: Read) -> None:
+    def __init__(self, read: Read, read_meta: ReadMeta | None = None) -> None:
         self._read = read
+        self._read_meta = read_meta
         self._values: dict[tuple[str, bytes], bytes | None] = {}
+        self._metas: dict[tuple[str, bytes], Meta | None] = {}
         # deleted since (keyspace, start, end; a drop is the whole keyspace), unless in _values
         self._ranges: list[tuple[str, bytes, bytes | None]] = []
 
@@ -89,10 +141,24 @@ class GroupSoFar:
         v = self._values.get((keyspace, key), self)
         if v is not self:
             return v  # type: ignore[return-value]  # bytes or None: the sentinel was not found
+        if self._deleted(keyspace, key):
+            return None
+        return self._read(keyspace, key)
+
+    def meta(self, keyspace: str, key: bytes) -> Meta | None:
+        """``key``'s expiry (None: it has none, or no ``read_meta`` was given)."""
+        m = self._metas.get((keyspace, key), self)
+        if m is not self:
+            return m  # type: ignore[return-value]  # a Meta or None: the sentinel was not found
+        if self._read_meta is None or self._deleted(keyspace, key):
+            return None
+        return self._read_meta(keyspace, key)
+
+    def _deleted(self, keyspace: str, key: bytes) -> bool:
         for ks, start, end in self._ranges:
             if ks == keyspace and start <= key and (end is None or key < end):
-                return None
-        return self._read(keyspace, key)
+                return True
+        return False
 
     def write(self, ops: Ops) -> None:
         """Record the writes of one batch (which starts in the default keyspace)."""
@@ -101,8 +167,10 @@ class GroupSoFar:
             code = op[0]
             if code in PUT_CODES:
                 self._values[(keyspace, op[1])] = op[2]
+                self._metas[(keyspace, op[1])] = None if code == OP_PUT else (code, op[3])
             elif code == OP_DELETE or code == OP_EXPIRE:
                 self._values[(keyspace, op[1])] = None
+                self._metas[(keyspace, op[1])] = None
             elif code == OP_KEYSPACE:
                 keyspace = op[1]
             elif code == OP_DELETE_RANGE or code == OP_DROP_KEYSPACE:
@@ -113,6 +181,7 @@ class GroupSoFar:
                     for k in [k for k in self._values
                               if k[0] == ks and start <= k[1] and (end is None or k[1] < end)]:
                         self._values[k] = None
+                        self._metas[k] = None
 
 
 def count_conditions(ops: Ops) -> int:
@@ -153,26 +222,33 @@ def first_failing(conditions: Ops, get: Read) -> int | None:
     return None
 
 
-def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read) -> list[Payload] | None:
-    """Decide the conditional batches of one group (module docstring): the
-    payloads to write instead, or ``None`` when the group holds no condition.
-    ``contexts[i]`` is entry i's ops; a failed entry's is replaced by the ops
-    it is logged as (``[[7, i], conditions...]``), so that applying the
-    contexts applies exactly what the log says."""
+def decide_group(payloads: Sequence[Payload], contexts: list[Any], read: Read,
+                 read_meta: ReadMeta | None = None) -> list[Payload] | None:
+    """Decide the conditional batches and the :class:`Decided` writes of one
+    group (module docstring), in log order: the payloads to write instead,
+    or ``None`` when the group holds neither. ``contexts[i]`` is entry i's
+    ops; a failed entry's is replaced by the ops it is logged as (``[[7, i],
+    conditions...]``), a decided one filled with its ops, so that applying
+    the contexts applies exactly what the log says. ``read_meta``: the
+    expiry a decided write reads (None: it reads none)."""
     if len(contexts) == 1:  # the common group: one entry, most often not conditional
         ops = contexts[0]
-        if not ops or ops[0][0] not in _LEADING:
+        if (not ops or ops[0][0] not in _LEADING) and type(ops) is not Decided:
             return None
-    first = next((i for i, ops in enumerate(contexts) if ops and ops[0][0] in _LEADING and is_conditional(ops)),
-                 None)
+    first = next((i for i, ops in enumerate(contexts)
+                  if type(ops) is Decided or (ops and ops[0][0] in _LEADING and is_conditional(ops))), None)
     if first is None:
         return None
-    so_far = GroupSoFar(read)
+    so_far = GroupSoFar(read, read_meta)
     for ops in contexts[:first]:
         so_far.write(ops)
     out = list(payloads)
     for i in range(first, len(contexts)):
         ops = contexts[i]
+        if type(ops) is Decided:
+            out[i] = ops.decide(so_far)
+            so_far.write(ops)
+            continue
         if not is_conditional(ops):
             so_far.write(ops)
             continue

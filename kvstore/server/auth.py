@@ -91,6 +91,11 @@ class Tokens:
         found = self.identify(header)
         return None if found is None else found[1]
 
+    def role_of_token(self, token: str) -> int | None:
+        """The role of ``token`` itself (Redis's ``AUTH TOKEN``), or None."""
+        found = self.identify(f"Bearer {token}")
+        return None if found is None else found[1]
+
     def check(self, header: str | None, needed: int) -> int | None:
         """Unauthorized without a known token; Forbidden when its role is below
         ``needed``. Returns the token's index (:meth:`identify`; None when

@@ -18,6 +18,12 @@ cancel it (a cancelled write is still written), and close the store (every
 acknowledged write is durable already, per its sync mode; close flushes
 LMDB and records a clean close).
 
+With ``resp=(host, port)`` a RESP listener (:mod:`kvstore.server.resp`)
+serves the same store beside HTTP, through the same asyncio front, started
+after the HTTP site and stopped in the same sequence: it stops accepting
+with HTTP, its commands in flight are answered within the same timeout, its
+connections close, then the store does.
+
 Why the drain comes first: aiohttp's ``AppRunner.cleanup()`` closes every
 connection before it waits for the handlers, and a closed connection reads
 nothing more, so a request that had its ``100 Continue`` but not yet its
@@ -42,6 +48,7 @@ from kvstore.server.app import ROUTES, drain, make_app
 from kvstore.server.auth import Tokens
 from kvstore.server.connections import guarded_server
 from kvstore.server.context import Limits
+from kvstore.server.resp import RespLimits, RespServer
 from kvstore.server.routes import Route
 from kvstore.store.aio import AsyncKVStore, open_async
 from kvstore.store.store import KVStore
@@ -98,20 +105,28 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
                       insecure: bool = False, limits: Limits = Limits(), store_options: dict[str, Any] | None = None,
                       on_listening: Callable[[str], None] | None = None,
                       stop: asyncio.Event | None = None, warn: Callable[[str], None] | None = None,
+                      resp: tuple[str, int] | None = None, resp_limits: RespLimits = RespLimits(),
+                      on_resp_listening: Callable[[str], None] | None = None,
                       routes: list[Route] = ROUTES, setup: Callable[[web.Application], None] | None = None) -> None:
     """Serve ``db`` (a store, its asyncio front, or a path to open) until
     ``stop`` is set or SIGTERM/SIGINT arrives; ``on_listening(url)`` once it
     accepts requests (the URL has the real port when ``port`` is 0).
+    ``resp=(host, port)``: the Redis protocol too, on that address
+    (``on_resp_listening(url)`` once it accepts, ``redis://HOST:PORT``).
     ``routes`` and ``setup(app)``: a cluster node's additions
     (:mod:`kvstore.server.cluster`)."""
     warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
     check_listen(host, tokens, tls is not None, insecure, warn)
+    if resp is not None:
+        check_listen(resp[0], tokens, tls is not None, insecure, warn)
     owns = isinstance(db, (str, os.PathLike))
     opened = await open_async(db, **(store_options or {})) if isinstance(db, (str, os.PathLike)) else db
+    loop = asyncio.get_running_loop()
+    if resp is not None and isinstance(opened, KVStore):  # one front: both faces' writes share group commit
+        opened = AsyncKVStore(opened, loop)
     app = make_app(opened, tokens=tokens, limits=limits, close_store=owns, routes=routes)
     if setup is not None:
         setup(app)
-    loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     handled = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -125,6 +140,7 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
     runner = web.AppRunner(app, handle_signals=False, keepalive_timeout=limits.idle_timeout,
                            shutdown_timeout=CANCEL_GRACE, access_log=None, handler_cancellation=True)
     await runner.setup()
+    resp_server: RespServer | None = None
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                     backlog=1024, reuse_port=False)
@@ -135,10 +151,22 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
         url = f"{'https' if tls else 'http'}://{shown}:{real_port}"
         if on_listening is not None:
             on_listening(url)
+        if resp is not None:
+            assert isinstance(opened, AsyncKVStore)
+            resp_server = RespServer(opened, tokens=tokens, limits=resp_limits)
+            resp_url = await resp_server.start(*resp, tls=tls)
+            if on_resp_listening is not None:
+                on_resp_listening(resp_url)
         await stop.wait()
         server.close()  # stop accepting
+        if resp_server is not None:
+            resp_server.stop_accepting()
         await drain(app, limits.shutdown_timeout)  # streams end, requests in flight finish
+        if resp_server is not None:  # RESP's commands in flight are answered, its connections close
+            await resp_server.stop(limits.shutdown_timeout)
     finally:
+        if resp_server is not None:
+            resp_server.close()  # (already, unless something failed: none may outlive the store)
         try:  # a second SIGTERM/SIGINT meanwhile sets the event again: a no-op (the drain is bounded)
             await runner.cleanup()  # connections close, what still runs is cancelled, the store closes
         finally:

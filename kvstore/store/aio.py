@@ -72,6 +72,13 @@ class AsyncKVStore:
         self._max_value = store.max_value_bytes
         # Writes go to the store's log (None, read-only: every write refused).
         self._writes = PendingWrites(loop, store._log, self._max_value, self._refusal)
+        self.submit = self._writes.submit
+        """``submit(payload, ops)``: log one entry the caller built (in
+        :mod:`kvstore.entry.codec`'s format; ``ops`` its operations, or a
+        context such as a :class:`~kvstore.entry.conditions.Decided`); a
+        future of its LSN, resolved once it is durable and applied, as every
+        write here. For network faces that build their own entries
+        (:mod:`kvstore.server.resp`); the compiled path, with no frame of its own."""
 
     def _submit(self, payload: Payload, ops: list) -> "asyncio.Future[int]":
         return self._writes.submit(payload, ops)

@@ -256,6 +256,14 @@ class Expiring:
 
     # -- reads ----------------------------------------------------------------------
 
+    def key_meta(self, space: str, key: bytes) -> Meta | None:
+        """``key``'s expiry in keyspace ``space`` as LMDB holds it (the overlay
+        flushed first; nothing is read while no key has an expiry): what a
+        write the writer decides reads (:class:`kvstore.entry.conditions.Decided`)."""
+        if not self._state.expiry.keys:
+            return None
+        return self._meta.key_meta(space, key)
+
     def ttl(self, key: object, keyspace: str = "") -> float | None:
         """Seconds until ``key`` (of ``keyspace``) expires; None when it has
         no expiry, or is absent (expired included)."""

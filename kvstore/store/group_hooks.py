@@ -6,7 +6,8 @@ a subclass of :class:`wal.hooks.LogHooks` that the log calls directly:
 
 - ``prepare`` runs before the group is written. It decides the group's
   conditional writes in log order and writes the decisions into the log
-  (:mod:`kvstore.entry.conditions`), then what expiry decides in log order
+  (:mod:`kvstore.entry.conditions`, which also computes the writes the
+  writer decides, reading the expiry of their keys), then what expiry decides in log order
   (:mod:`kvstore.store.expiring`: leases, TTL puts). A group of plain writes,
   the common one, costs a look at its first op.
 - ``stage`` (``sync="always"`` only) runs once the group is written, before
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast, final
 
-from kvstore.entry.conditions import Read, decide_group
+from kvstore.entry.conditions import Read, ReadMeta, decide_group
 from kvstore.state import Ops, State
 from kvstore.state.staged import StagedApply
 from wal.group import Group
@@ -60,6 +61,7 @@ class GroupHooks(LogHooks):
         self._auto_snapshot_writer: StoreWriter | None = None  # told after each group: it takes automatic snapshots
         self._read: Read | None = None  # state.read, bound once (a bound method is made at each look-up)
         self.replicas: SyncReplicas | None = None  # what each group waits for before it is applied
+        self._read_meta: ReadMeta | None = None  # a key's expiry, for the writes the writer decides
 
     def bind(self, state: State, expiring: Expiring, writer: StoreWriter | None) -> None:
         """The store's parts, once it has opened them."""
@@ -68,6 +70,7 @@ class GroupHooks(LogHooks):
         # (automatic snapshots are set up at open, before this: StoreWriter.take_snapshots_every)
         self._auto_snapshot_writer = writer if writer is not None and writer.auto is not None else None
         self._read = state.read
+        self._read_meta = expiring.key_meta
 
     def prepare(self, group: Group) -> list[Payload] | None:
         """The payloads to log instead of the group's own (decisions written
@@ -75,7 +78,7 @@ class GroupHooks(LogHooks):
         read, expiring = self._read, self._expiring
         assert read is not None and expiring is not None, "the log wrote before the store was bound"
         contexts = group.contexts
-        out = decide_group(group.payloads, contexts, read)
+        out = decide_group(group.payloads, contexts, read, self._read_meta)
         for context in contexts:
             if type(context) is not list:  # an Outcome: a lease or a TTL the writer decides
                 expiry = expiring.decide(group.payloads if out is None else out, contexts)

@@ -1,0 +1,87 @@
+"""The server's commands: INFO, CONFIG GET (what redis-benchmark and
+redis-cli ask), CONFIG RESETSTAT, LASTSAVE, SAVE, BGSAVE (a walkv snapshot),
+TIME, WAIT.
+
+WAIT answers after the connection's writes before it are durable, with the
+number of replicas holding its last write (:mod:`kvstore.server.resp.replication`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Final
+
+from kvstore.server.resp.args import as_int, text
+from kvstore.server.resp.glob import compile_glob
+from kvstore.server.resp.info import info_text
+from kvstore.server.resp.keyview import DATABASES
+from kvstore.server.resp.replication import replicas_holding
+from kvstore.server.resp.replies import OK, RespError
+from kvstore.server.resp.session import Session
+from kvstore.server.resp.session_commands import REDIS_VERSION
+
+_APPENDFSYNC: Final = {"always": "always", "batch": "everysec", "none": "no"}
+
+
+def info(s: Session, cmd: list[bytes]) -> None:
+    if s.must_wait():
+        return
+    s.answer(info_text(s.served, [text(a).lower() for a in cmd[1:]], REDIS_VERSION))
+
+
+def _config(s: Session) -> dict[str, str]:
+    served = s.served
+    store = served.store
+    sync = getattr(getattr(store, "_log", None), "sync_mode", None) or "none"
+    return {"save": "", "appendonly": "yes", "appendfsync": _APPENDFSYNC.get(sync, sync),
+            "databases": str(DATABASES), "maxclients": str(served.limits.max_connections), "maxmemory": "0",
+            "proto-max-bulk-len": str(served.max_value), "timeout": "0", "dir": store.path,
+            "replica-read-only": "yes", "slave-read-only": "yes", "cluster-enabled": "no"}
+
+
+def config(s: Session, cmd: list[bytes]) -> None:
+    sub = text(cmd[1])
+    if sub == "GET" and len(cmd) >= 3:
+        settings = _config(s)
+        tests = [compile_glob(p.lower()) for p in cmd[2:]]
+        s.answer({k.encode(): v.encode() for k, v in settings.items() if any(t(k.encode()) for t in tests)})
+    elif sub == "RESETSTAT" and len(cmd) == 2:
+        s.served.commands = s.served.connections_received = s.served.connections_rejected = 0
+        s.reply(OK)
+    elif sub == "SET":
+        raise RespError("ERR CONFIG SET is not supported by walkv: its settings are `walkv serve` options")
+    elif sub in ("GET", "RESETSTAT"):
+        raise RespError(f"ERR wrong number of arguments for 'config|{sub.lower()}' command")
+    else:
+        raise RespError(f"ERR unknown subcommand '{cmd[1].decode('utf-8', 'replace')}'. Try CONFIG HELP.")
+
+
+def lastsave(s: Session, cmd: list[bytes]) -> None:
+    snaps = s.served.store.list_snapshots()
+    s.answer(int(os.path.getmtime(snaps[-1].path)) if snaps else int(s.served.started))
+
+
+def save(s: Session, cmd: list[bytes]) -> None:
+    """SAVE: a snapshot of the store (durable before the answer); BGSAVE:
+    the same, answered at once."""
+    loop = asyncio.get_running_loop()
+    done = loop.run_in_executor(None, lambda: s.served.store.snapshot().lsn)
+    if text(cmd[0]) == "BGSAVE":
+        s.reply(b"+Background saving started\r\n")
+    else:
+        s.later(done, OK)
+
+
+def time_(s: Session, cmd: list[bytes]) -> None:
+    now = time.time_ns() // 1000
+    s.answer([b"%d" % (now // 1_000_000), b"%d" % (now % 1_000_000)])
+
+
+def wait(s: Session, cmd: list[bytes]) -> None:
+    as_int(cmd[1])
+    if as_int(cmd[2], "ERR timeout is not an integer or out of range") < 0:
+        raise RespError("ERR timeout is negative")
+    if not s.must_wait():
+        s.answer(replicas_holding(s.served.store, s.last_lsn))

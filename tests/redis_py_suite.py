@@ -1,0 +1,54 @@
+"""redis-py's own tests for the commands walkv implements, run against
+``walkv serve --resp`` (not part of the suite: it needs redis-py's sdist,
+which ships its tests)::
+
+    pip download --no-binary :all: --no-deps redis==8.1.0 && tar xzf redis-8.1.0.tar.gz
+    python -m tests.redis_py_suite redis-8.1.0      # prints pytest's summary
+
+It selects, from redis-py's ``tests/test_commands.py`` and
+``tests/test_pipeline.py``, the tests named after a command walkv answers
+(:data:`SELECTED`), and runs them with their own fixtures (each test's
+client flushes the database) on a fresh store. What fails is a difference
+from Redis; the report says which and why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from tests.resp_fixture import served_with_resp
+
+SELECTED = (
+    "test_get_and_set or test_set_nx or test_set_xx or test_set_px or test_set_ex or test_set_exat or "
+    "test_set_pxat or test_set_multipleoptions or test_set_keepttl or test_set_get or test_set_with_get or "
+    "test_setex or test_psetex or test_setnx or test_getset or test_getdel or test_getex or test_mget or "
+    "test_mset or test_msetnx or test_append or test_strlen or test_getrange or test_setrange or test_substr or "
+    "test_incr or test_incrby or test_incrbyfloat or test_decr or test_decrby or test_delete or test_delitem or "
+    "test_unlink or test_exists or test_type or test_rename or test_renamenx or test_keys or test_scan or "
+    "test_dbsize or test_expire or test_pexpire or test_expiretime or test_pexpiretime or test_ttl or "
+    "test_pttl or test_persist or test_ping or test_echo or test_select or test_time or test_lastsave or "
+    "test_client_id or test_client_setname or test_client_getname or test_command_count or test_getitem or "
+    "test_pipeline or test_exec or test_watch or test_unwatch or test_transaction or test_parse_error"
+)
+EXCLUDED = "increx or msetex or delex or cluster or bitfield or records or metric or retry or _ifeq or _ifne or ifdeq"
+
+
+def main(sdist: str) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        served, port = served_with_resp(os.path.join(tmp, "store"))
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_commands.py",
+                 "tests/test_pipeline.py", "--redis-url", f"redis://127.0.0.1:{port}/0", "-k",
+                 f"({SELECTED}) and not ({EXCLUDED})", "-rfEs", "--no-header", "-W", "ignore"],
+                cwd=sdist, timeout=1800)
+        finally:
+            served.stop()
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
