@@ -17,7 +17,7 @@ from kvstore.server.resp.args import as_int, text
 from kvstore.server.resp.glob import compile_glob
 from kvstore.server.resp.info import info_text
 from kvstore.server.resp.keyview import DATABASES
-from kvstore.server.resp.replication import replicas_holding
+from kvstore.server.resp.replication import replicas_holding, wait_for_replicas
 from kvstore.server.resp.replies import OK, RespError
 from kvstore.server.resp.session import Session
 from kvstore.server.resp.session_commands import REDIS_VERSION
@@ -80,8 +80,15 @@ def time_(s: Session, cmd: list[bytes]) -> None:
 
 
 def wait(s: Session, cmd: list[bytes]) -> None:
-    as_int(cmd[1])
-    if as_int(cmd[2], "ERR timeout is not an integer or out of range") < 0:
+    wanted = as_int(cmd[1])
+    timeout_ms = as_int(cmd[2], "ERR timeout is not an integer or out of range")
+    if timeout_ms < 0:
         raise RespError("ERR timeout is negative")
-    if not s.must_wait():
-        s.answer(replicas_holding(s.served.store, s.last_lsn))
+    if s.must_wait():
+        return
+    store = s.served.store
+    if replicas_holding(store, s.last_lsn) >= wanted or store.replicas is None:
+        s.answer(replicas_holding(store, s.last_lsn))
+        return
+    held = asyncio.ensure_future(wait_for_replicas(store, s.last_lsn, wanted, timeout_ms / 1000 or None))
+    s.later(held, lambda done: b":%d\r\n" % done.result())
