@@ -100,7 +100,7 @@ class Elector:
         self.etcd = etcd
         self.cluster = cluster
         self.me = me
-        self.lease_seconds = max(2, int(round(lease_seconds)))
+        self.lease_seconds = max(1, int(round(lease_seconds)))  # etcd may grant more: its own minimum
         self.sync_replicas = sync_replicas
         self._position = position
         self._frozen = frozen
@@ -153,6 +153,9 @@ class Elector:
                 self.last_error = exc
                 if self.leading and not self.lease_ok():
                     await self._set_leader(None, "its lease could not be renewed in time")
+            except Exception as exc:  # noqa: BLE001 - a bug must not end the node's part in the election
+                log.exception("cluster %s: %s: the election loop met %s; it goes on", self.cluster, self.me, exc)
+                self.last_error = exc
             try:
                 await asyncio.wait_for(self._stopping.wait(), tick)
             except TimeoutError:
@@ -160,8 +163,8 @@ class Elector:
 
     async def _join(self) -> None:
         sent = time.monotonic()
-        self.lease = await self.etcd.grant(self.lease_seconds)
-        self.lease_valid_until = sent + self.lease_seconds * (1 - LEASE_MARGIN)
+        self.lease, granted = await self.etcd.grant(self.lease_seconds)
+        self.lease_valid_until = sent + granted * (1 - LEASE_MARGIN)
         await self.etcd.put(self._members + self.me.encode(), json.dumps({"url": self.me}).encode())
         self._published = None
         log.info("cluster %s: %s joined (lease %x, %d s)", self.cluster, self.me, self.lease, self.lease_seconds)

@@ -90,10 +90,11 @@ class Etcd:
                                    code=doc.get("code"))
         return doc
 
-    async def grant(self, ttl: int) -> int:
-        """A new lease of ``ttl`` seconds; its id."""
+    async def grant(self, ttl: int) -> tuple[int, int]:
+        """A new lease of ``ttl`` seconds: its id, and the seconds etcd
+        granted (at least its minimum TTL)."""
         doc = await self._post("/v3/lease/grant", {"TTL": int(ttl)})
-        return int(doc["ID"])
+        return int(doc["ID"]), int(doc.get("TTL", ttl))
 
     async def keep_alive(self, lease: int) -> int:
         """Renew ``lease``; the seconds it has left (0: it had expired, and is gone)."""

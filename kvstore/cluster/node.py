@@ -94,6 +94,7 @@ class ClusterNode:
         self.follower = Follower(self.store, self.me, token=self.token, verify=self.verify, on_stop=self._follower_stopped)
         self.reopen.clear()
         self.role = "replica"
+        leader = self.elector.leader  # now: it may have changed while the store opened (no one was told then)
         if leader is not None and leader.url != self.me:
             self.follower.follow(leader.url, leader.epoch)
         if self._elector_task is None:
