@@ -209,24 +209,27 @@ class Cluster:
     def statuses(self) -> dict[str, dict[str, Any] | None]:
         return {node.name: node.status() for node in self.nodes}
 
-    def leader(self) -> tuple[Node, int] | None:
-        """The node that says it leads, with its epoch, when every answering
-        node names it (the newest epoch wins a disagreement in passing)."""
-        answers = [s for s in self.statuses().values() if s is not None]
+    def leader(self, among: list[Node] | None = None, *, agreed: bool = True) -> tuple[Node, int] | None:
+        """The node of ``among`` (default: all) that says it leads, with its
+        epoch (the newest, if several say so); when ``agreed``, only once every
+        other answering node of ``among`` names it too."""
+        nodes = self.nodes if among is None else among
+        answers = [s for s in (n.status() for n in nodes) if s is not None]
         leaders = [s for s in answers if s.get("role") == "leader"]
         if not leaders:
             return None
         newest = max(leaders, key=lambda s: s.get("epoch", 0))
         node = self.node(newest.get("node"))
-        if node is None or any(s.get("leader") != newest["node"] for s in answers):
+        if node is None or (agreed and any(s.get("leader") != newest["node"] for s in answers)):
             return None
         return node, int(newest["epoch"])
 
-    def wait_for_leader(self, *, newer_than: int = 0, timeout: float = 60.0) -> tuple[Node, int]:
-        """A leader every answering node agrees on, with an epoch above ``newer_than``."""
+    def wait_for_leader(self, *, newer_than: int = 0, among: list[Node] | None = None, agreed: bool = True,
+                        timeout: float = 60.0) -> tuple[Node, int]:
+        """A leader (:meth:`leader`) with an epoch above ``newer_than``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = self.leader()
+            found = self.leader(among, agreed=agreed)
             if found is not None and found[1] > newer_than:
                 return found
             time.sleep(POLL)
