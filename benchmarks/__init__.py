@@ -13,7 +13,9 @@ Modules: :mod:`benchmarks.harness` (model, alternation, medians),
 module of workloads per issue: ``log_workloads`` (2), ``kv_workloads`` (3),
 ``keyspace_workloads`` (25), ``expiry_workloads`` (25), ``snapshot_workloads`` (4), ``archive_workloads``
 (12), ``server`` (22: walkv serve against etcd and Redis, which it starts itself:
-:mod:`benchmarks.server_peers`, one load generator :mod:`benchmarks.http_load`), ``spark_workloads`` (5,
+:mod:`benchmarks.server_peers`, one load generator :mod:`benchmarks.http_load`), ``cluster`` (34: a three-node walkv
+cluster against three-member etcd through ``wrk``, failover times:
+:mod:`benchmarks.walkv_cluster`, :mod:`benchmarks.wrk`), ``spark_workloads`` (5,
 only with ``--only spark``).
 
 ``python -m benchmarks --scale 1M,10M,50M`` runs instead the scale benchmark
@@ -35,6 +37,7 @@ from benchmarks.harness import Config, Workload, now_iso, run_workload, select
 def all_workloads(cfg: Config) -> list[Workload]:
     from benchmarks import (
         archive_workloads,
+        cluster,
         coord_workloads,
         expiry_workloads,
         keyspace_workloads,
@@ -47,7 +50,7 @@ def all_workloads(cfg: Config) -> list[Workload]:
 
     out: list[Workload] = []
     for module in (log_workloads, kv_workloads, coord_workloads, keyspace_workloads, expiry_workloads,
-                   snapshot_workloads, archive_workloads, server, spark_workloads):
+                   snapshot_workloads, archive_workloads, server, cluster, spark_workloads):
         out.extend(module.workloads(cfg))
     return out
 

@@ -81,14 +81,16 @@ def _wait_ready(server: Server, ready: Callable[[], bool]) -> Server:
     return server
 
 
-def start_walkv(directory: str, *extra: str) -> Server:
-    """``walkv serve`` on a new store in ``directory`` (``extra``: more options)."""
+def start_walkv(directory: str, *extra: str, listen: str = "127.0.0.1:0") -> Server:
+    """``walkv serve`` on the store ``directory/store`` (new, or the one a
+    previous start left: a restart), listening at ``listen`` (``extra``:
+    more options); its stderr appended to ``directory/walkv-serve.log``."""
     store = os.path.join(directory, "store")
     log_path = os.path.join(directory, "walkv-serve.log")
     env = dict(os.environ, PYTHONPATH=REPO + (os.pathsep + os.environ["PYTHONPATH"]
                                               if os.environ.get("PYTHONPATH") else ""))
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", store, "--listen", "127.0.0.1:0",
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", store, "--listen", listen,
                                  *extra], stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO)
     assert proc.stdout is not None
     deadline = time.monotonic() + START_TIMEOUT
