@@ -78,6 +78,22 @@ def roundtrip(port: int, payload: bytes = b"ping", timeout: float = 2.0) -> byte
             return b""
 
 
+def echoing(port: int, timeout: float = 2.0) -> socket.socket:
+    """A connection through ``port`` that has echoed one byte (it passes)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(b"a")
+    assert s.recv(10) == b"a"
+    return s
+
+
+def closed(s: socket.socket) -> bool:
+    """Whether the other end closed or reset ``s`` (rather than sending bytes)."""
+    try:
+        return s.recv(10) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_a_passing_link_forwards_both_ways(echo, network):
     port = network.proxy("echo", echo.port)
     assert roundtrip(port, b"hello") == b"hello"
@@ -86,14 +102,9 @@ def test_a_passing_link_forwards_both_ways(echo, network):
 
 def test_refuse_resets_new_and_open_connections(echo, network):
     port = network.proxy("echo", echo.port)
-    with socket.create_connection(("127.0.0.1", port), timeout=2) as open_one:
-        open_one.sendall(b"a")
-        assert open_one.recv(10) == b"a"
+    with echoing(port) as open_one:
         network.set(CLIENT, "echo", REFUSE)
-        try:
-            assert open_one.recv(10) == b""  # closed under it
-        except ConnectionResetError:
-            pass
+        assert closed(open_one)
     assert roundtrip(port) == b""
     network.heal()
     assert roundtrip(port) == b"ping"
@@ -110,24 +121,17 @@ def test_blackhole_swallows_and_answers_nothing(echo, network):
 
 def test_an_open_connection_that_lost_bytes_is_reset_when_healed(echo, network):
     port = network.proxy("echo", echo.port)
-    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-        s.sendall(b"a")
-        assert s.recv(10) == b"a"
+    with echoing(port) as s:
         network.set(CLIENT, "echo", BLACKHOLE)
         s.sendall(b"lost")
         time.sleep(0.2)
         network.heal()
-        try:
-            assert s.recv(10) == b""  # never the bytes after a hole
-        except ConnectionResetError:
-            pass
+        assert closed(s)  # never the bytes after a hole
 
 
 def test_stall_holds_bytes_and_delivers_them_when_healed(echo, network):
     port = network.proxy("echo", echo.port)
-    with socket.create_connection(("127.0.0.1", port), timeout=0.3) as s:
-        s.sendall(b"a")
-        assert s.recv(10) == b"a"
+    with echoing(port, timeout=0.3) as s:
         network.set(CLIENT, "echo", STALL)
         s.sendall(b"held")
         with pytest.raises(socket.timeout):
@@ -190,17 +194,11 @@ def test_isolate_cuts_a_source_both_ways_but_keeps_the_clients(network):
 def test_close_stops_listeners_connections_and_the_thread(echo):
     net = Network()
     port = net.proxy("echo", echo.port)
-    s = socket.create_connection(("127.0.0.1", port), timeout=2)
-    s.sendall(b"a")
-    assert s.recv(10) == b"a"
-    net.close()
-    assert not port_open(port)
-    assert not net._thread.is_alive()
-    try:
-        assert s.recv(10) == b""
-    except ConnectionResetError:
-        pass
-    s.close()
+    with echoing(port) as s:
+        net.close()
+        assert not port_open(port)
+        assert not net._thread.is_alive()
+        assert closed(s)
 
 
 def test_unknown_mode_is_refused(network):
