@@ -163,11 +163,14 @@ class Workload:
 
     def acknowledged(self, since: float = 0.0, newer_than_epoch: int = 0) -> list[Write | Op]:
         """Raw writes (bulk and register) acknowledged after ``since`` in an
-        epoch above ``newer_than_epoch``."""
+        epoch above ``newer_than_epoch`` (0: in any epoch, or none named)."""
+        def newer(epoch: int | None) -> bool:
+            return newer_than_epoch == 0 or (epoch or 0) > newer_than_epoch
+
         out: list[Write | Op] = [w for w in list(self.writes) if w.status == OK and w.via == "raw"
-                                 and (w.completed or 0) > since and (w.epoch or 0) > newer_than_epoch]
+                                 and (w.completed or 0) > since and newer(w.epoch)]
         out += [op for op in self.history.ops() if op.status == OK and op.kind != READ
-                and (op.completed or 0) > since and (op.meta[1] or 0) > newer_than_epoch]
+                and (op.completed or 0) > since and newer(op.meta[1])]
         return out
 
     def wait_progress(self, count: int = 20, timeout: float = 60.0, newer_than_epoch: int = 0) -> None:
