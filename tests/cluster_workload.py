@@ -15,9 +15,11 @@ and what the answer said (node, epoch, LSN):
   None, value)`` on keys of its own; ``OutcomeUnknownError`` (or any error
   but a bad argument) is an unknown outcome.
 * register workers, on a few registers: reads from any node with ``min_lsn``
-  = the highest LSN acknowledged to anyone before the read began (so a
-  read must see every write acknowledged before it, as linearizability
-  wants), writes of unique values, and compare-and-sets (``POST /v1/txn``,
+  = the highest LSN any client saw before the read began, acknowledged or
+  read at (so a read must see every write acknowledged and every state read
+  before it, as linearizability wants: replicas serve reads, but only from
+  the history that every node will keep), writes of unique values, and
+  compare-and-sets (``POST /v1/txn``,
   expecting the value the worker last saw; 409 ConditionFailed is a
   completed cas that returned False). Their history goes to the
   linearizability checker (tests/linearizability.py); each read's node and
@@ -116,7 +118,7 @@ class Workload:
         self.clock = self.history.clock
         self.writes: list[Write] = []
         self.faults: list[Fault] = []
-        self.acked_lsn = 0
+        self.observed_lsn = 0  # the newest LSN any client saw acknowledged or read at
         self.router = Router(cluster)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -154,10 +156,11 @@ class Workload:
         except Exception as exc:  # noqa: BLE001 - reported by the test, never swallowed
             self.crashes.append(f"{threading.current_thread().name}: {type(exc).__name__}: {exc}")
 
-    def _acknowledged(self, lsn: int | None) -> None:
+    def _observed(self, lsn: int | None) -> None:
+        """A write acknowledged at ``lsn``, or a read served at it."""
         if lsn is not None:
             with self._lock:
-                self.acked_lsn = max(self.acked_lsn, lsn)
+                self.observed_lsn = max(self.observed_lsn, lsn)
 
     # -- what the tests wait for ------------------------------------------------------------------
 
@@ -232,7 +235,7 @@ class Workload:
                 write.status, write.sent_to = outcome, node.advertise
                 if outcome == OK and resp is not None:
                     write.node, write.epoch, write.lsn = _acknowledgement(resp)
-                    self._acknowledged(write.lsn)
+                    self._observed(write.lsn)
                 self.writes.append(write)
                 time.sleep(PAUSE if outcome == OK else BACKOFF)
 
@@ -284,6 +287,7 @@ class Workload:
                     else:
                         write.lsn = db.put(key, value)
                         write.status = OK
+                        self._observed(write.lsn)
                     write.completed = self.clock()
                 except (TypeError, ValueError):
                     raise
@@ -319,8 +323,9 @@ class Workload:
                 time.sleep(PAUSE if op.status == OK else BACKOFF)
 
     def _read(self, http: httpx.Client, node: Node, process: str, key: bytes) -> Op:
-        """A read from ``node`` that must see every write acknowledged before it began."""
-        min_lsn = self.acked_lsn
+        """A read from ``node`` that must see every write acknowledged, and
+        everything read, before it began."""
+        min_lsn = self.observed_lsn
         pending = self.history.invoke(process, READ, key)
         try:
             resp = http.get(f"{node.direct}/v1/kv/{quote(key, safe='')}",
@@ -329,9 +334,9 @@ class Workload:
             return pending.fail(node.name)  # a read that did not answer changed nothing
         if resp.status_code not in (200, 404):
             return pending.fail(node.name)
-        served = resp.headers.get("Walkv-Lsn")
-        value = resp.content if resp.status_code == 200 else None
-        return pending.ok(value, node.name, int(served) if served else None, min_lsn)
+        served = int(resp.headers["Walkv-Lsn"]) if "Walkv-Lsn" in resp.headers else None
+        self._observed(served)
+        return pending.ok(resp.content if resp.status_code == 200 else None, node.name, served, min_lsn)
 
     def _write(self, http: httpx.Client, process: str, key: bytes, value: bytes) -> Op:
         pending = self.history.invoke(process, WRITE, key, value)
@@ -355,7 +360,7 @@ class Workload:
         if outcome == INFO or resp is None:
             return pending.info(None, None, None, node.advertise)
         acked_by, epoch, lsn = _acknowledgement(resp)
-        self._acknowledged(lsn)
+        self._observed(lsn)
         return pending.ok(result, acked_by, epoch, lsn, node.advertise)
 
     # -- after the faults ----------------------------------------------------------------------------
