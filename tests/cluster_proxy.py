@@ -104,6 +104,8 @@ class Network:
         self._sources: dict[str, int] = {}  # name -> pid
         self._links: dict[tuple[str, str], str] = {}
         self._connections: set[_Connection] = set()
+        # Done (and replaced) at every change of a mode. Awaited through asyncio.shield: a waiter
+        # cancelled (its connection dropped) would otherwise cancel it under every other waiter.
         self._changed: asyncio.Future[None] = self._run(self._new_future())
         self.accepted: dict[tuple[str, str], int] = {}  # connections accepted per link, for the tests' reports
 
@@ -186,7 +188,7 @@ class Network:
         source = self._source_of(writer)
         link = (source, destination)
         self.accepted[link] = self.accepted.get(link, 0) + 1
-        conn = _Connection(source, destination, writer)
+        conn = _Connection(source, destination, writer, tasks=[asyncio.current_task()])  # type: ignore[list-item]
         if self.mode(source, destination) == REFUSE:
             writer.transport.abort()
             return
@@ -194,7 +196,7 @@ class Network:
         try:
             upstream_reader: asyncio.StreamReader | None = None
             while self.mode(source, destination) == STALL:
-                await self._changed
+                await asyncio.shield(self._changed)
             if self.mode(source, destination) == PASS:
                 try:
                     upstream_reader, conn.upstream = await asyncio.open_connection("127.0.0.1", target_port)
@@ -204,8 +206,9 @@ class Network:
             pumps = [self._pump(conn, reader, lambda: conn.upstream)]
             if upstream_reader is not None:
                 pumps.append(self._pump(conn, upstream_reader, lambda: conn.downstream))
-            conn.tasks = [asyncio.current_task(), *map(asyncio.ensure_future, pumps)]  # type: ignore[list-item]
-            await asyncio.gather(*conn.tasks[1:], return_exceptions=True)
+            running = list(map(asyncio.ensure_future, pumps))
+            conn.tasks += running
+            await asyncio.gather(*running, return_exceptions=True)
         except asyncio.CancelledError:
             pass
         finally:
@@ -216,7 +219,7 @@ class Network:
         try:
             while chunk := await reader.read(CHUNK):
                 while (mode := self.mode(conn.source, conn.destination)) == STALL:
-                    await self._changed
+                    await asyncio.shield(self._changed)
                 if mode == BLACKHOLE:
                     conn.broken = True
                     continue
@@ -246,13 +249,16 @@ class Network:
             return
 
         async def shutdown() -> None:
+            self._links.clear()  # nothing waits on a stalled link any more
             for server, _ in self._servers.values():
                 server.close()
             for conn in list(self._connections):
                 self._drop(conn)
-            changed = self._changed
-            if not changed.done():
-                changed.set_result(None)
+            self._changed.set_result(None)
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         self._run(shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -248,3 +248,31 @@ def test_node_launcher_kills_pauses_and_restarts_with_the_same_command(tmp_path)
             assert node.stop() == 0
         finally:
             node.close()
+
+
+def test_close_ends_stalled_connections_too(echo):
+    net = Network()
+    port = net.proxy("echo", echo.port)
+    net.set(ANY, "echo", STALL)
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as waiting, \
+            socket.create_connection(("127.0.0.1", port), timeout=2) as sending:
+        sending.sendall(b"held")
+        time.sleep(0.1)
+        net.close()
+        assert not net._thread.is_alive()
+        assert closed(waiting) and closed(sending)
+
+
+def test_refusing_one_stalled_link_leaves_the_others_stalled(echo, network):
+    a, b = network.proxy("a", echo.port), network.proxy("b", echo.port)
+    network.set(ANY, "a", STALL)
+    network.set(ANY, "b", STALL)
+    with socket.create_connection(("127.0.0.1", a), timeout=2) as to_a, \
+            socket.create_connection(("127.0.0.1", b), timeout=5) as to_b:
+        to_a.sendall(b"x")
+        to_b.sendall(b"kept")
+        time.sleep(0.1)
+        network.set(CLIENT, "a", REFUSE)
+        assert closed(to_a)
+        network.heal()
+        assert to_b.recv(10) == b"kept"
