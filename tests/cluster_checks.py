@@ -108,10 +108,16 @@ def effective_writes(payload: bytes) -> list[tuple[bytes, bytes | None]]:
     return out
 
 
+UNKNOWN = object()
+"""A key's value at an LSN the final history cannot tell (its last write
+before that LSN is in a trimmed prefix)."""
+
+
 @dataclass
 class States:
     """The final history: ``entries[lsn] = (timeline, payload)`` from LSN
-    ``first`` to ``last``, and each key's values by LSN."""
+    ``first`` to ``last`` (``first`` > 1 when every node's log was trimmed
+    after a snapshot), and each key's values by LSN."""
 
     entries: dict[int, tuple[int, bytes]]
     changes: dict[bytes, tuple[list[int], list[bytes | None]]] = field(default_factory=dict)
@@ -126,21 +132,28 @@ class States:
         self.changes = dict(by_key)
 
     @property
+    def first(self) -> int:
+        return min(self.entries, default=1)
+
+    @property
     def last(self) -> int:
         return max(self.entries, default=0)
 
-    def value_at(self, key: bytes, lsn: int) -> bytes | None:
+    def value_at(self, key: bytes, lsn: int) -> Any:
+        """The key's value after ``lsn`` (None: absent), or :data:`UNKNOWN`."""
         lsns, values = self.changes.get(key, ([], []))
         i = bisect.bisect_right(lsns, lsn)
-        return values[i - 1] if i else None
+        return values[i - 1] if i else None if self.first == 1 else UNKNOWN
 
-    def final(self, key: bytes) -> bytes | None:
+    def final(self, key: bytes) -> Any:
         return self.value_at(key, self.last)
 
 
 def final_history(logs: list[NodeLog], leader: str) -> tuple[States, list[str]]:
     """The final leader's lineage, each LSN's entry taken from any node that
-    holds it on the right timeline; problems when an LSN is held by none."""
+    holds it on the right timeline; problems when an LSN past the first one
+    any node holds is held by none (a prefix trimmed everywhere after a
+    snapshot is not one: the checks then skip what it would tell)."""
     lineage = next(log for log in logs if log.name == leader)
     entries: dict[int, tuple[int, bytes]] = {}
     for lsn in range(1, lineage.last_lsn + 1):
@@ -150,7 +163,8 @@ def final_history(logs: list[NodeLog], leader: str) -> tuple[States, list[str]]:
             if held is not None and held[0] == timeline:
                 entries[lsn] = held
                 break
-    missing = [lsn for lsn in range(1, lineage.last_lsn + 1) if lsn not in entries]
+    first = min(entries, default=1)
+    missing = [lsn for lsn in range(first, lineage.last_lsn + 1) if lsn not in entries]
     problems = [f"no node holds LSN {_ranges(missing)} of the final history (timelines {lineage.history}): "
                 f"the checks that need the whole history are incomplete"] if missing else []
     return States(entries), problems
@@ -170,7 +184,7 @@ def lost_writes(writes: list[Write], states: States, found: dict[bytes, bytes]) 
             if present != w.value:
                 problems.append(f"LOST: {w.via} write of {w.key!r} = {w.value!r} acknowledged by {w.node} "
                                 f"(epoch {w.epoch}, LSN {w.lsn}); the final leader has {present!r}")
-            if states.final(w.key) != w.value:
+            if states.final(w.key) not in (w.value, UNKNOWN):
                 problems.append(f"LOST: {w.key!r} = {w.value!r} (LSN {w.lsn}) is not in the final history")
             if w.lsn is not None and w.lsn in states.entries:
                 timeline, payload = states.entries[w.lsn]
@@ -213,6 +227,8 @@ def forked_reads(ops: list[Op], states: States) -> tuple[list[str], int]:
         if op.kind != READ or op.status != OK or len(op.meta) < 2 or op.meta[1] is None:
             continue
         node, served = op.meta[0], op.meta[1]
+        if served <= states.last and states.value_at(op.key, served) is UNKNOWN:
+            continue
         checked += 1
         if served > states.last:
             problems.append(f"{node} served {op.key!r} = {op.result!r} at LSN {served}, past the final "
@@ -268,5 +284,5 @@ def verdict(logs: list[NodeLog], leader: str, writes: list[Write], ops: list[Op]
              "refused": sum(w.status == FAIL for w in writes) + sum(op.status == FAIL and op.kind != READ
                                                                     for op in ops),
              "reads_checked": checked, "history_ops": result.ops, "checker_ms": round(result.seconds * 1000, 1),
-             "last_lsn": states.last}
+             "first_lsn": states.first, "last_lsn": states.last}
     return Verdict(problems, stats, result)

@@ -11,6 +11,7 @@ import os
 import kvstore
 from kvstore.entry import codec
 from tests.cluster_checks import (
+    UNKNOWN,
     NodeLog,
     States,
     effective_writes,
@@ -67,8 +68,12 @@ def test_the_final_history_comes_from_every_node_and_names_holes(tmp_path):
     states, problems = final_history([full, tail], "n2")
     assert problems == [] and states.last == 3
     assert [states.value_at(b"a", lsn) for lsn in (0, 1, 2, 3)] == [None, b"1", b"1", b"3"]
-    _, problems = final_history([tail], "n2")
-    assert problems and "LSN 1..2" in problems[0]
+    trimmed, problems = final_history([tail], "n2")  # trimmed after a snapshot on every node
+    assert problems == [] and trimmed.first == 3
+    assert trimmed.value_at(b"a", 3) == b"3" and trimmed.value_at(b"b", 3) is UNKNOWN
+    hole = NodeLog("n2", full.history, {1: full.entries[1], 3: full.entries[3]})
+    _, problems = final_history([hole], "n2")
+    assert problems and "LSN 2" in problems[0]
 
 
 def write(key: bytes, value: bytes, status: str = OK, lsn: int | None = None, epoch: int | None = 1,
