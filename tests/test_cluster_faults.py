@@ -129,6 +129,8 @@ def stale_disk_leader(c: Cluster, w: Workload, round_: int) -> None:
     w.wait_progress(newer_than_epoch=led_epoch - 1)  # it acknowledges writes its copy lacks
     w.fault("leader restarted with a stale disk", copied, led_epoch)
     copied.kill()
+    held, kept = (read_log(copied.name, os.path.join(d, "wal")).last_lsn for d in (copied.store, stale))
+    assert kept < held, f"the copy of {copied.name} is not stale: LSN {kept} of {held}"  # the fault happened
     shutil.rmtree(copied.store)
     shutil.copytree(stale, copied.store)
     copied.start()
