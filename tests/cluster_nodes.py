@@ -237,17 +237,20 @@ class Cluster:
                              f"{self.statuses()}\n{self.logs()}")
 
     def wait_followed(self, timeout: float = 60.0) -> tuple[Node, int]:
-        """Until every running node follows one leader and has applied what
-        the leader had made durable when the wait began (each replica
-        caught up once)."""
+        """Until every running node follows one leader, has applied what the
+        leader had made durable when the wait began (each replica caught up
+        once), and is among the leader's members."""
         leader, epoch = self.wait_for_leader(timeout=timeout)
         status = leader.status() or {}
         target = int(status.get("durable_lsn", 0))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            answers = {n.name: n.status() for n in self.nodes if n.alive() and not n.paused}
+            running = [n for n in self.nodes if n.alive() and not n.paused]
+            answers = {n.advertise: n.status() for n in running}
+            members = {m.get("url") for m in (answers.get(leader.advertise) or {}).get("members", [])}
             if all(s is not None and s.get("leader") == leader.advertise and s.get("epoch") == epoch
-                   and int(s.get("applied_lsn", 0)) >= target for s in answers.values()):
+                   and int(s.get("applied_lsn", 0)) >= target for s in answers.values()) \
+                    and members >= set(answers):
                 return leader, epoch
             time.sleep(POLL)
         raise AssertionError(f"not every node follows {leader.name} (epoch {epoch}) up to LSN {target} "
@@ -257,7 +260,9 @@ class Cluster:
         return [n for n in self.nodes if n is not leader]
 
     def logs(self, lines: int = 20) -> str:
-        return "\n".join(f"--- {n.name} stderr (end) ---\n{n.log_tail(lines)}" for n in self.nodes)
+        """The end of every node's stderr, and the network's state, for failure messages."""
+        nodes = "\n".join(f"--- {n.name} ({n.advertise}) stderr (end) ---\n{n.log_tail(lines)}" for n in self.nodes)
+        return f"{nodes}\n--- network: {self.network.report()}"
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM every node (each its exit code), so that their logs can be read."""

@@ -82,14 +82,18 @@ class _Connection:
     destination: str
     downstream: asyncio.StreamWriter
     upstream: asyncio.StreamWriter | None = None
-    tasks: list[asyncio.Task] = field(default_factory=list)
+    pumps: list[asyncio.Task] = field(default_factory=list)
     broken: bool = False  # bytes of it were swallowed: reset when its link passes again
+    dropped: bool = False
 
     def abort(self) -> None:
+        """Reset both ends and stop the pumps (never the task that accepted
+        it: asyncio's server logs a cancelled one as an error)."""
+        self.dropped = True
         for writer in (self.downstream, self.upstream):
             if writer is not None:
                 writer.transport.abort()
-        for task in self.tasks:
+        for task in self.pumps:
             task.cancel()
 
 
@@ -188,29 +192,27 @@ class Network:
         source = self._source_of(writer)
         link = (source, destination)
         self.accepted[link] = self.accepted.get(link, 0) + 1
-        conn = _Connection(source, destination, writer, tasks=[asyncio.current_task()])  # type: ignore[list-item]
+        conn = _Connection(source, destination, writer)
         if self.mode(source, destination) == REFUSE:
             writer.transport.abort()
             return
         self._connections.add(conn)
         try:
             upstream_reader: asyncio.StreamReader | None = None
-            while self.mode(source, destination) == STALL:
+            while self.mode(source, destination) == STALL and not conn.dropped:
                 await asyncio.shield(self._changed)
-            if self.mode(source, destination) == PASS:
+            if self.mode(source, destination) == PASS and not conn.dropped:
                 try:
                     upstream_reader, conn.upstream = await asyncio.open_connection("127.0.0.1", target_port)
                 except OSError:
-                    writer.transport.abort()
                     return
+            if conn.dropped:
+                return
             pumps = [self._pump(conn, reader, lambda: conn.upstream)]
             if upstream_reader is not None:
                 pumps.append(self._pump(conn, upstream_reader, lambda: conn.downstream))
-            running = list(map(asyncio.ensure_future, pumps))
-            conn.tasks += running
-            await asyncio.gather(*running, return_exceptions=True)
-        except asyncio.CancelledError:
-            pass
+            conn.pumps = list(map(asyncio.ensure_future, pumps))
+            await asyncio.gather(*conn.pumps, return_exceptions=True)
         finally:
             self._drop(conn)
 
@@ -234,12 +236,18 @@ class Network:
             self._drop(conn)
 
     def _drop(self, conn: _Connection) -> None:
-        if conn in self._connections:
-            self._connections.discard(conn)
+        self._connections.discard(conn)
+        if not conn.dropped:
             conn.abort()
 
     def open_connections(self, destination: str | None = None) -> int:
         return sum(1 for c in list(self._connections) if destination in (None, c.destination))
+
+    def report(self) -> str:
+        """The links' modes, and the connections accepted on each link, for a failure's message."""
+        modes = ", ".join(f"{s}->{d}: {m}" for (s, d), m in sorted(self._links.items())) or "all pass"
+        accepted = ", ".join(f"{s}->{d}: {n}" for (s, d), n in sorted(self.accepted.items()))
+        return f"links: {modes}; connections accepted: {accepted}; open: {self.open_connections()}"
 
     # -- the end --------------------------------------------------------------------------------
 
@@ -256,9 +264,11 @@ class Network:
                 self._drop(conn)
             self._changed.set_result(None)
             others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in others:
-                task.cancel()
-            await asyncio.gather(*others, return_exceptions=True)
+            if others:  # they end by themselves now; cancel what does not within a second
+                _, late = await asyncio.wait(others, timeout=1.0)
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
 
         self._run(shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -12,9 +12,9 @@ cluster and a real etcd on loopback, clients writing and reading all along
 * ``kill-during-failover``: the leader killed, then the node that takes over
   killed as soon as it says it leads;
 * ``kill-replica``: a replica killed, the writes going on, then restarted;
-* ``stale-disk-leader``: a replica's directory copied while it follows, that
-  node made the leader, killed, its old directory put back and started
-  again.
+* ``stale-disk-leader``: the replicas' directories copied while they
+  follow, the leader killed, the replica that takes over killed once it
+  acknowledged writes, its old directory put back and started again.
 
 After the faults every node is stopped and the checks of
 tests/cluster_checks.py run on their logs and on what the clients saw: 0
@@ -42,7 +42,7 @@ import pytest
 
 from tests.cluster_checks import read_log, verdict
 from tests.cluster_etcd import Etcd, etcd_missing
-from tests.cluster_nodes import Cluster, Node
+from tests.cluster_nodes import Cluster
 from tests.cluster_proxy import BLACKHOLE, REFUSE, STALL
 from tests.cluster_workload import Workload
 
@@ -117,48 +117,32 @@ def kill_replica(c: Cluster, w: Workload, round_: int) -> None:
 
 def stale_disk_leader(c: Cluster, w: Workload, round_: int) -> None:
     leader, epoch = c.wait_followed()
-    copied, other = c.replicas(leader)[round_ % 2], c.replicas(leader)[1 - round_ % 2]
-    stale = os.path.join(copied.directory, f"stale-{round_}")
-    copied.pause()  # a consistent image of a running replica: what a crash would leave
-    try:
-        shutil.copytree(copied.store, stale)
-    finally:
-        copied.resume()
+    stale = {}
+    for replica in c.replicas(leader):  # whichever takes over next, its old disk is kept
+        stale[replica.name] = os.path.join(replica.directory, f"stale-{round_}")
+        replica.pause()  # a consistent image of a running replica: what a crash would leave
+        try:
+            shutil.copytree(replica.store, stale[replica.name])
+        finally:
+            replica.resume()
     w.wait_progress()
-    led_epoch = make_leader(c, w, copied)
-    w.wait_progress(newer_than_epoch=led_epoch - 1)  # it acknowledges writes its copy lacks
-    w.fault("leader restarted with a stale disk", copied, led_epoch)
-    copied.kill()
-    held, kept = (read_log(copied.name, os.path.join(d, "wal")).last_lsn for d in (copied.store, stale))
-    assert kept < held, f"the copy of {copied.name} is not stale: LSN {kept} of {held}"  # the fault happened
-    shutil.rmtree(copied.store)
-    shutil.copytree(stale, copied.store)
-    copied.start()
+    w.fault("kill -9 leader", leader, epoch)
+    leader.kill()
+    successor, led_epoch = c.wait_for_leader(newer_than=epoch, among=c.replicas(leader))
+    w.wait_progress(newer_than_epoch=epoch)  # it acknowledges writes its old disk lacks
+    leader.start()
+    c.wait_followed()
+    w.wait_progress()
+    w.fault("leader restarted with a stale disk", successor, led_epoch)
+    successor.kill()
+    held, kept = (read_log(successor.name, os.path.join(d, "wal")).last_lsn
+                  for d in (successor.store, stale[successor.name]))
+    assert kept < held, f"the copy of {successor.name} is not stale: LSN {kept} of {held}"  # the fault happened
+    shutil.rmtree(successor.store)
+    shutil.copytree(stale[successor.name], successor.store)
+    successor.start()
     c.wait_for_leader(newer_than=led_epoch)
     w.wait_progress(newer_than_epoch=led_epoch)
-    assert other.alive()
-
-
-def make_leader(c: Cluster, w: Workload, node: Node, attempts: int = 4) -> int:
-    """Fail the leader over until ``node`` leads (the third node paused
-    meanwhile, so that only ``node`` can take over); its epoch."""
-    for _ in range(attempts):
-        leader, epoch = c.wait_followed()
-        if leader is node:
-            return epoch
-        third = next(n for n in c.nodes if n is not leader and n is not node)
-        w.fault("kill -9 leader (to move the lead)", leader, epoch)
-        third.pause()
-        try:
-            leader.kill()
-            try:
-                c.wait_for_leader(newer_than=epoch, among=[node], agreed=False, timeout=3 * LEASE_SECONDS + 10)
-            except AssertionError:
-                pass  # it would not lead without the paused node: let that one in, and try again
-        finally:
-            third.resume()
-        leader.start()
-    raise AssertionError(f"could not make {node.name} the leader in {attempts} failovers: {c.statuses()}")
 
 
 FAULTS: dict[str, tuple[Nemesis, int]] = {  # name: (the fault, its rounds in the default suite)
