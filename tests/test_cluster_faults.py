@@ -200,8 +200,7 @@ def run(fault: str, etcd: Etcd, directory: str, *, rounds: int | None = None, se
                "lost": len(result.problems["0 acknowledged writes lost"]), "ok": result.ok,
                "exit_codes": codes, "discarded": _discarded(cluster)}
         TABLE.append(row)
-        assert result.ok, (f"{fault}: {result.text()}\n{json.dumps(row)}\n"
-                           + "\n".join(f"--- {node.name} stderr ---\n{node.log_tail(60)}" for node in cluster.nodes))
+        assert result.ok, f"{fault}: {result.text()}\n{json.dumps(row)}\n{cluster.logs(60)}"
         return row
 
 
