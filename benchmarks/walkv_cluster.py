@@ -47,7 +47,9 @@ class WalkvCluster:
 
     def start(self, i: int) -> None:
         listen, extra = self.args[i]
-        self.nodes[i] = start_walkv(os.path.join(self.directory, f"n{i + 1}"), *extra, listen=listen)
+        directory = os.path.join(self.directory, f"n{i + 1}")
+        os.makedirs(directory, exist_ok=True)
+        self.nodes[i] = start_walkv(directory, *extra, listen=listen)
 
     def kill(self, i: int) -> None:
         node = self.nodes[i]
