@@ -6,8 +6,8 @@ cluster and a real etcd on loopback, clients writing and reading all along
 * ``pause-leader``: SIGSTOP of the leader past its lease, writes sent
   straight to it meanwhile, then SIGCONT;
 * ``partition``: the leader cut off from etcd and from the other nodes
-  through the proxies (tests/cluster_proxy.py), its links refusing, then
-  dropping (blackhole), then stalling, round after round, while the test's
+  through the proxies (tests/cluster_proxy.py), its links stalling, then
+  dropping (blackhole), then refusing, round after round, while the test's
   clients still reach it on its own port; healed after each;
 * ``kill-during-failover``: the leader killed, then the node that takes over
   killed as soon as it says it leads;
@@ -81,7 +81,7 @@ def pause_leader(c: Cluster, w: Workload, _round: int) -> None:
 
 
 def partition(c: Cluster, w: Workload, round_: int) -> None:
-    mode = (REFUSE, BLACKHOLE, STALL)[round_ % 3]
+    mode = (STALL, BLACKHOLE, REFUSE)[round_ % 3]
     leader, epoch = c.wait_followed()
     w.fault(f"partition of the leader ({mode})", leader, epoch)
     c.network.isolate(leader.name, mode)
@@ -146,10 +146,10 @@ def stale_disk_leader(c: Cluster, w: Workload, round_: int) -> None:
 
 
 FAULTS: dict[str, tuple[Nemesis, int]] = {  # name: (the fault, its rounds in the default suite)
-    "kill-leader": (kill_leader, 3),
-    "pause-leader": (pause_leader, 2),
-    "partition": (partition, 3),
-    "kill-during-failover": (kill_during_failover, 2),
+    "kill-leader": (kill_leader, 2),
+    "pause-leader": (pause_leader, 1),
+    "partition": (partition, 2),
+    "kill-during-failover": (kill_during_failover, 1),
     "kill-replica": (kill_replica, 2),
     "stale-disk-leader": (stale_disk_leader, 1),
 }
