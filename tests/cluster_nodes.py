@@ -250,7 +250,7 @@ class Cluster:
             members = {m.get("url") for m in (answers.get(leader.advertise) or {}).get("members", [])}
             if all(s is not None and s.get("leader") == leader.advertise and s.get("epoch") == epoch
                    and int(s.get("applied_lsn", 0)) >= target for s in answers.values()) \
-                    and members >= set(answers):
+                    and members | {leader.advertise} >= set(answers):
                 return leader, epoch
             time.sleep(POLL)
         raise AssertionError(f"not every node follows {leader.name} (epoch {epoch}) up to LSN {target} "
