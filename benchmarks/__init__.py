@@ -14,7 +14,9 @@ module of workloads per issue: ``log_workloads`` (2), ``kv_workloads`` (3),
 ``keyspace_workloads`` (25), ``expiry_workloads`` (25), ``snapshot_workloads`` (4), ``archive_workloads``
 (12), ``server`` (22: walkv serve against etcd and Redis, which it starts itself:
 :mod:`benchmarks.server_peers`, one load generator :mod:`benchmarks.http_load`), ``resp`` (35: the
-Redis face against Redis with redis-benchmark; :mod:`benchmarks.resp_floor`), ``spark_workloads`` (5,
+Redis face against Redis with redis-benchmark; :mod:`benchmarks.resp_floor`), ``cluster`` (34: a three-node
+walkv cluster against three-member etcd through ``wrk``, failover times: :mod:`benchmarks.walkv_cluster`,
+:mod:`benchmarks.wrk`), ``spark_workloads`` (5,
 only with ``--only spark``).
 
 ``python -m benchmarks --scale 1M,10M,50M`` runs instead the scale benchmark
@@ -36,6 +38,7 @@ from benchmarks.harness import Config, Workload, now_iso, run_workload, select
 def all_workloads(cfg: Config) -> list[Workload]:
     from benchmarks import (
         archive_workloads,
+        cluster,
         coord_workloads,
         expiry_workloads,
         keyspace_workloads,
@@ -49,7 +52,7 @@ def all_workloads(cfg: Config) -> list[Workload]:
 
     out: list[Workload] = []
     for module in (log_workloads, kv_workloads, coord_workloads, keyspace_workloads, expiry_workloads,
-                   snapshot_workloads, archive_workloads, server, resp, spark_workloads):
+                   snapshot_workloads, archive_workloads, server, resp, cluster, spark_workloads):
         out.extend(module.workloads(cfg))
     return out
 

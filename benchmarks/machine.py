@@ -87,6 +87,25 @@ def python_speed_ms() -> float:
     return round(min(timeit.repeat("sum(range(10**7))", number=1, repeat=3)) * 1000, 1)
 
 
+def fsync_latency_ms(directory: str, writes: int = 100) -> float:
+    """The median time of a 4 KiB write + ``fdatasync`` in ``directory``, in
+    ms: what every durable put waits for at least once (a replica adds its
+    own)."""
+    path = os.path.join(directory, f".fsync-probe-{os.getpid()}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        times = []
+        for _ in range(writes):
+            started = timeit.default_timer()
+            os.write(fd, b"x" * 4096)
+            os.fdatasync(fd)
+            times.append(timeit.default_timer() - started)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return round(sorted(times)[len(times) // 2] * 1000, 3)
+
+
 def describe(bench_dir: str) -> dict[str, Any]:
     from wal.compiled import build_info
 
@@ -106,6 +125,7 @@ def describe(bench_dir: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
         "python_speed_ms": python_speed_ms(),
+        "fsync_latency_ms": fsync_latency_ms(bench_dir),
         "walkv_build": build_info(),
         "bench_dir": bench_dir,
         "filesystem": filesystem(bench_dir),

@@ -74,7 +74,8 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None, plain: boo
     title = (f"walkv benchmarks ({'quick' if report['config']['quick'] else 'full'}, "
              f"{report['config']['repeats']} repeats, medians) on {m['cpu']}, {m['cores']} cores, "
              f"{m['filesystem'].get('type', '?')} at {m['bench_dir']}; walkv {m.get('walkv_build', '?')}, "
-             f"Python sum(range(10**7)) {m.get('python_speed_ms', '?')} ms")
+             f"Python sum(range(10**7)) {m.get('python_speed_ms', '?')} ms, "
+             f"fsync (4 KiB fdatasync, median) {m.get('fsync_latency_ms', '?')} ms")
     if not plain:
         try:
             from rich.console import Console

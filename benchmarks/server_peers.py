@@ -81,14 +81,16 @@ def _wait_ready(server: Server, ready: Callable[[], bool]) -> Server:
     return server
 
 
-def start_walkv(directory: str, *extra: str) -> Server:
-    """``walkv serve`` on a new store in ``directory`` (``extra``: more options)."""
+def start_walkv(directory: str, *extra: str, listen: str = "127.0.0.1:0") -> Server:
+    """``walkv serve`` on the store ``directory/store`` (new, or the one a
+    previous start left: a restart), listening at ``listen`` (``extra``:
+    more options); its stderr appended to ``directory/walkv-serve.log``."""
     store = os.path.join(directory, "store")
     log_path = os.path.join(directory, "walkv-serve.log")
     env = dict(os.environ, PYTHONPATH=REPO + (os.pathsep + os.environ["PYTHONPATH"]
                                               if os.environ.get("PYTHONPATH") else ""))
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", store, "--listen", "127.0.0.1:0",
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore.cli", "serve", store, "--listen", listen,
                                  *extra], stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO)
     assert proc.stdout is not None
     deadline = time.monotonic() + START_TIMEOUT
@@ -107,22 +109,45 @@ def start_walkv(directory: str, *extra: str) -> Server:
 
 def start_etcd(directory: str) -> Server:
     """One etcd member with its data in ``directory`` (module docstring)."""
-    client, peer = free_port(), free_port()
-    log_path = os.path.join(directory, "etcd.log")
-    client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            ["etcd", "--name", "bench", "--data-dir", os.path.join(directory, "etcd-data"),
-             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-             "--initial-cluster", f"bench={peer_url}", "--logger", "zap", "--log-level", "error"],
-            stdout=log, stderr=subprocess.STDOUT)
+    return start_etcd_members(directory, 1)[0]
 
-    def ready() -> bool:
-        with urllib.request.urlopen(client_url + "/health", timeout=2) as resp:
-            return b'"true"' in resp.read()
 
-    return _wait_ready(Server("etcd", client_url, proc, log_path), ready)
+def start_etcd_members(directory: str, members: int, *, heartbeat_ms: int = 100,
+                       election_ms: int = 1000) -> list[Server]:
+    """``members`` etcd members forming one cluster on free loopback ports,
+    member ``i``'s data in ``directory/etcd-data[-i]``; returned once every
+    member's ``/health`` says so (a quorum elected a leader). etcd's Raft
+    timings are its defaults unless given (shorter ones also lower the
+    shortest lease it grants: about 1.5 election timeouts)."""
+    ports = [(free_port(), free_port()) for _ in range(members)]
+    names = ["bench"] if members == 1 else [f"bench{i}" for i in range(members)]
+    cluster = ",".join(f"{name}=http://127.0.0.1:{peer}" for name, (_, peer) in zip(names, ports))
+    servers = []
+    try:
+        for name, (client, peer) in zip(names, ports):
+            suffix = "" if members == 1 else f"-{name}"
+            log_path = os.path.join(directory, f"etcd{suffix}.log")
+            client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    ["etcd", "--name", name, "--data-dir", os.path.join(directory, f"etcd-data{suffix}"),
+                     "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                     "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                     "--initial-cluster", cluster, "--heartbeat-interval", str(heartbeat_ms),
+                     "--election-timeout", str(election_ms), "--logger", "zap", "--log-level", "error"],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            servers.append(Server("etcd" + suffix, client_url, proc, log_path))
+        for server in servers:
+            def ready(url: str = server.url) -> bool:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    return b'"true"' in resp.read()
+
+            _wait_ready(server, ready)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
 
 
 def start_redis(directory: str) -> Server:
