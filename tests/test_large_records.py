@@ -206,7 +206,8 @@ def test_version_1_segments_are_read_with_the_default_limit(tmp_path):
 def test_a_header_claiming_an_absurd_limit_is_corruption(tmp_path):
     directory = str(tmp_path / "absurd")
     header = bytearray(encode_header(uuid.uuid4().hex, 1))
-    header[-8:] = (MAX_RECORD_LIMIT + 1).to_bytes(8, "little")
+    at = struct.calcsize("<8sHH16sQQ")  # the record limit: the last field before the timeline history
+    header[at:at + 8] = (MAX_RECORD_LIMIT + 1).to_bytes(8, "little")
     path = _raw_segment(directory, bytes(header))
     with open(path, "rb") as f, pytest.raises(CorruptionError, match="record limit") as e:
         read_header(f, path)

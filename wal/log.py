@@ -56,7 +56,7 @@ from mypy_extensions import mypyc_attr
 from wal.append import Appender
 from wal.commit import Callback, GroupCommit
 from wal.crc import BytesLike
-from wal.errors import ClosedError, LogFailedError, StoreVanishedError, file_error, log_failed
+from wal.errors import ClosedError, LogFailedError, OutcomeUnknownError, StoreVanishedError, file_error, log_failed
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem
@@ -323,7 +323,8 @@ class Log:
         if self._failure is not None:
             return self._failure
         w = self._writer
-        if isinstance(error, LogFailedError):  # the layer above's own (a write that lost its replicas, its lease)
+        if isinstance(error, LogFailedError) and isinstance(error, OutcomeUnknownError):
+            # the layer above's own, which says what it knows (a write its replicas or its lease did not confirm)
             self._failure = error
             logger.error("%s", error)
             return error
