@@ -194,6 +194,24 @@ def test_a_segment_of_another_history_is_refused_at_open(tmp_path):
     assert "another history" in str(info.value)
 
 
+def test_a_fork_a_fill_placed_before_a_sealed_segment_is_accepted(tmp_path):
+    """A repair that fills LSNs inside an older segment begins the new
+    timeline there; later sealed segments keep the line they began on (a
+    prefix of the log's history): the log opens, every entry on the new line."""
+    d = tmp_path / "log"
+    with wal.open(d, segment_bytes=2048) as log:
+        for i in range(40):
+            log.append(b"e%03d" % i * 50)
+    segs = list_segments(str(d))
+    assert len(segs) >= 4
+    fork = TimelineStart(2, segs[1].first_lsn + 1, 77)
+    mark_truncate(str(d), 40, history=(TimelineStart(1, 1), fork))   # what a salvage leaves (nothing cut)
+    with wal.open(d) as log:
+        assert log.history == (TimelineStart(1, 1), fork) and log.last_lsn == 40
+    with wal.open(d) as log:   # and again: the sealed segments of timeline 1 after the fork are accepted
+        assert [e.lsn for e in log.read_entries()] == list(range(1, 41))
+
+
 def test_a_log_of_format_2_reads_as_timeline_1(tmp_path):
     """Stores written before timelines open unchanged, on timeline 1."""
     d = tmp_path / "log"

@@ -21,10 +21,11 @@ What open checks, and why it stops there:
   new one begun whose header states it, so no record is ever written past
   the limit of the segment holding it.
 * The newest segment's header holds the log's timeline history
-  (:mod:`wal.timeline`); every older segment must be on it (its own header's
-  history agrees with the newest one's up to its first LSN). A segment of
-  another history (copied in from a replica or an older backup) is
-  corruption of kind ``TIMELINE``. A ``truncate_after`` that a crash
+  (:mod:`wal.timeline`); every older segment must have begun on a line it
+  continues (each timeline its own header names is in that history). A
+  segment of another history (copied in from a twin promoted with nobody
+  coordinating, or from another store's backup) is corruption of kind
+  ``TIMELINE``. A ``truncate_after`` that a crash
   interrupted is finished, and the new timeline it began is begun.
 """
 
@@ -48,7 +49,7 @@ from wal.segment import (
     read_header,
 )
 from wal.segment_writer import ActiveSegment
-from wal.timeline import ROOT, History, fork_point, timeline_at
+from wal.timeline import ROOT, History, timeline_at
 from wal.torn import is_torn
 from wal.truncation import clear_truncate, cut_tail, finish_truncate
 
@@ -255,14 +256,19 @@ def _check_store(header: SegmentHeader, store_id: str, path: str) -> None:
 
 
 def _check_timeline(seg: SegmentHeader, newest: SegmentHeader, path: str) -> None:
-    """A sealed segment must be on the history the newest segment states (module docstring)."""
-    fork = fork_point(seg.history, seg.first_lsn, newest.history)
-    if fork is not None:
-        raise CorruptionError(
-            f"segment is on {timeline_at(seg.history, fork + 1)} from LSN {fork + 1}, but the log's history "
-            f"(its newest segment's header) has {timeline_at(newest.history, fork + 1)} there: it belongs to "
-            f"another history of this store", kind=Damage.TIMELINE, path=path, offset=0, lsn=fork + 1,
-            hint="move the stray segment out of the log directory")
+    """A sealed segment must have begun on the line the log's history (the
+    newest segment's header) continues: every timeline its header names is
+    in that history, beginning where it does (module docstring). A repair
+    that fills may have placed a later fork before the segment's first LSN
+    (its header still names the line as it was when the segment began)."""
+    for start in seg.history:
+        if start not in newest.history:
+            there = timeline_at(newest.history, start.first_lsn)
+            raise CorruptionError(
+                f"segment begun on {start} (from LSN {start.first_lsn}), which the log's history (its newest "
+                f"segment's header) does not hold: it has {there} there; the segment belongs to another "
+                f"history of this store", kind=Damage.TIMELINE, path=path, offset=0, lsn=start.first_lsn,
+                hint="move the stray segment out of the log directory")
 
 
 def _check_follows(prev_last: int | None, first_lsn: int, path: str) -> None:
