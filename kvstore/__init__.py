@@ -36,6 +36,7 @@ from wal.compiled import build_info
 # isort: split
 from wal.errors import (
     ArchiveError,
+    ArchiveFencedError,
     ArchiveLagError,
     ArchiveUnavailableError,
     ClosedError,
@@ -159,7 +160,7 @@ def open_async(path, sync: str = "always", **options):
 
 __all__ = [
     "MAX_KEY_BYTES", "build_info", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError",
-    "ArchiveUnavailableError", "ClosedError", "CoordinatorError", "CorruptionError", "Damage",
+    "ArchiveFencedError", "ArchiveUnavailableError", "ClosedError", "CoordinatorError", "CorruptionError", "Damage",
     "DiskFullError", "FencedError", "ForkedError", "ForkedHistoryError", "NotLeaderError", "OutcomeUnknownError",
     "SyncReplicationError", "Clock", "KeepAlive", "KeyspaceLimitError", "Lease", "LeaseNotFoundError",
     "ManualClock", "SystemClock", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",

@@ -302,6 +302,23 @@ class ArchiveLagError(ArchiveError):
         super().__init__(message)
 
 
+class ArchiveFencedError(ArchiveError):
+    """The archive holds a newer history of the store than the one an
+    archiver ships (:mod:`kvstore.archive.layout`, fencing): a timeline
+    numbered above the archiver's (a promoted replica, a newly elected
+    leader), or another with its number, whose lineage left the archiver's
+    timeline after LSN ``fork_lsn``. Shipping the entries after it would put
+    an older writer's history beside the newer one's, so the archiver stops
+    (retrying cannot help). ``mine`` and ``theirs`` are the two
+    :class:`~wal.timeline.TimelineStart` after the fork."""
+
+    def __init__(self, message: str, *, mine: object, theirs: object, fork_lsn: int) -> None:
+        super().__init__(message)
+        self.mine = mine
+        self.theirs = theirs
+        self.fork_lsn = fork_lsn
+
+
 class RestoreTimeError(WalkvError):
     """A point-in-time restore (``to_time``) asked for a time before the
     first entry its source holds, so the restored store would be empty (as
