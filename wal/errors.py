@@ -394,6 +394,33 @@ class ForkedHistoryError(WalkvError):
         self.fork_lsn = fork_lsn
 
 
+class SubscriptionForkedError(SubscriptionInvalidatedError, ForkedHistoryError):
+    """A named subscription acknowledged changes past the LSN where the
+    store's history left their timeline (:mod:`wal.timeline`: a repair cut
+    them, a failover discarded them): those changes are in no history the
+    store has now, so the subscription cannot go on from its position and is
+    invalidated (its record says why). ``name`` and ``next_lsn`` as
+    :class:`SubscriptionInvalidatedError`; ``mine`` (the timeline its
+    acknowledged changes are on), ``theirs`` (the store's from
+    ``fork_lsn + 1``) and ``fork_lsn`` (the last LSN both share) as
+    :class:`ForkedHistoryError`. A consumer that can undo what it did with the
+    changes after ``fork_lsn`` drops the subscription and subscribes again
+    from ``fork_lsn + 1``; else it drops it and starts again from a snapshot.
+
+    Both an invalidation (the same remedy: drop it and subscribe again, and
+    a stream of it ends as an invalidated one does, 410 over HTTP) and a fork
+    (the same facts, for code that handles every reader's fork alike)."""
+
+    def __init__(self, message: str, *, name: str, next_lsn: int, mine: object, theirs: object,
+                 fork_lsn: int) -> None:
+        WalkvError.__init__(self, message)
+        self.name = name
+        self.next_lsn = next_lsn
+        self.mine = mine
+        self.theirs = theirs
+        self.fork_lsn = fork_lsn
+
+
 class ViewExpiredError(ClosedError):
     """A consistent read view (``db.view()``) was used after its time limit:
     an open view pins LMDB pages and holds off map growth, so it is closed
