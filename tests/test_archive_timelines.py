@@ -28,9 +28,6 @@ from kvstore.cli.main import main
 from kvstore.store.repair import repair_store
 from tests.test_repair_snapshots import damage_record
 
-pytest.importorskip("pyarrow")
-
-
 def old(i: int) -> bytes:
     return b"old-%03d" % i
 
@@ -44,23 +41,34 @@ def state(path: str) -> dict[bytes, bytes]:
         return dict(db.scan())
 
 
+def fill(path: str, value: bytes = b"o", segment_bytes: int = 16 << 10) -> None:
+    """Issue 34's step 1: LSNs 1..100, a key ``old(i)`` each."""
+    with kvstore.open(path, segment_bytes=segment_bytes) as db:
+        for i in range(1, 101):
+            assert db.put(old(i), value) == i
+
+
+def fork(path: str, value: bytes = b"n", segment_bytes: int = 16 << 10) -> dict[bytes, bytes]:
+    """Issue 34's step 2: LSN 70 damaged and cut by a repair, then 50 new
+    keys ``new(i)`` at LSNs 70..119; return the store's state then."""
+    damage_record(path, 70)
+    assert repair_store(path, os.path.join(path, "wal")).log.last_good_lsn == 69
+    with kvstore.open(path, segment_bytes=segment_bytes) as db:
+        for i in range(50):
+            db.put(new(i), value)
+        assert db.last_lsn == 119
+        return dict(db.scan())
+
+
 def archive_then_fork(path: str, loc: str, between: Callable[[], object] = lambda: None) -> dict[bytes, bytes]:
     """Issue 34's steps 1 and 2, through an archive at ``loc`` (``between``
     runs once it holds 1..100); return the store's state at its end (LSN 119)."""
-    with kvstore.open(path, segment_bytes=16 << 10) as db:
-        for i in range(1, 101):
-            assert db.put(old(i), b"o") == i
+    fill(path)
     a = Archiver(path, loc)
     assert a.ship_once() == 100
     a.stop()
     between()
-    damage_record(path, 70)
-    assert repair_store(path, os.path.join(path, "wal")).log.last_good_lsn == 69
-    with kvstore.open(path, segment_bytes=16 << 10) as db:
-        for i in range(50):
-            db.put(new(i), b"n")
-        assert db.last_lsn == 119
-        wanted = dict(db.scan())
+    wanted = fork(path)
     a = Archiver(path, loc)
     assert a.ship_once() == 119
     a.stop()
@@ -100,6 +108,7 @@ def test_the_fork_through_a_directory_archive(tmp_path, capsys):
 
 
 def test_the_fork_through_a_real_s3_server(s3server, tmp_path):
+    pytest.importorskip("pyarrow")
     path, uri = str(tmp_path / "store"), s3server.uri(f"fork-{uuid.uuid4().hex[:8]}")
     check_restores(uri, tmp_path, archive_then_fork(path, uri))
 
@@ -201,26 +210,22 @@ def test_retention_keeps_every_lineage_a_kept_snapshot_lies_on(tmp_path):
     the kept one covers, except the last (how far timeline 1 reached)."""
     path, loc = str(tmp_path / "store"), str(tmp_path / "arch")
     with kvstore.open(path, segment_bytes=4 << 10) as db:
-        for i in range(1, 51):
+        for i in range(1, 101):
             db.put(old(i), b"o" * 40)
-        db.snapshot(keep=10)
-        for i in range(51, 101):
-            db.put(old(i), b"o" * 40)
+            if i == 50:
+                db.snapshot(keep=10)
     a = Archiver(path, loc)
     assert a.ship_once() == 100
     a.stop()
-    damage_record(path, 70)
-    assert repair_store(path, os.path.join(path, "wal")).log.last_good_lsn == 69
-    with kvstore.open(path, segment_bytes=4 << 10) as db:
-        for i in range(50):
-            db.put(new(i), b"n" * 40)
+    wanted = fork(path, b"n" * 40, 4 << 10)
+    with kvstore.open(path) as db:
         db.snapshot(keep=10)
-        wanted = dict(db.scan())
     a = Archiver(path, loc, keep_snapshots=2)
     assert a.ship_once() == 119
     a.stop()
     r = ArchiveReader(loc)
-    assert [s.lsn for s in r.snapshots()] == [50, 119] and [s.lsn for s in ArchiveReader(loc, timeline=1).snapshots()] == [50]
+    assert [s.lsn for s in r.snapshots()] == [50, 119]
+    assert [s.lsn for s in ArchiveReader(loc, timeline=1).snapshots()] == [50]
     assert state(restore_from_archive(loc, tmp_path / "a", to_lsn=60, timeline=1).path) == {
         old(i): b"o" * 40 for i in range(1, 61)}
     ones = [o for o in r.log_objects() if o.timeline.timeline == 1]

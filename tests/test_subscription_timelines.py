@@ -7,38 +7,13 @@ running across it, and records written before timelines."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 import kvstore
-from kvstore.store.repair import repair_store
 from kvstore.watch import consumers
-from tests.test_repair_snapshots import damage_record
+from tests.test_archive_timelines import fill, fork, new, old
 from wal.errors import ForkedHistoryError, SubscriptionForkedError, SubscriptionInvalidatedError
-
-
-def old(i: int) -> bytes:
-    return b"old-%03d" % i
-
-
-def new(i: int) -> bytes:
-    return b"new-%03d" % i
-
-
-def fill(path: str) -> None:
-    with kvstore.open(path, segment_bytes=16 << 10) as db:
-        for i in range(1, 101):
-            assert db.put(old(i), b"o") == i
-
-
-def fork(path: str) -> None:
-    damage_record(path, 70)
-    assert repair_store(path, os.path.join(path, "wal")).log.last_good_lsn == 69
-    with kvstore.open(path, segment_bytes=16 << 10) as db:
-        for i in range(50):
-            db.put(new(i), b"n")
-        assert db.last_lsn == 119
 
 
 def take(sub, upto: int) -> list[tuple[int, bytes]]:
