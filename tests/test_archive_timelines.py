@@ -28,6 +28,7 @@ from kvstore.cli.main import main
 from kvstore.store.repair import repair_store
 from tests.test_repair_snapshots import damage_record
 
+
 def old(i: int) -> bytes:
     return b"old-%03d" % i
 
