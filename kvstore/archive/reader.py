@@ -254,7 +254,8 @@ class ArchiveReader:
         is left out with a warning."""
         lineage = self.history
         out = []
-        for tid, lsn in archived_snapshots(self.target, [TimelineId.of(s) for s in lineage]):
+        for tid, lsn in sorted(archived_snapshots(self.target, [TimelineId.of(s) for s in lineage]),
+                               key=lambda tl: tl[1]):
             if TimelineId.of(timeline_at(lineage, lsn)) != tid:
                 continue  # on a timeline this lineage had left by then
             path = self.target.path(*snapshots_dir(tid), snapshot.snapshot_dir_name(lsn))
