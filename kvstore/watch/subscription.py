@@ -69,7 +69,7 @@ from kvstore.entry.codec import as_bytes
 from kvstore.watch import consumers
 from kvstore.watch.log_tail import log_history
 from kvstore.watch.watcher import PROGRESS, Change, Source, Watcher
-from wal.errors import ClosedError, ForkedHistoryError, LogGapError, SubscriptionInvalidatedError
+from wal.errors import ClosedError, ForkedHistoryError, LogGapError
 from wal.timeline import History, check_follows, fork_point, history_until, timeline_at
 
 log = logging.getLogger("walkv.subscriptions")
@@ -120,12 +120,14 @@ class Subscription:
             raise consumers.invalidated_error(self._store, rec)
         history = log_history(self._source.wal_dir, self._source.fs)
         if fork_point(rec.history, _through(rec.next_lsn, rec.skip), history) is not None:
-            raise self._invalidate(history)
+            rec = self._invalidate(history)
+            if rec.invalidated is not None:
+                raise consumers.invalidated_error(self._store, rec)
         return history
 
-    def _invalidate(self, history: History) -> SubscriptionInvalidatedError:
+    def _invalidate(self, history: History) -> consumers.Record:
         """Mark the record invalidated by the fork of ``history`` from its
-        own (unless something invalidated it first); the error to raise."""
+        own (unless something invalidated it first); the record then."""
         def change(now: consumers.Record) -> consumers.Record | None:
             acked = _through(now.next_lsn, now.skip)
             fork = fork_point(now.history, acked, history)
@@ -137,12 +139,9 @@ class Subscription:
                    "failover discarded them")
             return now._replace(invalidated=why, forked=consumers.Fork(fork, mine, theirs))
         rec = consumers.update(self._store, self.name, change)
-        if rec.invalidated is None:  # acknowledged back before the fork meanwhile: cannot happen, but never silent
-            return SubscriptionInvalidatedError(f"the subscription {self.name!r} of {self._store} met a fork of the "
-                                                "store's history; open it again", name=self.name,
-                                                next_lsn=rec.next_lsn)
-        log.warning("subscription %r of %s: %s", self.name, self._store, rec.invalidated)
-        return consumers.invalidated_error(self._store, rec)
+        if rec.forked is not None:
+            log.warning("subscription %r of %s was invalidated: %s", self.name, self._store, rec.invalidated)
+        return rec
 
     def __iter__(self) -> Self:
         return self
