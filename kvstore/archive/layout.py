@@ -53,7 +53,9 @@ Rules, and the reason for each:
     store that took it), so that a restore along a lineage uses a snapshot
     only where the lineage passes through it (``timeline_at(lineage, S)``);
   - a reader follows one lineage (by default the timeline with the highest
-    number, :mod:`kvstore.archive.timelines`): each LSN range is read from the
+    number, as numbers only grow along a history; two with that number and
+    different uids are refused rather than one picked, and the user names
+    one: :mod:`kvstore.archive.timelines`): each LSN range is read from the
     objects of the timeline the lineage puts there, so the old timeline's
     objects past a fork stay as another restore target and are never read
     beside the new ones;
