@@ -341,7 +341,7 @@ class ArchiveReader:
                 problems.append(DamageReport(self.target.display(c.gap_after.path), 0, c.last + 1, Damage.MISSING,
                                              f"LSNs {c.last + 1}..{(c.next_first or 0) - 1} of {tid}'s lineage are "
                                              "in no archive object"))
-        for tid, lsn in sorted(archived_snapshots(self.target, sorted(listed.timelines))):
+        for tid, lsn in sorted(archived_snapshots(self.target)):
             path = self.target.path(*snapshots_dir(tid), snapshot.snapshot_dir_name(lsn))
             shown = self.target.display(path)
             try:
