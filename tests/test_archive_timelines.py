@@ -14,6 +14,7 @@ history's 101..119, and a restore held old and new keys together.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import time
@@ -106,6 +107,12 @@ def test_the_fork_through_a_directory_archive(tmp_path, capsys):
     assert "timeline 1  " in out and "LSNs 1..100" in out and "begins at LSN 70, forked from timeline 1" in out
     assert main(["restore", loc, str(tmp_path / "cli"), "--timeline", "1", "--to-lsn", "90"]) == 0
     assert state(str(tmp_path / "cli")) == {old(i): b"o" for i in range(1, 91)}
+    # a time follows the lineage too: when timeline 1 held LSN 100, timeline 2's history was at LSN 69
+    us = next(ArchiveReader(loc, timeline=1).read_entries(100, 100)).timestamp_us
+    when = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(microseconds=us)
+    assert ArchiveReader(loc, timeline=1).lsn_at_time(when) == 100 and ArchiveReader(loc).lsn_at_time(when) == 69
+    info = restore_from_archive(loc, tmp_path / "at", to_time=when)
+    assert info.lsn == 69 and state(info.path) == {old(i): b"o" for i in range(1, 70)}
 
 
 def test_the_fork_through_a_real_s3_server(s3server, tmp_path):
