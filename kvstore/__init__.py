@@ -36,6 +36,7 @@ from wal.compiled import build_info
 # isort: split
 from wal.errors import (
     ArchiveError,
+    ArchiveFencedError,
     ArchiveLagError,
     ArchiveUnavailableError,
     ClosedError,
@@ -60,6 +61,7 @@ from wal.errors import (
     RestoreTimeError,
     SnapshotError,
     StoreVanishedError,
+    SubscriptionForkedError,
     SubscriptionInvalidatedError,
     SyncReplicationError,
     ViewExpiredError,
@@ -159,9 +161,10 @@ def open_async(path, sync: str = "always", **options):
 
 __all__ = [
     "MAX_KEY_BYTES", "build_info", "ArchiveError", "ArchiveReader", "ArchiveTarget", "Archiver", "ArchiveLagError",
-    "ArchiveUnavailableError", "ClosedError", "CoordinatorError", "CorruptionError", "Damage",
+    "ArchiveFencedError", "ArchiveUnavailableError", "ClosedError", "CoordinatorError", "CorruptionError", "Damage",
     "DiskFullError", "FencedError", "ForkedError", "ForkedHistoryError", "NotLeaderError", "OutcomeUnknownError",
     "SyncReplicationError", "Clock", "KeepAlive", "KeyspaceLimitError", "Lease", "LeaseNotFoundError",
+    "SubscriptionForkedError",
     "ManualClock", "SystemClock", "StoreVanishedError", "SubscriptionInvalidatedError", "KVStore", "LockedError",
     "LogFailedError", "LogGapError", "ReadOnlyError", "RecordTooLargeError", "ReplicaError",
     "ReplicaLagError", "RestoreTimeError", "SnapshotError",

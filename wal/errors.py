@@ -302,6 +302,23 @@ class ArchiveLagError(ArchiveError):
         super().__init__(message)
 
 
+class ArchiveFencedError(ArchiveError):
+    """The archive holds a newer history of the store than the one an
+    archiver ships (:mod:`kvstore.archive.layout`, fencing): a timeline
+    numbered above the archiver's (a promoted replica, a newly elected
+    leader), or another with its number, whose lineage left the archiver's
+    timeline after LSN ``fork_lsn``. Shipping the entries after it would put
+    an older writer's history beside the newer one's, so the archiver stops
+    (retrying cannot help). ``mine`` and ``theirs`` are the two
+    :class:`~wal.timeline.TimelineStart` after the fork."""
+
+    def __init__(self, message: str, *, mine: object, theirs: object, fork_lsn: int) -> None:
+        super().__init__(message)
+        self.mine = mine
+        self.theirs = theirs
+        self.fork_lsn = fork_lsn
+
+
 class RestoreTimeError(WalkvError):
     """A point-in-time restore (``to_time``) asked for a time before the
     first entry its source holds, so the restored store would be empty (as
@@ -372,6 +389,33 @@ class ForkedHistoryError(WalkvError):
 
     def __init__(self, message: str, *, mine: object, theirs: object, fork_lsn: int) -> None:
         super().__init__(message)
+        self.mine = mine
+        self.theirs = theirs
+        self.fork_lsn = fork_lsn
+
+
+class SubscriptionForkedError(SubscriptionInvalidatedError, ForkedHistoryError):
+    """A named subscription acknowledged changes past the LSN where the
+    store's history left their timeline (:mod:`wal.timeline`: a repair cut
+    them, a failover discarded them): those changes are in no history the
+    store has now, so the subscription cannot go on from its position and is
+    invalidated (its record says why). ``name`` and ``next_lsn`` as
+    :class:`SubscriptionInvalidatedError`; ``mine`` (the timeline its
+    acknowledged changes are on), ``theirs`` (the store's from
+    ``fork_lsn + 1``) and ``fork_lsn`` (the last LSN both share) as
+    :class:`ForkedHistoryError`. A consumer that can undo what it did with the
+    changes after ``fork_lsn`` drops the subscription and subscribes again
+    from ``fork_lsn + 1``; else it drops it and starts again from a snapshot.
+
+    Both an invalidation (the same remedy: drop it and subscribe again, and
+    a stream of it ends as an invalidated one does, 410 over HTTP) and a fork
+    (the same facts, for code that handles every reader's fork alike)."""
+
+    def __init__(self, message: str, *, name: str, next_lsn: int, mine: object, theirs: object,
+                 fork_lsn: int) -> None:
+        WalkvError.__init__(self, message)
+        self.name = name
+        self.next_lsn = next_lsn
         self.mine = mine
         self.theirs = theirs
         self.fork_lsn = fork_lsn

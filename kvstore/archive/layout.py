@@ -2,11 +2,16 @@
 
 ::
 
-    ROOT/ARCHIVE                               identity (JSON): format, version, store id
-    ROOT/LEASE                                 the writing archiver's lease (JSON)
-    ROOT/wal/<first:020d>-<last:020d>.wal      log objects: LSNs first..last
-    ROOT/snapshots/snap-<lsn:020d>/chunk-*.wkc snapshot chunks (snapshot.chunk)
-    ROOT/snapshots/snap-<lsn:020d>/MANIFEST    written last (snapshot.manifest)
+    ROOT/ARCHIVE                                identity (JSON): format, version, store id
+    ROOT/LEASE                                  the writing archiver's lease (JSON)
+    ROOT/wal/<first:020d>-<last:020d>.wal       log objects of timeline 1: LSNs first..last
+    ROOT/wal/tl-<T:020d>-<uid:016x>.history     timeline T's lineage (JSON), before its objects
+    ROOT/wal/tl-<T:020d>-<uid:016x>/<first:020d>-<last:020d>.wal
+                                                log objects of timeline T (every other one)
+    ROOT/snapshots/snap-<lsn:020d>/chunk-*.wkc  snapshot chunks (snapshot.chunk), timeline 1
+    ROOT/snapshots/snap-<lsn:020d>/MANIFEST     written last (snapshot.manifest)
+    ROOT/snapshots/tl-<T:020d>-<uid:016x>/snap-<lsn:020d>/...
+                                                snapshots on timeline T (every other one)
 
 Rules, and the reason for each:
 
@@ -22,12 +27,49 @@ Rules, and the reason for each:
   as they read a local segment, and every byte is CRC-checked as it is read.
   The name carries both ends so that a listing alone gives the coverage (no
   object is opened to plan a read or to resume shipping).
+* Timelines (:mod:`wal.timeline`). A store's history can change course (a
+  repair that cuts, a promote, a failover), after which the same LSNs hold
+  other entries. Each timeline's objects are kept apart, so that the LSNs of
+  two histories never share a name and a reader never mixes them:
+
+  - a log object holds entries of ONE timeline, the one its directory names:
+    its header's history ends with that timeline (a piece is cut where a
+    timeline begins; a segment on which one begins is shipped as pieces).
+    Timeline 1 (uid 0, every store's first) keeps the names above, so that
+    archives written before timelines read unchanged; every other timeline's
+    objects go under ``wal/tl-<T>-<uid>/``, both fields in the name because
+    two promotions nobody coordinated may both take number ``T``;
+  - ``wal/tl-<T>-<uid>.history`` holds timeline ``T``'s lineage (its history,
+    :func:`wal.timeline.history_to_json`, ending with ``T``: every ancestor and
+    the LSN where each began), written before the first object of ``T``. It
+    never changes (a timeline's ancestors are fixed when it begins), and a
+    single listing of ``wal/`` gives every timeline and, reading these small
+    objects only, every lineage, as PostgreSQL's ``.history`` files do.
+    Timeline 1 has none: its lineage is itself. (No identity version
+    changes: every object this walkv writes has a format 3 header, which a
+    walkv before timelines refuses to read, so it cannot misread a forked
+    archive);
+  - a snapshot at LSN ``S`` lies under the timeline ``S`` is on (for the
+    store that took it), so that a restore along a lineage uses a snapshot
+    only where the lineage passes through it (``timeline_at(lineage, S)``);
+  - a reader follows one lineage (by default the timeline with the highest
+    number, as numbers only grow along a history; two with that number and
+    different uids are refused rather than one picked, and the user names
+    one: :mod:`kvstore.archive.timelines`): each LSN range is read from the
+    objects of the timeline the lineage puts there, so the old timeline's
+    objects past a fork stay as another restore target and are never read
+    beside the new ones;
+  - fencing: an archiver never ships entries of timeline ``T`` past LSN
+    ``L`` when the archive holds a timeline numbered above ``T`` (or another
+    uid with ``T``'s number) whose lineage left ``T`` at or before ``L``: a newer
+    writer (a promoted replica, an elected leader) archives the same store,
+    and the older one stops (:class:`~wal.errors.ArchiveFencedError`).
 * Two kinds of log objects exist: *pieces* (the durable tail of the active
   segment, shipped every interval) and *whole segments* (a sealed segment,
   uploaded as it is). A piece never crosses a local segment boundary, so a
   whole segment covers its pieces exactly; it is uploaded before they are
-  deleted, so coverage never shrinks. Readers chain objects by LSN and
-  prefer the longest object starting where the chain stands.
+  deleted, so coverage never shrinks. Readers chain a timeline's objects by
+  LSN and prefer the longest object starting where the chain stands.
 * A snapshot directory holds the local snapshot's files; its chunks are
   uploaded first and ``MANIFEST`` last, because the manifest is the commit
   point: without a valid manifest the directory is no snapshot (exactly as
@@ -39,10 +81,12 @@ Rules, and the reason for each:
   an object is written under a temporary name (a leading ``.`` and a
   ``.tmp-`` suffix, which no pattern above matches), fsynced and renamed.
   A reader therefore never sees a half-written object under a valid name.
-* Retention deletes a snapshot's ``MANIFEST`` first (it stops existing at
-  once), then its chunks; then the log objects whose every LSN the oldest
-  kept snapshot covers, oldest first, so what remains is always a
-  contiguous log starting at or before that snapshot.
+* Retention (:mod:`kvstore.archive.retention`) deletes a snapshot's
+  ``MANIFEST`` first (it stops existing at once), then its chunks; then the
+  log objects no lineage keeps, so what remains of every lineage is one
+  contiguous run, from its oldest kept snapshot on. History objects are
+  never deleted: a few hundred bytes each, and what fences an older
+  writer's archiver.
 * Listings are untrusted: only names matching the patterns above are used,
   and the path to an object is always built from the parsed numbers, never
   taken from the listing. ``../``, foreign files, temporary names and
@@ -62,9 +106,10 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from wal.errors import ArchiveError, CorruptionError, Damage
+from wal.timeline import History, TimelineStart, history_from_json, history_to_json
 
 ARCHIVE_NAME = "ARCHIVE"
 LEASE_NAME = "LEASE"
@@ -74,21 +119,110 @@ ARCHIVE_FORMAT = "walkv-archive"
 ARCHIVE_VERSION = 1
 DIGITS = 20
 
+HISTORY_FORMAT = "walkv-timeline"
+HISTORY_SUFFIX = ".history"
+
 _LOG_RE = re.compile(r"(\d{20})-(\d{20})\.wal")
+_TIMELINE_RE = re.compile(r"tl-(\d{20})-([0-9a-f]{16})")
 _TMP_RE = re.compile(r"\..*\.tmp-[0-9a-f]{16}")
 
 
+class TimelineId(NamedTuple):
+    """A timeline as the archive names it: its number and uid (where it
+    begins is in its lineage, :mod:`wal.timeline`)."""
+
+    timeline: int
+    uid: int = 0
+
+    @classmethod
+    def of(cls, start: TimelineStart) -> TimelineId:
+        return cls(start.timeline, start.uid)
+
+    def __str__(self) -> str:
+        return str(TimelineStart(self.timeline, 0, self.uid))
+
+
+ROOT_TIMELINE: Final = TimelineId(1, 0)
+"""Timeline 1, every store's first: its objects keep the names of archives before timelines."""
+
+
 class LogObject(NamedTuple):
-    """One log object of the archive: LSNs ``first..last`` at ``path``."""
+    """One log object of the archive: LSNs ``first..last`` of ``timeline`` at ``path``."""
 
     first: int
     last: int
     path: str
     size: int = 0
+    timeline: TimelineId = ROOT_TIMELINE
 
 
 def log_object_name(first: int, last: int) -> str:
     return f"{first:0{DIGITS}d}-{last:0{DIGITS}d}.wal"
+
+
+def timeline_name(tid: TimelineId) -> str:
+    """``tl-<T>-<uid>``: the directory of a timeline's objects (not timeline 1's)."""
+    return f"tl-{tid.timeline:0{DIGITS}d}-{tid.uid:016x}"
+
+
+def parse_timeline_name(name: str) -> TimelineId | None:
+    """The timeline a ``tl-<T>-<uid>`` name stands for, or None for any other name."""
+    m = _TIMELINE_RE.fullmatch(name)
+    if m is None:
+        return None
+    tid = TimelineId(int(m.group(1)), int(m.group(2), 16))
+    return tid if tid.timeline >= 1 and tid != ROOT_TIMELINE else None
+
+
+def log_dir(tid: TimelineId) -> tuple[str, ...]:
+    """The names under the root of the directory holding ``tid``'s log objects."""
+    return (WAL_DIR,) if tid == ROOT_TIMELINE else (WAL_DIR, timeline_name(tid))
+
+
+def snapshots_dir(tid: TimelineId) -> tuple[str, ...]:
+    """The names under the root of the directory holding snapshots on ``tid``."""
+    return (SNAPSHOTS_DIR,) if tid == ROOT_TIMELINE else (SNAPSHOTS_DIR, timeline_name(tid))
+
+
+def history_object_name(tid: TimelineId) -> str:
+    """The name (in ``wal/``) of the object holding ``tid``'s lineage."""
+    return timeline_name(tid) + HISTORY_SUFFIX
+
+
+def parse_history_object_name(name: str) -> TimelineId | None:
+    return parse_timeline_name(name[: -len(HISTORY_SUFFIX)]) if name.endswith(HISTORY_SUFFIX) else None
+
+
+def encode_lineage(store_id: str, lineage: History) -> bytes:
+    """A history object: timeline ``lineage[-1]``'s lineage (module docstring)."""
+    last = lineage[-1]
+    return json.dumps({"format": HISTORY_FORMAT, "version": ARCHIVE_VERSION, "store_id": store_id,
+                       "timeline": last.timeline, "uid": last.uid, "history": history_to_json(lineage),
+                       "created": time.time()}, sort_keys=True).encode() + b"\n"
+
+
+def decode_lineage(data: bytes, tid: TimelineId, store_id: str, shown: str) -> History:
+    """The lineage in the history object of ``tid`` (``shown``: its redacted
+    name); anything else, a lineage that does not end with ``tid`` or one of
+    another store than ``store_id`` ("": not compared) is damage
+    (:class:`CorruptionError`)."""
+    hint = ("`walkv archive-verify URI` checks the rest; while the store's log still holds this timeline, its "
+            "archiver writes the object again once it is deleted")
+    try:
+        rec = json.loads(data)
+        if not isinstance(rec, dict) or rec.get("format") != HISTORY_FORMAT:
+            raise ValueError("not the JSON walkv writes")
+        lineage = history_from_json(rec.get("history"), shown)
+    except ValueError as e:
+        raise CorruptionError(f"the timeline history object is damaged: {e}", kind=Damage.CONTENT, path=shown,
+                              offset=0, hint=hint) from None
+    if store_id and rec.get("store_id") != store_id:
+        raise CorruptionError(f"the timeline history object belongs to store {rec.get('store_id')}, not "
+                              f"{store_id}", kind=Damage.HEADER, path=shown, offset=0, hint=hint)
+    if TimelineId.of(lineage[-1]) != tid:
+        raise CorruptionError(f"the timeline history object ends with {lineage[-1]}, but its name says {tid}",
+                              kind=Damage.TIMELINE, path=shown, offset=0, hint=hint)
+    return lineage
 
 
 def parse_log_object_name(name: str) -> tuple[int, int] | None:
@@ -156,6 +290,8 @@ class Lease(NamedTuple):
 
 
 __all__ = [
-    "ARCHIVE_NAME", "LEASE_NAME", "SNAPSHOTS_DIR", "WAL_DIR", "Lease", "LogObject", "decode_identity",
-    "encode_identity", "is_temp_name", "log_object_name", "parse_log_object_name", "temp_name",
+    "ARCHIVE_NAME", "LEASE_NAME", "ROOT_TIMELINE", "SNAPSHOTS_DIR", "WAL_DIR", "Lease", "LogObject", "TimelineId",
+    "decode_identity", "decode_lineage", "encode_identity", "encode_lineage", "history_object_name", "is_temp_name",
+    "log_dir", "log_object_name", "parse_history_object_name", "parse_log_object_name", "parse_timeline_name",
+    "snapshots_dir", "temp_name", "timeline_name",
 ]

@@ -1,10 +1,14 @@
-"""An archive's log objects: listing them, chaining them by LSN, reading a
-piece's entries from a local segment and building one.
+"""An archive's log objects: listing them, chaining them by LSN (along a
+lineage of timelines), reading a piece's entries from a local segment and
+building one.
 
 Rules (see :mod:`kvstore.archive.layout`): a listing gives each object's LSN
-range from its name alone; a chain starts at the lowest first LSN and at each
-step takes the longest object starting where it stands (a whole segment over
-the pieces it replaced); anything not on the chain is redundant.
+range and timeline from its name alone; a chain starts at the lowest first
+LSN and at each step takes the longest object starting where it stands (a
+whole segment over the pieces it replaced); anything not on the chain is
+redundant. Along a lineage (:func:`lineage_chain`) each LSN comes from the
+objects of the timeline the lineage puts it on, an object of a timeline the
+lineage leaves being cut (``last``) where it leaves it.
 """
 
 from __future__ import annotations
@@ -12,26 +16,48 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from kvstore.archive.layout import WAL_DIR, LogObject, log_object_name, parse_log_object_name
+from kvstore.archive.layout import (
+    ROOT_TIMELINE,
+    WAL_DIR,
+    LogObject,
+    TimelineId,
+    log_dir,
+    log_object_name,
+    parse_log_object_name,
+    parse_timeline_name,
+)
 from kvstore.archive.target import ArchiveTarget
 from wal.errors import CorruptionError, Damage, LogGapError, RecordTooLargeError
-from wal.fs import OS_FS
+from wal.fs import OS_FS, FileInfo
 from wal.record import DEFAULT_MAX_RECORD_BYTES, frame_into
 from wal.segment import Entry, SegmentScan, encode_header, pack_entry_header
+from wal.timeline import ROOT, History
 
 
-def list_log_objects(target: ArchiveTarget) -> list[LogObject]:
-    """Every log object of the archive (by name), by first LSN then longest
-    first. Other names are ignored; paths are built from the parsed numbers."""
-    found = []
-    for info in target.list(WAL_DIR):
-        rng = parse_log_object_name(info.name)
-        if rng is None or info.is_dir:
-            continue
-        first, last = rng
-        found.append(LogObject(first, last, target.path(WAL_DIR, log_object_name(first, last)), info.size))
-    found.sort(key=lambda o: (o.first, -o.last))
-    return found
+def list_log_objects(target: ArchiveTarget, timelines: Iterable[TimelineId] | None = None, *,
+                     listed: list[FileInfo] | None = None) -> list[LogObject]:
+    """The log objects (by name) of ``timelines`` (None: of every timeline
+    with a directory in ``wal/``), by first LSN then longest first. Other
+    names are ignored; paths are built from the parsed numbers. ``listed``:
+    the listing of ``wal/`` when the caller has it."""
+    if timelines is None:
+        listed = target.list(WAL_DIR) if listed is None else listed
+        found = (parse_timeline_name(i.name) for i in listed if i.is_dir)
+        tids = [ROOT_TIMELINE, *sorted(t for t in found if t is not None)]
+    else:
+        tids = sorted(set(timelines))
+    out = []
+    for tid in tids:
+        where = log_dir(tid)
+        infos = listed if tid == ROOT_TIMELINE and listed is not None else target.list(*where)
+        for info in infos:
+            rng = parse_log_object_name(info.name)
+            if rng is None or info.is_dir:
+                continue
+            first, last = rng
+            out.append(LogObject(first, last, target.path(*where, log_object_name(first, last)), info.size, tid))
+    out.sort(key=lambda o: (o.first, -o.last, o.timeline))
+    return out
 
 
 class Chain(NamedTuple):
@@ -73,15 +99,33 @@ def chain(objects: list[LogObject], start: int | None = None) -> Chain:
     return Chain(out)
 
 
+def lineage_chain(objects: list[LogObject], lineage: History) -> Chain:
+    """The chain of ``objects`` along ``lineage`` (module docstring): each
+    timeline's objects within the LSNs the lineage puts on it, the last one
+    of a timeline it leaves cut where it leaves it. An object of a timeline
+    starting before that timeline begins is not its own (verify names it)."""
+    spans = {TimelineId.of(s): (s.first_lsn, nxt.first_lsn - 1 if nxt is not None else None)
+             for s, nxt in zip(lineage, [*lineage[1:], None])}
+    on = []
+    for o in objects:
+        span = spans.get(o.timeline)
+        if span is None or o.first < span[0] or (span[1] is not None and o.first > span[1]):
+            continue
+        on.append(o if span[1] is None or o.last <= span[1] else o._replace(last=span[1]))
+    on.sort(key=lambda o: (o.first, -o.last))
+    return chain(on)
+
+
 def encode_segment(store_id: str, first_lsn: int, entries: Iterable[Entry], *,
-                   max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> tuple[bytes, int]:
+                   max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, history: History = ROOT) -> tuple[bytes, int]:
     """A segment file holding ``entries`` (consecutive from ``first_lsn``),
     and its last LSN: the bytes of a tail piece. Its header states
-    ``max_record_bytes`` (a piece of a segment states that segment's limit);
-    an entry over it raises :class:`~wal.errors.RecordTooLargeError`.
+    ``max_record_bytes`` (a piece of a segment states that segment's limit)
+    and ``history`` (the timelines up to the one its entries are on); an
+    entry over the limit raises :class:`~wal.errors.RecordTooLargeError`.
     Framed in memory and joined once (the group commit's way)."""
     parts: list[bytes | memoryview] = []
-    offset = frame_into(parts, encode_header(store_id, first_lsn, max_record_bytes), 0)
+    offset = frame_into(parts, encode_header(store_id, first_lsn, max_record_bytes, history), 0)
     last = first_lsn - 1
     pack = pack_entry_header
     for lsn, ts, payload in entries:
@@ -97,11 +141,13 @@ def encode_segment(store_id: str, first_lsn: int, entries: Iterable[Entry], *,
 class Piece(NamedTuple):
     """Entries read for a tail piece: ``end`` is the offset just after the
     last one's record in its segment (where the next piece starts reading),
-    ``max_record_bytes`` the segment's record limit (the piece states it)."""
+    ``max_record_bytes`` the segment's record limit (the piece states it),
+    ``history`` the timeline history its header states."""
 
     entries: list[Entry]
     end: int
     max_record_bytes: int
+    history: History = ROOT
 
 
 def read_piece(path: str, first: int, limit: int, start: int, max_bytes: int) -> Piece:
@@ -129,5 +175,6 @@ def read_piece(path: str, first: int, limit: int, start: int, max_bytes: int) ->
     if not entries:
         raise CorruptionError(f"segment {path} has no entry {first} although it is durable; not archived",
                               kind=Damage.SEQUENCE, path=path, offset=scan.data_end, lsn=first)
-    limit_bytes = scan.header.max_record_bytes if scan.header is not None else DEFAULT_MAX_RECORD_BYTES
-    return Piece(entries, scan.data_end, limit_bytes)
+    if scan.header is None:
+        return Piece(entries, scan.data_end, DEFAULT_MAX_RECORD_BYTES)
+    return Piece(entries, scan.data_end, scan.header.max_record_bytes, scan.header.history)

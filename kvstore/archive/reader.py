@@ -20,16 +20,24 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import snapshot
-from kvstore.archive.layout import ARCHIVE_NAME, IDENTITY_HINT, SNAPSHOTS_DIR, LogObject, decode_identity
-from kvstore.archive.objects import Chain, chain, list_log_objects
-from kvstore.archive.retention import archived_snapshot_lsns
+from kvstore.archive.layout import (
+    ARCHIVE_NAME,
+    IDENTITY_HINT,
+    LogObject,
+    TimelineId,
+    decode_identity,
+    snapshots_dir,
+)
+from kvstore.archive.objects import Chain, lineage_chain, list_log_objects
+from kvstore.archive.retention import archived_snapshots
 from kvstore.archive.target import ArchiveTarget, Location
+from kvstore.archive.timelines import ArchiveTimelines, TimelineChoice, parse_choice
 from wal.errors import ArchiveError, CorruptionError, Damage, DamageReport, LogGapError, SnapshotError
 from wal.fs import FileInfo, FileSystem
-from wal.reader import read_segments
+from wal.reader import entries_of
 from wal.readfs import ReadFS
-from wal.segment import Entry, SegmentFile, SegmentScan, read_header
-from wal.timeline import ROOT, History
+from wal.segment import Entry, EntryBatch, SegmentFile, SegmentScan, read_header
+from wal.timeline import History, fork_point, timeline_at
 
 log = logging.getLogger("walkv.archive")
 
@@ -71,6 +79,10 @@ class _ObjectFS:
             raise CorruptionError(f"archive object's header says first LSN {scan.header.first_lsn}, its name "
                                   f"{obj.first}", kind=Damage.HEADER, path=self.display(path), offset=0,
                                   hint=ARCHIVE_HINT)
+        if obj is not None and TimelineId.of(scan.header.timeline) != obj.timeline:
+            raise CorruptionError(f"archive object's header puts its entries on {scan.header.timeline}, but it "
+                                  f"lies among the objects of {obj.timeline}", kind=Damage.TIMELINE,
+                                  path=self.display(path), offset=0, hint=ARCHIVE_HINT)
         f.seek(0)
         return f
 
@@ -88,7 +100,12 @@ class _ObjectFS:
 
 
 class ArchiveReader:
-    """An archive opened for reading (any location :class:`ArchiveTarget` takes).
+    """An archive opened for reading (any location :class:`ArchiveTarget` takes),
+    along the lineage of one of its timelines: ``timeline`` (module
+    :mod:`kvstore.archive.timelines`: None, the default, follows the latest).
+    Every method but :meth:`log_objects` and :meth:`verify` (the whole
+    archive) reads that lineage: each LSN from the objects of the timeline it
+    puts there, never an object of another.
 
     A damaged ``ARCHIVE`` identity (or a missing one where log objects are)
     is :class:`CorruptionError`; with ``checking=True`` (for :meth:`verify`)
@@ -96,8 +113,10 @@ class ArchiveReader:
     and the store id is read from the first log object's header ("" when
     none is readable: store ids are then not compared)."""
 
-    def __init__(self, location: Location | ArchiveTarget, *, checking: bool = False) -> None:
+    def __init__(self, location: Location | ArchiveTarget, *, checking: bool = False,
+                 timeline: TimelineChoice = None) -> None:
         self.target = location if isinstance(location, ArchiveTarget) else ArchiveTarget.open(location)
+        self.choice = parse_choice(timeline)
         self.target.require_directory()
         self.identity_damage: DamageReport | None = None
         try:
@@ -107,6 +126,7 @@ class ArchiveReader:
                 raise
             self.identity_damage = DamageReport.of(e)
             self.store_id = self._store_id_from_log()
+        self.timelines = ArchiveTimelines(self.target, self.store_id)
 
     def _identity(self) -> str:
         shown = self.target.display(self.target.path(ARCHIVE_NAME))
@@ -133,20 +153,23 @@ class ArchiveReader:
 
     @property
     def history(self) -> History:
-        """The timeline history of the archive's log (:mod:`wal.timeline`): its newest object's header states it."""
-        objects = self.chain().objects
-        if not objects:
-            return ROOT
-        o = objects[-1]
-        with self.target.fs.open_input(o.path) as f:
-            return read_header(f, self.target.display(o.path))[0].history
+        """The lineage this reader follows (:mod:`wal.timeline`): the chosen
+        timeline's history, as its history object states it, looked up again
+        at each call (the latest may change)."""
+        return self.timelines.follow(self.choice)
 
     def log_objects(self) -> list[LogObject]:
-        """Every log object (by name), including those a whole segment replaced."""
+        """Every log object of every timeline (by name), including those a
+        whole segment replaced and those of other lineages."""
         return list_log_objects(self.target)
 
     def chain(self) -> Chain:
-        return chain(self.log_objects())
+        """The followed lineage's chain of log objects (objects of a timeline
+        the lineage leaves are cut where it leaves it: :func:`lineage_chain`)."""
+        listed = self.timelines.listed()
+        lineage = self.timelines.follow(self.choice, listed)
+        objects = list_log_objects(self.target, [TimelineId.of(s) for s in lineage], listed=listed.infos)
+        return lineage_chain(objects, lineage)
 
     def checked_chain(self, upto: int | None = None) -> Chain:
         """The chain, refusing (:class:`CorruptionError`) a gap at or before
@@ -162,7 +185,9 @@ class ArchiveReader:
 
     def segments(self) -> list[SegmentFile]:
         """The chain as segment files: no overlap, no gap (a gap is
-        :class:`CorruptionError`), from the first archived LSN to :attr:`last_lsn`."""
+        :class:`CorruptionError`), from the first archived LSN to
+        :attr:`last_lsn`; an object cut where the lineage leaves its timeline
+        ends where the next one begins."""
         return [SegmentFile(o.first, o.path, o.size) for o in self.checked_chain().objects]
 
     @property
@@ -179,9 +204,10 @@ class ArchiveReader:
         return _ObjectFS(self.target, self.store_id, {o.path: o for o in objects})
 
     def read_entries(self, from_lsn: int | None = None, to_lsn: int | None = None) -> Iterator[Entry]:
-        """Entries ``from_lsn..to_lsn`` (default: all), strictly checked;
-        :class:`LogGapError` when ``from_lsn`` is before the archive's log,
-        :class:`CorruptionError` when LSNs up to ``to_lsn`` are missing."""
+        """Entries ``from_lsn..to_lsn`` (default: all) of the followed
+        lineage, strictly checked; :class:`LogGapError` when ``from_lsn`` is
+        before the archive's log, :class:`CorruptionError` when LSNs up to
+        ``to_lsn`` are missing."""
         c = self.checked_chain(to_lsn)
         if not c.objects:
             return iter(())
@@ -193,15 +219,46 @@ class ArchiveReader:
         last = c.last if to_lsn is None else min(to_lsn, c.last)
         if start > last:
             return iter(())
-        segs = [SegmentFile(o.first, o.path, o.size) for o in c.objects]
-        return read_segments(segs, start, last, lambda *_: 0, fs=self._fs(c.objects))
+        return entries_of(self._batches(c.objects, start, last))
+
+    def _batches(self, objects: list[LogObject], start: int, last: int) -> Iterator[EntryBatch]:
+        """Entries ``start..last`` of the chain ``objects``, a block at a time:
+        each object read up to its (chain) last LSN only, and each holding
+        exactly the LSNs the chain takes from it."""
+        fs = self._fs(objects)
+        expected = start
+        for o in objects:
+            if o.last < expected:
+                continue
+            if o.first > last:
+                break
+            upto = min(o.last, last)
+            shown = fs.display(o.path)
+            with fs.open_input(o.path) as f:
+                scan = SegmentScan(f, shown)
+                for batch in scan.batches(expected, upto):
+                    if batch.entries[0].lsn != expected:
+                        raise CorruptionError(f"LSNs {expected}..{batch.entries[0].lsn - 1} are missing from the "
+                                              "archive object", kind=Damage.SEQUENCE, path=shown,
+                                              offset=batch.offsets[0], lsn=expected, hint=ARCHIVE_HINT)
+                    yield batch
+                    expected += len(batch.entries)
+            if expected <= upto:
+                raise CorruptionError(f"archive object ends at LSN {expected - 1}, its name says {o.last}",
+                                      kind=Damage.SEQUENCE, path=shown, offset=scan.data_end, lsn=expected,
+                                      hint=ARCHIVE_HINT)
 
     def snapshots(self) -> list[snapshot.Snapshot]:
-        """The archive's committed snapshots that open (manifest valid, chunks
-        present), oldest first; a damaged one is left out with a warning."""
+        """The archive's committed snapshots on the followed lineage that
+        open (manifest valid, chunks present), oldest first; a damaged one
+        is left out with a warning."""
+        lineage = self.history
         out = []
-        for lsn in sorted(archived_snapshot_lsns(self.target)):
-            path = self.target.path(SNAPSHOTS_DIR, snapshot.snapshot_dir_name(lsn))
+        for tid, lsn in sorted(archived_snapshots(self.target, [TimelineId.of(s) for s in lineage]),
+                               key=lambda tl: tl[1]):
+            if TimelineId.of(timeline_at(lineage, lsn)) != tid:
+                continue  # on a timeline this lineage had left by then
+            path = self.target.path(*snapshots_dir(tid), snapshot.snapshot_dir_name(lsn))
             try:
                 out.append(snapshot.open(path, fs=self.target.fs))
             except (CorruptionError, SnapshotError) as e:
@@ -255,48 +312,37 @@ class ArchiveReader:
         return found
 
     def verify(self, progress: Callable[[int, int | None], None] | None = None) -> list[DamageReport]:
-        """Check everything: the identity, every log object (header, store id,
-        CRCs, exactly the LSNs its name says), the chain's continuity, every
-        snapshot (manifest, chunks, checksums, store id). Returns the problems
-        found (empty: all is well), each naming the object (``path``, as shown
-        to people) and offset."""
+        """Check everything: the identity, every timeline's history object,
+        every log object (header, store id, timeline, CRCs, exactly the LSNs
+        its name says), the continuity of every timeline's lineage, every
+        snapshot (manifest, chunks, checksums, store id). Returns the
+        problems found (empty: all is well), each naming the object
+        (``path``, as shown to people) and offset."""
         problems = [] if self.identity_damage is None else [self.identity_damage]
-        objects = self.log_objects()
-        snaps = sorted(archived_snapshot_lsns(self.target))
+        listed = self.timelines.listed()
+        lineages: dict[TimelineId, History] = {}
+        for tid in sorted(listed.timelines):
+            try:
+                lineages[tid] = self.timelines.lineage(tid)
+            except CorruptionError as e:
+                problems.append(DamageReport.of(e))
+        objects = list_log_objects(self.target, sorted(listed.timelines), listed=listed.infos)
         total = sum(o.size for o in objects)
         done = 0
         fs = self._fs(objects)
         for o in objects:
-            shown = self.target.display(o.path)
-            try:
-                with fs.open_input(o.path) as f:
-                    scan = SegmentScan(f, shown)
-                    expected = o.first
-                    for offset, e in scan.entries(o.first):
-                        if e.lsn > o.last:
-                            raise CorruptionError(f"object holds LSN {e.lsn}, past the {o.last} its name says",
-                                                  kind=Damage.SEQUENCE, path=shown, offset=offset, lsn=e.lsn)
-                        expected = e.lsn + 1
-                    torn = scan.torn_tail()
-                    if torn is not None:
-                        raise torn
-                    if expected != o.last + 1:
-                        raise CorruptionError(f"object ends at LSN {expected - 1}, its name says {o.last} "
-                                              "(truncated)", kind=Damage.SEQUENCE, path=shown,
-                                              offset=scan.data_end, lsn=expected)
-            except CorruptionError as e:
-                problems.append(DamageReport.of(e, shown))
-            except OSError as e:
-                problems.append(DamageReport(shown, 0, None, Damage.MISSING, self.target.scrub(str(e))))
+            problems += self._verify_object(fs, o, lineages.get(o.timeline))
             done += o.size
             if progress is not None:
                 progress(done, total)
-        c = chain(objects)
-        if c.gap_after is not None:
-            problems.append(DamageReport(self.target.display(c.gap_after.path), 0, c.last + 1, Damage.MISSING,
-                                         f"LSNs {c.last + 1}..{(c.next_first or 0) - 1} are in no archive object"))
-        for lsn in snaps:
-            path = self.target.path(SNAPSHOTS_DIR, snapshot.snapshot_dir_name(lsn))
+        for tid, lineage in lineages.items():
+            c = lineage_chain(objects, lineage)
+            if c.gap_after is not None:
+                problems.append(DamageReport(self.target.display(c.gap_after.path), 0, c.last + 1, Damage.MISSING,
+                                             f"LSNs {c.last + 1}..{(c.next_first or 0) - 1} of {tid}'s lineage are "
+                                             "in no archive object"))
+        for tid, lsn in sorted(archived_snapshots(self.target)):
+            path = self.target.path(*snapshots_dir(tid), snapshot.snapshot_dir_name(lsn))
             shown = self.target.display(path)
             try:
                 snap = snapshot.open(path, fs=self.target.fs)
@@ -309,6 +355,37 @@ class ArchiveReader:
             except SnapshotError as e:
                 problems.append(DamageReport(shown, 0, lsn, Damage.CONTENT, self.target.scrub(str(e))))
         return problems
+
+    def _verify_object(self, fs: ReadFS, o: LogObject, lineage: History | None) -> list[DamageReport]:
+        """The problems of log object ``o`` (of a timeline whose lineage is
+        ``lineage``; None: unknown, reported already)."""
+        shown = self.target.display(o.path)
+        try:
+            with fs.open_input(o.path) as f:
+                scan = SegmentScan(f, shown)
+                expected = o.first
+                for offset, e in scan.entries(o.first):
+                    if e.lsn > o.last:
+                        raise CorruptionError(f"object holds LSN {e.lsn}, past the {o.last} its name says",
+                                              kind=Damage.SEQUENCE, path=shown, offset=offset, lsn=e.lsn)
+                    expected = e.lsn + 1
+                torn = scan.torn_tail()
+                if torn is not None:
+                    raise torn
+                if expected != o.last + 1:
+                    raise CorruptionError(f"object ends at LSN {expected - 1}, its name says {o.last} "
+                                          "(truncated)", kind=Damage.SEQUENCE, path=shown,
+                                          offset=scan.data_end, lsn=expected)
+                header = scan.header
+                if lineage is not None and header is not None and fork_point(header.history, o.first,
+                                                                             lineage) is not None:
+                    raise CorruptionError(f"object's header states another history than {o.timeline}'s lineage",
+                                          kind=Damage.TIMELINE, path=shown, offset=0, lsn=o.first)
+        except CorruptionError as e:
+            return [DamageReport.of(e, shown)]
+        except OSError as e:
+            return [DamageReport(shown, 0, None, Damage.MISSING, self.target.scrub(str(e)))]
+        return []
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)

@@ -8,30 +8,49 @@ and produces the same archive either way. Layout and rules:
 :mod:`kvstore.archive.layout`.
 
 Each :meth:`Archiver.ship_once`, under the writer's lease (each upload,
-and what it checks first: :mod:`kvstore.archive.upload`):
+and what it checks first: :mod:`kvstore.archive.upload`), along the log's
+timeline history as its newest segment states it (:mod:`wal.timeline`):
 
-1. every sealed local segment the archive's chain reaches is uploaded whole,
-   then the pieces it covers are deleted (compaction);
+0. fencing: when the archive holds a newer timeline whose lineage left the
+   log's history after LSN ``F`` (:meth:`ArchiveTimelines.fence`), LSNs up to
+   ``F`` are shipped and the archiver stops with
+   :class:`~wal.errors.ArchiveFencedError`;
+1. every sealed local segment the archive's chain (along the log's history)
+   reaches, and on which no timeline begins, is uploaded whole, then the
+   pieces it covers are deleted (compaction);
 2. the durable tail after the archived LSN is uploaded as pieces, each within
-   one local segment;
-3. local snapshots newer than the archive's newest, at or below the archived
-   LSN, are uploaded;
+   one local segment and one timeline; each object goes under the timeline
+   the history puts its LSNs on, that timeline's history object first. So
+   after a repair, a promote or a failover the new entries go under the new
+   timeline and the old timeline's objects stay (an older restore target);
+3. local snapshots newer than the archive's newest on the log's history, at
+   or below the archived LSN, are uploaded under the timeline their LSN is
+   on (a store's snapshots are on its log's history: a repair or a fork
+   keeps none past the LSN where the history changed course);
 4. retention (``keep_snapshots``, ``keep_seconds``): the archive's snapshots
    older than the oldest kept one are deleted (MANIFEST first), then the log
-   objects that snapshot wholly covers, oldest first.
+   objects no lineage of a kept snapshot reads (:mod:`kvstore.archive.retention`).
+
+While the log's ``TRUNCATE`` marker exists (a repair or a truncation is under
+way: :mod:`wal.truncation`), nothing is shipped: LSNs past the cut may be
+about to change timeline. A round whose reads meet a history other than the
+one it began with (a fork meanwhile) uploads nothing more; the next round
+plans again.
 
 Durability: when :meth:`ship_once` or :meth:`flush` returns LSN ``n``, every
-entry up to ``n`` is in objects that are whole and (on a local target)
-fsynced. Resuming: the archived LSN is recomputed from a listing (the end of
-the chain), so a restart after a kill at any point uploads again at most what
-was in flight, under the same names (an object is never half there).
+entry up to ``n`` (along the log's history) is in objects that are whole and
+(on a local target) fsynced. Resuming: the archived LSN is recomputed from a
+listing (the end of the chain along the log's history), so a restart after a
+kill at any point uploads again at most what was in flight, under the same
+names (an object is never half there). After a fork the archived LSN may go
+back (to the fork LSN: the new timeline's entries are not archived yet).
 
 Errors (the object store down, 500s, refused connections, requests that
 timed out: :class:`~wal.errors.ArchiveUnavailableError`) are retried by the
 thread with exponential backoff up to ``max_backoff`` seconds, logged once per
 change of state (failing, recovered) and kept in :meth:`Archiver.stats`.
-Another archiver's live lease, or an archive of another store, stops the
-thread (``failed``): retrying cannot help.
+Another archiver's live lease, an archive of another store, or a fence,
+stops the thread (``failed``): retrying cannot help.
 
 Stopping (:meth:`Archiver.stop`) makes one last round and releases the
 lease, within ``timeout`` seconds when given: an object store that does not
@@ -53,19 +72,25 @@ from typing import Any, Callable
 import snapshot
 from kvstore.archive.layout import (
     ARCHIVE_NAME,
+    ROOT_TIMELINE,
     WAL_DIR,
+    LogObject,
+    TimelineId,
     decode_identity,
     encode_identity,
+    timeline_name,
 )
 from kvstore.archive.lease import DEFAULT_LEASE_SECONDS, LeaseHolder
-from kvstore.archive.objects import chain, list_log_objects
-from kvstore.archive.retention import apply_retention, archived_snapshot_lsns
+from kvstore.archive.objects import Chain, lineage_chain, list_log_objects
+from kvstore.archive.retention import apply_retention, archived_snapshots
 from kvstore.archive.target import ArchiveTarget, Location
+from kvstore.archive.timelines import ArchiveTimelines, Fence, Listed
 from kvstore.archive.upload import Uploader
 from kvstore.layout import StoreLayout
 from wal.durable import read_durable_lsn
 from wal.errors import (
     ArchiveError,
+    ArchiveFencedError,
     ArchiveLagError,
     ArchiveUnavailableError,
     CorruptionError,
@@ -74,7 +99,9 @@ from wal.errors import (
     WalkvError,
 )
 from wal.fs import OS_FS
-from wal.segment import list_segments, read_store_id
+from wal.segment import list_segments, read_newest_header, read_store_id
+from wal.timeline import ROOT, History, history_until, timeline_at
+from wal.truncation import TRUNCATE_MARKER
 
 log = logging.getLogger("walkv.archive")
 
@@ -116,7 +143,9 @@ class Archiver:
         self._archive_first = 0
         self._durable = 0
         self._seen: collections.deque[tuple[int, float]] = collections.deque()
-        self._snap_lsns: set[int] | None = None
+        self._snapshots: set[tuple[TimelineId, int]] | None = None
+        self._timelines: ArchiveTimelines | None = None
+        self._history: History = ROOT  # the log's, as the last round found it
         self._retention_due = True
         self.uploads = 0
         self.bytes = 0
@@ -150,10 +179,11 @@ class Archiver:
             durable = read_durable_lsn(self.layout.wal_dir)
             if durable is not None:
                 self._note_durable(durable)
-                self._ship_log(durable)
-                self._ship_snapshots()
+                if self._ship_log(durable):
+                    self._ship_snapshots()
             if self._retention_due and (self.keep_snapshots is not None or self.keep_seconds is not None):
-                apply_retention(self.target, self.keep_snapshots, self.keep_seconds)
+                assert self._store_id is not None
+                apply_retention(self.target, self._store_id, self.keep_snapshots, self.keep_seconds)
                 self._retention_due = False
                 self._archive_first = 0  # recomputed from the next listing
             return self._archived
@@ -180,14 +210,24 @@ class Archiver:
                     f"{self.layout.root} ({store_id}); archive each store to its own prefix")
             self._lease.acquire()
         self.target.remove_temps(WAL_DIR)
+        self._timelines = timelines = ArchiveTimelines(self.target, store_id)
+        listed = timelines.listed()
+        for tid in listed.directories:
+            self.target.remove_temps(WAL_DIR, timeline_name(tid))
         self._store_id = store_id
-        objects = list_log_objects(self.target)
-        c = chain(objects)
+        header = read_newest_header(self.layout.wal_dir)
+        self._history = ROOT if header is None else header.history
+        c = self._chain(self._history, listed)[1]
         self._archived = c.last
         self._archive_first = c.first
         if self._on_archived is not None:
             self._on_archived(self._archived)
         self._notify()
+
+    def _chain(self, history: History, listed: Listed) -> tuple[list[LogObject], Chain]:
+        """The archive's log objects of ``history``'s timelines, and their chain along it."""
+        objects = list_log_objects(self.target, [TimelineId.of(s) for s in history], listed=listed.infos)
+        return objects, lineage_chain(objects, history)
 
     def _note_durable(self, durable: int) -> None:
         now = time.monotonic()
@@ -199,13 +239,30 @@ class Archiver:
         self.uploads += 1
         self.bytes += size
 
-    def _ship_log(self, durable: int) -> None:
-        assert self._store_id is not None
-        objects = list_log_objects(self.target)
-        c = chain(objects)
-        segments = list_segments(self.layout.wal_dir)
-        if not segments:
-            return
+    def _ship_log(self, durable: int) -> bool:
+        """Ship the log up to ``durable`` (module docstring); False when the
+        round stopped early: a fork under way or met."""
+        assert self._store_id is not None and self._timelines is not None
+        wal_dir = self.layout.wal_dir
+        if os.path.exists(os.path.join(wal_dir, TRUNCATE_MARKER)):
+            return False
+        header = read_newest_header(wal_dir)
+        segments = list_segments(wal_dir)
+        if header is None or not segments:
+            return False
+        history = header.history
+        listed = self._timelines.listed()
+        objects, c = self._chain(history, listed)
+        if history != self._history:
+            self._history = history
+            self._snapshots = None
+            if c.last < self._archived:  # a fork: the new timeline's LSNs are not archived yet
+                self._archived = c.last
+                if self._on_archived is not None:
+                    self._on_archived(c.last)  # so that local retention keeps them
+        fence = self._timelines.fence(history, durable, listed)
+        if fence is not None:
+            durable = min(durable, fence.fork_lsn)  # what both histories share may go; nothing after it
         if c.objects:
             nxt = c.last + 1
             if nxt < segments[0].first_lsn:
@@ -227,20 +284,51 @@ class Archiver:
                 continue
             if seg.first_lsn > nxt:
                 break  # segments are consecutive: never leave a gap behind
-            if sealed and seg_last <= durable and not any(o.first == seg.first_lsn and o.last == seg_last
-                                                          for o in objects):
-                self._uploader.segment(self._store_id, seg, seg_last, objects)
-                self._set_archived(chain(objects).last)
+            tid = TimelineId.of(timeline_at(history, seg.first_lsn))
+            one_timeline = not any(seg.first_lsn < s.first_lsn <= seg_last for s in history)
+            if sealed and seg_last <= durable and one_timeline and not any(
+                    o.timeline == tid and o.first == seg.first_lsn and o.last >= seg_last for o in objects):
+                self._begin_timeline(history, seg.first_lsn, listed)
+                if not self._uploader.segment(self._store_id, seg, seg_last, objects,
+                                              history_until(history, seg.first_lsn)):
+                    return False
+                self._set_archived(lineage_chain(objects, history).last)
                 nxt = max(nxt, seg_last + 1)
             while nxt <= min(seg_last, durable):
-                limit = min(seg_last, durable)
-                later = [o.first for o in objects if o.first > nxt]
+                at = timeline_at(history, nxt)
+                limit = min([seg_last, durable] + [s.first_lsn - 1 for s in history if s.first_lsn > nxt])
+                later = [o.first for o in objects if o.timeline == TimelineId.of(at) and o.first > nxt]
                 if later:
                     limit = min(limit, min(later) - 1)
-                last = self._uploader.piece(self._store_id, seg, nxt, limit, objects)
-                nxt = max(last + 1, chain(objects).last + 1)
-                self._set_archived(chain(objects).last)
-        self._set_archived(chain(objects).last)
+                self._begin_timeline(history, nxt, listed)
+                last = self._uploader.piece(self._store_id, seg, nxt, limit, objects, history)
+                if last is None:
+                    return False
+                nxt = max(last + 1, lineage_chain(objects, history).last + 1)
+                self._set_archived(lineage_chain(objects, history).last)
+        self._set_archived(lineage_chain(objects, history).last)
+        if fence is not None and (read_durable_lsn(wal_dir) or 0) > fence.fork_lsn:
+            raise self._fenced(fence)
+        return True
+
+    def _begin_timeline(self, history: History, lsn: int, listed: Listed) -> None:
+        """Before the first object of the timeline ``lsn`` is on: its history object (layout)."""
+        assert self._store_id is not None
+        lineage = history_until(history, lsn)
+        tid = TimelineId.of(lineage[-1])
+        if tid != ROOT_TIMELINE and tid not in listed.histories:
+            self._uploader.lineage(self._store_id, lineage)
+            listed.histories.add(tid)
+
+    def _fenced(self, fence: Fence) -> ArchiveFencedError:
+        return ArchiveFencedError(
+            f"the archive {self.target.uri} holds a newer history of this store: its {fence.theirs} (from LSN "
+            f"{fence.fork_lsn + 1}) left {fence.mine}, which the log of {self.layout.root} holds past LSN "
+            f"{fence.fork_lsn}. A newer writer (a promoted replica, an elected leader) archives the store, so "
+            f"this archiver stops after LSN {fence.fork_lsn} rather than put the two histories side by side; "
+            "if this store is no longer the writer, rejoin it as a replica of the new one; if it is to be a "
+            "store of its own, archive it to another prefix", mine=fence.mine, theirs=fence.theirs,
+            fork_lsn=fence.fork_lsn)
 
     def _set_archived(self, lsn: int) -> None:
         if lsn > self._archived:
@@ -263,18 +351,21 @@ class Archiver:
 
     def _ship_snapshots(self) -> None:
         assert self._store_id is not None
-        if self._snap_lsns is None:
-            self._snap_lsns = archived_snapshot_lsns(self.target)
-        newest = max(self._snap_lsns, default=-1)
+        history = self._history
+        if self._snapshots is None:
+            self._snapshots = archived_snapshots(self.target, [TimelineId.of(s) for s in history])
+        newest = max((lsn for tid, lsn in self._snapshots if TimelineId.of(timeline_at(history, lsn)) == tid),
+                     default=-1)
         for info in snapshot.list_snapshots(self.layout.snapshots_dir):
             if info.lsn <= newest or info.lsn > self._archived or info.store_id not in (None, self._store_id):
                 continue
+            tid = TimelineId.of(timeline_at(history, info.lsn))
             try:
-                self._uploader.snapshot(info.path, info.lsn)
+                self._uploader.snapshot(info.path, info.lsn, tid)
             except FileNotFoundError:
                 log.debug("snapshot %s was pruned while being archived; skipped", info.path)
                 continue
-            self._snap_lsns.add(info.lsn)
+            self._snapshots.add((tid, info.lsn))
             self._retention_due = True
 
     # -- the thread -----------------------------------------------------------------

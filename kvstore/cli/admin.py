@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvstore.cli.archive import timeline_arg
 from kvstore.cli.common import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -51,6 +52,7 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--allow-empty", action="store_true",
                    help="with --to-time before the source's first entry: build an empty store (without it, "
                         "that is an error naming the first entry's commit time)")
+    timeline_arg(p)
     when = p.add_mutually_exclusive_group()
     when.add_argument("--to-lsn", type=int, metavar="N", help="point-in-time: stop after LSN N")
     when.add_argument("--to-time", type=_utc_time, metavar="TIME",
@@ -118,7 +120,7 @@ def cmd_restore(args: argparse.Namespace, rep: Reporter) -> int:
     shown = redact(args.src) if archive else args.src
     with rep.task(f"restoring from {shown}", unit="entries") as progress:
         info = kvstore.restore(args.src, args.dst, to_lsn=args.to_lsn, to_time=args.to_time,
-                               allow_empty=args.allow_empty, progress=progress)
+                               allow_empty=args.allow_empty, progress=progress, timeline=args.timeline)
     print(f"restored {shown} to {args.dst} at LSN {info.lsn}: snapshot at LSN {info.snapshot_lsn} + "
           f"{info.replayed} log entries, {info.count} keys ({info.seconds:.2f} s)")
     return EXIT_OK

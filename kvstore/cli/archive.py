@@ -9,8 +9,9 @@ log and snapshots off the machine (:mod:`kvstore.archive`).
   archive's lease. It publishes the archived LSN in ``STORE/ARCHIVED``
   (:mod:`kvstore.archive.marker`), which bounds the writer's local log retention
   (delete that file when you stop archiving the store for good).
-* ``archive-ls URI``: the archive's store id, the LSN and time range its log
-  covers, its objects and snapshots.
+* ``archive-ls URI``: the archive's store id, its timelines (each one's
+  lineage and the LSNs it reaches), the LSN and time range the followed
+  lineage covers (the latest, or ``--timeline``), its objects and snapshots.
 * ``archive-verify URI``: every object's CRCs, LSNs and store id, the log's
   continuity, every snapshot's checksums. Exit 4 when anything is damaged.
 
@@ -29,9 +30,12 @@ import threading
 from typing import Any
 
 from kvstore.archive import Archiver, ArchiveReader
+from kvstore.archive.layout import LogObject, TimelineId
 from kvstore.archive.marker import publish_archived
+from kvstore.archive.objects import lineage_chain
 from kvstore.cli.common import EXIT_CORRUPT, EXIT_OK, AddCommand, human_bytes, print_table, require_store
 from kvstore.cli.progress import Reporter
+from wal.errors import CorruptionError
 
 
 def add_commands(add: AddCommand) -> None:
@@ -50,9 +54,11 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--keep-seconds", type=float, default=None, metavar="S",
                    help="archive retention: keep snapshots younger than S seconds (and the log they need)")
 
-    p = add("archive-ls", "list an archive: store id, LSN and time range, objects, snapshots", cmd_archive_ls)
+    p = add("archive-ls", "list an archive: store id, timelines, LSN and time range, objects, snapshots",
+            cmd_archive_ls)
     p.add_argument("uri", metavar="URI")
     p.add_argument("--json", action="store_true", help="the listing as JSON")
+    timeline_arg(p)
 
     p = add("archive-verify", "check every object and snapshot of an archive (exit 4 on damage)",
             cmd_archive_verify)
@@ -116,9 +122,50 @@ def _time(us: int | None) -> str | None:
     return datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def timeline_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeline", default=None, metavar="T",
+                   help="the archive's timeline whose lineage to follow: 'latest' (the default: the highest "
+                        "number), a number N, or N:UID (as archive-ls shows them)")
+
+
+def _timelines(reader: ArchiveReader, objects: list[LogObject], followed: TimelineId) -> list[dict[str, Any]]:
+    """Each timeline of the archive: where it begins, its parent, the LSNs its lineage reaches."""
+    out = []
+    for tid in sorted(reader.timelines.listed().timelines):
+        row: dict[str, Any] = {"timeline": tid.timeline, "uid": f"{tid.uid:x}", "followed": tid == followed}
+        try:
+            lineage = reader.timelines.lineage(tid)
+        except CorruptionError as e:
+            row["error"] = str(e)
+            out.append(row)
+            continue
+        c = lineage_chain(objects, lineage)
+        parent = lineage[-2] if len(lineage) > 1 else None
+        row.update(first_lsn=lineage[-1].first_lsn, parent=None if parent is None else parent.timeline,
+                   parent_uid=None if parent is None else f"{parent.uid:x}",
+                   log_first_lsn=c.first, log_last_lsn=c.last, paths=[o.path for o in c.objects])
+        out.append(row)
+    return out
+
+
+def _timeline_row(t: dict[str, Any]) -> tuple[str, str]:
+    name = f"timeline {t['timeline']}" + (f":{t['uid']}" if t["uid"] != "0" else "")
+    if "error" in t:
+        return name, f"DAMAGED: {t['error']}"
+    text = f"LSNs {t['log_first_lsn']}..{t['log_last_lsn']}" if t["log_last_lsn"] else "no LSN yet"
+    if t["parent"] is not None:
+        text += f"; begins at LSN {t['first_lsn']}, forked from timeline {t['parent']}" + (
+            f":{t['parent_uid']}" if t["parent_uid"] != "0" else "")
+    return name, text + ("  (followed)" if t["followed"] else "")
+
+
 def cmd_archive_ls(args: argparse.Namespace, rep: Reporter) -> int:
-    reader = ArchiveReader(args.uri)
+    reader = ArchiveReader(args.uri, timeline=args.timeline)
     objects = reader.log_objects()
+    followed = reader.history[-1]
+    reader.choice = TimelineId.of(followed)
+    timelines = _timelines(reader, objects, reader.choice)
+    on_chains = {p for t in timelines for p in t.pop("paths", [])}
     c = reader.chain()
     first_time = last_time = None
     if c.objects:
@@ -128,11 +175,11 @@ def cmd_archive_ls(args: argparse.Namespace, rep: Reporter) -> int:
             last_time = e.timestamp_us
     snaps = reader.snapshots()
     out = {
-        "uri": reader.uri, "store_id": reader.store_id,
-        "log": {"first_lsn": c.first, "last_lsn": c.last, "first_time": _time(first_time),
-                "last_time": _time(last_time), "objects": len(c.objects), "redundant_objects":
-                len(objects) - len(c.objects), "bytes": sum(o.size for o in objects),
-                "gap_after_lsn": c.last if c.gap_after is not None else None},
+        "uri": reader.uri, "store_id": reader.store_id, "timelines": timelines,
+        "log": {"timeline": followed.timeline, "timeline_uid": f"{followed.uid:x}", "first_lsn": c.first,
+                "last_lsn": c.last, "first_time": _time(first_time), "last_time": _time(last_time),
+                "objects": len(c.objects), "redundant_objects": sum(o.path not in on_chains for o in objects),
+                "bytes": sum(o.size for o in objects), "gap_after_lsn": c.last if c.gap_after is not None else None},
         "snapshots": [{"lsn": s.lsn, "count": s.count, "bytes": s.bytes, "created": _time(s.created_us)}
                       for s in snaps],
     }
@@ -142,6 +189,9 @@ def cmd_archive_ls(args: argparse.Namespace, rep: Reporter) -> int:
     lg = out["log"]
     assert isinstance(lg, dict)
     print(f"archive {reader.uri} (store {reader.store_id})")
+    if len(timelines) > 1:
+        print("timelines:")
+        print_table([_timeline_row(t) for t in timelines])
     rows = [("log LSNs", f"{lg['first_lsn']}..{lg['last_lsn']}" if c.objects else "none"),
             ("log times", f"{lg['first_time']} .. {lg['last_time']}" if c.objects else "-"),
             ("log objects", f"{lg['objects']} ({lg['redundant_objects']} redundant), {human_bytes(lg['bytes'])}")]

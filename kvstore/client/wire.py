@@ -131,7 +131,7 @@ STATUS: dict[type[BaseException], int] = {
     Unauthorized: 401, Forbidden: 403, NotFound: 404, MethodNotAllowed: 405,
     ConditionFailed: 409, wal.errors.ReadOnlyError: 409, wal.errors.SnapshotError: 409,
     wal.errors.NotLeaderError: 421,
-    wal.errors.LogGapError: 410, wal.errors.SubscriptionInvalidatedError: 410,
+    wal.errors.LogGapError: 410, wal.errors.SubscriptionInvalidatedError: 410, wal.errors.ForkedHistoryError: 410,
     RecordTooLargeError: 413, PayloadTooLarge: 413, AnswerTooLarge: 413,
     wal.errors.LeaseNotFoundError: 404, wal.errors.KeyspaceLimitError: 409,
     TooManyStreams: 429,

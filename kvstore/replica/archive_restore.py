@@ -1,7 +1,13 @@
 """Restore from an archive: a new store equal to the archived one at an LSN
-or a time.
+or a time, along one lineage of its timelines (``timeline``: the latest by
+default, as PostgreSQL's ``recovery_target_timeline``;
+:mod:`kvstore.archive.timelines`).
 
-The newest archived snapshot at or before the target LSN that verifies and
+The target LSN (or time) is one of that lineage: LSNs the lineage puts on an
+older timeline are read from that timeline's objects, the rest from the
+chosen one's, and only snapshots on the lineage are used. The restored
+store's log goes on on a new timeline forked from the lineage after the
+target (:func:`kvstore.replica.restore.build`). The newest archived snapshot at or before the target LSN that verifies and
 from which the archive's log reaches the target (falling back to older ones;
 none: the whole log, when it starts at LSN 1), plus the log objects up to the
 target, built into a new store exactly as :func:`kvstore.restore` builds one
@@ -19,8 +25,10 @@ import time
 from collections.abc import Iterator
 
 import snapshot
+from kvstore.archive.layout import TimelineId
 from kvstore.archive.reader import ARCHIVE_HINT, ArchiveReader
 from kvstore.archive.target import ArchiveTarget, Location
+from kvstore.archive.timelines import TimelineChoice
 from kvstore.replica.restore import Progress, RestoreInfo, before_first_entry, build, check_target
 from wal.errors import CorruptionError, SnapshotError
 from wal.segment import Entry
@@ -77,13 +85,16 @@ def choose_snapshot(reader: ArchiveReader, target_lsn: int, log_first: int) -> s
 
 def restore_from_archive(location: Location | ArchiveTarget, target: str | os.PathLike[str], *,
                          to_lsn: int | None = None, to_time: datetime.datetime | float | None = None,
-                         allow_empty: bool = False, progress: Progress | None = None) -> RestoreInfo:
+                         allow_empty: bool = False, progress: Progress | None = None,
+                         timeline: TimelineChoice = None) -> RestoreInfo:
     """Build a new store at ``target`` (missing or empty, else
     :class:`~wal.errors.WalkvError`) equal to the archived store at
     ``to_lsn``, or at the last LSN committed at or before ``to_time`` (a
-    datetime or unix seconds), or at the archive's last LSN. A ``to_time``
-    before the archive's first entry is :class:`~wal.errors.RestoreTimeError`
-    unless ``allow_empty``. Durable on return."""
+    datetime or unix seconds), or at the archive's last LSN, along the
+    lineage of ``timeline`` (None or "latest": the highest; a number; "N:UID";
+    module docstring). A ``to_time`` before the archive's first entry is
+    :class:`~wal.errors.RestoreTimeError` unless ``allow_empty``. Durable on
+    return."""
     t0 = time.monotonic()
     if to_lsn is not None and to_time is not None:
         raise ValueError("give to_lsn or to_time, not both")
@@ -91,7 +102,9 @@ def restore_from_archive(location: Location | ArchiveTarget, target: str | os.Pa
         raise ValueError(f"to_lsn must be a non-negative int, not {to_lsn!r}")
     target = os.path.abspath(os.fspath(target))
     check_target(target)
-    reader = ArchiveReader(location)
+    reader = ArchiveReader(location, timeline=timeline)
+    lineage = reader.history  # chosen once: the objects read below are this lineage's
+    reader.choice = TimelineId.of(lineage[-1])
     c = reader.chain()
     snaps_newest = max((s.lsn for s in reader.snapshots()), default=0)
     end = c.last if c.objects else snaps_newest
@@ -107,6 +120,6 @@ def restore_from_archive(location: Location | ArchiveTarget, target: str | os.Pa
     base = choose_snapshot(reader, target_lsn, c.first)
     try:
         return build(target, ArchiveLog(reader, c.first, target_lsn), base, target_lsn, source=reader.uri,
-                     progress=progress, t0=t0)
+                     progress=progress, t0=t0, history=lineage)
     except CorruptionError as e:
         raise e.with_hint(ARCHIVE_HINT) from None

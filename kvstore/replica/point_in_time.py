@@ -19,6 +19,7 @@ from typing import Any
 
 from kvstore.archive.layout import ARCHIVE_NAME
 from kvstore.archive.reader import time_to_us
+from kvstore.archive.timelines import TimelineChoice
 from kvstore.replica.archive_restore import restore_from_archive
 from kvstore.replica.restore import Progress, RestoreInfo, before_first_entry, check_target, locate, restore_store
 from wal import Entry, list_segments, read_durable_lsn, read_log
@@ -74,7 +75,7 @@ def first_entry(store_path: str) -> Entry | None:
 
 def restore(source: Any, target: str | os.PathLike[str], to_lsn: int | None = None, *,
             to_time: datetime.datetime | float | None = None, allow_empty: bool = False,
-            progress: Progress | None = None) -> RestoreInfo:
+            progress: Progress | None = None, timeline: TimelineChoice = None) -> RestoreInfo:
     """Build a new store at ``target`` (missing or empty) equal to ``source``
     at ``to_lsn``, or at the last LSN committed at or before ``to_time`` (a
     datetime or unix seconds), or at its end (a snapshot directory: at its
@@ -83,13 +84,19 @@ def restore(source: Any, target: str | os.PathLike[str], to_lsn: int | None = No
     ``s3://bucket/prefix?...`` or ``file:///...``, a ``(filesystem, path)``
     pair, or a local archive directory). A ``to_time`` before the source's
     first entry is :class:`~wal.errors.RestoreTimeError` unless
-    ``allow_empty`` (then the store is empty). Durable on return."""
+    ``allow_empty`` (then the store is empty). ``timeline`` chooses which of
+    an archive's timelines' lineage to follow (default: the latest;
+    :mod:`kvstore.archive.timelines`); a store's log holds one lineage, its
+    own, so it is for archives only. Durable on return."""
     if to_lsn is not None and to_time is not None:
         raise ValueError("give to_lsn or to_time, not both")
     check_target(os.fspath(target))
     if is_archive(source):
         return restore_from_archive(source, target, to_lsn=to_lsn, to_time=to_time, allow_empty=allow_empty,
-                                    progress=progress)
+                                    progress=progress, timeline=timeline)
+    if timeline is not None:
+        raise ValueError("timeline= chooses among an archive's timelines; a store's log holds only its own "
+                         "history (restore from its archive to follow another timeline)")
     if to_time is not None:
         path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else source.path
         to_lsn = lsn_at_time(path, to_time)

@@ -14,10 +14,19 @@ Layout of ``STORE/subscriptions/``::
                        made for a dead one's)
 
 A subscription record is JSON ``{"format": 1, "name", "next": [lsn, skip],
-"prefix", "start", "stop", "created_us", "invalidated"}``: its consumer has
-handled every change before LSN ``lsn`` and the first ``skip`` changes of
-``lsn`` (a batch is several changes at one LSN); the key range is hex (null:
-none); ``invalidated`` is null or why retention stopped waiting for it. Every
+"prefix", "start", "stop", "created_us", "invalidated", "history", "forked"}``:
+its consumer has handled every change before LSN ``lsn`` and the first
+``skip`` changes of ``lsn`` (a batch is several changes at one LSN); the key
+range is hex (null: none); ``invalidated`` is null or why retention, or a
+fork, made it unusable. ``history`` is the timeline history the acknowledged
+position is on (:func:`wal.timeline.history_to_json`, up to the timeline of
+LSN ``lsn - 1``), because an LSN alone does not say which entry it was: after
+a repair that cut, or a failover, the same LSNs hold other entries, and a
+position past that fork is invalid (:mod:`kvstore.watch.subscription`). A
+record without it was written before timelines and reads as timeline 1.
+``forked`` is null, or ``{"fork_lsn", "mine", "theirs"}`` when a fork
+invalidated it (its error names both timelines). Both fields are optional
+so that records of either version read in either. Every
 record is replaced whole by a rename, so a reader sees the old one or the
 new one; acknowledgements are not fsynced (they survive a crash of any
 process; a crash of the machine may take the newest back, so a consumer sees
@@ -53,10 +62,17 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from kvstore.layout import SUBSCRIPTIONS_DIR, WAL_DIR
-from wal.errors import ClosedError, LockedError, SubscriptionInvalidatedError, WalkvError
+from wal.errors import (
+    ClosedError,
+    LockedError,
+    SubscriptionForkedError,
+    SubscriptionInvalidatedError,
+    WalkvError,
+)
 from wal.fs import OS_FS
 from wal.lock import DirectoryLock, held
 from wal.segment import SegmentFile, list_segments
+from wal.timeline import ROOT, History, TimelineStart, history_from_json, history_to_json
 
 log = logging.getLogger("walkv.subscriptions")
 
@@ -66,6 +82,16 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SUB_PREFIX, _SUB_SUFFIX, _LIVE_PREFIX, _NEXT_NAME = "sub-", ".json", "live-", "NEXT"
 _NEW_PREFIX = "new-"
 _NEW_GONE_SECONDS = 600.0  # a new-<id> directory this old, and unlocked, was left by a holder that died making it
+
+
+class Fork(NamedTuple):
+    """Where the store's history left the timeline of a subscription's
+    acknowledged changes: ``mine`` that timeline, ``theirs`` the store's
+    after ``fork_lsn``."""
+
+    fork_lsn: int
+    mine: TimelineStart
+    theirs: TimelineStart
 
 
 class Record(NamedTuple):
@@ -79,6 +105,8 @@ class Record(NamedTuple):
     stop: bytes | None
     created_us: int
     invalidated: str | None
+    history: History = ROOT
+    forked: Fork | None = None
 
 
 class SubscriptionInfo(NamedTuple):
@@ -123,8 +151,13 @@ def read(store_path: str, name: str) -> Record | None:
         if raw.get("format") != FORMAT:
             raise ValueError(f"format {raw.get('format')!r}")
         lsn, skip = raw["next"]
+        history = ROOT if raw.get("history") is None else history_from_json(raw["history"], "history")
+        forked = raw.get("forked")
+        if forked is not None:
+            mine, theirs = (history_from_json([forked[k]], k)[0] for k in ("mine", "theirs"))
+            forked = Fork(int(forked["fork_lsn"]), mine, theirs)
         return Record(raw["name"], int(lsn), int(skip), _unhex(raw["prefix"]), _unhex(raw["start"]),
-                      _unhex(raw["stop"]), int(raw["created_us"]), raw["invalidated"])
+                      _unhex(raw["stop"]), int(raw["created_us"]), raw["invalidated"], history, forked)
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as exc:
@@ -137,9 +170,14 @@ def write(store_path: str, rec: Record, *, new: bool = False) -> None:
     parent = directory(store_path)
     if new:
         OS_FS.makedirs(parent)
+    forked = rec.forked
     data = json.dumps({"format": FORMAT, "name": rec.name, "next": [rec.next_lsn, rec.skip],
                        "prefix": _hex(rec.prefix), "start": _hex(rec.start), "stop": _hex(rec.stop),
-                       "created_us": rec.created_us, "invalidated": rec.invalidated}).encode()
+                       "created_us": rec.created_us, "invalidated": rec.invalidated,
+                       "history": history_to_json(rec.history),
+                       "forked": None if forked is None else {
+                           "fork_lsn": forked.fork_lsn, "mine": history_to_json([forked.mine])[0],
+                           "theirs": history_to_json([forked.theirs])[0]}}).encode()
     path = _record_path(store_path, rec.name)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     with open(tmp, "wb") as f:
@@ -197,10 +235,19 @@ def records(store_path: str) -> list[Record]:
 
 
 def invalidated_error(store_path: str, rec: Record) -> SubscriptionInvalidatedError:
+    drop = f"db.drop_subscription({rec.name!r}) or `walkv subscriptions {store_path} --drop {rec.name}`"
+    if rec.forked is not None:
+        fork = rec.forked.fork_lsn
+        return SubscriptionForkedError(
+            f"the subscription {rec.name!r} of {store_path} was invalidated: {rec.invalidated}. Those changes "
+            f"are in no history the store has now. If what was done with its changes after LSN {fork} can be "
+            f"undone, undo it, drop the subscription ({drop}) and subscribe again with from_lsn={fork + 1}; "
+            "otherwise drop it and start again from a snapshot (Spark table=snapshot, or "
+            "watch(on_gap='snapshot'))", name=rec.name, next_lsn=rec.next_lsn, mine=rec.forked.mine,
+            theirs=rec.forked.theirs, fork_lsn=fork)
     return SubscriptionInvalidatedError(
         f"the subscription {rec.name!r} of {store_path} was invalidated: {rec.invalidated}. Its changes "
-        f"from LSN {rec.next_lsn} on are no longer kept; drop it (db.drop_subscription({rec.name!r}) or "
-        f"`walkv subscriptions {store_path} --drop {rec.name}`) and subscribe again, from a snapshot "
+        f"from LSN {rec.next_lsn} on are no longer kept; drop it ({drop}) and subscribe again, from a snapshot "
         f"(Spark table=snapshot, or watch(on_gap='snapshot')) if it needs every key",
         name=rec.name, next_lsn=rec.next_lsn)
 

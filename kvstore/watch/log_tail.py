@@ -14,6 +14,16 @@ a snapshot covered it) or ``from_lsn`` is older than the oldest segment, it
 raises :class:`~wal.errors.LogGapError` naming the first LSN available. The
 segment it holds open stays readable after it is deleted (an open file
 handle), so retention only matters at a roll.
+
+Timelines (:mod:`wal.timeline`): :attr:`LogTail.history` is the log's history
+as its newest segment stated it just before the tail opened the segment it
+reads (a fork changes course only at a segment it creates, so the entries of
+an open segment are on it). At each roll the log's history is read again and
+must agree with it up to the last LSN read: when the log forked before that
+LSN (a repair cut, a truncation), what the tail read past the fork was of a
+history the log left, and it raises :class:`~wal.errors.ForkedHistoryError`
+naming both timelines and the fork LSN, rather than go on with the other
+history's entries, or report the LSNs it no longer finds as damage.
 """
 
 from __future__ import annotations
@@ -25,7 +35,15 @@ from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError
 from wal.fs import OS_FS
 from wal.index import read_index
 from wal.readfs import ReadFS
-from wal.segment import Entry, SegmentFile, SegmentScan, find_segment, list_segments
+from wal.segment import Entry, SegmentFile, SegmentScan, find_segment, list_segments, read_newest_header
+from wal.timeline import ROOT, History, check_follows
+
+
+def log_history(directory: str, fs: ReadFS = OS_FS) -> History:
+    """The timeline history of the log at ``directory`` now, as its newest
+    segment states it (:data:`~wal.timeline.ROOT` while it has none)."""
+    header = read_newest_header(directory, fs)
+    return ROOT if header is None else header.history
 
 
 def _gap(directory: str, lsn: int, segments: list[SegmentFile], fs: ReadFS) -> LogGapError:
@@ -50,6 +68,8 @@ class LogTail:
         self._shown = ""
         self._offset = 0
         self._expected: int | None = None
+        self.history: History = log_history(self.directory, self._fs)
+        """The history the entries read are on (module docstring)."""
         segments = list_segments(directory, fs)
         i = find_segment(segments, from_lsn)
         if i < 0:
@@ -90,8 +110,14 @@ class LogTail:
             self._roll()
 
     def _roll(self) -> None:
-        """The open segment ended before ``next_lsn``: open the next one."""
+        """The open segment ended before ``next_lsn``: open the next one, on
+        a history that goes on from what was read (module docstring)."""
         lsn = self.next_lsn
+        history = log_history(self.directory, self._fs)
+        check_follows(self.history, lsn - 1, history, what=f"a reader of {self._fs.display(self.directory)}",
+                      source="the log", hint="what it read after that LSN is not in the log any more: read again "
+                                             "from the LSN after it")
+        self.history = history
         segments = list_segments(self.directory, self._fs)
         for seg in segments:
             if seg.first_lsn == lsn:

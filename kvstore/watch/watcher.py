@@ -43,6 +43,10 @@ retention deletes the next segment before a slow watcher reaches it:
 
 So a change is never missed nor repeated across segment rolls, snapshots and
 retention: the watcher either goes on from exactly the next LSN or says so.
+Likewise across a change of the log's history (:mod:`wal.timeline`): when a
+repair cut, or a failover discarded, LSNs it delivered, it raises
+:class:`~wal.errors.ForkedHistoryError` (naming both timelines and the fork
+LSN) rather than go on with another history's entries.
 
 Idle: with ``progress_every=s``, when no change was delivered for ``s``
 seconds the watcher yields ``Change(lsn, now, "progress", b"", None, None)``:
@@ -92,6 +96,7 @@ from kvstore.watch.log_tail import LogTail
 from wal.errors import ClosedError, LogGapError
 from wal.fs import OS_FS
 from wal.readfs import ReadFS
+from wal.timeline import History
 
 SNAPSHOT = "snapshot"
 PROGRESS = "progress"
@@ -225,6 +230,14 @@ class Watcher:
 
     def __iter__(self) -> "Watcher":
         return self
+
+    @property
+    def history(self) -> History | None:
+        """The timeline history the changes read so far are on (the log's as
+        its tail found it: :mod:`kvstore.watch.log_tail`; None before the
+        first read). A fork below them raises
+        :class:`~wal.errors.ForkedHistoryError` from the iteration."""
+        return None if self._tail is None else self._tail.history
 
     def __next__(self) -> Change:
         if self._gen is None:
