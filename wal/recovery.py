@@ -49,7 +49,7 @@ from wal.segment import (
     read_header,
 )
 from wal.segment_writer import ActiveSegment
-from wal.timeline import ROOT, History, timeline_at
+from wal.timeline import ROOT, History, history_until, timeline_at
 from wal.torn import is_torn
 from wal.truncation import clear_truncate, cut_tail, finish_truncate
 
@@ -131,6 +131,10 @@ def recover(directory: str, *, fs: FileSystem = OS_FS, mode: str = "strict", pre
     header = rec.active.header
     history = header.history
     if fork is not None:  # the timeline history an interrupted truncate_after began
+        nxt = rec.active.last_lsn + 1
+        if fork[-1].first_lsn > nxt:  # the log lost entries before the cut (a power loss of a log that did not
+            # sync them): the new timeline begins at the first LSN the log will write again
+            fork = (*history_until(fork[:-1], nxt), fork[-1]._replace(first_lsn=nxt))
         if history != fork:
             rec = begin_segment(directory, rec, fs, prealloc, max(max_record_bytes, header.max_record_bytes), zeroed,
                                 fork, f"the log goes on on {fork[-1]}")
