@@ -95,7 +95,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with ServedStore(store, tokens=TOKENS) as server:
         s = Served(server, before)
         yield s
+        # At the module's end, whichever test ran last: the server stops cleanly and the files
+        # hold exactly what they held before the first hostile request.
         s.admin.close()
+        assert server.stop() == 0, server.output()
+        assert "Traceback" not in server.output(), server.output()
+        assert fingerprint(server.store) == before
 
 
 # -- strategies --------------------------------------------------------------------------------
@@ -408,15 +413,6 @@ def test_a_body_over_the_limit_is_413(served):
             continue
         served.check(resp.status_code, body, resp.headers, f"{method} {path} with a 64 MiB body")
         assert resp.status_code == 413, resp.status_code
-
-
-def test_the_store_is_unchanged_at_the_end(served):
-    """Last: the server stops cleanly and the files hold exactly what they
-    held before the first hostile request."""
-    served.admin.close()
-    assert served.server.stop() == 0, served.server.output()
-    assert "Traceback" not in served.server.output(), served.server.output()
-    assert fingerprint(served.server.store) == served.before
 
 
 def test_path_tricks_round_trip_as_keys(tmp_path):

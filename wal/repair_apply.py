@@ -1,4 +1,4 @@
-"""Carrying out a repair's :class:`~wal.repair_plan.Plan` on the files
+"""Carrying out a repair's :class:`~wal.repair_plan.RepairPlan` on the files
 (:func:`apply`), and measuring what it takes out of the log
 (:func:`dropped_bytes`).
 
@@ -39,7 +39,7 @@ from wal.durable import DURABLE_NAME, encode_durable
 from wal.fs import OS_FS, FileSystem
 from wal.record import frame
 from wal.record_reader import RecordReader
-from wal.repair_plan import Filler, NewSegment, Plan
+from wal.repair_plan import Filler, NewSegment, RepairPlan
 from wal.salvage import LogScan, Run
 from wal.segment import encode_header, index_path, pack_entry_header, segment_name
 from wal.timeline import History, history_until
@@ -153,7 +153,7 @@ def _cut_end(fs: FileSystem, path: str, offset: int) -> int:
         f.close()
 
 
-def dropped_bytes(scan: LogScan, plan: Plan) -> int:
+def dropped_bytes(scan: LogScan, plan: RepairPlan) -> int:
     """The bytes of the old segments that are not in the repaired log."""
     total = 0
     for i, offset in plan.cut:
@@ -168,7 +168,7 @@ def dropped_bytes(scan: LogScan, plan: Plan) -> int:
     return total
 
 
-def apply(directory: str, scan: LogScan, plan: Plan, fs: FileSystem, store_id: str, filler: bytes,
+def apply(directory: str, scan: LogScan, plan: RepairPlan, fs: FileSystem, store_id: str, filler: bytes,
           history: History) -> list[str]:
     """Carry out ``plan`` (module docstring); ``filler`` is the payload of a
     filler entry, ``history`` the log's timeline history (each new segment's

@@ -64,7 +64,7 @@ class NewSegment(NamedTuple):
 
 
 @dataclass
-class Plan:
+class RepairPlan:
     """What :func:`plan` decided (module docstring). ``keep`` and ``drop``
     are segment indexes, ``cut`` ``(segment, offset)`` pairs, ``new`` the
     segments to write (an empty one after the kept ones too, when the
@@ -111,7 +111,7 @@ def _boundaries(scan: LogScan) -> list[tuple[int, int | None, bool]]:
     return out
 
 
-def plan(scan: LogScan, base: int = 0, salvage: bool = False, durable: int | None = None) -> Plan:
+def plan(scan: LogScan, base: int = 0, salvage: bool = False, durable: int | None = None) -> RepairPlan:
     """The repaired log and what becomes of each segment (module docstring).
     ``durable`` is the log's ``DURABLE`` marker (``None``: none), for
     naming the LSNs lost past the last intact entry."""
@@ -129,7 +129,7 @@ def plan(scan: LogScan, base: int = 0, salvage: bool = False, durable: int | Non
                 last = a
                 break
     last = max(last, first - 1)
-    p = Plan(base, first, last)
+    p = RepairPlan(base, first, last)
     if first > scan.first_lsn:
         p.dropped = (scan.first_lsn, first - 1)
     _segments(scan, p, salvage)
@@ -140,7 +140,7 @@ def plan(scan: LogScan, base: int = 0, salvage: bool = False, durable: int | Non
     return p
 
 
-def _fillers(p: Plan) -> list[Filler]:
+def _fillers(p: RepairPlan) -> list[Filler]:
     return [item for seg in p.new for item in seg.items if isinstance(item, Filler)]
 
 
@@ -171,7 +171,7 @@ def _items(scan: LogScan, i: int, lo: int, hi: int, salvage: bool) -> list[Run |
     return items
 
 
-def _segments(scan: LogScan, p: Plan, salvage: bool) -> None:
+def _segments(scan: LogScan, p: RepairPlan, salvage: bool) -> None:
     """Decide each segment's fate (module docstring)."""
     segments = scan.segments
     n = len(segments)

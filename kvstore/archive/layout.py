@@ -270,7 +270,11 @@ def decode_identity(data: bytes, shown: str) -> str:
     return str(rec["store_id"])
 
 
-class Lease(NamedTuple):
+class ArchiverLease(NamedTuple):
+    """The record in ``ROOT/LEASE``: which archiver writes the prefix, and
+    until when (unix seconds). Not a key's TTL lease (:class:`kvstore.Lease`)
+    nor the cluster's writer lease, which etcd grants."""
+
     owner: str
     host: str
     pid: int
@@ -280,7 +284,7 @@ class Lease(NamedTuple):
         return json.dumps(self._asdict(), sort_keys=True).encode() + b"\n"
 
     @classmethod
-    def decode(cls, data: bytes) -> Lease | None:
+    def decode(cls, data: bytes) -> ArchiverLease | None:
         """The lease in ``data``, or ``None`` when it is not one (treated as no lease)."""
         try:
             rec: Any = json.loads(data)
@@ -290,7 +294,7 @@ class Lease(NamedTuple):
 
 
 __all__ = [
-    "ARCHIVE_NAME", "LEASE_NAME", "ROOT_TIMELINE", "SNAPSHOTS_DIR", "WAL_DIR", "Lease", "LogObject", "TimelineId",
+    "ARCHIVE_NAME", "LEASE_NAME", "ROOT_TIMELINE", "SNAPSHOTS_DIR", "WAL_DIR", "ArchiverLease", "LogObject", "TimelineId",
     "decode_identity", "decode_lineage", "encode_identity", "encode_lineage", "history_object_name", "is_temp_name",
     "log_dir", "log_object_name", "parse_history_object_name", "parse_log_object_name", "parse_timeline_name",
     "snapshots_dir", "temp_name", "timeline_name",

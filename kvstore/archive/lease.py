@@ -8,7 +8,7 @@ import socket
 import time
 import uuid
 
-from kvstore.archive.layout import LEASE_NAME, Lease
+from kvstore.archive.layout import LEASE_NAME, ArchiverLease
 from kvstore.archive.target import ArchiveTarget
 from wal.errors import LockedError
 
@@ -25,19 +25,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class LeaseHolder:
+class ArchiverLeaseHolder:
     """Takes, renews and releases the lease for one archiver."""
 
     def __init__(self, target: ArchiveTarget, seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         self.target = target
         self.seconds = seconds
-        self.mine = Lease(uuid.uuid4().hex, socket.gethostname(), os.getpid(), 0.0)
+        self.mine = ArchiverLease(uuid.uuid4().hex, socket.gethostname(), os.getpid(), 0.0)
         self._renewed = 0.0
         self.held = False
 
-    def _live_other(self) -> Lease | None:
+    def _live_other(self) -> ArchiverLease | None:
         data = self.target.read(LEASE_NAME)
-        lease = Lease.decode(data) if data is not None else None
+        lease = ArchiverLease.decode(data) if data is not None else None
         if lease is None or lease.owner == self.mine.owner:
             return None
         if lease.expires <= time.time():
@@ -46,7 +46,7 @@ class LeaseHolder:
             return None  # its process on this host is gone (killed): take it over
         return lease
 
-    def _refuse(self, other: Lease) -> LockedError:
+    def _refuse(self, other: ArchiverLease) -> LockedError:
         left = max(0.0, other.expires - time.time())
         return LockedError(
             f"the archive {self.target.uri} is being written by another archiver (host {other.host}, pid "
@@ -90,6 +90,6 @@ class LeaseHolder:
             return
         self.held = False
         data = self.target.read(LEASE_NAME)
-        lease = Lease.decode(data) if data is not None else None
+        lease = ArchiverLease.decode(data) if data is not None else None
         if lease is not None and lease.owner == self.mine.owner:
             self.target.put(self.mine._replace(expires=0.0).encode(), LEASE_NAME)

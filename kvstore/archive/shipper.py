@@ -80,7 +80,7 @@ from kvstore.archive.layout import (
     encode_identity,
     timeline_name,
 )
-from kvstore.archive.lease import DEFAULT_LEASE_SECONDS, LeaseHolder
+from kvstore.archive.lease import DEFAULT_LEASE_SECONDS, ArchiverLeaseHolder
 from kvstore.archive.objects import Chain, lineage_chain, list_log_objects
 from kvstore.archive.retention import apply_retention, archived_snapshots
 from kvstore.archive.target import ArchiveTarget, Location
@@ -130,7 +130,7 @@ class Archiver:
         self.keep_snapshots = keep_snapshots
         self.keep_seconds = keep_seconds
         self.max_backoff = max(max_backoff, interval)
-        self._lease = LeaseHolder(self.target, lease_seconds)
+        self._lease = ArchiverLeaseHolder(self.target, lease_seconds)
         self._uploader = Uploader(self.target, self._count_upload)
         self._store_id: str | None = None
         self._ship_lock = threading.Lock()

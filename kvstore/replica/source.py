@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import snapshot
-from kvstore.archive.layout import ARCHIVE_NAME, LEASE_NAME, Lease
+from kvstore.archive.layout import ARCHIVE_NAME, LEASE_NAME, ArchiverLease
 from kvstore.archive.reader import ArchiveReader
 from kvstore.layout import StoreLayout
 from kvstore.replica.archive_restore import ArchiveLog, choose_snapshot
@@ -206,7 +206,7 @@ class ArchiveSource:
 
     def fence(self) -> None:
         data = self.reader.target.read(LEASE_NAME)
-        lease = Lease.decode(data) if data is not None else None
+        lease = ArchiverLease.decode(data) if data is not None else None
         if lease is not None and lease.expires > time.time():
             raise LockedError(f"the archive {self.name} is still being written by an archiver (host "
                               f"{lease.host}, pid {lease.pid}, lease for {lease.expires - time.time():.0f} s "
