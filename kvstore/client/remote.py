@@ -34,7 +34,7 @@ README's table says what the client can and cannot do.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable
 from typing import Any, NoReturn, TypeVar
 
 from kvstore.client import batches, calls
@@ -45,7 +45,7 @@ from kvstore.client.http import Cert, Verify
 from kvstore.client.leader import FAILOVER_TIMEOUT, transport
 from kvstore.client.wire import NotFound, NotSupportedRemotelyError
 from kvstore.entry.codec import check_keyspace
-from kvstore.state.lookups import Lookups
+from kvstore.state.lookups import MutableLookups
 from kvstore.store import txn
 from kvstore.store.leases import Lease
 from kvstore.store.write_batch import WriteBatch
@@ -80,7 +80,7 @@ class RemoteSubscription(RemoteWatcher):
         raise NotFound(f"no subscription {self.name!r}")
 
 
-class RemoteKeyspace(Lookups):
+class RemoteKeyspace(MutableLookups):
     """The keyspace ``name`` of a served store (``db.keyspace(name)``): the
     embedded :class:`~kvstore.store.keyspace.Keyspace`'s API over HTTP."""
 
@@ -100,21 +100,8 @@ class RemoteKeyspace(Lookups):
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
         return self.store._call(calls.delete_range(start, end, self.name))
 
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key: bytes) -> None:
-        if self.get(key) is None:
-            raise KeyError(key)
-        self.delete(key)
-
     def batch(self) -> WriteBatch:
         return self.store._batch(self.name)
-
-    def update(self, pairs: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> int | None:
-        with self.batch() as b:
-            b.update(pairs)
-        return b.lsn
 
     def transaction(self) -> txn.Transaction:
         return self.store._transaction(self.name)
@@ -154,7 +141,7 @@ class RemoteKeyspace(Lookups):
                                 progress_every=progress_every, on_gap=on_gap, keyspace=self.name)
 
 
-class RemoteStore(Lookups):
+class RemoteStore(MutableLookups):
     """A store served over HTTP (module docstring). Thread-safe: threads
     share the connection pool."""
 
@@ -193,14 +180,6 @@ class RemoteStore(Lookups):
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
         return self._call(calls.delete_range(start, end))
 
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key: bytes) -> None:
-        if self.get(key) is None:
-            raise KeyError(key)
-        self.delete(key)
-
     def _commit(self, payload: bytes, ops: list) -> int:
         """Log ``ops`` (a batch's or a transaction's; ``payload`` was only
         for the size check) through the server."""
@@ -217,11 +196,6 @@ class RemoteStore(Lookups):
 
     def batch(self) -> WriteBatch:
         return self._batch("")
-
-    def update(self, pairs: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> int | None:
-        with self.batch() as b:
-            b.update(pairs)
-        return b.lsn
 
     def transaction(self) -> txn.Transaction:
         return self._transaction("")

@@ -61,13 +61,13 @@ stays valid) until LMDB is next rebuilt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, Protocol
 
 from kvstore.entry.codec import check_keyspace, delete_entry, delete_range_entry, in_keyspace, put_entry
 from kvstore.state import Ops, State
 from kvstore.state.lmdb_env import MAX_KEYSPACES
-from kvstore.state.lookups import Lookups
+from kvstore.state.lookups import MutableLookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from kvstore.store import txn
 from kvstore.store.expiring import Expiring
@@ -128,7 +128,7 @@ def new_transaction(store: Store, keyspace: str) -> txn.Transaction:
                            check_keyspace=store._writable_keyspace, expiring=store._expiring)
 
 
-class Keyspace(Lookups):
+class Keyspace(MutableLookups):
     """The keyspace ``name`` of ``store`` (module docstring): the store's API,
     over this keyspace's keys. Made by :meth:`kvstore.KVStore.keyspace`;
     holds nothing but the two, so it costs nothing to keep or to make again.
@@ -172,24 +172,10 @@ class Keyspace(Lookups):
         payload, ops = delete_range_entry(start, end)
         return self.store._append(*in_keyspace(self.store._writable_keyspace(self.name), payload, ops))
 
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.put(key, value)
-
-    def __delitem__(self, key: bytes) -> None:
-        if self.get(key) is None:
-            raise KeyError(key)
-        self.delete(key)
-
     def batch(self) -> WriteBatch:
         """A batch whose writes go to this keyspace unless they name another
         (``keyspace=``): one atomic entry either way."""
         return new_batch(self.store, self.name)
-
-    def update(self, pairs: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> int | None:
-        """Put every pair into this keyspace as ONE atomic batch; its LSN (None if empty)."""
-        with self.batch() as b:
-            b.update(pairs)
-        return b.lsn
 
     def transaction(self) -> txn.Transaction:
         """A transaction whose conditions and writes are in this keyspace

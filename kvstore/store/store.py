@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -64,7 +64,7 @@ from kvstore.entry.codec import (
 )
 from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions, View
-from kvstore.state.lookups import Lookups
+from kvstore.state.lookups import MutableLookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
 from kvstore.store import recovery, snapshots, txn
 from kvstore.store.clock import Clock, ExpiryClock, SystemClock
@@ -90,7 +90,7 @@ from wal.segment import Payload, read_newest_header
 from wal.timeline import ROOT, History, TimelineStart
 
 
-class KVStore(Lookups):
+class KVStore(MutableLookups):
     """An open store. Create with :func:`kvstore.open`.
 
     A store has a state machine (:class:`kvstore.state.State`), a hub that
@@ -263,9 +263,6 @@ class KVStore(Lookups):
         payload, ops = delete_range_entry(start, end)
         return self._append(payload, ops)
 
-    def __setitem__(self, key: bytes, value: bytes) -> None:
-        self.put(key, value)
-
     # -- keyspaces (kvstore/store/keyspace.py) -------------------------------------
 
     def keyspace(self, name: str) -> Keyspace:
@@ -289,13 +286,6 @@ class KVStore(Lookups):
 
     # -- more writes: del db[k], batches, conditional writes, raw entries ----------
 
-    def __delitem__(self, key: bytes) -> None:
-        """``del db[k]``: KeyError when ``k`` is absent (checked just before
-        the delete is logged; a concurrent writer may race it)."""
-        if self.get(key) is None:
-            raise KeyError(key)
-        self.delete(key)
-
     def batch(self) -> WriteBatch:
         """A batch of writes applied atomically as one log entry (one LSN)::
 
@@ -306,14 +296,6 @@ class KVStore(Lookups):
         mode, then visible), discarded when it raises. ``b.lsn`` is the LSN.
         """
         return new_batch(self, "")
-
-    def update(self, pairs: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> int | None:
-        """Put every (key, value) of ``pairs`` (a mapping or an iterable of
-        pairs) as ONE atomic batch; return its LSN (None if empty). The
-        fastest way to load many pairs."""
-        with self.batch() as b:
-            b.update(pairs)
-        return b.lsn
 
     def write(self, payload: bytes) -> int:
         """Append a pre-encoded batch payload (:mod:`kvstore.entry.codec`'s
