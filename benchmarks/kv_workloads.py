@@ -38,7 +38,7 @@ from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.log_workloads import _leveldb_replay, _leveldb_replay_prepare
 from benchmarks.peers import KV_PEERS, LMDB, LevelDB
-from benchmarks.timing import coroutines, counted, in_child, in_child_on_copy, threaded_puts
+from benchmarks.timing import coroutines, counted, counted_puts, in_child, in_child_on_copy, threaded_puts
 
 KV = ("kvstore:open",)
 LOAD_CHUNK = 10_000  # items per batch when loading data (untimed)
@@ -103,14 +103,7 @@ def _puts_counted(system: str | type, n: int, sync: bool = False):
         items = data.items(n)
         db = _open(system, ctx, sync)
         try:
-            put = db.writer()
-
-            def block() -> int:
-                for k, v in items:
-                    put(k, v)
-                return len(items)
-
-            return counted(block)
+            return counted_puts(db.writer(), items)
         finally:
             db.close()
 

@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Limit, Measurement, Target, Workload
 from benchmarks.peers import LevelDB, PlainLog
-from benchmarks.timing import counted, in_child, in_child_on_copy, threaded, threaded_puts
+from benchmarks.timing import counted, counted_puts, in_child, in_child_on_copy, threaded, threaded_puts
 
 WAL = ("wal:open",)
 BATCH = 1000  # entries per append_batch when filling a log (untimed)
@@ -160,13 +160,7 @@ def _leveldb_nosync(n: int):
         items = data.items(n)
         db = LevelDB(ctx.fresh_dir("leveldb"), sync=False)
         try:
-            def block() -> int:
-                put = db.db.put
-                for k, v in items:
-                    put(k, v)
-                return len(items)
-
-            return counted(block)
+            return counted_puts(db.db.put, items)
         finally:
             db.close()
 

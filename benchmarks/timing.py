@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from benchmarks.harness import Measurement
 
@@ -127,6 +127,17 @@ def counted(block: Callable[[], int]) -> Measurement:
     start = time.perf_counter()
     ops = block()
     return Measurement(ops=ops, seconds=time.perf_counter() - start)
+
+
+def counted_puts(put: Callable[[bytes, bytes], Any], items: Sequence[tuple[bytes, bytes]]) -> Measurement:
+    """Time ``put(key, value)`` over ``items``, one call each, in this thread."""
+
+    def block() -> int:
+        for k, v in items:
+            put(k, v)
+        return len(items)
+
+    return counted(block)
 
 
 def spawn_child(function: str, kwargs: dict[str, Any], **popen: Any) -> subprocess.Popen:
