@@ -158,7 +158,9 @@ def seed(path: str, checkout: str) -> None:
             f"with kvstore.open({path!r}, sync='none') as db:\n"
             f"    db.put(b'big', b'x' * {BIG_VALUE})\n"
             "    db.update((b's%07d' % i, b'v' * 100) for i in range(100_000))\n")
-    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=checkout))
+    # (cwd: not this checkout, whose packages `-c` would import before PYTHONPATH's)
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=checkout),
+                   cwd=os.path.dirname(path))
 
 
 def main(argv: list[str] | None = None) -> int:
