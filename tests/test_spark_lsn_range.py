@@ -40,8 +40,9 @@ def test_the_demo_prints_the_lsns_changes_covers(walkv_spark, tmp_path, capsys, 
         assert db.delete_range(b"k10", b"k15") == 33
     printed = spark_step("out1")
     assert ("      changes: 3 rows, LSNs 31..33 (after the snapshot at LSN 30; startingLsn=earliest for the whole "
-            "log: LSNs 1..33)\n") in printed
-    assert "      snapshot: 30 rows, at LSN 30\n" in printed and "      state: 25 rows, the store at LSN 33\n" in printed
+            "log: LSNs 1..33) (keyspaces: '' 3)\n") in printed
+    assert "      snapshot: 30 rows, at LSN 30 (keyspaces: '' 30)\n" in printed
+    assert "      state: 25 rows, the store at LSN 33 (keyspaces: '' 25)\n" in printed
     # What the line says is what Spark reads.
     assert lsns() == [31, 32, 33]
     assert lsns(startingLsn="earliest") == list(range(1, 34))

@@ -41,6 +41,7 @@ from pyspark.sql.datasource import DataSourceStreamReader
 from kvstore.spark import debezium, delta_cdf, images
 from kvstore.spark import snapshots as ss
 from kvstore.spark.archive import open_files
+from kvstore.spark.arrow import ALL_KEYSPACES
 from kvstore.spark.compat import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows, SupportsTriggerAvailableNow
 from kvstore.spark.files import LogSlice, normalize_location
 from kvstore.spark.options import Options
@@ -68,6 +69,21 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.store_id = self.files.store_id()
         self._available_now: int | None = None
         self._last: dict[str, Any] | None = None  # the last offset handed to Spark (PySpark < 4.2)
+        self._say_other_keyspaces()
+
+    def _say_other_keyspaces(self) -> None:
+        """A stream reads one keyspace unless told ``keyspace=*`` (the
+        default one: a query checkpointed before keyspaces must not begin to
+        deliver other rows); say so when the newest snapshot holds others."""
+        if self.opts.keyspace == ALL_KEYSPACES:
+            return
+        snap = ss.choose(self.files, None, None)
+        others = [ks for ks in ss.keyspaces_of(snap, None) if ks != self.opts.keyspace] if snap is not None else []
+        if others:
+            log.warning("the stream of %s reads keyspace %r only; its snapshot at LSN %d also holds keyspace%s %s: "
+                        "give option keyspace=* for every keyspace (each row names its own)", self.files.display(),
+                        self.opts.keyspace, snap.lsn if snap is not None else 0, "s" if len(others) > 1 else "",
+                        ", ".join(repr(ks) for ks in others))
 
     # -- offsets -------------------------------------------------------------
 
@@ -180,7 +196,7 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if b <= a:
             return out
         first = self._first(a, b)
-        pieces: list[LogSlice] = self.files.plan_log(first, b, b, self.opts.max_partition_bytes) if first <= b else []
+        pieces: list[LogSlice] = self.files.plan_log(first, b, b, *self.opts.log_split()) if first <= b else []
         out.extend(LogPartition(piece, self.opts.keyspaces) for piece in pieces)
         return out
 
