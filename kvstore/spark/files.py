@@ -43,7 +43,8 @@ import wal
 from kvstore.layout import WAL_DIR, StoreLayout
 from wal.errors import CorruptionError, Damage, LogGapError, WalkvError
 from wal.record import BLOCK_SIZE
-from wal.segment import SegmentScan
+from wal.segment import SegmentScan, read_newest_header
+from wal.timeline import ROOT, History
 
 _REREAD_HINT = "the segment was cut or replaced while being read; rerun, and run `walkv verify STORE` if it persists"
 
@@ -139,6 +140,12 @@ class StoreFiles:
         """The store id from the newest segment's header (``None`` for a log
         with no segment yet)."""
         return wal.read_store_id(self.layout.wal_dir, self.layout.fs)
+
+    def history(self) -> History:
+        """The log's timeline history (:mod:`wal.timeline`), as its newest
+        segment states it (:data:`~wal.timeline.ROOT` while it has none)."""
+        header = read_newest_header(self.layout.wal_dir, self.layout.fs)
+        return ROOT if header is None else header.history
 
     def segments(self, durable: int) -> list[wal.SegmentFile]:
         """The segments holding LSNs ``<= durable``, oldest first; segments
