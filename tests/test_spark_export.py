@@ -96,3 +96,22 @@ def test_incremental_merge_rows_apply_to_the_store(tmp_path, spark, capsys):
     assert merged == expected
     assert main(args) == 0  # nothing new: nothing appended
     assert len(parquet_rows(spark, os.path.join(out, "state_merge"))) == len(rows)
+
+
+def test_commit_timestamps_are_timestamp_micros_not_int96(tmp_path, spark):
+    import pyarrow.parquet as pq
+
+    from kvstore.spark.export import TIMESTAMP_CONF, export
+
+    s, out = str(tmp_path / "s"), str(tmp_path / "out")
+    with kvstore.open(s) as db:
+        db.put(b"a", b"1")
+        db.put(b"b", b"2")
+    before = spark.conf.get(TIMESTAMP_CONF, None)
+    export(s, out, table="changes")
+    assert spark.conf.get(TIMESTAMP_CONF, None) == before  # the session's setting is left as it was
+    files = [os.path.join(out, "changes", n) for n in os.listdir(os.path.join(out, "changes")) if n.endswith(".parquet")]
+    assert files
+    for f in files:
+        column = pq.ParquetFile(f).schema.column(pq.ParquetFile(f).schema_arrow.get_field_index("_commit_timestamp"))
+        assert column.physical_type == "INT64" and "timeUnit=microseconds" in str(column.logical_type), column

@@ -1,10 +1,12 @@
 """Which LSNs a batch read of ``changes`` covers, said where people look: the
 demo's Spark step (checked against what Spark reads), the README's Spark
 section and the options' docs; and the README's mapping of walkv's change
-types to ``changeVocabulary=delta``."""
+types to ``changeVocabulary=delta``; and a warning when a snapshot just
+emptied the default range."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 import kvstore
 from kvstore.spark.files import StoreFiles
 from tests.test_cli import REPO
+from tests.test_spark_unit import read_all, reader
 
 
 @pytest.mark.spark
@@ -103,3 +106,20 @@ def test_the_readme_maps_walkvs_change_types_to_deltas():
     }
     named = {word for cell in table.values() for word in delta_cdf.CHANGE_TYPES if f"`{word}`" in cell}
     assert named == set(delta_cdf.CHANGE_TYPES)
+
+
+def test_a_default_changes_range_emptied_by_a_snapshot_is_said(tmp_path, caplog):
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        for i in range(5):
+            db.put(b"k%d" % i, b"v")
+        db.snapshot()  # as an automatic one would, just before the scheduled job
+    with caplog.at_level(logging.WARNING, logger="walkv.spark"):
+        r = reader(path, table="changes")
+    assert read_all(r) is None
+    assert "snapshot (at LSN 5)" in caplog.text and "LSNs 1..5" in caplog.text and "startingLsn" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="walkv.spark"):
+        reader(path, table="changes", startingLsn="earliest")
+        reader(path, table="snapshot")
+    assert caplog.text == ""

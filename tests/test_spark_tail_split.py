@@ -97,3 +97,4 @@ def test_a_session_reads_the_tail_with_every_core(walkv_spark, tail):
     df = walkv_spark.read.format("walkv").load(tail)
     assert df.rdd.getNumPartitions() >= 2  # local[2]: both cores (main: 1)
     assert df.count() == N
+

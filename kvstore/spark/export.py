@@ -52,7 +52,8 @@ previous end LSN must still be there, else the run fails with
 
 Columns are those of the ``walkv`` data source (:mod:`kvstore.spark.arrow`);
 keys and values stay binary unless ``key_format``/``value_format`` say
-``"string"``.
+``"string"``. ``_commit_timestamp`` is Parquet's ``TIMESTAMP_MICROS`` (an
+INT64 of microseconds, adjusted to UTC), not INT96.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ log = logging.getLogger("walkv.export")
 META_NAME = "_walkv_export.json"
 CHECKPOINTS = "_checkpoints"
 STATE_MERGE = "state_merge"
+TIMESTAMP_CONF = "spark.sql.parquet.outputTimestampType"
+"""Written as ``TIMESTAMP_MICROS`` (Parquet's INT64 timestamp, microseconds,
+UTC), not Spark's default INT96, which Parquet deprecates."""
 
 
 def _tables(table: str) -> list[str]:
@@ -220,6 +224,8 @@ def export(
     fmt = {"keyFormat": key_format, "valueFormat": value_format, "keyspace": keyspace}
     spark, owned = _session(master)
     register(spark)
+    timestamps = spark.conf.get(TIMESTAMP_CONF, None)  # the session's own, put back after
+    spark.conf.set(TIMESTAMP_CONF, "TIMESTAMP_MICROS")
     t0 = time.time()
     previous = _read_meta(out) if incremental else {}
     meta: dict[str, Any] = {
@@ -292,6 +298,10 @@ def export(
     finally:
         if owned:
             spark.stop()
+        elif timestamps is None:
+            spark.conf.unset(TIMESTAMP_CONF)
+        else:
+            spark.conf.set(TIMESTAMP_CONF, timestamps)
 
 
 def _keyspaces_said(info: dict[str, Any]) -> str:

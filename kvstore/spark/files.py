@@ -185,7 +185,7 @@ class StoreFiles:
             total = sum(segs[k].size for k in planned[:-1])
             newest = segs[planned[-1]]
             total += newest.size if planned[-1] + 1 < len(segs) else self._active_bytes(newest, durable)
-            max_bytes = min(max_bytes, max(min_piece_bytes, total // min_pieces))
+            max_bytes = min(max_bytes, max(min_piece_bytes, -(-total // min_pieces)))
         slices: list[LogSlice] = []
         ours = self.store_id()
         for k in planned:
@@ -248,7 +248,7 @@ class StoreFiles:
         ``hi`` (the durable LSN: past it a record may be mid-write) or damage
         ends the probing; the last piece then reads on to ``hi``, checked
         as every piece is."""
-        stride = max(BLOCK_SIZE, step // BLOCK_SIZE * BLOCK_SIZE)
+        stride = -(-step // BLOCK_SIZE) * BLOCK_SIZE  # whole blocks, at least step
         points: list[tuple[int, int]] = []
         with self._open_probing(seg) as probe:
             for cut in range(stride, seg.size, stride):

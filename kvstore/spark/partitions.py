@@ -126,7 +126,23 @@ def plan(files: StoreFiles, opts: Options) -> Plan:
         start = (snap.lsn if snap is not None else 0) + 1
     if from_log:
         start = skip_lost(files, opts, start, end, durable)
+    elif opts.table == sa.CHANGES and snap is not None and start > end and ending is None \
+            and opts.snapshot_lsn is None:
+        _say_empty_after_snapshot(files, snap, end)
     return Plan(snap, start, end, durable)
+
+
+def _say_empty_after_snapshot(files: StoreFiles, snap: snapshot.Snapshot, end: int) -> None:
+    """A batch read of ``changes`` by default reads the LSNs after the newest
+    snapshot: right after a snapshot (an automatic one, say) that is none,
+    though the log still holds the LSNs before it. Say so, and how to read them."""
+    first = files.first_held(end)
+    if first > snap.lsn:
+        return  # the log holds nothing before the snapshot either
+    log.warning("table=changes of %s has no rows: a batch read covers the LSNs after the newest snapshot (at LSN "
+                "%d) up to the durable LSN %d, and the snapshot is that recent. The log still holds LSNs %d..%d: "
+                "read them with option startingLsn (a number, or earliest) or startingTimestamp",
+                files.display(), snap.lsn, end, first, end)
 
 
 def starting_lsn(files: StoreFiles, option: int | str | None, durable: int) -> int:
