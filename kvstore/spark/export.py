@@ -29,26 +29,9 @@ retention deleted log segments between two runs, the run fails with
 :class:`~wal.errors.LogGapError` naming the missing LSNs; export
 again without ``incremental`` (or into a new ``OUT``) to start over.
 
-``merge=True`` writes ``state`` in the shape a ``MERGE INTO`` takes instead
-of rewriting it: each run appends to ``OUT/state_merge/`` one row per key
-whose value changed in the LSNs after the previous run's end LSN (the first
-run: every key of the store), with its value at the export's end LSN and
-``_deleted`` true (value null) for a key deleted since (a tombstone). ``lsn``
-is the key's last change and ``_export_lsn`` the run's end LSN, so rows
-appended by several runs are applied in ``lsn`` order (the newest row of a
-key wins), or one run's alone::
-
-    MERGE INTO t USING (SELECT * FROM m WHERE lsn > :last_merged) s
-      ON t.keyspace = s.keyspace AND t.key = s.key
-      WHEN MATCHED AND s._deleted THEN DELETE
-      WHEN MATCHED THEN UPDATE SET value = s.value, lsn = s.lsn
-      WHEN NOT MATCHED AND NOT s._deleted THEN INSERT (key, value, lsn, keyspace)
-        VALUES (s.key, s.value, s.lsn, s.keyspace)
-
-The changed keys come from ``changeVocabulary=delta`` (exact: a range delete
-is a tombstone per key it deleted), so the log from the snapshot before the
-previous end LSN must still be there, else the run fails with
-:class:`~wal.errors.LogGapError`: export again into a new ``OUT``.
+``merge=True`` writes ``state`` as the rows a ``MERGE INTO`` takes instead of
+rewriting it: the keys changed since the previous run, with tombstones
+(:mod:`kvstore.spark.merge`).
 
 Columns are those of the ``walkv`` data source (:mod:`kvstore.spark.arrow`);
 keys and values stay binary unless ``key_format``/``value_format`` say
@@ -69,6 +52,7 @@ from typing import Any
 from kvstore.spark.archive import open_files
 from kvstore.spark.arrow import ALL_KEYSPACES, BINARY, CHANGES, SNAPSHOT, STATE, TABLES
 from kvstore.spark.files import normalize_location
+from kvstore.spark.merge import EXPORT_LSN, merge_rows
 from kvstore.spark.options import parse
 from kvstore.spark.partitions import plan
 from kvstore.spark.source import register, spark_schema
@@ -351,37 +335,19 @@ def describe(meta: dict[str, Any]) -> list[str]:
 
 def _state_merge(spark: Any, location: str, path: str, first: int | None, end: int, snap_lsn: int,
                  fmt: dict[str, str]) -> dict[str, Any]:
-    """Append to ``path`` the MERGE rows of the keys changed in LSNs
-    ``first .. end`` (``first`` None: every key at ``end``); see the module docstring."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+    """Append to ``path`` the MERGE rows of LSNs ``first .. end`` (``first``
+    None: every key at ``end``; :mod:`kvstore.spark.merge`); what was appended."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
 
     info: dict[str, Any] = {"path": path, "shape": STATE_MERGE, "from_lsn": first, "to_lsn": end}
     if first is not None and first > end:
         return {**info, "rows": 0, "deleted": 0, "keyspaces": {}}
-    reader = spark.read.format("walkv").options(**fmt)
-    if first is None:
-        state = reader.option("table", STATE).option("snapshotLsn", snap_lsn)
-        if end >= snap_lsn:
-            state = state.option("endingLsn", end)
-        frame = state.load(location).select("key", "value", "lsn", "keyspace", F.lit(False).alias("_deleted"))
-    else:
-        changed = (reader.option("changeVocabulary", "delta").option("startingLsn", first)
-                   .option("endingLsn", end).load(location).where(F.col("_change_type") != "update_preimage"))
-        newest = Window.partitionBy("keyspace", "key").orderBy(F.col("_commit_version").desc(),
-                                                               F.col("_op_index").desc())
-        last = changed.withColumn("_rank", F.row_number().over(newest)).where("_rank = 1")
-        deleted = F.col("_change_type") == "delete"
-        frame = last.select("key", F.when(deleted, None).otherwise(F.col("value")).alias("value"),
-                            F.col("_commit_version").alias("lsn"), "keyspace", deleted.alias("_deleted"))
-    frame = frame.withColumn("_export_lsn", F.lit(end))
-    frame.write.mode("overwrite" if first is None else "append").parquet(path)
-    import pyarrow.compute as pc
-    import pyarrow.dataset as pads
-
+    merge_rows(spark, location, first, end, snap_lsn, fmt).write.mode(
+        "overwrite" if first is None else "append").parquet(path)
     fs, root = _out_fs(path)
     run = pads.dataset(root, format="parquet", filesystem=fs).to_table(
-        columns=["keyspace", "_deleted"], filter=pads.field("_export_lsn") == end)
+        columns=["keyspace", "_deleted"], filter=pads.field(EXPORT_LSN) == end)
     return {**info, "rows": run.num_rows, "deleted": int(pc.sum(run.column("_deleted")).as_py() or 0),
             "keyspaces": _keyspace_counts(run.column("keyspace"))}
 
