@@ -291,12 +291,12 @@ def test_stream_reader_offsets(store, tmp_path):
     sr = ship(WalkvStreamReader(opts))
     start = sr.initialOffset()
     sid = StoreFiles(store.path).store_id()
-    assert start == {"lsn": store.first_lsn - 1, "store": sid}
+    assert start == {"lsn": store.first_lsn - 1, "store": sid, "timelines": [[1, 1, 0]]}  # timeline 1
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
     assert sr.getDefaultReadLimit() == ReadMaxRows(10)
     end = sr.latestOffset(start, sr.getDefaultReadLimit())
-    assert end == {"lsn": store.first_lsn + 9, "store": sid}
+    assert end == {"lsn": store.first_lsn + 9, "store": sid, "timelines": [[1, 1, 0]]}
     assert sr.latestOffset(start, ReadAllAvailable())["lsn"] == store.last_lsn
     got = []
     cur = start
