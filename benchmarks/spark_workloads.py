@@ -29,6 +29,12 @@ source against Spark's own Parquet reader, in ``local[2]``.
   without a target. The DataFrame is built and cached untimed.
 * ``spark.export``: rows/s of ``walkv export STORE OUT --table snapshot`` as a
   command (JVM start-up included), reported without a target.
+* ``spark.tail``: rows/s of count + sum(length(value)) of a ``changes`` read
+  of a log tail of N rows (1,000,000; 20,000 in --quick: 1,000-row batches,
+  all in the active segment, no snapshot) with ``minPartitions`` 1, 2 and 4
+  (``maxPartitionBytes`` 1g, so that the count is the option's): the active
+  segment split at probed points (issue 38); ``partitions`` is the count
+  Spark ran. Reported without a target (``p1`` is main's one task).
 """
 
 from __future__ import annotations
@@ -288,6 +294,36 @@ def _write(n: int, fmt: str):
     return run, prepare
 
 
+def _tail_prepare(n: int, pieces: int):
+    def prepare(ctx: Context) -> str:
+        import kvstore
+
+        path = os.path.join(ctx.directory, "tail-store")
+        if not os.path.isdir(path):
+            with kvstore.open(path, segment_bytes=1 << 30, sync="batch") as db:
+                for i in range(0, n, 1000):
+                    db.update({data.key(j): data.value(j) for j in range(i, min(n, i + 1000))})
+        _tail_read(pieces)(Context(ctx.config, ctx.directory, path))  # warm-up: JVM, Python workers
+        return path
+
+    return prepare
+
+
+def _tail_read(pieces: int):
+    def run(ctx: Context) -> Measurement:
+        spark = session()
+
+        def load() -> Any:
+            return (spark.read.format("walkv").option("minPartitions", pieces).option("maxPartitionBytes", "1g")
+                    .load(ctx.state))
+
+        m = _timed_count(load)
+        m.extra["partitions"] = load().rdd.getNumPartitions()
+        return m
+
+    return run
+
+
 def workloads(cfg: Config) -> list[Workload]:
     n = cfg.size(full=1_000_000, quick=20_000)
     w = cfg.size(full=400_000, quick=20_000)
@@ -308,7 +344,7 @@ def workloads(cfg: Config) -> list[Workload]:
         Workload(
             name="spark.pushdown", issue=14, unit="queries/s", slow=True,
             title=f"Spark local[2]: 1% of the keys of a {n:,}-row state table, filter pushdown on vs off",
-            requires=SPARK + ("kvstore.spark.pushdown:bounds_of",), targets=[Target("no-pushdown", 5.0)],
+            requires=SPARK + ("kvstore.spark.pushdown:pushed",), targets=[Target("no-pushdown", 5.0)],
             params={"rows": n},
             contenders=[
                 Contender("walkv", _pushdown_query(n, True)[0], prepare=_pushdown_query(n, True)[1],
@@ -325,6 +361,16 @@ def workloads(cfg: Config) -> list[Workload]:
                           label="walkv writer (one atomic batch)"),
                 Contender("parquet", _write(w, "parquet")[0], prepare=_write(w, "parquet")[1],
                           cleanup=stop_session, label="Spark Parquet writer"),
+            ]),
+        Workload(
+            name="spark.tail", issue=38, unit="rows/s", slow=True,
+            title=f"Spark local[2]: count + sum(length(value)) of a {n:,}-row changes tail, 1/2/4 partitions",
+            requires=SPARK + ("kvstore.spark.files:StoreFiles",), params={"rows": n}, report=("partitions",),
+            contenders=[
+                Contender("p1", _tail_read(1), prepare=_tail_prepare(n, 1), label="minPartitions=1"),
+                Contender("p2", _tail_read(2), prepare=_tail_prepare(n, 2), label="minPartitions=2"),
+                Contender("p4", _tail_read(4), prepare=_tail_prepare(n, 4), cleanup=stop_session,
+                          label="minPartitions=4"),
             ]),
         Workload(
             name="spark.export", issue=5, unit="rows/s", slow=True, repeats=1,

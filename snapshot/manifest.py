@@ -11,6 +11,9 @@ walkv before sections reads too; version 1 is read too)::
       "store_id"   str | nil   the store it was taken from (the log's store id)
       "created_us" int  creation time, unix microseconds
       "count"      int  number of (key, value) pairs = sum of the chunks' pairs
+      "bookkeeping" [str] (optional) sections whose pairs are the writer's own
+                   metadata, not keys (a store's TTL records); the listing's
+                   count (SnapshotInfo.count) leaves their pairs out
       "bytes"      int  total chunk file bytes = sum of the chunks' bytes
       "max_record_bytes" int  the largest data record the chunks may hold
                        (version 2; version 1 manifests state none, and their
@@ -114,12 +117,22 @@ class Manifest:
     max_record_bytes: int = MAX_RECORD_BYTES
     sections: tuple[str, ...] = ()
     """The named sections, sorted (the default section "" is not listed)."""
+    bookkeeping: tuple[str, ...] = ()
+    """The sections whose pairs are the writer's own metadata, not keys (a
+    store's TTL and lease records): not counted in :attr:`keys`."""
+
+    @property
+    def keys(self) -> int:
+        """The pairs that are keys: :attr:`count` less those of the bookkeeping sections."""
+        if not self.bookkeeping:
+            return self.count
+        return self.count - sum(c.pairs for c in self.chunks if c.section in self.bookkeeping)
 
     def info(self, path: str) -> SnapshotInfo:
         return SnapshotInfo(
             lsn=self.lsn,
             path=path,
-            count=self.count,
+            count=self.keys,
             bytes=self.bytes,
             chunks=len(self.chunks),
             created_us=self.created_us,
@@ -155,6 +168,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
     }
     if manifest.sections:
         body["sections"] = list(manifest.sections)
+    if manifest.bookkeeping:
+        body["bookkeeping"] = list(manifest.bookkeeping)
     payload = msgpack.packb(body, use_bin_type=True)
     out = io.BytesIO()
     RecordWriter(out, offset=0, max_record_bytes=MAX_MANIFEST_BYTES).add_record(payload)
@@ -284,7 +299,11 @@ def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
         raise ck.fail(f"manifest 'count' is {count} but its chunks hold {sum_pairs} pairs")
     if sum_bytes != total_bytes:
         raise ck.fail(f"manifest 'bytes' is {total_bytes} but its chunks add up to {sum_bytes}")
-    return Manifest(lsn, store_id, created_us, count, total_bytes, tuple(chunks), version, limit, sections)
+    bookkeeping = m.get("bookkeeping", [])  # optional: older manifests count every pair as a key
+    if type(bookkeeping) is not list or not all(type(n) is str and n in sections for n in bookkeeping):
+        raise ck.fail("manifest 'bookkeeping' is not an array of the manifest's section names")
+    return Manifest(lsn, store_id, created_us, count, total_bytes, tuple(chunks), version, limit, sections,
+                    tuple(bookkeeping))
 
 
 def check_section_name(name: object) -> str | None:

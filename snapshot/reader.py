@@ -39,7 +39,10 @@ class Snapshot:
         self.fs = fs
         self.manifest = manifest
         self.lsn = manifest.lsn
-        self.count = manifest.count
+        self.count = manifest.keys
+        """The keys it holds (the pairs of its bookkeeping sections, a store's TTL records, not counted)."""
+        self.pairs = manifest.count
+        """Every pair of every section."""
         self.bytes = manifest.bytes
         self.store_id = manifest.store_id
         self.created_us = manifest.created_us
@@ -60,7 +63,7 @@ class Snapshot:
         return self.manifest.info(self.path)
 
     def __len__(self) -> int:
-        return self.count
+        return self.pairs
 
     def section_names(self) -> list[str]:
         """The named sections, sorted (the default section "" is not listed;

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from itertools import islice
 from operator import lt
@@ -72,6 +72,7 @@ def write(
     total: int | None = None,
     exist_ok: bool = False,
     before_commit: Callable[[], None] | None = None,
+    bookkeeping: Collection[str] = (),
 ) -> SnapshotInfo:
     """Write the snapshot ``parent/snap-<lsn>/`` from ``items``.
 
@@ -85,7 +86,9 @@ def write(
     of chunks after the default section's, in name order, and listed in the
     manifest even when it has no pairs (a bad name is a ValueError, before
     anything is written). The iterables are read one after another, in
-    that order.
+    that order. ``bookkeeping`` names the sections that hold the caller's
+    own metadata rather than keys: the returned and listed ``count`` leaves
+    their pairs out (the manifest's ``count`` totals every pair).
     Chunks are closed once they reach ``chunk_bytes``; data records hold
     about ``record_bytes`` of keys and values each. ``max_record_bytes``
     is the record limit the manifest states (readers bound memory by it; a
@@ -187,6 +190,7 @@ def write(
             chunks=tuple(replace(c, max_record_bytes=limit) for c in chunks),
             max_record_bytes=limit,
             sections=tuple(name for name, _ in runs[1:]),
+            bookkeeping=tuple(sorted(n for n in bookkeeping if n in named)),
         )
         fs.write_file(os.path.join(tmp, MANIFEST_NAME), encode_manifest(manifest))
         fs.fsync_dir(tmp)

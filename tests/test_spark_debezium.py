@@ -13,7 +13,7 @@ from tests.test_spark_helpers import as_bytes, build_store, log_timestamps
 pytestmark = pytest.mark.spark
 
 SCHEMA = ("struct<key:binary,before:binary,after:binary,source:struct<store_id:string,lsn:bigint,ts_ms:bigint,"
-          "op_index:int,snapshot:boolean>,op:string,ts_ms:bigint>")
+          "op_index:int,snapshot:boolean,keyspace:string>,op:string,ts_ms:bigint>")
 
 
 
@@ -96,7 +96,7 @@ def test_hand_written_store_from_lsn_1(walkv_spark, tmp_path):
     df = read(walkv_spark, path, startingLsn=1)
     assert df.schema.simpleString() == SCHEMA
     assert [f.nullable for f in df.schema.fields] == [False, True, True, False, False, False]
-    assert [f.nullable for f in df.schema["source"].dataType.fields] == [True, False, False, False, False]
+    assert [f.nullable for f in df.schema["source"].dataType.fields] == [True, False, False, False, False, False]
     assert rows(df) == with_source(HAND_EVENTS, path)
     # From LSN 5: the before values of LSNs 5.. come from the log before it (no snapshot at or before 4).
     assert rows(read(walkv_spark, path, startingLsn=5)) == with_source([e for e in HAND_EVENTS if e[4] >= 5], path)

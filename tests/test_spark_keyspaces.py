@@ -79,7 +79,7 @@ def test_keyspace_filters_prune_snapshot_sections(store):
     r = ship(WalkvPushdownReader(parse({"path": path, "table": "snapshot", "keyspace": "*"})))
     every = r.partitions()
     assert len(every) > 2  # users' 300 pairs fill more than one chunk
-    assert list(r.pushFilters([EqualTo(("keyspace",), "orders")])) == [EqualTo(("keyspace",), "orders")]
+    assert list(r.pushFilters([EqualTo(("keyspace",), "orders")])) == []  # applied exactly: taken
     only = r.partitions()
     assert [p.keyspace for p in only] == ["orders"] and all(isinstance(p, ChunkPartition) for p in only)
     assert all(p.chunk.section == "ks:orders" for p in only)
@@ -89,14 +89,41 @@ def test_keyspace_filters_prune_snapshot_sections(store):
     assert r.partitions() == []
 
 
-@pytest.mark.parametrize("options,error", [
-    ({"keyspace": "no/slash"}, "keyspace name"),
-    ({"keyspace": "*", "table": "state"}, "every keyspace"),
-    ({"keyspace": "*", "format": "debezium"}, "every keyspace"),
+def test_state_of_every_keyspace_equals_the_store(store):
+    """keyspace=*: the snapshot's sections, each with the tail applied (orders
+    dropped: no rows), and logs, a keyspace only the log holds."""
+    path, _snap, expected = store
+    got = rows(read_all(reader(path, table="state", keyspace="*")), ["keyspace", "key", "value"])
+    by_keyspace: dict[str, dict[bytes, bytes]] = {ks: {} for ks in expected}
+    for ks, k, v in got:
+        by_keyspace[ks][k] = v
+    assert by_keyspace == expected
+    assert len(got) == sum(len(m) for m in expected.values())  # no key twice
+
+
+@pytest.mark.parametrize("options,columns", [
+    ({"format": "debezium"}, ["source", "key", "before", "after", "op"]),
+    ({"changeVocabulary": "delta"}, ["keyspace", "_commit_version", "_op_index", "_change_type", "key", "value"]),
 ])
-def test_keyspace_option_errors(store, options, error):
-    with pytest.raises(ValueError, match=error):
-        parse({"path": store[0], **options})
+def test_images_of_every_keyspace_are_each_keyspace_s(store, options, columns):
+    """keyspace=* with pre-images: the rows of every keyspace read alone, each
+    naming its keyspace; the drop of orders deletes its 10 keys."""
+    path, _snap, _ = store
+    every = sorted(map(repr, rows(read_all(reader(path, keyspace="*", **options)), columns)))
+    alone = sorted(repr(r) for ks in ("", "users", "orders", "logs")
+                   for r in rows(read_all(reader(path, keyspace=ks, **options)), columns))
+    assert every == alone
+    named = rows(read_all(reader(path, keyspace="*", **options)), columns)
+    if "keyspace" in columns:
+        spaces = [r[0] for r in named]
+    else:
+        spaces = [r[0]["keyspace"] for r in named]
+    assert spaces.count("orders") == 10 and spaces.count("logs") == 1 and spaces.count("users") >= 2
+
+
+def test_keyspace_option_errors(store):
+    with pytest.raises(ValueError, match="keyspace name"):
+        parse({"path": store[0], "keyspace": "no/slash"})
 
 
 @pytest.mark.spark

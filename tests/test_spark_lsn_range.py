@@ -1,10 +1,12 @@
 """Which LSNs a batch read of ``changes`` covers, said where people look: the
 demo's Spark step (checked against what Spark reads), the README's Spark
 section and the options' docs; and the README's mapping of walkv's change
-types to ``changeVocabulary=delta``."""
+types to ``changeVocabulary=delta``; and a warning when a snapshot just
+emptied the default range."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 import kvstore
 from kvstore.spark.files import StoreFiles
 from tests.test_cli import REPO
+from tests.test_spark_unit import read_all, reader
 
 
 @pytest.mark.spark
@@ -40,8 +43,9 @@ def test_the_demo_prints_the_lsns_changes_covers(walkv_spark, tmp_path, capsys, 
         assert db.delete_range(b"k10", b"k15") == 33
     printed = spark_step("out1")
     assert ("      changes: 3 rows, LSNs 31..33 (after the snapshot at LSN 30; startingLsn=earliest for the whole "
-            "log: LSNs 1..33)\n") in printed
-    assert "      snapshot: 30 rows, at LSN 30\n" in printed and "      state: 25 rows, the store at LSN 33\n" in printed
+            "log: LSNs 1..33) (keyspaces: '' 3)\n") in printed
+    assert "      snapshot: 30 rows, at LSN 30 (keyspaces: '' 30)\n" in printed
+    assert "      state: 25 rows, the store at LSN 33 (keyspaces: '' 25)\n" in printed
     # What the line says is what Spark reads.
     assert lsns() == [31, 32, 33]
     assert lsns(startingLsn="earliest") == list(range(1, 34))
@@ -102,3 +106,20 @@ def test_the_readme_maps_walkvs_change_types_to_deltas():
     }
     named = {word for cell in table.values() for word in delta_cdf.CHANGE_TYPES if f"`{word}`" in cell}
     assert named == set(delta_cdf.CHANGE_TYPES)
+
+
+def test_a_default_changes_range_emptied_by_a_snapshot_is_said(tmp_path, caplog):
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        for i in range(5):
+            db.put(b"k%d" % i, b"v")
+        db.snapshot()  # as an automatic one would, just before the scheduled job
+    with caplog.at_level(logging.WARNING, logger="walkv.spark"):
+        r = reader(path, table="changes")
+    assert read_all(r) is None
+    assert "snapshot (at LSN 5)" in caplog.text and "LSNs 1..5" in caplog.text and "startingLsn" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="walkv.spark"):
+        reader(path, table="changes", startingLsn="earliest")
+        reader(path, table="snapshot")
+    assert caplog.text == ""

@@ -108,3 +108,38 @@ def test_key_filters_prune_the_state_and_lsn_filters_the_log(pushing, built):
     df = scan(spark, built, "changes", f"_commit_version IN ({lo}, {hi})", startingLsn="earliest")
     assert sorted({r._commit_version for r in df.collect()}) == [lo, hi]
     assert df.rdd.getNumPartitions() < segments
+
+
+def explained(df, capsys) -> str:
+    capsys.readouterr()
+    df.explain(mode="formatted")  # a scan's PushedFilters, as Parquet's
+    return capsys.readouterr().out
+
+
+def test_pushdown_shows_in_explain_without_a_setting_before_register(walkv_spark, built, capsys):
+    """register() turns the setting on when it was left unset; the filters a
+    scan applies exactly are its PushedFilters, and Spark filters no more;
+    one it only prunes by (a key range on changes) stays Spark's Filter."""
+    from kvstore.spark import register
+    from kvstore.spark.compat import HAS_FILTER_PUSHDOWN, PUSHDOWN_CONF
+
+    if not HAS_FILTER_PUSHDOWN:
+        pytest.skip("this PySpark has no filter pushdown for Python data sources (4.1+)")
+    spark = walkv_spark
+    spark.conf.unset(PUSHDOWN_CONF)
+    register(spark)
+    assert spark.conf.get(PUSHDOWN_CONF) == "true"
+    snap = built.snapshots[max(built.snapshots)]
+    key = sorted(snap)[5]
+    df = scan(spark, built, "snapshot", f"key = X'{key.hex()}' AND keyspace = ''")
+    plan = explained(df, capsys)
+    assert "PushedFilters: [EqualTo(key," in plan and "EqualTo(keyspace," in plan, plan
+    assert "Filter" not in plan.split("(1) BatchScan")[0], plan  # no Spark-side Filter in the tree
+    assert [(as_bytes(r.key), as_bytes(r.value)) for r in df.collect()] == [(key, snap[key])]
+
+    df = scan(spark, built, "changes", "_commit_version > 150 AND key >= X'6b30'", startingLsn="earliest")
+    plan = explained(df, capsys)
+    assert "PushedFilters: [GreaterThan(_commit_version,150)]" in plan, plan
+    assert "Filter" in plan.split("(1) BatchScan")[0], plan  # the key range: Spark still evaluates it
+    got = sorted((r._commit_version, r._op_index) for r in df.collect())
+    assert got == [(r[4], r[5]) for r in built.change_rows(151, built.last_lsn) if r[0] >= b"k0"]

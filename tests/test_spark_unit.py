@@ -291,12 +291,12 @@ def test_stream_reader_offsets(store, tmp_path):
     sr = ship(WalkvStreamReader(opts))
     start = sr.initialOffset()
     sid = StoreFiles(store.path).store_id()
-    assert start == {"lsn": store.first_lsn - 1, "store": sid}
+    assert start == {"lsn": store.first_lsn - 1, "store": sid, "timelines": [[1, 1, 0]]}  # timeline 1
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
     assert sr.getDefaultReadLimit() == ReadMaxRows(10)
     end = sr.latestOffset(start, sr.getDefaultReadLimit())
-    assert end == {"lsn": store.first_lsn + 9, "store": sid}
+    assert end == {"lsn": store.first_lsn + 9, "store": sid, "timelines": [[1, 1, 0]]}
     assert sr.latestOffset(start, ReadAllAvailable())["lsn"] == store.last_lsn
     got = []
     cur = start
@@ -434,7 +434,10 @@ def test_pushdown_bounds_from_filters():
         StringStartsWith,
     )
 
-    from kvstore.spark.pushdown import bounds_of, prefix_end
+    from kvstore.spark.pushdown import prefix_end, pushed
+
+    def bounds_of(filters, lsn_column):
+        return pushed(filters, lsn_column)[0]
 
     assert prefix_end(b"ab") == b"ac" and prefix_end(b"a\xff") == b"b" and prefix_end(b"\xff") is None
     b = bounds_of([GreaterThan(("key",), b"b"), LessThanOrEqual(("key",), "d"), StringEndsWith(("key",), "x"),
@@ -448,3 +451,9 @@ def test_pushdown_bounds_from_filters():
     assert bounds_of([EqualTo(("key",), "a"), GreaterThan(("key",), "b")], None).empty
     # _commit_version is ignored where it is not the LSN column (state, snapshot).
     assert bounds_of([EqualTo(("_commit_version",), 5)], None).min_lsn is None
+    # Taken (applied exactly): keys where there is a key index, LSN comparisons but IN, keyspaces.
+    key, lsn_in, lsn_gt, ks = (EqualTo(("key",), "a"), In(("_commit_version",), (3, 7)),
+                               GreaterThan(("_commit_version",), 2), EqualTo(("keyspace",), "users"))
+    ends = StringEndsWith(("key",), "x")
+    assert pushed([key, lsn_in, lsn_gt, ks, ends], ("_commit_version",))[1] == [lsn_gt, ks]
+    assert pushed([key, ks, ends], None)[1] == [key, ks]

@@ -27,8 +27,9 @@ def contents(path):
 
 
 def staging_left(path):
+    """What a write job left of spark-staging/: [] when it left no directory at all."""
     d = os.path.join(path, "spark-staging")
-    return [n for n in os.listdir(d)] if os.path.isdir(d) else []
+    return [n for n in os.listdir(d)] or ["(an empty spark-staging/)"] if os.path.isdir(d) else []
 
 
 

@@ -66,6 +66,12 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--table", choices=("snapshot", "changes", "state", "all"), default="all")
     p.add_argument("--incremental", action="store_true",
                    help="export only what is new since the last run (a checkpoint under OUT)")
+    p.add_argument("--keyspace", metavar="NAME", default="*",
+                   help="export this keyspace only ('' the default one; default: every keyspace, "
+                        "each row naming its own in the keyspace column)")
+    p.add_argument("--merge", action="store_true",
+                   help="write state as MERGE rows (OUT/state_merge/: the keys changed since the last run, "
+                        "_deleted for tombstones) instead of rewriting it")
 
     p = add("bench", "run the benchmarks against LevelDB, RocksDB, LMDB and SQLite", cmd_bench)
     p.add_argument("--quick", action="store_true", help="small sizes (seconds, not minutes)")
@@ -147,17 +153,21 @@ def cmd_export(args: argparse.Namespace, rep: Reporter) -> int:
     why = spark_missing()
     if why:
         raise CliError(f"cannot export: {why}")
-    from kvstore.spark.export import export
+    from kvstore.spark.export import describe, export
 
     spark_env(args.master)
     t0 = time.monotonic()
     with rep.task("exporting with Spark", unit="") as progress:
-        result = export(args.store, args.out, master=args.master, table=args.table,
-                        incremental=args.incremental, progress=progress)
+        try:
+            result = export(args.store, args.out, master=args.master, table=args.table,
+                            incremental=args.incremental, progress=progress, keyspace=args.keyspace,
+                            merge=args.merge)
+        except ValueError as exc:  # a bad --keyspace
+            raise CliError(f"cannot export: {exc}") from None
     dt = time.monotonic() - t0
     print(f"exported {args.store} to {args.out} ({dt:.1f} s)")
-    for table, rows in export_rows(result).items():
-        print(f"  {table}: {rows} rows")
+    for line in describe(result):
+        print(f"  {line}")
     return EXIT_OK
 
 

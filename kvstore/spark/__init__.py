@@ -19,7 +19,7 @@ bounds, :mod:`kvstore.spark.writer` is ``df.write.format("walkv")``,
 :mod:`kvstore.spark.arrow` turns entries into Arrow batches,
 :mod:`kvstore.spark.options` parses the reader options and
 :mod:`kvstore.spark.export` writes the tables as Parquet (it imports pyspark
-too). Importing this package does not import pyspark; :func:`register` and
+too), :mod:`kvstore.spark.merge` the MERGE rows of ``export --merge``. Importing this package does not import pyspark; :func:`register` and
 :func:`read_state` do. Imports point one way: ``arrow`` and ``files``
 import no other module here; ``options`` imports ``arrow``; ``archive``
 imports ``files``; ``pushdown`` none; ``snapshots`` imports ``arrow`` and
@@ -27,8 +27,8 @@ imports ``files``; ``pushdown`` none; ``snapshots`` imports ``arrow`` and
 ``debezium`` and ``delta_cdf`` import ``images``; ``stream`` imports ``debezium``,
 ``delta_cdf``, ``images``, ``partitions``, ``archive`` and ``compat``; ``writer`` imports
 ``archive``; ``source`` imports ``debezium``, ``delta_cdf``, ``images``, ``stream`` and
-``writer``; ``export``
-imports ``source``.
+``writer``; ``merge`` imports ``arrow``; ``export``
+imports ``source`` and ``merge``.
 """
 
 from __future__ import annotations

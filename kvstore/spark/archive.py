@@ -29,6 +29,7 @@ from kvstore.archive.layout import ARCHIVE_NAME
 from kvstore.archive.reader import ArchiveReader
 from kvstore.spark.files import LogSlice, StoreFiles
 from wal.errors import CorruptionError, Damage
+from wal.timeline import History
 
 _HINT = "run `walkv archive-verify URI`"
 
@@ -76,6 +77,12 @@ class ArchiveFiles(StoreFiles):
 
     def store_id(self) -> str | None:
         return self.reader.store_id
+
+    def history(self) -> History:
+        return self.reader.history
+
+    def _active_bytes(self, seg: wal.SegmentFile, durable: int) -> int:
+        return seg.size  # an object holds what it holds: none is being written
 
     def segments(self, durable: int) -> list[wal.SegmentFile]:
         return [s for s in self.reader.segments() if s.first_lsn <= durable]

@@ -37,7 +37,7 @@ Three tables, one schema each; ``K`` and ``V`` are ``binary`` by default, or
 Every table ends with ``keyspace`` string not null: the keyspace of the row
 ("" the default one, :mod:`kvstore.store.keyspace`). A read covers the
 keyspace the option ``keyspace`` names (default ""), or with ``*`` every
-keyspace (``snapshot`` and ``changes``); a drop of a keyspace is a
+keyspace (every table and format); a drop of a keyspace is a
 ``delete_range`` of all its keys (``key`` b"", ``end_key`` 512 bytes of
 0xff) in ``changes``.
 
@@ -48,7 +48,8 @@ the same nullability), because Spark rejects record batches that differ.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -104,8 +105,26 @@ COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
 COLUMNS[SNAPSHOT].append(("keyspace", "string", False))
 ALL_KEYSPACES = "*"
 """The option ``keyspace`` that reads every keyspace."""
-Keyspaces = frozenset[str] | None
-"""The keyspaces a read keeps (None: every one)."""
+Keyspaces = Container[str] | None
+"""The keyspaces a read keeps (None: every one): a set, or :class:`LogOnly`."""
+
+
+@dataclass(frozen=True)
+class LogOnly:
+    """The keyspaces of ``wanted`` (None: any) that are not in ``held``: those
+    a read of ``*`` finds in the log alone, the snapshot holding no section of
+    them (a keyspace created after it, or in a store without one)."""
+
+    wanted: frozenset[str] | None
+    held: frozenset[str]
+
+    def __contains__(self, keyspace: object) -> bool:
+        return keyspace not in self.held and (self.wanted is None or keyspace in self.wanted)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing can be in it: every wanted keyspace is held."""
+        return self.wanted is not None and self.wanted <= self.held
 
 _ARROW_KINDS = {
     BINARY: pa.binary(),
@@ -375,17 +394,21 @@ class TailState:
         self.ranges: list[tuple[bytes, bytes, int, int]] = []
 
     def add(self, lsn: int, ops: list[Any], path: str | None = None) -> None:
-        lo, hi = self.lo, self.hi
         for i, _keyspace, op in keyspace_writes(ops, self.keyspaces, lsn, path):
-            code = op[0]
-            if code == OP_PUT or code == OP_DELETE or code == OP_EXPIRE:
-                key = op[1]
-                if (lo is None or key >= lo) and (hi is None or key < hi):
-                    self.latest[key] = (lsn, i, op[2] if code == OP_PUT else None)
-            else:
-                start, end = op[1], op[2]
-                if start < end and (hi is None or start < hi) and (lo is None or end > lo):
-                    self.ranges.append((start, end, lsn, i))
+            self.add_write(lsn, i, op)
+
+    def add_write(self, lsn: int, i: int, op: Any) -> None:
+        """One write of its keyspace (as :func:`keyspace_writes` yields it), at ``(lsn, i)``."""
+        lo, hi = self.lo, self.hi
+        code = op[0]
+        if code == OP_PUT or code == OP_DELETE or code == OP_EXPIRE:
+            key = op[1]
+            if (lo is None or key >= lo) and (hi is None or key < hi):
+                self.latest[key] = (lsn, i, op[2] if code == OP_PUT else None)
+        else:
+            start, end = op[1], op[2]
+            if start < end and (hi is None or start < hi) and (lo is None or end > lo):
+                self.ranges.append((start, end, lsn, i))
 
     def merged_ranges(self) -> list[tuple[bytes, bytes]]:
         """The union of the range deletes as disjoint sorted ``[start, end)``."""

@@ -10,7 +10,8 @@
   and the ``Filter`` classes) arrived in PySpark 4.1, behind the session
   setting :data:`PUSHDOWN_CONF`; a reader that implements ``pushFilters``
   while it is off fails every query, so :func:`kvstore.spark.register`
-  registers the pushing reader only when the setting is on.
+  turns it on when it was left unset, and registers the pushing reader only
+  when the setting is on.
 
 Nothing else in walkv tests the version.
 """
@@ -58,6 +59,12 @@ except ImportError:  # PySpark 4.0 / 4.1: stand-ins Spark never passes
             raise NotImplementedError
 
 
+def enable_pushdown(spark: Any) -> None:
+    """Turn :data:`PUSHDOWN_CONF` on in ``spark`` unless it was set (on or off) already."""
+    if HAS_FILTER_PUSHDOWN and spark.conf.get(PUSHDOWN_CONF, None) is None:
+        spark.conf.set(PUSHDOWN_CONF, "true")
+
+
 def pushdown_enabled(spark: Any) -> bool:
     """Whether ``spark`` lets Python data sources take filters."""
     if not HAS_FILTER_PUSHDOWN:
@@ -67,5 +74,5 @@ def pushdown_enabled(spark: Any) -> bool:
 
 __all__ = [
     "HAS_ADMISSION_CONTROL", "HAS_FILTER_PUSHDOWN", "PUSHDOWN_CONF", "ReadAllAvailable", "ReadLimit",
-    "ReadMaxBytes", "ReadMaxRows", "SupportsTriggerAvailableNow", "pushdown_enabled",
+    "ReadMaxBytes", "ReadMaxRows", "SupportsTriggerAvailableNow", "enable_pushdown", "pushdown_enabled",
 ]

@@ -16,7 +16,9 @@ Columns (``K``/``V`` binary or string as ``keyFormat``/``valueFormat``):
              ``r``: the snapshot's LSN), ``ts_ms`` bigint not null (its commit
              time, ms since the epoch; for ``r``: the snapshot's time),
              ``op_index`` int not null (the operation's position in its
-             batch; -1 for ``r``), ``snapshot`` boolean not null (true for ``r``)
+             batch; -1 for ``r``), ``snapshot`` boolean not null (true for ``r``),
+             ``keyspace`` string not null (the key's keyspace, "" the default
+             one: Debezium's ``source.table``; ``keyspace=*`` reads every one)
 ``op``       string not null: ``c`` a put of a key that did not exist, ``u`` a
              put of one that did, ``d`` a delete of one that did, ``r`` a row
              of the snapshot the read starts from (``startingFrom=snapshot``)
@@ -61,6 +63,7 @@ SOURCE_FIELDS = [
     pa.field("ts_ms", pa.int64(), nullable=False),
     pa.field("op_index", pa.int32(), nullable=False),
     pa.field("snapshot", pa.bool_(), nullable=False),
+    pa.field("keyspace", pa.string(), nullable=False),
 ]
 
 
@@ -86,19 +89,19 @@ class Events:
         self.kf, self.vf, self.where = opts.key_format, opts.value_format, where
         self.schema = arrow_schema(self.kf, self.vf)
         self.store_id = store_id
-        self.cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
+        self.cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [], [])
 
     def add(self, image: Image) -> None:
-        key, before, after, lsn, ts_us, index, snap = image
+        key, before, after, lsn, ts_us, index, snap, keyspace = image
         op = READ if snap else DELETE if after is None else CREATE if before is None else UPDATE
-        for col, x in zip(self.cols, (key, before, after, op, lsn, ts_us // 1000, index, snap)):
+        for col, x in zip(self.cols, (key, before, after, op, lsn, ts_us // 1000, index, snap, keyspace)):
             col.append(x)
 
     def __len__(self) -> int:
         return len(self.cols[0])
 
     def flush(self) -> pa.RecordBatch:
-        keys, befores, afters, ops, lsns, stamps, idxs, snaps = self.cols
+        keys, befores, afters, ops, lsns, stamps, idxs, snaps, spaces = self.cols
         n = len(keys)
 
         def where() -> str:
@@ -107,7 +110,7 @@ class Events:
         ts = pa.array(stamps, pa.int64())
         source = pa.StructArray.from_arrays(
             [pa.array([self.store_id] * n, pa.string()), pa.array(lsns, pa.int64()), ts,
-             pa.array(idxs, pa.int32()), pa.array(snaps, pa.bool_())],
+             pa.array(idxs, pa.int32()), pa.array(snaps, pa.bool_()), pa.array(spaces, pa.string())],
             fields=SOURCE_FIELDS,
         )
         batch = pa.RecordBatch.from_arrays(

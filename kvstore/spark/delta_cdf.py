@@ -70,31 +70,33 @@ class Rows:
     def __init__(self, opts: Options, store_id: str | None, where: str) -> None:
         self.kf, self.vf, self.where = opts.key_format, opts.value_format, where
         self.schema = sa.arrow_schema(sa.CHANGES, self.kf, self.vf)
-        self.keyspace = opts.keyspace  # one keyspace per read (kvstore.spark.options)
         self.keys: list[bytes] = []
         self.values: list[bytes | None] = []
         self.types: list[int] = []
         self.lsns: list[int] = []
         self.stamps: list[int] = []
         self.idxs: list[int] = []
+        self.spaces: list[str] = []
 
-    def _row(self, key: bytes, value: bytes | None, kind: int, lsn: int, ts_us: int, index: int) -> None:
+    def _row(self, key: bytes, value: bytes | None, kind: int, lsn: int, ts_us: int, index: int,
+             keyspace: str) -> None:
         self.keys.append(key)
         self.values.append(value)
         self.types.append(kind)
         self.lsns.append(lsn)
         self.stamps.append(ts_us)
         self.idxs.append(index)
+        self.spaces.append(keyspace)
 
     def add(self, image: Image) -> None:
-        key, before, after, lsn, ts_us, index, _ = image
+        key, before, after, lsn, ts_us, index, _, ks = image
         if before is None:
-            self._row(key, after, _INSERT, lsn, ts_us, index)
+            self._row(key, after, _INSERT, lsn, ts_us, index, ks)
         elif after is None:
-            self._row(key, before, _DELETE, lsn, ts_us, index)
+            self._row(key, before, _DELETE, lsn, ts_us, index, ks)
         else:
-            self._row(key, before, _PRE, lsn, ts_us, index)
-            self._row(key, after, _POST, lsn, ts_us, index)
+            self._row(key, before, _PRE, lsn, ts_us, index, ks)
+            self._row(key, after, _POST, lsn, ts_us, index, ks)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -110,9 +112,9 @@ class Rows:
             [k, sa.as_format(pa.array(self.values, pa.binary()), self.vf, "value", where), pa.nulls(len(k), k.type),
              _NAMES.take(pa.array(self.types, pa.int8())), pa.array(lsns, pa.int64()),
              pa.array(self.stamps, pa.timestamp("us", tz="UTC")), pa.array(self.idxs, pa.int32()),
-             sa.repeat(pa.scalar(self.keyspace, pa.string()), len(k))],
+             pa.array(self.spaces, pa.string())],
             schema=self.schema,
         )
-        for col in (self.keys, self.values, self.types, self.lsns, self.stamps, self.idxs):
+        for col in (self.keys, self.values, self.types, self.lsns, self.stamps, self.idxs, self.spaces):
             col.clear()
         return batch

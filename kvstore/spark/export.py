@@ -2,12 +2,19 @@
 
 Output layout (``OUT`` is a local path or any URI Spark and pyarrow know)::
 
-    OUT/snapshot/            the newest snapshot: key, value, lsn
+    OUT/snapshot/            the newest snapshot: key, value, lsn, keyspace
     OUT/changes/             the log after it: key, value, end_key, _change_type,
-                             _commit_version, _commit_timestamp, _op_index
-    OUT/state/               the store's contents at the export's end LSN: key, value, lsn
-    OUT/_walkv_export.json   what was exported: store, LSNs, row counts, time
+                             _commit_version, _commit_timestamp, _op_index, keyspace
+    OUT/state/               the store's contents at the export's end LSN: key, value, lsn, keyspace
+    OUT/state_merge/         (``merge=True``) what a MERGE needs instead of ``state/``:
+                             key, value, lsn, keyspace, _deleted, _export_lsn
+    OUT/_walkv_export.json   what was exported: store, keyspaces, LSNs, row counts, time
     OUT/_checkpoints/changes the streaming checkpoint (``incremental=True`` only)
+
+Every keyspace is exported by default (``keyspace="*"``), each row naming its
+own in the ``keyspace`` column; ``keyspace=NAME`` exports one. The summary
+(:func:`describe`) and ``_walkv_export.json`` (``keyspace``, and per table
+``keyspaces``: rows per keyspace) say which.
 
 Consistency: one plan fixes the snapshot and the end LSN (the durable LSN when
 the export starts), and every table is read against it, so ``state`` equals
@@ -22,9 +29,14 @@ retention deleted log segments between two runs, the run fails with
 :class:`~wal.errors.LogGapError` naming the missing LSNs; export
 again without ``incremental`` (or into a new ``OUT``) to start over.
 
+``merge=True`` writes ``state`` as the rows a ``MERGE INTO`` takes instead of
+rewriting it: the keys changed since the previous run, with tombstones
+(:mod:`kvstore.spark.merge`).
+
 Columns are those of the ``walkv`` data source (:mod:`kvstore.spark.arrow`);
 keys and values stay binary unless ``key_format``/``value_format`` say
-``"string"``.
+``"string"``. ``_commit_timestamp`` is Parquet's ``TIMESTAMP_MICROS`` (an
+INT64 of microseconds, adjusted to UTC), not INT96.
 """
 
 from __future__ import annotations
@@ -38,8 +50,9 @@ import time
 from typing import Any
 
 from kvstore.spark.archive import open_files
-from kvstore.spark.arrow import BINARY, CHANGES, SNAPSHOT, STATE, TABLES
+from kvstore.spark.arrow import ALL_KEYSPACES, BINARY, CHANGES, SNAPSHOT, STATE, TABLES
 from kvstore.spark.files import normalize_location
+from kvstore.spark.merge import EXPORT_LSN, merge_rows
 from kvstore.spark.options import parse
 from kvstore.spark.partitions import plan
 from kvstore.spark.source import register, spark_schema
@@ -50,6 +63,10 @@ log = logging.getLogger("walkv.export")
 
 META_NAME = "_walkv_export.json"
 CHECKPOINTS = "_checkpoints"
+STATE_MERGE = "state_merge"
+TIMESTAMP_CONF = "spark.sql.parquet.outputTimestampType"
+"""Written as ``TIMESTAMP_MICROS`` (Parquet's INT64 timestamp, microseconds,
+UTC), not Spark's default INT96, which Parquet deprecates."""
 
 
 def _tables(table: str) -> list[str]:
@@ -101,6 +118,25 @@ def _count_rows(path: str) -> int:
     return int(pads.dataset(root, format="parquet", filesystem=fs).count_rows())
 
 
+def _keyspace_counts(column: Any) -> dict[str, int]:
+    """Rows per keyspace of a ``keyspace`` column (a pyarrow array)."""
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(column)
+    return {str(ks): int(n) for ks, n in sorted(zip(counts.field("values").to_pylist(),
+                                                      counts.field("counts").to_pylist()))}
+
+
+def _rows_by_keyspace(path: str) -> dict[str, int]:
+    """Rows per keyspace of a Parquet directory of a walkv table (its
+    ``keyspace`` column only is read)."""
+    import pyarrow.dataset as pads
+
+    fs, root = _out_fs(path)
+    return _keyspace_counts(pads.dataset(root, format="parquet", filesystem=fs).to_table(columns=["keyspace"])
+                            .column("keyspace"))
+
+
 def _session(master: str) -> tuple[Any, bool]:
     """The active SparkSession, or a new one on ``master`` (then we stop it)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -148,12 +184,15 @@ def export(
     *,
     key_format: str = BINARY,
     value_format: str = BINARY,
+    keyspace: str = ALL_KEYSPACES,
+    merge: bool = False,
 ) -> dict[str, Any]:
-    """Export ``store``'s ``table`` (snapshot, changes, state or all) to
-    Parquet under ``out``; see the module docstring. Returns what
-    ``OUT/_walkv_export.json`` holds: the store, the snapshot LSN, the end LSN,
-    the first LSN the log holds and, per table, its path, LSN range and rows
-    written by this run (:func:`describe` says it in words).
+    """Export ``store``'s ``table`` (snapshot, changes, state or all) of
+    ``keyspace`` (default ``*``: every one) to Parquet under ``out``; see the
+    module docstring. Returns what ``OUT/_walkv_export.json`` holds: the
+    store, the keyspace option, the snapshot LSN, the end LSN, the first LSN
+    the log holds and, per table, its path, LSN range and rows (in all and
+    per keyspace) written by this run (:func:`describe` says it in words).
 
     Durability: Spark's Parquet commit protocol makes each table's files
     appear whole; the streaming checkpoint makes an incremental run append
@@ -164,16 +203,19 @@ def export(
     out = normalize_location(out)
     files = open_files(location)
     # One plan for every table: the snapshot, and the end LSN (durable now).
-    p = plan(files, parse({"path": location, "table": STATE}))
+    p = plan(files, parse({"path": location, "table": STATE, "keyspace": keyspace}))
     snap_lsn = p.snapshot.lsn if p.snapshot is not None else 0
-    fmt = {"keyFormat": key_format, "valueFormat": value_format}
+    fmt = {"keyFormat": key_format, "valueFormat": value_format, "keyspace": keyspace}
     spark, owned = _session(master)
     register(spark)
+    timestamps = spark.conf.get(TIMESTAMP_CONF, None)  # the session's own, put back after
+    spark.conf.set(TIMESTAMP_CONF, "TIMESTAMP_MICROS")
     t0 = time.time()
     previous = _read_meta(out) if incremental else {}
     meta: dict[str, Any] = {
         "store": location,
         "store_id": files.store_id(),
+        "keyspace": keyspace,
         "snapshot_lsn": snap_lsn,
         "end_lsn": p.to_lsn,
         "log_first_lsn": files.first_held(p.durable_lsn),
@@ -194,6 +236,10 @@ def export(
                     info["rows_total"] = int(prev.get("rows_total", 0)) + info["rows"]
                     if prev.get("from_lsn") is not None:
                         info["from_lsn"] = prev["from_lsn"]
+                elif name == STATE and merge:
+                    first = int(previous["end_lsn"]) + 1 if previous.get("tables", {}).get(STATE, {}).get(
+                        "shape") == STATE_MERGE else None
+                    info = _state_merge(spark, location, _join(out, STATE_MERGE), first, p.to_lsn, snap_lsn, fmt)
                 elif name == SNAPSHOT and incremental and previous.get("snapshot_lsn") == snap_lsn \
                         and SNAPSHOT in previous.get("tables", {}):
                     info = dict(previous["tables"][SNAPSHOT], rows=0, unchanged=True)
@@ -219,7 +265,8 @@ def export(
                     # state: the snapshot plus the log from from_lsn to to_lsn.
                     lo = snap_lsn if name == SNAPSHOT else p.from_lsn
                     hi = snap_lsn if name == SNAPSHOT else p.to_lsn
-                    info = {"path": path, "rows": rows, "from_lsn": lo, "to_lsn": hi}
+                    info = {"path": path, "rows": rows, "from_lsn": lo, "to_lsn": hi,
+                            "keyspaces": _rows_by_keyspace(path) if rows else {}}
             except WalkvError:
                 raise
             except Exception as exc:  # Spark's (py4j, captured) errors become walkv's
@@ -235,23 +282,44 @@ def export(
     finally:
         if owned:
             spark.stop()
+        elif timestamps is None:
+            spark.conf.unset(TIMESTAMP_CONF)
+        else:
+            spark.conf.set(TIMESTAMP_CONF, timestamps)
+
+
+def _keyspaces_said(info: dict[str, Any]) -> str:
+    counts = info.get("keyspaces")
+    if not counts:
+        return ""
+    return " (keyspaces: " + ", ".join(f"{ks or repr(ks)} {n}" for ks, n in counts.items()) + ")"
 
 
 def describe(meta: dict[str, Any]) -> list[str]:
-    """What :func:`export` returns, one line per table for people: its rows
-    and the LSNs they cover. ``changes`` says that it is the log after the
-    snapshot (a batch read's default range) and how to read the whole log."""
+    """What :func:`export` returns, for people: which keyspaces, then one
+    line per table: its rows (per keyspace) and the LSNs they cover.
+    ``changes`` says that it is the log after the snapshot (a batch read's
+    default range) and how to read the whole log."""
     snap, end = int(meta["snapshot_lsn"]), int(meta["end_lsn"])
     first = meta.get("log_first_lsn")
     whole = "startingLsn=earliest for the whole log" + (
         f": LSNs {first}..{end}" if first is not None and first <= end else ", which holds no entries")
-    lines = []
+    keyspace = meta.get("keyspace", "")
+    lines = ["every keyspace (the keyspace column names each row's; --keyspace NAME for one)"
+             if keyspace == ALL_KEYSPACES else f"keyspace {keyspace!r} only"]
     for name, info in meta["tables"].items():
         rows = int(info["rows"])
+        per = _keyspaces_said(info)
         if name == SNAPSHOT:
-            lines.append(f"snapshot: {rows} rows, at LSN {snap}" if snap else f"snapshot: {rows} rows (no snapshot)")
+            lines.append((f"snapshot: {rows} rows, at LSN {snap}" if snap else f"snapshot: {rows} rows (no snapshot)")
+                         + per)
+        elif name == STATE and info.get("shape") == STATE_MERGE:
+            a, b = info.get("from_lsn"), info.get("to_lsn", end)
+            what = "every key (the first run)" if a is None else f"the keys changed in LSNs {a}..{b}"
+            lines.append(f"state: {rows} rows appended to {STATE_MERGE}/, {what}, at LSN {b}, "
+                         f"{info.get('deleted', 0)} of them tombstones{per}")
         elif name == STATE:
-            lines.append(f"state: {rows} rows, the store at LSN {info.get('to_lsn', end)}")
+            lines.append(f"state: {rows} rows, the store at LSN {info.get('to_lsn', end)}{per}")
         elif info.get("from_lsn") is None or info.get("to_lsn") is None:
             lines.append(f"changes: {rows} rows ({whole})")  # an incremental run that found nothing new
         else:
@@ -261,8 +329,27 @@ def describe(meta: dict[str, Any]) -> list[str]:
                 lines.append(f"changes: {rows} rows: {why} ({whole})")
             else:
                 after = f"after the snapshot at LSN {snap}" if snap else "no snapshot: the log from its start"
-                lines.append(f"changes: {rows} rows, LSNs {a}..{b} ({after}; {whole})")
+                lines.append(f"changes: {rows} rows, LSNs {a}..{b} ({after}; {whole}){per}")
     return lines
+
+
+def _state_merge(spark: Any, location: str, path: str, first: int | None, end: int, snap_lsn: int,
+                 fmt: dict[str, str]) -> dict[str, Any]:
+    """Append to ``path`` the MERGE rows of LSNs ``first .. end`` (``first``
+    None: every key at ``end``; :mod:`kvstore.spark.merge`); what was appended."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    info: dict[str, Any] = {"path": path, "shape": STATE_MERGE, "from_lsn": first, "to_lsn": end}
+    if first is not None and first > end:
+        return {**info, "rows": 0, "deleted": 0, "keyspaces": {}}
+    merge_rows(spark, location, first, end, snap_lsn, fmt).write.mode(
+        "overwrite" if first is None else "append").parquet(path)
+    fs, root = _out_fs(path)
+    run = pads.dataset(root, format="parquet", filesystem=fs).to_table(
+        columns=["keyspace", "_deleted"], filter=pads.field(EXPORT_LSN) == end)
+    return {**info, "rows": run.num_rows, "deleted": int(pc.sum(run.column("_deleted")).as_py() or 0),
+            "keyspaces": _keyspace_counts(run.column("keyspace"))}
 
 
 def _changes_incremental(spark: Any, location: str, out: str, path: str, snap_lsn: int, fmt: dict[str, str]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ writes, so it is safe next to a live writer. What is Spark's own:
   active segment may hold a record still being written; a read stops as
   soon as it has the last LSN it wants and never parses further bytes.
 * The log is cut into :class:`LogSlice`\\ s, one input partition each: one per
-  segment, large sealed segments split at sparse-index points.
+  segment, large segments split at sparse-index points (the active one, up
+  to the durable LSN, at points probed from block boundaries).
 * Every planned segment's header must name the store id of the newest
   segment (the log's): a segment of another store is
   :class:`~wal.errors.CorruptionError`, never read as this store's. (The
@@ -33,13 +34,17 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import wal
 from kvstore.layout import WAL_DIR, StoreLayout
 from wal.errors import CorruptionError, Damage, LogGapError, WalkvError
+from wal.record import BLOCK_SIZE
+from wal.segment import SegmentScan, read_newest_header
+from wal.timeline import ROOT, History
 
 _REREAD_HINT = "the segment was cut or replaced while being read; rerun, and run `walkv verify STORE` if it persists"
 
@@ -136,6 +141,12 @@ class StoreFiles:
         with no segment yet)."""
         return wal.read_store_id(self.layout.wal_dir, self.layout.fs)
 
+    def history(self) -> History:
+        """The log's timeline history (:mod:`wal.timeline`), as its newest
+        segment states it (:data:`~wal.timeline.ROOT` while it has none)."""
+        header = read_newest_header(self.layout.wal_dir, self.layout.fs)
+        return ROOT if header is None else header.history
+
     def segments(self, durable: int) -> list[wal.SegmentFile]:
         """The segments holding LSNs ``<= durable``, oldest first; segments
         past the durable LSN (just rolled) are left out."""
@@ -146,10 +157,16 @@ class StoreFiles:
         segs = self.segments(durable)
         return segs[0].first_lsn if segs else durable + 1
 
-    def plan_log(self, from_lsn: int, to_lsn: int, durable: int, max_bytes: int) -> list[LogSlice]:
+    def plan_log(self, from_lsn: int, to_lsn: int, durable: int, max_bytes: int,
+                 min_pieces: int = 1, min_piece_bytes: int = BLOCK_SIZE) -> list[LogSlice]:
         """Slices covering exactly LSNs ``from_lsn .. to_lsn`` (inclusive; empty
-        when ``to_lsn < from_lsn``): one per segment, large sealed segments
-        split at sparse-index points into pieces of about ``max_bytes``.
+        when ``to_lsn < from_lsn``): one per segment, segments larger than
+        ``max_bytes`` split at sparse-index points into pieces of about
+        ``max_bytes``, and smaller pieces still when that makes fewer than
+        ``min_pieces`` (Kafka's ``minPartitions``), though none under about
+        ``min_piece_bytes``. The active segment (it has no index file yet)
+        and a sealed one whose index is missing are split at points found
+        where they are needed (:meth:`_probe_points`).
 
         Raises :class:`~wal.errors.LogGapError` when the log no longer holds
         ``from_lsn``.
@@ -163,12 +180,16 @@ class StoreFiles:
         if from_lsn < first_held:
             raise self.gap_error(from_lsn, min(to_lsn, first_held - 1), first_held)
         i = bisect.bisect_right([s.first_lsn for s in segs], from_lsn) - 1
+        planned = [k for k in range(i, len(segs)) if segs[k].first_lsn <= to_lsn]
+        if min_pieces > 1 and planned:
+            total = sum(segs[k].size for k in planned[:-1])
+            newest = segs[planned[-1]]
+            total += newest.size if planned[-1] + 1 < len(segs) else self._active_bytes(newest, durable)
+            max_bytes = min(max_bytes, max(min_piece_bytes, -(-total // min_pieces)))
         slices: list[LogSlice] = []
         ours = self.store_id()
-        for k in range(i, len(segs)):
+        for k in planned:
             seg = segs[k]
-            if seg.first_lsn > to_lsn:
-                break
             self._check_segment_store(seg, ours)
             sealed = k + 1 < len(segs)
             seg_last = segs[k + 1].first_lsn - 1 if sealed else durable
@@ -193,23 +214,91 @@ class StoreFiles:
 
     def _split_segment(self, seg: wal.SegmentFile, sealed: bool, lo: int, hi: int,
                        max_bytes: int) -> list[LogSlice]:
-        index = wal.read_index(seg.path, self.layout.fs) if sealed else None
-        if index is None or index.first_lsn != seg.first_lsn or not index.points:
+        if seg.size <= max_bytes:
             return [LogSlice(seg.path, 0, lo, hi, seg.size)]
-        points = [p for p in index.points if p[0] <= hi]
+        index = wal.read_index(seg.path, self.layout.fs) if sealed else None
+        end_off, spacing = seg.size, max_bytes
+        if index is not None and index.first_lsn == seg.first_lsn and index.points:
+            points: list[tuple[int, int]] = [p for p in index.points if p[0] <= hi]
+            end_off = index.data_end or seg.size
+        else:
+            points = self._probe_points(seg, lo, hi, max_bytes)
+            spacing = 1  # probed about max_bytes apart already
+        if not points:
+            return [LogSlice(seg.path, 0, lo, hi, seg.size)]
         # The piece containing ``lo`` starts at the last point at or before it.
         j = bisect.bisect_right(points, (lo, 1 << 64)) - 1
         cuts = [(lo, 0 if j < 0 else points[j][1])]  # (first lsn, start offset) of each piece
         for lsn, off in points[j + 1 :]:
-            if off - cuts[-1][1] >= max_bytes and lsn > cuts[-1][0]:
+            if off - cuts[-1][1] >= spacing and lsn > cuts[-1][0]:
                 cuts.append((lsn, off))
-        end_off = index.data_end or seg.size
         out = []
         for k, (first, off) in enumerate(cuts):
             last = cuts[k + 1][0] - 1 if k + 1 < len(cuts) else hi
             nxt = cuts[k + 1][1] if k + 1 < len(cuts) else end_off
             out.append(LogSlice(seg.path, off, first, last, max(0, nxt - off)))
         return out
+
+    def _probe_points(self, seg: wal.SegmentFile, lo: int, hi: int, step: int) -> list[tuple[int, int]]:
+        """Points ``(lsn, record offset)`` of a segment without an index, about
+        ``step`` bytes apart, of LSNs up to ``hi``: the first record that
+        starts after each block boundary (a log reader resynchronises at any
+        block boundary, :mod:`wal.record_reader`), one short read per point
+        rather than a scan of the segment. A probe that finds no entry up to
+        ``hi`` (the durable LSN: past it a record may be mid-write) or damage
+        ends the probing; the last piece then reads on to ``hi``, checked
+        as every piece is."""
+        stride = -(-step // BLOCK_SIZE) * BLOCK_SIZE  # whole blocks, at least step
+        points: list[tuple[int, int]] = []
+        with self._open_probing(seg) as probe:
+            for cut in range(stride, seg.size, stride):
+                found = probe(cut, hi)
+                if found is None:
+                    break
+                if found[0] < lo:
+                    points = [found]  # the last point at or before lo, so far
+                elif not points or found[0] > points[-1][0]:
+                    points.append(found)
+        return points
+
+    def _active_bytes(self, seg: wal.SegmentFile, durable: int) -> int:
+        """About how many bytes of the active segment hold LSNs up to
+        ``durable`` (its file may be longer, preallocated): the block
+        boundaries are bisected with probes."""
+        first, last = 0, seg.size // BLOCK_SIZE
+        with self._open_probing(seg) as probe:
+            while first < last:
+                mid = (first + last + 1) // 2
+                if probe(mid * BLOCK_SIZE, durable) is not None:
+                    first = mid
+                else:
+                    last = mid - 1
+        return min(seg.size, (first + 1) * BLOCK_SIZE)
+
+    @contextmanager
+    def _open_probing(self, seg: wal.SegmentFile) -> Iterator[Callable[[int, int], tuple[int, int] | None]]:
+        """A probe of ``seg``: ``probe(offset, hi)`` is ``(lsn, record
+        offset)`` of the first entry that starts after block boundary
+        ``offset``, or None when there is none up to LSN ``hi`` (nor when
+        the bytes there are damaged, or the file is gone: reading the piece
+        reports those)."""
+        fs = self.layout.fs
+        shown = self.display(seg.path)
+        try:
+            f = fs.open_input(seg.path)
+        except OSError:
+            yield lambda offset, hi: None
+            return
+
+        def probe(offset: int, hi: int) -> tuple[int, int] | None:
+            try:
+                found = next(iter(SegmentScan(f, shown, offset).entries(1, hi)), None)
+            except CorruptionError:
+                return None
+            return None if found is None else (found[1].lsn, found[0])
+
+        with f:
+            yield probe
 
     def last_lsn_at(self, us: int, durable: int) -> int:
         """The last LSN committed at or before ``us`` (microseconds since the

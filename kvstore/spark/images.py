@@ -26,8 +26,9 @@ failed (logged ``[7, i]``). A put of the value a key already has is a change
 order, all with the range delete's LSN and op index.
 
 Partitions are the key ranges of the base snapshot's chunks (one partition
-without a snapshot): the images of a key come from one task, in (LSN, op
-index) order.
+without a snapshot), of each keyspace read; with ``keyspace=*`` one more
+follows the keyspaces the base holds no section of (created after it): the
+images of a key come from one task, in (LSN, op index) order.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Image(NamedTuple):
     timestamp_us: int
     op_index: int
     snapshot: bool
+    keyspace: str = ""
 
 
 class Shape(Protocol):
@@ -92,6 +94,8 @@ class ImagePartition(InputPartition):
     snapshot_rows: bool
     created_us: int
     store_id: str | None
+    keyspace: str = ""  # the keyspace of ``chunk``'s section
+    follows: sa.Keyspaces = frozenset([""])  # the keyspaces whose changes it reports
 
 
 def batch_partitions(files: StoreFiles, opts: Options) -> list[ImagePartition]:
@@ -127,36 +131,48 @@ def partitions_from(files: StoreFiles, opts: Options, base: snapshot.Snapshot | 
     base_lsn = base.lsn if base is not None else 0
     pieces = tuple(files.plan_log(base_lsn + 1, end, durable, opts.max_partition_bytes))
     sid = files.store_id()
-    chunks = ss.keyspace_chunks(base, opts.keyspace) if base is not None else ()
-    if base is None or not chunks:
-        return [ImagePartition(None, None, None, None, pieces, emit_from, False, 0, sid)]
-    return [
-        ImagePartition(base.path, chunk, None if i == 0 else chunk.first_key,
-                       chunks[i + 1].first_key if i + 1 < len(chunks) else None, pieces, emit_from,
-                       snapshot_rows, base.created_us, sid)
-        for i, chunk in enumerate(chunks)
-    ]
+    wanted = opts.keyspaces
+    held = ss.keyspaces_of(base, None) if base is not None else []
+    out = []
+    for ks in held:
+        if wanted is not None and ks not in wanted:
+            continue
+        chunks = ss.keyspace_chunks(base, ks) if base is not None else ()
+        if base is None or not chunks:
+            out.append(ImagePartition(None, None, None, None, pieces, emit_from, False, 0, sid, ks, frozenset([ks])))
+            continue
+        out.extend(
+            ImagePartition(base.path, chunk, None if i == 0 else chunk.first_key,
+                           chunks[i + 1].first_key if i + 1 < len(chunks) else None, pieces, emit_from,
+                           snapshot_rows, base.created_us, sid, ks, frozenset([ks]))
+            for i, chunk in enumerate(chunks)
+        )
+    rest = sa.LogOnly(None if wanted is None else frozenset(wanted), frozenset(held))
+    if not rest.empty:  # the keyspaces only the log holds (``*``), or the one read when the base has none
+        out.append(ImagePartition(None, None, None, None, pieces, emit_from, False, 0, sid, "", rest))
+    return out
 
 
 def images(files: StoreFiles, opts: Options, p: ImagePartition) -> Iterator[Image]:
     """The images of one partition, in (LSN, op index, key) order (on an executor)."""
-    state: dict[bytes, bytes] = {}
+    states: dict[str, dict[bytes, bytes]] = {}
     if p.directory is not None and p.chunk is not None:
         chunk = p.chunk
+        state = states[p.keyspace] = {}
         for keys, values in ss.read_chunk(files, p.directory, chunk, opts.rows_per_batch):
             for k, v in zip(chain.from_iterable(keys), chain.from_iterable(values)):
                 key, value = bytes(k), bytes(v)
                 state[key] = value
                 if p.snapshot_rows:
-                    yield Image(key, None, value, chunk.lsn, p.created_us, -1, True)
+                    yield Image(key, None, value, chunk.lsn, p.created_us, -1, True, p.keyspace)
     lo, hi = p.lo, p.hi
-    keyspaces = frozenset([opts.keyspace])  # one keyspace: a key's previous value is in its own
     for piece in p.pieces:
         shown = files.display(piece.path)
         for entry in files.iter_slice(piece):
             lsn, ts, emit = entry.lsn, entry.timestamp_us, entry.lsn >= p.emit_from
             ops = decode_batch(entry.payload, lsn, shown)
-            for i, _keyspace, op in sa.keyspace_writes(ops, keyspaces, lsn, shown):
+            for i, keyspace, op in sa.keyspace_writes(ops, p.follows, lsn, shown):
+                state = states.setdefault(keyspace, {})  # a key's previous value is in its own keyspace
                 code, a = op[0], op[1]
                 if code == OP_EXPIRE:  # the key's TTL or lease ran out: as a delete
                     code = OP_DELETE
@@ -168,16 +184,16 @@ def images(files: StoreFiles, opts: Options, p: ImagePartition) -> Iterator[Imag
                     if code == OP_PUT:
                         state[a] = b
                         if emit:
-                            yield Image(a, before, b, lsn, ts, i, False)
+                            yield Image(a, before, b, lsn, ts, i, False, keyspace)
                     elif before is not None:
                         del state[a]
                         if emit:
-                            yield Image(a, before, None, lsn, ts, i, False)
+                            yield Image(a, before, None, lsn, ts, i, False, keyspace)
                 elif code == OP_DELETE_RANGE:
                     for key in sorted(k for k in state if a <= k < b):
                         before = state.pop(key)
                         if emit:
-                            yield Image(key, before, None, lsn, ts, i, False)
+                            yield Image(key, before, None, lsn, ts, i, False, keyspace)
 
 
 def read(files: StoreFiles, opts: Options, p: ImagePartition, shape: ShapeFactory) -> Iterator[pa.RecordBatch]:

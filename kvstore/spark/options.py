@@ -12,10 +12,14 @@ option                 meaning (names are case-insensitive, as Spark's are)
 ``keyspace``           the keyspace read (:mod:`kvstore.store.keyspace`): a
                        name, ``""`` (default: the default keyspace, all a
                        store made before keyspaces holds) or ``*``: every
-                       keyspace (``snapshot`` and ``changes``; ``state``,
-                       Debezium's events and Delta's vocabulary follow one
-                       keyspace). Each row names its own in the ``keyspace``
-                       column; a filter on it prunes snapshot sections
+                       keyspace, in every table and format (Debezium's
+                       events name it in ``source.keyspace``). Each row
+                       names its own in the ``keyspace`` column; a filter on
+                       it prunes snapshot sections. A stream keeps the
+                       default too (a checkpointed query must not begin to
+                       deliver other rows after an upgrade); it logs a
+                       warning naming the keyspaces it leaves out when the
+                       newest snapshot holds others
 ``valueFormat``        ``binary`` (default) or ``string``
 ``snapshotLsn``        use the snapshot at exactly this LSN (default: the newest
                        valid one, or the newest at or before ``endingLsn``);
@@ -68,8 +72,17 @@ option                 meaning (names are case-insensitive, as Spark's are)
                        one that did not: no row); a range delete is one
                        ``delete`` per key it deleted. See
                        :mod:`kvstore.spark.delta_cdf`
-``maxPartitionBytes``  split sealed log segments larger than this at sparse-index
-                       points (default 32 MiB)
+``maxPartitionBytes``  split log segments larger than this (``64m``, ``1m`` or a
+                       number of bytes; default 32 MiB) at sparse-index points,
+                       the active segment too (up to the durable LSN)
+``minPartitions``      ``changes``: at least about this many partitions, as
+                       Kafka's option: the LSN range is cut into pieces of
+                       ``1/minPartitions`` of its bytes when that is smaller
+                       than ``maxPartitionBytes``. Default: the session's
+                       default parallelism (its executors' cores, taken by
+                       :func:`~kvstore.spark.register`), for a range of at
+                       least 1 MiB a piece, so a long tail, batch or
+                       micro-batch, uses every executor
 ``rowsPerBatch``       rows per Arrow record batch a task yields (default 65536)
 =====================  ===========================================================
 
@@ -101,12 +114,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvstore.entry.codec import check_keyspace
-from kvstore.spark.arrow import ALL_KEYSPACES, BINARY, CHANGES, FORMATS, STATE, STRING, TABLES
+from kvstore.spark.arrow import ALL_KEYSPACES, BINARY, CHANGES, FORMATS, STRING, TABLES
 
 EARLIEST = "earliest"
 LATEST = "latest"
 
 DEFAULT_MAX_PARTITION_BYTES = 32 << 20
+DEFAULT_MIN_PIECE_BYTES = 1 << 20
+"""The smallest piece a read is cut into to use every executor when
+``minPartitions`` is not given (a task costs more than reading 1 MiB)."""
 DEFAULT_ROWS_PER_BATCH = 65536
 
 KNOWN = {
@@ -126,6 +142,7 @@ KNOWN = {
     "failondataloss": "failOnDataLoss",
     "startingfrom": "startingFrom",
     "maxpartitionbytes": "maxPartitionBytes",
+    "minpartitions": "minPartitions",
     "rowsperbatch": "rowsPerBatch",
     "format": "format",
     "changevocabulary": "changeVocabulary",
@@ -153,6 +170,10 @@ class Options:
     fail_on_data_loss: bool = True
     starting_from_snapshot: bool = False
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    min_partitions: int | None = None
+    """``minPartitions`` when given; else :attr:`parallelism` applies."""
+    parallelism: int = 1
+    """The session's default parallelism, given by the registered source."""
     rows_per_batch: int = DEFAULT_ROWS_PER_BATCH
     debezium: bool = False
     vocabulary: str = WALKV
@@ -163,6 +184,13 @@ class Options:
     def keyspaces(self) -> frozenset[str] | None:
         """The keyspaces the read keeps (None: every one)."""
         return None if self.keyspace == ALL_KEYSPACES else frozenset([self.keyspace])
+
+    def log_split(self) -> tuple[int, int, int]:
+        """``(max_bytes, min_pieces, min_piece_bytes)`` for
+        :meth:`~kvstore.spark.files.StoreFiles.plan_log` of a ``changes`` read."""
+        if self.min_partitions is not None:
+            return self.max_partition_bytes, self.min_partitions, 1
+        return self.max_partition_bytes, self.parallelism, DEFAULT_MIN_PIECE_BYTES
 
     @property
     def needs_images(self) -> bool:
@@ -225,8 +253,9 @@ def _format(name: str, text: str) -> str:
     return value
 
 
-def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Options:
+def parse(options: Mapping[str, str], *, streaming: bool | None = False, parallelism: int = 1) -> Options:
     """Check the data source's options; ``ValueError`` names the bad one.
+    ``parallelism``: the session's default parallelism (``minPartitions``'s default).
 
     ``streaming=None`` (Spark asks for the schema before it says whether the
     read is a stream) skips the checks that depend on it."""
@@ -298,9 +327,6 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
     keyspace = str(raw.get("keyspace", ""))
     if keyspace != ALL_KEYSPACES:
         check_keyspace(keyspace)  # ValueError naming what is wrong
-    elif table == STATE or fmt == DEBEZIUM or vocabulary == DELTA:
-        raise ValueError("option keyspace=* (every keyspace) applies to table=snapshot or changes in walkv's "
-                         "vocabulary; name one keyspace for this read")
     return Options(
         path=str(path),
         table=table,
@@ -315,7 +341,9 @@ def parse(options: Mapping[str, str], *, streaming: bool | None = False) -> Opti
         ending_timestamp_us=ending_ts,
         fail_on_data_loss=_bool("failOnDataLoss", raw.get("failOnDataLoss", "true")),
         starting_from_snapshot=starting_from == "snapshot",
-        max_partition_bytes=_int("maxPartitionBytes", raw.get("maxPartitionBytes", str(DEFAULT_MAX_PARTITION_BYTES)), 1),
+        max_partition_bytes=_bytes("maxPartitionBytes", raw.get("maxPartitionBytes", str(DEFAULT_MAX_PARTITION_BYTES))),
+        min_partitions=_int("minPartitions", raw["minPartitions"], 1) if "minPartitions" in raw else None,
+        parallelism=max(1, int(parallelism)),
         rows_per_batch=_int("rowsPerBatch", raw.get("rowsPerBatch", str(DEFAULT_ROWS_PER_BATCH)), 1),
         debezium=fmt == DEBEZIUM,
         vocabulary=vocabulary,

@@ -78,6 +78,19 @@ class StatePartition(InputPartition):
 
 
 @dataclass(frozen=True)
+class LogStatePartition(InputPartition):
+    """The keys in ``[lo, hi)`` of the keyspaces ``keyspaces`` no snapshot
+    section holds (a read of ``*``): their state is the log tail ``pieces``
+    alone."""
+
+    lo: bytes | None
+    hi: bytes | None
+    pieces: tuple[LogSlice, ...]
+    keyspaces: sa.LogOnly
+    bounds: Bounds | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one batch query reads, fixed once: the snapshot, the LSN range of
     the log (inclusive), and the durable LSN it was planned against."""
@@ -113,7 +126,23 @@ def plan(files: StoreFiles, opts: Options) -> Plan:
         start = (snap.lsn if snap is not None else 0) + 1
     if from_log:
         start = skip_lost(files, opts, start, end, durable)
+    elif opts.table == sa.CHANGES and snap is not None and start > end and ending is None \
+            and opts.snapshot_lsn is None:
+        _say_empty_after_snapshot(files, snap, end)
     return Plan(snap, start, end, durable)
+
+
+def _say_empty_after_snapshot(files: StoreFiles, snap: snapshot.Snapshot, end: int) -> None:
+    """A batch read of ``changes`` by default reads the LSNs after the newest
+    snapshot: right after a snapshot (an automatic one, say) that is none,
+    though the log still holds the LSNs before it. Say so, and how to read them."""
+    first = files.first_held(end)
+    if first > snap.lsn:
+        return  # the log holds nothing before the snapshot either
+    log.warning("table=changes of %s has no rows: a batch read covers the LSNs after the newest snapshot (at LSN "
+                "%d) up to the durable LSN %d, and the snapshot is that recent. The log still holds LSNs %d..%d: "
+                "read them with option startingLsn (a number, or earliest) or startingTimestamp",
+                files.display(), snap.lsn, end, first, end)
 
 
 def starting_lsn(files: StoreFiles, option: int | str | None, durable: int) -> int:
@@ -162,14 +191,27 @@ def partitions_for(files: StoreFiles, opts: Options, p: Plan, bounds: Bounds | N
                 for c in ss.keyspace_chunks(snap, ks) if b.chunk_may_match(c)]
     if opts.table == sa.CHANGES:
         first, last = b.lsn_range(p.from_lsn, p.to_lsn)
-        return [LogPartition(piece, wanted)
-                for piece in files.plan_log(first, last, p.durable_lsn, opts.max_partition_bytes)]
-    # state: one task per snapshot chunk's key range (of its keyspace's section), covering every key.
-    ks = opts.keyspace
+        return [LogPartition(piece, wanted) for piece in files.plan_log(first, last, p.durable_lsn, *opts.log_split())]
+    # state: one task per snapshot chunk's key range (of its keyspace's section), covering every key;
+    # with ``*``, one more for the keyspaces only the log tail holds.
     pieces = tuple(files.plan_log(p.from_lsn, p.to_lsn, p.durable_lsn, opts.max_partition_bytes))
-    chunks = ss.keyspace_chunks(p.snapshot, ks) if p.snapshot is not None else ()
-    if p.snapshot is None or not chunks:
-        return [StatePartition(p.snapshot.path if p.snapshot else None, None, b.lo, b.hi, pieces, keyed, ks)]
+    held = ss.keyspaces_of(p.snapshot, None) if p.snapshot is not None else []
+    out: list[Any] = []
+    for ks in held:
+        if wanted is None or ks in wanted:
+            out.extend(_state_partitions(p.snapshot, ks, pieces, b, keyed))
+    rest = sa.LogOnly(None if wanted is None else frozenset(wanted), frozenset(held))
+    if not rest.empty:
+        out.append(LogStatePartition(b.lo, b.hi, pieces, rest, keyed))
+    return out
+
+
+def _state_partitions(snap: snapshot.Snapshot | None, ks: str, pieces: tuple[LogSlice, ...], b: Bounds,
+                      keyed: Bounds | None) -> list[StatePartition]:
+    """The ``state`` partitions of keyspace ``ks``, a section of ``snap``."""
+    chunks = ss.keyspace_chunks(snap, ks) if snap is not None else ()
+    if snap is None or not chunks:
+        return [StatePartition(snap.path if snap else None, None, b.lo, b.hi, pieces, keyed, ks)]
     out = []
     for i, chunk in enumerate(chunks):
         lo = None if i == 0 else chunk.first_key
@@ -179,7 +221,7 @@ def partitions_for(files: StoreFiles, opts: Options, p: Plan, bounds: Bounds | N
             continue
         if b.keys is not None and not any((lo is None or k >= lo) and (hi is None or k < hi) for k in b.keys):
             continue
-        out.append(StatePartition(p.snapshot.path, chunk, lo, hi, pieces, keyed, ks))
+        out.append(StatePartition(snap.path, chunk, lo, hi, pieces, keyed, ks))
     return out
 
 
@@ -223,6 +265,8 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
                                            lambda: ss.where(files, d, c), partition.keyspace)
     elif isinstance(partition, StatePartition):
         yield from _read_state_partition(files, opts, partition)
+    elif isinstance(partition, LogStatePartition):
+        yield from _read_log_state_partition(files, opts, partition)
     elif partition is None or type(partition) is InputPartition:
         return  # Spark's placeholder when a plan has no partitions: no rows
     else:
@@ -246,11 +290,32 @@ def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -
             k, v = tail.filter_snapshot(*_only(p.bounds, keys, values))
             if len(k):
                 yield sa.snapshot_batch(k, v, chunk.lsn, kf, vf, where, sa.STATE, p.keyspace)
+    yield from _survivor_batches(files, opts, tail, p.bounds, p.keyspace)
+
+
+def _survivor_batches(files: StoreFiles, opts: Options, tail: sa.TailState, bounds: Bounds | None,
+                      keyspace: str) -> Iterator[pa.RecordBatch]:
+    """The ``state`` rows the log tail wrote last (of one keyspace)."""
     keys_, values_, lsns = tail.survivors()
-    if p.bounds is not None and p.bounds.keys is not None:
-        kept = [i for i, k in enumerate(keys_) if k in p.bounds.keys]
+    if bounds is not None and bounds.keys is not None:
+        kept = [i for i, k in enumerate(keys_) if k in bounds.keys]
         keys_, values_, lsns = [keys_[i] for i in kept], [values_[i] for i in kept], [lsns[i] for i in kept]
     for i in range(0, len(keys_), opts.rows_per_batch):
         j = i + opts.rows_per_batch
-        yield sa.state_batch(keys_[i:j], values_[i:j], lsns[i:j], kf, vf, lambda: f"{files.display()}, log tail",
-                             p.keyspace)
+        yield sa.state_batch(keys_[i:j], values_[i:j], lsns[i:j], opts.key_format, opts.value_format,
+                             lambda: f"{files.display()}, log tail", keyspace)
+
+
+def _read_log_state_partition(files: StoreFiles, opts: Options, p: LogStatePartition) -> Iterator[Any]:
+    tails: dict[str, sa.TailState] = {}
+    for piece in p.pieces:
+        shown = files.display(piece.path)
+        for entry in files.iter_slice(piece):
+            lsn = entry.lsn
+            for i, ks, op in sa.keyspace_writes(decode_batch(entry.payload, lsn, shown), p.keyspaces, lsn, shown):
+                tail = tails.get(ks)
+                if tail is None:
+                    tail = tails[ks] = sa.TailState(p.lo, p.hi, ks)
+                tail.add_write(lsn, i, op)
+    for ks in sorted(tails):
+        yield from _survivor_batches(files, opts, tails[ks], p.bounds, ks)

@@ -17,11 +17,14 @@ Those this source understands become :class:`Bounds`:
   other keyspaces are dropped as they are decoded: a log segment holds
   every keyspace).
 
-Pruning only: every filter is handed back to Spark, which still evaluates it
-on the rows, so a filter understood here partly (or a key range on
-``changes``, which has no key index) can never change a result. Keys compare
-as bytes; a ``string`` key is its UTF-8 bytes, whose order is Spark's string
-order. No pyspark here beyond the ``Filter`` classes passed in.
+The filters a read applies exactly (:func:`pushed`: ``keyspace``; ``key`` on
+``snapshot`` and ``state``, whose tasks keep only the rows in the bounds;
+``_commit_version`` but ``IN``) are taken: Spark does not evaluate them again,
+and ``explain()`` lists them as the scan's ``PushedFilters``. The rest (a key
+range on ``changes``, which has no key index; an LSN ``IN``, read as a range)
+only prune and are handed back, so Spark still evaluates them on the rows.
+Keys compare as bytes; a ``string`` key is its UTF-8 bytes, whose order is
+Spark's string order. No pyspark here beyond the ``Filter`` classes passed in.
 """
 
 from __future__ import annotations
@@ -126,8 +129,12 @@ def _tighten(b: dict[str, Any], name: str, value: Any, pick: Any) -> None:
     b[name] = value if b[name] is None else pick(b[name], value)
 
 
-def bounds_of(filters: Iterable[Any], lsn_column: tuple[str, ...] | None) -> Bounds:
-    """The :class:`Bounds` the understood ``filters`` imply (the rest are ignored here)."""
+def pushed(filters: Iterable[Any], lsn_column: tuple[str, ...] | None) -> tuple[Bounds, list[Any]]:
+    """The :class:`Bounds` the understood ``filters`` imply, and those of
+    them a read with these bounds applies exactly (Spark need not evaluate
+    them again): every one on ``keyspace``; on ``key`` those of a table
+    with a key index (``lsn_column`` None: ``snapshot``, ``state``); on the
+    LSN all but ``IN`` (read as the range from its least to its greatest)."""
     from pyspark.sql.datasource import (
         EqualTo,
         GreaterThan,
@@ -139,12 +146,15 @@ def bounds_of(filters: Iterable[Any], lsn_column: tuple[str, ...] | None) -> Bou
     )
 
     b: dict[str, Any] = {"lo": None, "hi": None, "keys": None, "min_lsn": None, "max_lsn": None, "keyspaces": None}
+    exact: list[Any] = []
+    key_exact = lsn_column is None
     for f in filters:
         col = tuple(getattr(f, "attribute", ()))
         if col == KEYSPACE and isinstance(f, (EqualTo, In)):
             names = list(f.value) if isinstance(f, In) else [f.value]
             if all(isinstance(n, str) for n in names):
                 _tighten(b, "keyspaces", frozenset(names), frozenset.intersection)
+                exact.append(f)
             continue
         if col == KEY:
             if isinstance(f, In):
@@ -153,10 +163,15 @@ def bounds_of(filters: Iterable[Any], lsn_column: tuple[str, ...] | None) -> Bou
                     continue
                 keys = frozenset(w for w in wanted if w is not None)
                 b["keys"] = keys if b["keys"] is None else b["keys"] & keys
+                if key_exact:
+                    exact.append(f)
                 continue
             v = _bytes(f.value)
-            if v is None:
+            if v is None or not isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual,
+                                                StringStartsWith)):
                 continue
+            if key_exact:
+                exact.append(f)
             if isinstance(f, EqualTo):
                 b["keys"] = frozenset([v]) if b["keys"] is None else b["keys"] & {v}
             elif isinstance(f, GreaterThan):
@@ -176,6 +191,8 @@ def bounds_of(filters: Iterable[Any], lsn_column: tuple[str, ...] | None) -> Bou
             values = list(f.value) if isinstance(f, In) else [f.value]
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in values) or not values:
                 continue
+            if isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)):
+                exact.append(f)
             if isinstance(f, (EqualTo, In)):
                 _tighten(b, "min_lsn", min(values), max)
                 _tighten(b, "max_lsn", max(values), min)
@@ -187,7 +204,7 @@ def bounds_of(filters: Iterable[Any], lsn_column: tuple[str, ...] | None) -> Bou
                 _tighten(b, "max_lsn", values[0] - 1, min)
             elif isinstance(f, LessThanOrEqual):
                 _tighten(b, "max_lsn", values[0], min)
-    return Bounds(**b)
+    return Bounds(**b), exact
 
 
-__all__ = ["Bounds", "bounds_of", "prefix_end"]
+__all__ = ["Bounds", "prefix_end", "pushed"]

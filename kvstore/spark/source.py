@@ -44,11 +44,11 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 from kvstore.spark import arrow as sa
 from kvstore.spark import debezium, delta_cdf, images
 from kvstore.spark.archive import open_files
-from kvstore.spark.compat import pushdown_enabled
+from kvstore.spark.compat import enable_pushdown, pushdown_enabled
 from kvstore.spark.files import normalize_location
 from kvstore.spark.options import Options, parse
 from kvstore.spark.partitions import partitions_for, plan, read_partition
-from kvstore.spark.pushdown import COMMIT_VERSION, Bounds, bounds_of
+from kvstore.spark.pushdown import COMMIT_VERSION, Bounds, pushed
 from kvstore.spark.stream import WalkvStreamReader
 from kvstore.spark.writer import WalkvWriter
 
@@ -58,12 +58,30 @@ NAME = "walkv"
 
 
 def register(spark: Any) -> None:
-    """Register the ``walkv`` data source with a SparkSession: the one that
-    takes pushed-down filters when the session allows it
-    (:data:`~kvstore.spark.compat.PUSHDOWN_CONF`, PySpark 4.1+), else the
-    one that does not (a reader with ``pushFilters`` fails every query while
-    the setting is off). Register again after changing the setting."""
-    spark.dataSource.register(WalkvPushdownDataSource if pushdown_enabled(spark) else WalkvDataSource)
+    """Register the ``walkv`` data source with a SparkSession.
+
+    Filter pushdown (PySpark 4.1+) needs the session setting
+    :data:`~kvstore.spark.compat.PUSHDOWN_CONF` on, and PySpark fails every
+    query of a reader that takes filters while it is off; the class Spark
+    uses is fixed here. So when the setting was left unset, this turns it on
+    for the session and registers the source that takes filters; when it was
+    set off, the one that does not (register again after changing it).
+    Without filter pushdown (PySpark 4.0) the source reads as before, unpruned.
+
+    The source also keeps the session's default parallelism: a ``changes``
+    read is cut into at least that many pieces (``minPartitions``'s default)."""
+    enable_pushdown(spark)
+    base = WalkvPushdownDataSource if pushdown_enabled(spark) else WalkvDataSource
+    # A class made here is pickled whole (not by name) to the Python workers, with the parallelism.
+    spark.dataSource.register(type(base.__name__, (base,), {"parallelism": _parallelism(spark),
+                                                            "__module__": __name__}))
+
+
+def _parallelism(spark: Any) -> int:
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext: the setting, if any
+        return max(1, int(spark.conf.get("spark.default.parallelism", "1") or 1))
 
 
 def spark_schema(table: str, key_format: str = sa.BINARY, value_format: str = sa.BINARY) -> Any:
@@ -93,12 +111,14 @@ def spark_schema(table: str, key_format: str = sa.BINARY, value_format: str = sa
 class WalkvDataSource(DataSource):
     """``spark.read.format("walkv")`` / ``spark.readStream.format("walkv")``."""
 
+    parallelism = 1  # the session's default parallelism, set by register()
+
     @classmethod
     def name(cls) -> str:
         return NAME
 
     def _options(self, streaming: bool | None = False) -> Options:
-        return parse(self.options, streaming=streaming)
+        return parse(self.options, streaming=streaming, parallelism=self.parallelism)
 
     def schema(self) -> Any:
         opts = self._options(streaming=None)
@@ -150,15 +170,17 @@ class WalkvReader(DataSourceReader):
 
 
 class WalkvPushdownReader(WalkvReader):
-    """A batch read that prunes by the filters Spark pushes (all are handed
-    back: Spark still evaluates them, see :mod:`kvstore.spark.pushdown`)."""
+    """A batch read that prunes by the filters Spark pushes, and takes those
+    it applies exactly (``explain()`` shows them as ``PushedFilters``); the
+    rest are handed back for Spark to evaluate (:mod:`kvstore.spark.pushdown`)."""
 
     def pushFilters(self, filters: list[Any]) -> Iterable[Any]:
         if self.opts.needs_images:
             return filters  # no pushdown: a key's previous value needs its whole range's history
         lsn_column = COMMIT_VERSION if self.opts.table == sa.CHANGES else None
-        self.bounds = bounds_of(filters, lsn_column)
-        return filters
+        self.bounds, exact = pushed(filters, lsn_column)
+        taken = {id(f) for f in exact}
+        return [f for f in filters if id(f) not in taken]
 
 
 # -- state, computed by Spark ----------------------------------------------------

@@ -1,7 +1,14 @@
 """The ``changes`` of a store (or an archive) as a Spark stream (``spark.readStream.format("walkv")``).
 
-Offsets are ``{"lsn": n, "store": id}``, ``n`` the last LSN the micro-batch
-includes; a checkpoint taken against another store is refused. A micro-batch
+Offsets are ``{"lsn": n, "store": id, "timelines": h}``, ``n`` the last LSN
+the micro-batch includes and ``h`` the log's timeline history up to it
+(:mod:`wal.timeline`); a checkpoint taken against another store is refused,
+and one whose history the log left at or before ``n`` (a repair cut, a
+truncation, a failover: the rows delivered past the fork are of a history
+gone) fails with :class:`~wal.errors.ForkedHistoryError` naming both
+timelines and the fork LSN, rather than go on with the other history's
+entries (an offset without ``timelines``, written before them, is on
+timeline 1). A micro-batch
 from ``{"lsn": a}`` to ``{"lsn": b}`` holds the rows of LSNs ``a+1 .. b``, so
 a query restarted from its checkpoint resumes at the LSN after the last
 committed micro-batch: none is read twice or skipped. With
@@ -41,18 +48,22 @@ from pyspark.sql.datasource import DataSourceStreamReader
 from kvstore.spark import debezium, delta_cdf, images
 from kvstore.spark import snapshots as ss
 from kvstore.spark.archive import open_files
+from kvstore.spark.arrow import ALL_KEYSPACES
 from kvstore.spark.compat import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows, SupportsTriggerAvailableNow
 from kvstore.spark.files import LogSlice, normalize_location
 from kvstore.spark.options import Options
 from kvstore.spark.partitions import LogPartition, SnapshotChangesPartition, read_partition, starting_lsn
+from wal.timeline import ROOT, History, check_follows, history_from_json, history_to_json, history_until
 
 log = logging.getLogger("walkv.spark")
 
 SNAPSHOT_KEY = "snapshot"
+HISTORY_KEY = "timelines"
 
 
-def _offset(lsn: int, store_id: str | None, snapshot_lsn: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"lsn": int(lsn), "store": store_id or ""}
+def _offset(lsn: int, store_id: str | None, history: History, snapshot_lsn: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"lsn": int(lsn), "store": store_id or "",
+                           HISTORY_KEY: history_to_json(history_until(history, lsn))}
     if snapshot_lsn is not None:
         out[SNAPSHOT_KEY] = int(snapshot_lsn)
     return out
@@ -68,6 +79,21 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.store_id = self.files.store_id()
         self._available_now: int | None = None
         self._last: dict[str, Any] | None = None  # the last offset handed to Spark (PySpark < 4.2)
+        self._say_other_keyspaces()
+
+    def _say_other_keyspaces(self) -> None:
+        """A stream reads one keyspace unless told ``keyspace=*`` (the
+        default one: a query checkpointed before keyspaces must not begin to
+        deliver other rows); say so when the newest snapshot holds others."""
+        if self.opts.keyspace == ALL_KEYSPACES:
+            return
+        snap = ss.choose(self.files, None, None)
+        others = [ks for ks in ss.keyspaces_of(snap, None) if ks != self.opts.keyspace] if snap is not None else []
+        if others:
+            log.warning("the stream of %s reads keyspace %r only; its snapshot at LSN %d also holds keyspace%s %s: "
+                        "give option keyspace=* for every keyspace (each row names its own)", self.files.display(),
+                        self.opts.keyspace, snap.lsn if snap is not None else 0, "s" if len(others) > 1 else "",
+                        ", ".join(repr(ks) for ks in others))
 
     # -- offsets -------------------------------------------------------------
 
@@ -82,7 +108,15 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"the stream's checkpoint belongs to walkv store {store}, but {self.files.display()} is store "
                 f"{self.store_id}; use a new checkpointLocation for this store"
             )
-        return int(offset["lsn"])
+        lsn = int(offset["lsn"])
+        # An offset is an LSN on a timeline: one the log's history left at or before it is of a history gone.
+        mine = history_from_json(offset[HISTORY_KEY], f"the stream's {what} offset") if HISTORY_KEY in offset \
+            else ROOT  # an offset written before timelines: timeline 1's
+        check_follows(mine, lsn, self.files.history(), what=f"the stream's {what} offset", source=self.files.display(),
+                      hint="the rows the stream delivered past that LSN are not in the store's history any more: "
+                           "undo them downstream, then restart the query with a new checkpointLocation and "
+                           "startingLsn at the LSN after the fork")
+        return lsn
 
     def initialOffset(self) -> dict[str, Any]:
         durable = self.files.durable_lsn()
@@ -91,7 +125,7 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.opts.starting_from_snapshot:
             snap = ss.choose(self.files, None, None)
             if snap is not None:
-                self._last = _offset(snap.lsn, self.store_id, snap.lsn)
+                self._last = _offset(snap.lsn, self.store_id, self.files.history(), snap.lsn)
                 return self._last
             start = 1  # no snapshot: the whole log
         elif self.opts.starting_timestamp_us is not None:
@@ -103,7 +137,7 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"startingLsn {start} is past the end of the log of {self.files.display()} (durable LSN "
                     f"{durable}); give at most {durable + 1}, or 'latest'"
                 )
-        self._last = _offset(start - 1, self.store_id)
+        self._last = _offset(start - 1, self.store_id, self.files.history())
         return self._last
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -148,7 +182,7 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = min(end, first - 1 + max(1, rows_cap))
         if bytes_cap is not None and end >= first:
             end = self._bytes_cut(first, end, durable, bytes_cap)
-        self._last = _offset(end, self.store_id)
+        self._last = _offset(end, self.store_id, self.files.history())
         return self._last
 
     def _bytes_cut(self, first: int, end: int, durable: int, cap: int) -> int:
@@ -164,7 +198,7 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return last
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        return _offset(self.files.durable_lsn(), self.store_id)
+        return _offset(self.files.durable_lsn(), self.store_id, self.files.history())
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[Any]:
         a = self._check(start, "start")
@@ -180,7 +214,7 @@ class WalkvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if b <= a:
             return out
         first = self._first(a, b)
-        pieces: list[LogSlice] = self.files.plan_log(first, b, b, self.opts.max_partition_bytes) if first <= b else []
+        pieces: list[LogSlice] = self.files.plan_log(first, b, b, *self.opts.log_split()) if first <= b else []
         out.extend(LogPartition(piece, self.opts.keyspaces) for piece in pieces)
         return out
 

@@ -22,7 +22,8 @@ none):
    ``overwrite`` puts a ``delete_range`` of every key first, in the same
    entry, so readers see the old state or the new one, never a mix;
 3. the staging directory is removed after the entry is durable; an abort
-   removes it without writing anything. A job that crashed leaves its
+   removes it without writing anything (and ``spark-staging/`` goes too
+   when no other job's directory is in it). A job that crashed leaves its
    staging directory (never read by anyone else); a later job's commit
    removes staging directories older than a day.
 
@@ -224,6 +225,7 @@ class WalkvWriter(DataSourceWriter):
         log.info("walkv write committed %d operations at LSN %s into %s", len(ops), b.lsn, self.path)
         self._remove(self.staging)
         self._remove_stale()
+        self._remove_root()
 
     def abort(self, messages: list[StagedFile | None]) -> None:  # type: ignore[override]
         # Spark may abort while a cancelled task still stages its file: rename
@@ -235,9 +237,17 @@ class WalkvWriter(DataSourceWriter):
         except FileNotFoundError:
             return
         self._remove(aborted)
+        self._remove_root()
 
     def _remove(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
+
+    def _remove_root(self) -> None:
+        """``spark-staging/`` itself, once no job has a directory in it."""
+        try:
+            os.rmdir(os.path.join(self.path, STAGING_DIR))
+        except OSError:
+            pass  # another job's (or a crashed one's, removed when stale) is in it
 
     def _remove_stale(self) -> None:
         root = os.path.join(self.path, STAGING_DIR)

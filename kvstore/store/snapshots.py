@@ -136,14 +136,15 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         if newest and newest[-1].lsn == lsn:
             return newest[-1]
         _move_foreign_aside(parent, lsn, store_id, fs)
-        # the keyspaces' sections ("ks:<name>") and the expiry metadata's ("ttl:...", "lease:...")
-        sections = {**view.sections(),
-                    **{name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}}
+        # the keyspaces' sections ("ks:<name>") and the expiry metadata's ("ttl:...", "lease:..."),
+        # which are bookkeeping: the snapshot's count of keys leaves them out
+        expiry = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
+        sections = {**view.sections(), **expiry}
         items = view.db_pairs(None)  # the view stays open for the sections (before_commit closes it)
         info = snapshot.write(
             parent, lsn, items, sections=sections, store_id=store_id, fs=fs, progress=progress, total=view.count,
             before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
-            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES),
+            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES), bookkeeping=expiry.keys(),
         )
     log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info
