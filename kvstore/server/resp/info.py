@@ -54,7 +54,9 @@ def _persistence(served: Served) -> list[str]:
 def _stats(served: Served) -> list[str]:
     return [f"total_connections_received:{served.connections_received}",
             f"total_commands_processed:{served.commands}",
-            f"rejected_connections:{served.connections_rejected}"]
+            f"rejected_connections:{served.connections_rejected}",
+            f"pubsub_channels:{len(served.pubsub.channels)}", f"pubsub_patterns:{len(served.pubsub.patterns)}",
+            f"client_output_buffer_limit_disconnections:{served.output_limit_disconnections}"]
 
 
 def _replication(served: Served) -> list[str]:
