@@ -38,13 +38,13 @@ from typing import Any, Final, cast
 
 import hiredis
 
-from kvstore.entry.codec import OP_KEYSPACE, PlainPuts, pack_ops
+from kvstore.entry.codec import MAX_KEY_BYTES, OP_KEYSPACE, OP_PUT, PlainPuts, pack_ops
 from kvstore.entry.conditions import Decided, GroupSoFar
-from kvstore.server.auth import OPEN, ROLE_NAMES
+from kvstore.server.auth import OPEN, ROLE_NAMES, WRITE
 from kvstore.server.resp.keyspace_feed import EVERY_OP
 from kvstore.server.resp.keyview import EntryView, StateView
 from kvstore.server.resp.notify import Span
-from kvstore.server.resp.replies import RespError, encode, error
+from kvstore.server.resp.replies import OK, RespError, encode, error
 from kvstore.server.resp.served import Served
 from kvstore.server.resp.session import Compute, Format, ViewFn
 from kvstore.server.resp.table import LOOKUP, Command
@@ -94,6 +94,7 @@ class RespConnection(asyncio.Protocol):
         self.channels: dict[bytes, None] = {}
         self.patterns: dict[bytes, None] = {}
         self._ordinary = True  # no MULTI open, not in RESP2's subscribed mode: the fast path of _dispatch
+        self._plain_puts = self.role >= WRITE  # ordinary, and SET may run: _process's own path for it
         self.watching: Watching | None = None
         self.last_lsn = 0
         self.created = time.time()
@@ -128,8 +129,9 @@ class RespConnection(asyncio.Protocol):
         self.recheck()
 
     def recheck(self) -> None:
-        """The connection's mode changed (MULTI, subscriptions, protocol)."""
+        """The connection's mode changed (MULTI, subscriptions, protocol, role)."""
         self._ordinary = self._multi is None and (self.resp3 or not (self.channels or self.patterns))
+        self._plain_puts = self._ordinary and self.role >= WRITE
 
     # -- asyncio -------------------------------------------------------------------
 
@@ -172,18 +174,39 @@ class RespConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         reader = self._reader
+        batch, answers, max_value = self._batch, self._batch_answers, self.served.max_value
+        commands = 0
         try:
             while self._held is None and self._transport is not None and not self._quitting:
                 cmd = reader.gets()
                 if cmd is False:
                     break
+                commands += 1
+                # SET key value, the hottest command: put()'s case of one plain put, inline
+                if (self._plain_puts and type(cmd) is list and len(cmd) == 3 and ((name := cmd[0]) == b"SET" or name == b"set")
+                        and type(key := cmd[1]) is bytes and type(value := cmd[2]) is bytes
+                        and 0 < len(key) <= MAX_KEY_BYTES and len(value) <= max_value):
+                    size = len(value) + 600
+                    if batch and self.db == self._batch_db and self._batch_bytes + size <= self._batch_limit:
+                        self._batch_bytes += size  # (_room's common case)
+                    else:
+                        self._room(size)
+                        batch, answers = self._batch, self._batch_answers
+                    batch.append([OP_PUT, key, value])
+                    answers.append(OK)
+                    continue
                 self._dispatch(cmd)
+                batch, answers = self._batch, self._batch_answers
         except hiredis.ProtocolError as exc:
+            self.served.commands += commands
+
             self._fail(f"ERR Protocol error: {exc}")
             return
         except MemoryError:
+            self.served.commands += commands
             self._fail("ERR Protocol error: a request larger than this server takes")
             return
+        self.served.commands += commands
         if self._batch:
             self._flush_batch()
         out = self._out
@@ -219,7 +242,6 @@ class RespConnection(asyncio.Protocol):
         for arg in cmd:
             if type(arg) is not bytes:
                 raise hiredis.ProtocolError(f"expected bulk strings as a command's arguments, got {_kind(arg)}")
-        self.served.commands += 1
         command = LOOKUP.get(cmd[0]) or LOOKUP.get(cmd[0].lower())
         n = len(cmd)
         if command is not None and self._ordinary and command.role <= self.role:
@@ -298,21 +320,27 @@ class RespConnection(asyncio.Protocol):
         pipeline's writes cost one entry, one future and one apply, as a
         batch of the embedded API does; its entry is atomic. ``plain``: the
         ops are puts without expiry."""
-        size = len(ops[0][2]) + 600 if len(ops) == 1 else sum(len(op[2]) + 600 for op in ops)
-        if self._batch and (self.db != self._batch_db or self._batch_bytes + size > self._batch_limit):
-            self._flush_batch()
-        if not self._batch:
-            self._batch_db = self.db
-            self._batch_plain = True
-            self._batch_bytes = 0
+        self._room(len(ops[0][2]) + 600 if len(ops) == 1 else sum(len(op[2]) + 600 for op in ops))
         if len(ops) == 1:
             self._batch.append(ops[0])
         else:
             self._batch.extend(ops)
         self._batch_answers.append(answer)
-        self._batch_bytes += size
         if not plain:
             self._batch_plain = False
+
+    def _room(self, size: int) -> None:
+        """Make room in the batch for one command's puts of ``size`` bytes:
+        a batch of another database, or one they would take over the record
+        limit, is logged first (a command's puts are never split)."""
+        if self._batch:
+            if self.db == self._batch_db and self._batch_bytes + size <= self._batch_limit:
+                self._batch_bytes += size
+                return
+            self._flush_batch()
+        self._batch_db = self.db
+        self._batch_plain = True
+        self._batch_bytes = size
 
     def _flush_batch(self) -> None:
         """Log the batch of puts as one entry (:meth:`put`)."""

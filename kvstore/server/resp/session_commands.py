@@ -56,6 +56,7 @@ def _login(s: Session, username: bytes, token: bytes) -> None:
     if username != b"default" or role is None:
         raise RespError(WRONGPASS)
     s.role = role
+    s.recheck()
 
 
 def auth(s: Session, cmd: list[bytes]) -> None:
@@ -119,9 +120,9 @@ def reset(s: Session, cmd: list[bytes]) -> None:
     s.select(0)
     s.served.pubsub.drop(s)
     s.resp3 = False
-    s.recheck()
     s.name = None
     s.role = s.served.open_role
+    s.recheck()
     s.reply(b"+RESET\r\n")
 
 
