@@ -39,6 +39,11 @@ def test_wait_counts_the_synchronous_replicas_holding_the_last_write(tmp_path_fa
             assert r.set("k", "v") is True
             assert r.execute_command("WAIT", 1, 0) >= 1  # --sync-replicas 1: held before SET was answered
             assert r.execute_command("WAIT", 2, 10_000) == 2  # both replicas, once the second caught up
+            info = r.info("replication")
+            assert info["role"] == "master" and info["connected_slaves"] == 2
+            assert {info["slave0"]["port"], info["slave1"]["port"]} == {
+                int(n.advertise.rsplit(":", 1)[1]) for n in replicas}
+            assert min(info["slave0"]["offset"], info["slave1"]["offset"]) >= info["master_repl_offset"] - 1
             with pytest.raises(redis.exceptions.ReadOnlyError):
                 redis.Redis(host="127.0.0.1", port=resp_port(replicas[0]), protocol=2).set("k", "w")
             replicas[0].kill()
