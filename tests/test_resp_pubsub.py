@@ -67,10 +67,7 @@ def test_notifications_are_redis_s(walkv, reference, protocol):
     theirs = redis.Redis(host="127.0.0.1", port=reference, protocol=protocol, socket_timeout=30)
     subs = []
     for c in (ours, theirs):
-        p = c.pubsub()
-        p.psubscribe(PATTERN)
-        assert p.get_message(timeout=5)["type"] == "psubscribe"
-        subs.append(p)
+        subs.append(psubscribed(c, PATTERN))
 
     @settings(max_examples=25, deadline=None)
     @given(st.lists(STEP, min_size=1, max_size=15))
@@ -185,9 +182,7 @@ def test_notify_keyspace_events_is_redis_s(walkv, reference):
 
 def test_the_flags_choose_what_is_delivered(walkv):
     c = walkv.client(decode_responses=True)
-    p = c.pubsub()
-    p.psubscribe("__key*")
-    p.get_message(timeout=5)
+    p = psubscribed(c, "__key*")
     try:
         for flags, expected in [("K$", [("__keyspace@0__:f", "set")]), ("Eg", [("__keyevent@0__:del", "f")]),
                                 ("E$", [("__keyevent@0__:set", "f")])]:
@@ -208,6 +203,14 @@ def test_the_flags_choose_what_is_delivered(walkv):
         c.close()
 
 
+def psubscribed(client, pattern: str):
+    """``client``'s PubSub, subscribed to ``pattern`` (its confirmation read)."""
+    p = client.pubsub()
+    p.psubscribe(pattern)
+    assert p.get_message(timeout=5)["type"] == "psubscribe"
+    return p
+
+
 def messages(pubsub, n: int, seconds: float = 30) -> list[tuple[bytes, bytes]]:
     got: list[tuple[bytes, bytes]] = []
     deadline = time.monotonic() + seconds
@@ -220,9 +223,7 @@ def messages(pubsub, n: int, seconds: float = 30) -> list[tuple[bytes, bytes]]:
 
 def test_writes_of_the_embedded_api_and_expiry_are_notified(walkv):
     c = walkv.client()
-    p = c.pubsub()
-    p.psubscribe("__keyspace@*__:emb*")
-    p.get_message(timeout=5)
+    p = psubscribed(c, "__keyspace@*__:emb*")
     try:
         walkv.store.put(b"emb:1", b"x")
         walkv.store.keyspace("4").put(b"emb:2", b"y")
@@ -239,9 +240,7 @@ def test_writes_of_the_embedded_api_and_expiry_are_notified(walkv):
 
 def test_a_transaction_notifies_each_command_in_order(walkv):
     c = walkv.client()
-    p = c.pubsub()
-    p.psubscribe("__keyevent@*")
-    p.get_message(timeout=5)
+    p = psubscribed(c, "__keyevent@*")
     try:
         with c.pipeline(transaction=True) as t:
             t.set("t1", "1").incrby("t1", 4).execute_command("SELECT", "2").append("t2", "x").rename("t2", "t3")

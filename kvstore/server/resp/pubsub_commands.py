@@ -12,6 +12,8 @@ subscribed here and now, as in Redis.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvstore.server.resp.args import text
 from kvstore.server.resp.glob import compile_glob
 from kvstore.server.resp.pubsub import confirmation
@@ -24,46 +26,40 @@ def _count(s: Session) -> int:
 
 
 def subscribe(s: Session, cmd: list[bytes]) -> None:
-    pubsub = s.served.pubsub
-    out = []
-    for channel in cmd[1:]:
-        pubsub.subscribe(s, channel)
-        out.append(confirmation(b"subscribe", channel, _count(s), s.resp3))
-    s.recheck()
-    s.reply(b"".join(out))
+    _add(s, cmd, b"subscribe", s.served.pubsub.subscribe)
 
 
 def psubscribe(s: Session, cmd: list[bytes]) -> None:
-    pubsub = s.served.pubsub
-    out = []
-    for pattern in cmd[1:]:
-        pubsub.psubscribe(s, pattern)
-        out.append(confirmation(b"psubscribe", pattern, _count(s), s.resp3))
-    s.recheck()
-    s.reply(b"".join(out))
+    _add(s, cmd, b"psubscribe", s.served.pubsub.psubscribe)
 
 
 def unsubscribe(s: Session, cmd: list[bytes]) -> None:
     """UNSUBSCRIBE [channel...] (none: every channel of the connection)."""
-    pubsub = s.served.pubsub
+    _remove(s, cmd, b"unsubscribe", s.served.pubsub.unsubscribe, s.channels)
+
+
+def punsubscribe(s: Session, cmd: list[bytes]) -> None:
+    """PUNSUBSCRIBE [pattern...] (none: every pattern of the connection)."""
+    _remove(s, cmd, b"punsubscribe", s.served.pubsub.punsubscribe, s.patterns)
+
+
+def _add(s: Session, cmd: list[bytes], kind: bytes, add: Callable[[Session, bytes], None]) -> None:
     out = []
-    for channel in cmd[1:] or list(s.channels):
-        pubsub.unsubscribe(s, channel)
-        out.append(confirmation(b"unsubscribe", channel, _count(s), s.resp3))
-    if not out:
-        out.append(confirmation(b"unsubscribe", None, _count(s), s.resp3))
+    for name in cmd[1:]:
+        add(s, name)
+        out.append(confirmation(kind, name, _count(s), s.resp3))
     s.recheck()
     s.reply(b"".join(out))
 
 
-def punsubscribe(s: Session, cmd: list[bytes]) -> None:
-    pubsub = s.served.pubsub
+def _remove(s: Session, cmd: list[bytes], kind: bytes, remove: Callable[[Session, bytes], bool],
+            current: dict[bytes, None]) -> None:
     out = []
-    for pattern in cmd[1:] or list(s.patterns):
-        pubsub.punsubscribe(s, pattern)
-        out.append(confirmation(b"punsubscribe", pattern, _count(s), s.resp3))
+    for name in cmd[1:] or list(current):
+        remove(s, name)
+        out.append(confirmation(kind, name, _count(s), s.resp3))
     if not out:
-        out.append(confirmation(b"punsubscribe", None, _count(s), s.resp3))
+        out.append(confirmation(kind, None, _count(s), s.resp3))
     s.recheck()
     s.reply(b"".join(out))
 
