@@ -40,11 +40,11 @@ import hiredis
 
 from kvstore.entry.codec import MAX_KEY_BYTES, OP_KEYSPACE, OP_PUT, PlainPuts, pack_ops
 from kvstore.entry.conditions import Decided, GroupSoFar
-from kvstore.server.auth import OPEN, ROLE_NAMES, WRITE
+from kvstore.server.auth import OPEN, READ, ROLE_NAMES, WRITE
 from kvstore.server.resp.keyspace_feed import EVERY_OP
 from kvstore.server.resp.keyview import EntryView, StateView
 from kvstore.server.resp.notify import Span
-from kvstore.server.resp.replies import OK, RespError, encode, error
+from kvstore.server.resp.replies import OK, RespError, bulk_or_null, encode, error
 from kvstore.server.resp.served import Served
 from kvstore.server.resp.session import Compute, Format, ViewFn
 from kvstore.server.resp.table import LOOKUP, Command
@@ -95,6 +95,7 @@ class RespConnection(asyncio.Protocol):
         self.patterns: dict[bytes, None] = {}
         self._ordinary = True  # no MULTI open, not in RESP2's subscribed mode: the fast path of _dispatch
         self._plain_puts = self.role >= WRITE  # ordinary, and SET may run: _process's own path for it
+        self._plain_reads = self.role >= READ  # the same for GET
         self.watching: Watching | None = None
         self.last_lsn = 0
         self.created = time.time()
@@ -132,6 +133,7 @@ class RespConnection(asyncio.Protocol):
         """The connection's mode changed (MULTI, subscriptions, protocol, role)."""
         self._ordinary = self._multi is None and (self.resp3 or not (self.channels or self.patterns))
         self._plain_puts = self._ordinary and self.role >= WRITE
+        self._plain_reads = self._ordinary and self.role >= READ
 
     # -- asyncio -------------------------------------------------------------------
 
@@ -182,8 +184,17 @@ class RespConnection(asyncio.Protocol):
                 if cmd is False:
                     break
                 commands += 1
-                # SET key value, the hottest command: put()'s case of one plain put, inline
-                if (self._plain_puts and type(cmd) is list and len(cmd) == 3 and ((name := cmd[0]) == b"SET" or name == b"set")
+                if type(cmd) is not list:
+                    self._dispatch(cmd)
+                    continue
+                n = len(cmd)
+                # The hottest commands inline: GET key with no write of the connection before it
+                # (run_get's case that waits for nothing); SET key value (put()'s case of one plain put)
+                if (n == 2 and self._plain_reads and ((name := cmd[0]) == b"GET" or name == b"get")
+                        and type(key := cmd[1]) is bytes and not batch and not self._pending):
+                    self._out.append(bulk_or_null(self.view.get(key), self.resp3))
+                    continue
+                if (n == 3 and self._plain_puts and ((name := cmd[0]) == b"SET" or name == b"set")
                         and type(key := cmd[1]) is bytes and type(value := cmd[2]) is bytes
                         and 0 < len(key) <= MAX_KEY_BYTES and len(value) <= max_value):
                     size = len(value) + 600
@@ -199,7 +210,6 @@ class RespConnection(asyncio.Protocol):
                 batch, answers = self._batch, self._batch_answers
         except hiredis.ProtocolError as exc:
             self.served.commands += commands
-
             self._fail(f"ERR Protocol error: {exc}")
             return
         except MemoryError:
