@@ -90,13 +90,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_redis(directory: str) -> tuple[subprocess.Popen, int]:
-    """A ``redis-server`` on a free loopback port, no persistence (skips the test when not installed)."""
+def start_redis(directory: str, *options: str) -> tuple[subprocess.Popen, int]:
+    """A ``redis-server`` on a free loopback port, no persistence, with
+    ``options`` (skips the test when not installed)."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
     port = free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", directory], stdout=subprocess.DEVNULL,
+                             "--appendonly", "no", "--dir", directory, *options], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -97,7 +97,7 @@ def test_readme_python_blocks_run_each_on_its_own(tmp_path, monkeypatch):
     assert replica[0].startswith("b'paid' 1 Lag(lsns=0, "), replica
     assert replica[1:] == ["[(b'order:1', b'paid')]", "2"]
     assert _printed_by(ran, "kvstore.connect(url") == ["b'Grace' [(b'user:2', b'Grace')]", "b'Grace' 3"]
-    assert _printed_by(ran, "redis.Redis(port") == ["[True, 1]", "b'2' -1 always"]
+    assert _printed_by(ran, "redis.Redis(port") == ["[True, 1]", "b'2' -1 always", "b'__keyspace@0__:stock:42' b'incrby'"]
     with kvstore.open(str(tmp_path / "tour-store"), readonly=True) as db:
         assert list(db.scan(prefix=b"order:")) == []  # the "oops" stays in the original
         assert db.get(b"user:2") is None and db.get(b"user:1:orders") == b"2"

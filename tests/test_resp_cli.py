@@ -1,7 +1,8 @@
 """``walkv serve STORE --resp HOST:PORT`` with Redis's own client,
 redis-cli (Debian's redis-tools): commands, databases, ``--pipe`` mass
-insertion, ``--scan``, tokens; the HTTP face sees the same store; SIGTERM
-answers what is in flight and closes the store cleanly."""
+insertion, ``--scan``, tokens, PSUBSCRIBE to keyspace notifications; the
+HTTP face sees the same store; SIGTERM answers what is in flight and closes
+the store cleanly."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 
 import pytest
 
@@ -96,4 +98,30 @@ def test_the_readme_redis_cli_examples_print_what_they_say(tmp_path):
             got = cli(port, *args).strip().replace("\n", " ")
             assert got == expected.strip(), (line, got)
     finally:
+        served.stop()
+
+
+def test_redis_cli_subscribes_to_keyspace_notifications(tmp_path):
+    """``redis-cli PSUBSCRIBE`` prints the notifications of writes made by
+    another redis-cli and by the HTTP face, as Redis's would."""
+    served, port = served_with_resp(str(tmp_path / "store"))
+    sub = subprocess.Popen(["redis-cli", "-p", str(port), "PSUBSCRIBE", "__keyspace@0__:user:*"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    bound = threading.Timer(60, sub.kill)  # readline below waits at most this long (then reads EOF)
+    bound.start()
+    try:
+        assert [sub.stdout.readline() for _ in range(3)] == ["psubscribe\n", "__keyspace@0__:user:*\n", "1\n"]
+        assert cli(port, "SET", "user:1", "Ada") == "OK\n"
+        assert cli(port, "INCR", "user:2") == "1\n"
+        assert served.session().put("/v1/kv/user%3A3", content=b"by http").status_code in (200, 201, 204)
+        assert cli(port, "DEL", "user:1") == "1\n"
+        got = [sub.stdout.readline().strip() for _ in range(16)]  # 4 lines a message
+        assert got == ["pmessage", "__keyspace@0__:user:*", "__keyspace@0__:user:1", "set",
+                       "pmessage", "__keyspace@0__:user:*", "__keyspace@0__:user:2", "incrby",
+                       "pmessage", "__keyspace@0__:user:*", "__keyspace@0__:user:3", "set",
+                       "pmessage", "__keyspace@0__:user:*", "__keyspace@0__:user:1", "del"]
+    finally:
+        bound.cancel()
+        sub.kill()
+        sub.wait()
         served.stop()

@@ -6,6 +6,7 @@ are the store's like any other (watch sees them)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -285,19 +286,28 @@ def test_a_read_only_store_answers_writes_with_readonly(tmp_path):
 
 
 def test_limits(tmp_path):
-    limits = RespLimits(max_request_bytes=4096, max_multi_commands=3, max_reply_bytes=64, max_connections=2)
+    limits = RespLimits(max_request_bytes=4096, max_multi_commands=3, max_reply_bytes=64, max_connections=2,
+                        max_args=9)
     s = InProcess(str(tmp_path / "s"), limits=limits)
     try:
         c = s.client()
         with pytest.raises((redis.exceptions.ResponseError, redis.exceptions.ConnectionError)):
             c.set("big", "x" * 1_000_000)  # answered with an error, and closed
         c = s.client()
+        assert c.mset({f"a{n}": n for n in range(4)}) is True  # 9 arguments
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as raw:  # an error, then closed
+            raw.sendall(b"*11\r\n$4\r\nMSET\r\n" + b"$1\r\nb\r\n" * 10 + b"*1\r\n$4\r\nPING\r\n")
+            got = b""
+            while chunk := raw.recv(4096):
+                got += chunk
+        assert got == b"-ERR Protocol error: a command of 11 arguments, over this server's limit of 9\r\n"
         with c.pipeline() as p:
             for n in range(4):
                 p.set(f"m{n}", n)
             with pytest.raises(redis.exceptions.ResponseError, match="3 commands, its limit"):
                 p.execute()  # EXECABORT
-        c.mset({f"key{n}": n for n in range(20)})
+        for n in range(0, 20, 4):
+            c.mset({f"key{n + i}": n + i for i in range(4)})
         with pytest.raises(redis.exceptions.ResponseError, match="use SCAN"):
             c.keys("*")
         others = [s.client(), s.client()]
@@ -306,6 +316,6 @@ def test_limits(tmp_path):
             others[1].ping()
         for o in others + [c]:
             o.close()
-        assert s.store.get(b"big") is None and s.store.get(b"m0") is None
+        assert s.store.get(b"big") is None and s.store.get(b"m0") is None and s.store.get(b"b0") is None
     finally:
         s.close()

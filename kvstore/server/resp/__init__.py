@@ -20,7 +20,10 @@ its role, arity and how it runs), the command groups
 :mod:`~kvstore.server.resp.session_commands`,
 :mod:`~kvstore.server.resp.server_commands`), :mod:`~kvstore.server.resp.keyview`
 (where a command reads and writes), :mod:`~kvstore.server.resp.info` (INFO),
-:mod:`~kvstore.server.resp.replication` (WAIT),
+:mod:`~kvstore.server.resp.replication` (WAIT), pub/sub
+(:mod:`~kvstore.server.resp.pubsub`, :mod:`~kvstore.server.resp.pubsub_commands`)
+and keyspace notifications fed by the watch
+(:mod:`~kvstore.server.resp.keyspace_feed`, :mod:`~kvstore.server.resp.notify`),
 :mod:`~kvstore.server.resp.limits`, :mod:`~kvstore.server.resp.replies`
 (RESP2/RESP3 encoding), :mod:`~kvstore.server.resp.args`,
 :mod:`~kvstore.server.resp.glob`, :mod:`~kvstore.server.resp.served` and

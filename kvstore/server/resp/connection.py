@@ -13,8 +13,9 @@ pipeline reads its own writes, as in Redis. One wake-up of a connection
 answers every write of it that finished, in one ``write`` to the socket.
 
 Bad input. A frame hiredis cannot parse, a command that is not an array of
-strings, or a request larger than :attr:`RespLimits.max_request_bytes` (16
-KiB before AUTH when the server has tokens) gets ``-ERR Protocol error: ...``
+strings, a request larger than :attr:`RespLimits.max_request_bytes` (16
+KiB before AUTH when the server has tokens) or of more than
+:attr:`RespLimits.max_args` arguments gets ``-ERR Protocol error: ...``
 and the connection is closed; nothing of it ran (the commands before it in
 the same pipeline did, as in Redis).
 
@@ -32,16 +33,18 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
 import hiredis
 
-from kvstore.entry.codec import OP_KEYSPACE, PlainPuts, pack_ops
+from kvstore.entry.codec import MAX_KEY_BYTES, OP_KEYSPACE, OP_PUT, PlainPuts, pack_ops
 from kvstore.entry.conditions import Decided, GroupSoFar
-from kvstore.server.auth import OPEN, ROLE_NAMES
+from kvstore.server.auth import OPEN, READ, ROLE_NAMES, WRITE
+from kvstore.server.resp.keyspace_feed import EVERY_OP
 from kvstore.server.resp.keyview import EntryView, StateView
-from kvstore.server.resp.replies import RespError, encode, error
+from kvstore.server.resp.notify import Span
+from kvstore.server.resp.replies import OK, RespError, bulk_or_null, encode, error
 from kvstore.server.resp.served import Served
 from kvstore.server.resp.session import Compute, Format, ViewFn
 from kvstore.server.resp.table import LOOKUP, Command
@@ -54,6 +57,10 @@ logger = logging.getLogger("kvstore.server.resp")
 _EMPTY: Final = pack_ops([])
 _IN_MULTI: Final = frozenset(("exec", "discard", "multi", "watch", "quit", "reset"))
 """Commands that run at once inside MULTI (the others are queued)."""
+_IN_SUBSCRIBED: Final = frozenset(("subscribe", "psubscribe", "unsubscribe", "punsubscribe", "ping", "quit", "reset"))
+"""Commands a RESP2 connection with subscriptions may run (Redis's rule)."""
+_SUBCOMMANDS: Final = frozenset(("client", "command", "config", "pubsub"))
+_BATCH_SPANS: Final[tuple[Span, ...]] = ((None, EVERY_OP),)
 READONLY: Final = "READONLY You can't write against a read only replica."
 
 
@@ -83,7 +90,12 @@ class RespConnection(asyncio.Protocol):
         self.role = served.open_role
         self.name: bytes | None = None
         self.lib: dict[str, bytes] = {}
-        self.multi: Any = None
+        self._multi: Any = None
+        self.channels: dict[bytes, None] = {}
+        self.patterns: dict[bytes, None] = {}
+        self._ordinary = True  # no MULTI open, not in RESP2's subscribed mode: the fast path of _dispatch
+        self._plain_puts = self.role >= WRITE  # ordinary, and SET may run: _process's own path for it
+        self._plain_reads = self.role >= READ  # the same for GET
         self.watching: Watching | None = None
         self.last_lsn = 0
         self.created = time.time()
@@ -104,6 +116,24 @@ class RespConnection(asyncio.Protocol):
         self._paused = 0  # why reading is paused: bits of _SLOW_READER, _TOO_MANY
         self._quitting = False
         self._submit = served.front.submit
+        self._pubsub = served.pubsub
+        self._max_args = served.limits.max_args
+
+    @property
+    def multi(self) -> Any:
+        """The open MULTI (:class:`~kvstore.server.resp.transactions.Multi`), or None."""
+        return self._multi
+
+    @multi.setter
+    def multi(self, block: Any) -> None:
+        self._multi = block
+        self.recheck()
+
+    def recheck(self) -> None:
+        """The connection's mode changed (MULTI, subscriptions, protocol, role)."""
+        self._ordinary = self._multi is None and (self.resp3 or not (self.channels or self.patterns))
+        self._plain_puts = self._ordinary and self.role >= WRITE
+        self._plain_reads = self._ordinary and self.role >= READ
 
     # -- asyncio -------------------------------------------------------------------
 
@@ -123,6 +153,8 @@ class RespConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.served.clients.pop(self.id, None)
         self._transport = None
+        if self.channels or self.patterns:
+            self._pubsub.drop(self)
 
     def pause_writing(self) -> None:
         self._pause(_SLOW_READER)
@@ -144,18 +176,47 @@ class RespConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         reader = self._reader
+        batch, answers, max_value = self._batch, self._batch_answers, self.served.max_value
+        commands = 0
         try:
             while self._held is None and self._transport is not None and not self._quitting:
                 cmd = reader.gets()
                 if cmd is False:
                     break
+                commands += 1
+                if type(cmd) is not list:
+                    self._dispatch(cmd)
+                    continue
+                n = len(cmd)
+                # The hottest commands inline: GET key with no write of the connection before it
+                # (run_get's case that waits for nothing); SET key value (put()'s case of one plain put)
+                if (n == 2 and self._plain_reads and ((name := cmd[0]) == b"GET" or name == b"get")
+                        and type(key := cmd[1]) is bytes and not batch and not self._pending):
+                    self._out.append(bulk_or_null(self.view.get(key), self.resp3))
+                    continue
+                if (n == 3 and self._plain_puts and ((name := cmd[0]) == b"SET" or name == b"set")
+                        and type(key := cmd[1]) is bytes and type(value := cmd[2]) is bytes
+                        and 0 < len(key) <= MAX_KEY_BYTES and len(value) <= max_value):
+                    size = len(value) + 600
+                    if batch and self.db == self._batch_db and self._batch_bytes + size <= self._batch_limit:
+                        self._batch_bytes += size  # (_room's common case)
+                    else:
+                        self._room(size)
+                        batch, answers = self._batch, self._batch_answers
+                    batch.append([OP_PUT, key, value])
+                    answers.append(OK)
+                    continue
                 self._dispatch(cmd)
+                batch, answers = self._batch, self._batch_answers
         except hiredis.ProtocolError as exc:
+            self.served.commands += commands
             self._fail(f"ERR Protocol error: {exc}")
             return
         except MemoryError:
+            self.served.commands += commands
             self._fail("ERR Protocol error: a request larger than this server takes")
             return
+        self.served.commands += commands
         if self._batch:
             self._flush_batch()
         out = self._out
@@ -191,13 +252,15 @@ class RespConnection(asyncio.Protocol):
         for arg in cmd:
             if type(arg) is not bytes:
                 raise hiredis.ProtocolError(f"expected bulk strings as a command's arguments, got {_kind(arg)}")
-        self.served.commands += 1
         command = LOOKUP.get(cmd[0]) or LOOKUP.get(cmd[0].lower())
-        if command is not None and self.multi is None and command.role <= self.role:
-            n, arity = len(cmd), command.arity
-            if n == arity or (arity < 0 and n >= -arity):  # the common case, run at once
+        n = len(cmd)
+        if command is not None and self._ordinary and command.role <= self.role:
+            arity = command.arity
+            if n == arity or (arity < 0 and -arity <= n <= self._max_args):  # the common case, run at once
                 self._run(command, cmd)
                 return
+        if n > self._max_args:
+            raise hiredis.ProtocolError(f"a command of {n} arguments, over this server's limit of {self._max_args}")
         try:
             if command is None:
                 raise RespError(_unknown(cmd))
@@ -208,6 +271,11 @@ class RespConnection(asyncio.Protocol):
                     raise RespError("NOAUTH Authentication required.")
                 raise RespError(f"NOPERM this token (role {ROLE_NAMES.get(self.role, '?')}) has no permissions "
                                 f"to run the '{command.name}' command")
+            if not self._ordinary and self.multi is None and command.name not in _IN_SUBSCRIBED:
+                name = command.name + (f"|{cmd[1].decode('utf-8', 'replace').lower()}"
+                                       if command.name in _SUBCOMMANDS and len(cmd) > 1 else "")
+                raise RespError(f"ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / "
+                                f"QUIT / RESET are allowed in this context")
             if self.multi is not None and command.name not in _IN_MULTI:
                 queue(self, command.name, command.view, cmd)
                 return
@@ -262,21 +330,27 @@ class RespConnection(asyncio.Protocol):
         pipeline's writes cost one entry, one future and one apply, as a
         batch of the embedded API does; its entry is atomic. ``plain``: the
         ops are puts without expiry."""
-        size = len(ops[0][2]) + 600 if len(ops) == 1 else sum(len(op[2]) + 600 for op in ops)
-        if self._batch and (self.db != self._batch_db or self._batch_bytes + size > self._batch_limit):
-            self._flush_batch()
-        if not self._batch:
-            self._batch_db = self.db
-            self._batch_plain = True
-            self._batch_bytes = 0
+        self._room(len(ops[0][2]) + 600 if len(ops) == 1 else sum(len(op[2]) + 600 for op in ops))
         if len(ops) == 1:
             self._batch.append(ops[0])
         else:
             self._batch.extend(ops)
         self._batch_answers.append(answer)
-        self._batch_bytes += size
         if not plain:
             self._batch_plain = False
+
+    def _room(self, size: int) -> None:
+        """Make room in the batch for one command's puts of ``size`` bytes:
+        a batch of another database, or one they would take over the record
+        limit, is logged first (a command's puts are never split)."""
+        if self._batch:
+            if self.db == self._batch_db and self._batch_bytes + size <= self._batch_limit:
+                self._batch_bytes += size
+                return
+            self._flush_batch()
+        self._batch_db = self.db
+        self._batch_plain = True
+        self._batch_bytes = size
 
     def _flush_batch(self) -> None:
         """Log the batch of puts as one entry (:meth:`put`)."""
@@ -291,6 +365,9 @@ class RespConnection(asyncio.Protocol):
         except Exception as exc:  # refused at once (read-only, closed, no keyspace left): each command answers it
             self.reply(error_for(exc) * len(answers))
             return
+        feed = self._pubsub.feed
+        if feed is not None:
+            feed.track(future, ops, _BATCH_SPANS)
         self.later(future, b"".join(answers), len(answers))
 
     def answer(self, value: Any) -> None:
@@ -303,8 +380,9 @@ class RespConnection(asyncio.Protocol):
         return self._submit(payload, ops)
 
     def later(self, future: "asyncio.Future[int]", fmt: Format, commands: int = 1) -> None:
-        """Answer ``fmt`` once ``future`` (a write of ``commands`` commands)
-        is done, in order."""
+        """Answer ``fmt`` once ``future`` (a write of ``commands`` commands,
+        resolving to its LSN; 0: one command's answer that is no write, WAIT's,
+        SAVE's) is done, in order."""
         if self._batch:
             self._flush_batch()
         pending = self._pending
@@ -347,11 +425,12 @@ class RespConnection(asyncio.Protocol):
 
     def _finish(self, future: "asyncio.Future[int]", fmt: Format, commands: int) -> bytes:
         if future.cancelled():
-            return error("ERR the write was cancelled") * commands
+            return error("ERR the write was cancelled") * max(commands, 1)
         exc = future.exception()
         if exc is not None:
-            return error_for(exc) * commands
-        self.last_lsn = future.result()
+            return error_for(exc) * max(commands, 1)
+        if commands:
+            self.last_lsn = future.result()
         return fmt if type(fmt) is bytes else cast(Callable[[Any], bytes], fmt)(future)
 
     def decide(self, fn: ViewFn, cmd: list[bytes]) -> None:
@@ -362,9 +441,9 @@ class RespConnection(asyncio.Protocol):
             view = EntryView(so_far, db, served.now_us, served.max_value)
             return view.ops, fn(view, cmd)
 
-        self.decide_entry(compute)
+        self.decide_entry(compute, ((cmd, EVERY_OP),))
 
-    def decide_entry(self, compute: Compute, finish: Callable[[Any], Any] | None = None) -> None:
+    def decide_entry(self, compute: Compute, spans: Sequence[Span]) -> None:
         served = self.served
         if served.store.readonly:  # nothing is logged: run against the state now, refuse a write
             self._decide_now(compute)
@@ -382,7 +461,11 @@ class RespConnection(asyncio.Protocol):
                              "nothing was written")
             return encode(decided.result, resp3)
 
-        self.later(self.submit(_EMPTY, decided), fmt)
+        future = self.submit(_EMPTY, decided)
+        feed = self._pubsub.feed
+        if feed is not None:
+            feed.track(future, decided, spans)
+        self.later(future, fmt)
 
     def _decide_now(self, compute: Compute) -> None:
         if self.must_wait():
@@ -427,6 +510,24 @@ class RespConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def push(self, frame: bytes) -> None:
+        """A pub/sub message (:mod:`kvstore.server.resp.pubsub`): written
+        after the answers before it, never waited for; past the output
+        limit the connection is dropped."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._pending:
+            self._pending.append(frame)
+        else:
+            transport.write(frame)
+        limit = self.served.limits.max_pubsub_output_bytes
+        if transport.get_write_buffer_size() > limit:
+            self.served.output_limit_disconnections += 1
+            logger.warning("walkv RESP: client %s (%s) dropped: over %d bytes of pub/sub messages not read",
+                           self.id, self.peer, limit)
+            transport.abort()
+
     def in_flight(self) -> int:
         """Answers waiting for their writes."""
         return len(self._pending)
@@ -436,6 +537,7 @@ class RespConnection(asyncio.Protocol):
         lib = self.lib
         return (f"id={self.id} addr={self.peer} name={(self.name or b'').decode('ascii', 'replace')} "
                 f"age={int(time.time() - self.created)} db={self.db} "
+                f"sub={len(self.channels)} psub={len(self.patterns)} "
                 f"multi={-1 if self.multi is None else len(self.multi.queued)} "
                 f"resp={3 if self.resp3 else 2} role={ROLE_NAMES.get(self.role, 'none')} "
                 f"lib-name={lib.get('lib-name', b'').decode('ascii', 'replace')} "

@@ -4,8 +4,9 @@
 ``cluster`` (``cluster_enabled:0``),
 ``clients``, ``persistence`` (walkv's log: the last, durable and applied
 LSNs, the sync mode; ``aof_enabled:1`` since every acknowledged write is in
-the log), ``stats``, ``replication`` (``role:master``, or ``slave`` on a
-read-only store or replica) and ``keyspace`` as Redis prints it
+the log), ``stats``, ``replication`` (``role:master`` with a ``slaveN`` line
+per synchronous replica of this epoch, its durable LSN as the offset, or
+``slave`` on a read-only store or replica) and ``keyspace`` as Redis prints it
 (``db0:keys=N,expires=M,avg_ttl=0``, a line per database that holds keys).
 """
 
@@ -15,6 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from typing import Final
+from urllib.parse import urlsplit
 
 from kvstore.server.resp.keyview import DATABASES, keyspace_of
 from kvstore.server.resp.served import Served
@@ -54,13 +56,24 @@ def _persistence(served: Served) -> list[str]:
 def _stats(served: Served) -> list[str]:
     return [f"total_connections_received:{served.connections_received}",
             f"total_commands_processed:{served.commands}",
-            f"rejected_connections:{served.connections_rejected}"]
+            f"rejected_connections:{served.connections_rejected}",
+            f"pubsub_channels:{len(served.pubsub.channels)}", f"pubsub_patterns:{len(served.pubsub.patterns)}",
+            f"client_output_buffer_limit_disconnections:{served.output_limit_disconnections}"]
 
 
 def _replication(served: Served) -> list[str]:
-    if served.store.readonly:
+    store = served.store
+    if store.readonly:
         return ["role:slave", "master_link_status:up", "slave_read_only:1", "connected_slaves:0"]
-    return ["role:master", "connected_slaves:0"]
+    replicas = store.replicas
+    positions = [] if replicas is None else [
+        p for p in replicas.positions(store.last_lsn) if p["epoch"] == replicas.epoch]
+    lines = ["role:master", f"connected_slaves:{len(positions)}"]
+    for n, p in enumerate(positions):
+        where = urlsplit(str(p["name"]))
+        lines.append(f"slave{n}:ip={where.hostname},port={where.port},state=online,offset={p['durable_lsn']},"
+                     f"lag={int(float(str(p['seen_seconds_ago'])))}")
+    return [*lines, f"master_repl_offset:{store.last_lsn}"]
 
 
 def _keyspace(served: Served) -> list[str]:

@@ -56,6 +56,13 @@ NULL2: Final = b"$-1\r\n"
 NULL3: Final = b"_\r\n"
 
 
+def bulk_or_null(value: bytes | None, resp3: bool) -> bytes:
+    """A bulk string, or the null of the protocol (GET's answer)."""
+    if value is None:
+        return NULL3 if resp3 else NULL2
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
 def line(text: str) -> str:
     """``text`` as one line of a simple string or an error."""
     return text.replace("\r", " ").replace("\n", " ")

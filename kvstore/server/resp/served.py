@@ -1,6 +1,6 @@
 """What every connection of the RESP face shares: the served store and its
 asyncio front, the tokens, the limits, the SCAN cursors, the open
-connections and the counters INFO shows."""
+connections, their subscriptions and the counters INFO shows."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from kvstore.server.auth import ADMIN, OPEN, Tokens
 from kvstore.server.resp.keyview import DATABASES, StateView, keyspace_of
 from kvstore.server.resp.limits import RespLimits
+from kvstore.server.resp.pubsub import PubSub
 from kvstore.server.resp.replies import RespError
 from kvstore.store.aio import AsyncKVStore
 from kvstore.store.store import KVStore
@@ -26,6 +27,9 @@ class Client(Protocol):
     db: int
     created: float
     peer: str
+
+    channels: dict[bytes, None]
+    patterns: dict[bytes, None]
 
     def describe(self) -> str: ...
     def in_flight(self) -> int: ...
@@ -57,6 +61,16 @@ class Served:
         self.stopping = False
         self._views: dict[int, StateView] = {}
         self.cursors = ScanCursors(limits.max_cursors)
+        self.pubsub = PubSub(self.store, self._notifications_failed)
+        self.output_limit_disconnections = 0
+
+    def _notifications_failed(self, exc: BaseException) -> None:
+        """The keyspace feed ended (the store closed, its history forked):
+        its subscribers are disconnected, as a Redis client is when its
+        server goes, rather than left waiting for messages that cannot come."""
+        for client in list(self.clients.values()):
+            if client.channels or client.patterns:
+                client.close()
 
     def next_id(self) -> int:
         return next(self._ids)

@@ -65,7 +65,8 @@ class RespServer:
         self.close()
 
     def close(self) -> None:
-        """Stop accepting and close every connection now."""
+        """Stop accepting, stop the keyspace feed and close every connection now."""
         self.stop_accepting()
+        self.served.pubsub.close()
         for client in list(self.served.clients.values()):
             client.close()

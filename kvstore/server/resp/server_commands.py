@@ -1,5 +1,6 @@
 """The server's commands: INFO, CONFIG GET (what redis-benchmark and
-redis-cli ask), CONFIG RESETSTAT, LASTSAVE, SAVE, BGSAVE (a walkv snapshot),
+redis-cli ask), CONFIG SET notify-keyspace-events (the one setting of the
+face itself; the store's are ``walkv serve`` options), CONFIG RESETSTAT, LASTSAVE, SAVE, BGSAVE (a walkv snapshot),
 TIME, WAIT.
 
 WAIT answers after the connection's writes before it are durable, with the
@@ -17,6 +18,7 @@ from kvstore.server.resp.args import as_int, text
 from kvstore.server.resp.glob import compile_glob
 from kvstore.server.resp.info import info_text
 from kvstore.server.resp.keyview import DATABASES
+from kvstore.server.resp.notify import format_flags, parse_flags
 from kvstore.server.resp.replication import replicas_holding, wait_for_replicas
 from kvstore.server.resp.replies import OK, RespError
 from kvstore.server.resp.session import Session
@@ -38,7 +40,10 @@ def _config(s: Session) -> dict[str, str]:
     return {"save": "", "appendonly": "yes", "appendfsync": _APPENDFSYNC.get(sync, sync),
             "databases": str(DATABASES), "maxclients": str(served.limits.max_connections), "maxmemory": "0",
             "proto-max-bulk-len": str(served.max_value), "timeout": "0", "dir": store.path,
-            "replica-read-only": "yes", "slave-read-only": "yes", "cluster-enabled": "no"}
+            "replica-read-only": "yes", "slave-read-only": "yes", "cluster-enabled": "no",
+            "notify-keyspace-events": format_flags(served.pubsub.flags),
+            "client-output-buffer-limit": f"normal 0 0 0 slave 0 0 0 pubsub {served.limits.max_pubsub_output_bytes} "
+                                          f"{served.limits.max_pubsub_output_bytes} 0"}
 
 
 def config(s: Session, cmd: list[bytes]) -> None:
@@ -50,8 +55,12 @@ def config(s: Session, cmd: list[bytes]) -> None:
     elif sub == "RESETSTAT" and len(cmd) == 2:
         s.served.commands = s.served.connections_received = s.served.connections_rejected = 0
         s.reply(OK)
+    elif sub == "SET" and len(cmd) == 4 and cmd[2].lower() == b"notify-keyspace-events":
+        s.served.pubsub.flags = parse_flags(cmd[3].decode("utf-8", "replace"))
+        s.reply(OK)
     elif sub == "SET":
-        raise RespError("ERR CONFIG SET is not supported by walkv: its settings are `walkv serve` options")
+        raise RespError("ERR CONFIG SET is not supported by walkv but for notify-keyspace-events: the store's "
+                        "settings are `walkv serve` options")
     elif sub in ("GET", "RESETSTAT"):
         raise RespError(f"ERR wrong number of arguments for 'config|{sub.lower()}' command")
     else:
@@ -71,7 +80,7 @@ def save(s: Session, cmd: list[bytes]) -> None:
     if text(cmd[0]) == "BGSAVE":
         s.reply(b"+Background saving started\r\n")
     else:
-        s.later(done, OK)
+        s.later(done, OK, 0)
 
 
 def time_(s: Session, cmd: list[bytes]) -> None:
@@ -91,4 +100,4 @@ def wait(s: Session, cmd: list[bytes]) -> None:
         s.answer(replicas_holding(store, s.last_lsn))
         return
     held = asyncio.ensure_future(wait_for_replicas(store, s.last_lsn, wanted, timeout_ms / 1000 or None))
-    s.later(held, lambda done: b":%d\r\n" % done.result())
+    s.later(held, lambda done: b":%d\r\n" % done.result(), 0)  # (its result is a count, not an LSN)

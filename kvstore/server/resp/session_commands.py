@@ -1,4 +1,4 @@
-"""The connection's own commands: PING, ECHO, HELLO, AUTH, SELECT, QUIT,
+"""The connection's own commands: PING (in RESP2's subscribed mode too), ECHO, HELLO, AUTH, SELECT, QUIT,
 RESET, CLIENT (ID, SETNAME, GETNAME, INFO, LIST, SETINFO).
 
 Authentication: with a tokens file (:class:`kvstore.server.auth.Tokens`, the
@@ -33,6 +33,16 @@ def ping(v: KeyView, cmd: list[bytes]) -> Any:
     return Simple("PONG") if len(cmd) == 1 else cmd[1]
 
 
+def run_ping(s: Session, cmd: list[bytes]) -> None:
+    """PING [message]; in RESP2's subscribed mode ``["pong", message]``, as Redis answers."""
+    if (s.channels or s.patterns) and not s.resp3:
+        if len(cmd) > 2:
+            raise RespError("ERR wrong number of arguments for 'ping' command")
+        s.answer([b"pong", cmd[1] if len(cmd) == 2 else b""])
+    else:
+        s.answer(ping(s.view, cmd))
+
+
 def echo(v: KeyView, cmd: list[bytes]) -> Any:
     return cmd[1]
 
@@ -46,6 +56,7 @@ def _login(s: Session, username: bytes, token: bytes) -> None:
     if username != b"default" or role is None:
         raise RespError(WRONGPASS)
     s.role = role
+    s.recheck()
 
 
 def auth(s: Session, cmd: list[bytes]) -> None:
@@ -87,6 +98,7 @@ def hello(s: Session, cmd: list[bytes]) -> None:
     if name is not None:
         s.name = name or None
     s.resp3 = proto == 3
+    s.recheck()
     s.answer({b"server": b"redis", b"version": REDIS_VERSION.encode(), b"proto": proto, b"id": s.id,
               b"mode": b"standalone", b"role": b"replica" if s.served.store.readonly else b"master",
               b"modules": []})
@@ -106,9 +118,11 @@ def reset(s: Session, cmd: list[bytes]) -> None:
     s.multi = None
     s.unwatch()
     s.select(0)
+    s.served.pubsub.drop(s)
     s.resp3 = False
     s.name = None
     s.role = s.served.open_role
+    s.recheck()
     s.reply(b"+RESET\r\n")
 
 

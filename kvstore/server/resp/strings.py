@@ -25,7 +25,7 @@ from kvstore.entry.codec import MAX_KEY_BYTES, OP_PUT, OP_PUT_EXPIRING
 from kvstore.server.resp import floats
 from kvstore.server.resp.args import I64_MAX, I64_MIN, SYNTAX, as_float, as_int, text
 from kvstore.server.resp.keyview import KeyView, walkv_key
-from kvstore.server.resp.replies import OK, RespError, Simple
+from kvstore.server.resp.replies import OK, RespError, Simple, bulk_or_null
 from kvstore.server.resp.session import Session
 
 OKAY: Final = Simple("OK")
@@ -39,8 +39,7 @@ def run_get(s: Session, cmd: list[bytes]) -> None:
     """GET key: the hot read (no view function call, no encoder)."""
     if s.must_wait():
         return
-    value = s.view.get(cmd[1])
-    s.reply(b"$%d\r\n%b\r\n" % (len(value), value) if value is not None else (b"_\r\n" if s.resp3 else b"$-1\r\n"))
+    s.reply(bulk_or_null(s.view.get(cmd[1]), s.resp3))
 
 
 def get(v: KeyView, cmd: list[bytes]) -> Any:

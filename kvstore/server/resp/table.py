@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from typing import Final
 
 from kvstore.server.auth import ADMIN, OPEN, READ, WRITE
-from kvstore.server.resp import expiry, keys, server_commands, session_commands, strings, transactions
+from kvstore.server.resp import (
+    expiry,
+    keys,
+    pubsub_commands,
+    server_commands,
+    session_commands,
+    strings,
+    transactions,
+)
 from kvstore.server.resp.args import text
 from kvstore.server.resp.replies import RespError, Simple
 from kvstore.server.resp.session import Session, ViewFn
@@ -136,7 +144,7 @@ _TABLE: list[Command] = [
     Command("watch", transactions.watch, READ, -2, None, ("fast",), KALL),
     Command("unwatch", transactions.unwatch, READ, 1, None, ("fast",)),
     # the connection
-    Command("ping", now(session_commands.ping), READ, -1, session_commands.ping, ("fast",)),
+    Command("ping", session_commands.run_ping, READ, -1, session_commands.ping, ("fast",)),
     Command("echo", now(session_commands.echo), READ, 2, session_commands.echo, ("fast",)),
     Command("auth", session_commands.auth, OPEN, -2, None, ("noscript", "loading", "stale", "fast")),
     Command("hello", session_commands.hello, OPEN, -1, None, ("noscript", "loading", "stale", "fast")),
@@ -152,6 +160,14 @@ _TABLE: list[Command] = [
     Command("bgsave", server_commands.save, ADMIN, -1, None),
     Command("time", server_commands.time_, READ, 1, None, ("fast",)),
     Command("wait", server_commands.wait, READ, 3, None),
+    # pub/sub
+    Command("subscribe", pubsub_commands.subscribe, READ, -2, None, ("pubsub", "noscript", "loading", "stale")),
+    Command("psubscribe", pubsub_commands.psubscribe, READ, -2, None, ("pubsub", "noscript", "loading", "stale")),
+    Command("unsubscribe", pubsub_commands.unsubscribe, READ, -1, None, ("pubsub", "noscript", "loading", "stale")),
+    Command("punsubscribe", pubsub_commands.punsubscribe, READ, -1, None,
+            ("pubsub", "noscript", "loading", "stale")),
+    Command("publish", pubsub_commands.publish, WRITE, 3, None, ("pubsub", "loading", "stale", "fast")),
+    Command("pubsub", pubsub_commands.pubsub, READ, -2, None, ("pubsub", "loading", "stale")),
 ]
 
 

@@ -34,6 +34,7 @@ from typing import Any, Final, NamedTuple
 
 from kvstore.entry.conditions import GroupSoFar
 from kvstore.server.resp.keyview import DATABASES, EntryView, holdable, keyspace_of
+from kvstore.server.resp.notify import Span
 from kvstore.server.resp.replies import NULL_ARRAY, OK, RespError, Simple
 from kvstore.server.resp.session import Session, ViewFn
 
@@ -162,6 +163,7 @@ def exec_(s: Session, cmd: list[bytes]) -> None:
         s.answer([])
         return
     db, queued, served = s.db, block.queued, s.served
+    spans: list[Span] = []  # the ops each command made, for keyspace notifications
 
     def compute(so_far: GroupSoFar) -> tuple[list, Any]:
         for (wdb, key), value in watched.items():
@@ -176,7 +178,8 @@ def exec_(s: Session, cmd: list[bytes]) -> None:
                 answers.append(exc)
             except (ValueError, TypeError) as exc:
                 answers.append(RespError(f"ERR {exc}"))
+            spans.append((q.cmd, len(view.ops)))
         return view.ops, answers
 
     s.select(block.db)
-    s.decide_entry(compute)
+    s.decide_entry(compute, spans)
