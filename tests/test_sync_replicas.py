@@ -43,6 +43,47 @@ def test_a_write_waits_for_its_replica_and_is_visible_only_after(tmp_path):
         assert db.stats()["sync_replicas"]["replicas"][0]["durable_lsn"] == 1
 
 
+def test_one_replication_round_trip_serves_a_whole_group(tmp_path):
+    """Writers that arrive while a group waits for its replica form the next
+    group, which waits once for all of them: a wait per group, not per write."""
+    writers = 32
+    with kvstore.open(tmp_path / "s", sync_replicas=1, sync_timeout=30) as db:
+        reps = db.replicas
+        assert reps is not None
+        groups_before = db.stats()["log"]["groups"]
+        started = threading.Semaphore(0)
+        release = threading.Event()
+
+        def replica() -> None:  # reports what is durable, once the writers queued behind the first group
+            reported = 0
+            while reported < writers:
+                lsn = db.durable_lsn
+                if lsn > reported and release.is_set():
+                    reps.report("r1", lsn, reps.epoch)
+                    reported = lsn
+                time.sleep(0.001)
+
+        def writer(i: int) -> None:
+            started.release()
+            db.put(b"k%02d" % i, b"v")
+
+        threads = [threading.Thread(target=replica)] + [threading.Thread(target=writer, args=(i,))
+                                                          for i in range(writers)]
+        for t in threads:
+            t.start()
+        for _ in range(writers):
+            started.acquire()
+        while db.durable_lsn < 1:  # the first group is durable and waits for its replica
+            time.sleep(0.001)
+        time.sleep(0.2)             # the other writers queue behind it meanwhile
+        release.set()
+        for t in threads:
+            t.join()
+        groups = db.stats()["log"]["groups"] - groups_before
+        assert db.last_lsn == writers and len(dict(db.scan())) == writers
+        assert reps.waits == groups and groups < writers, (reps.waits, groups)
+
+
 def test_a_report_of_another_epoch_counts_for_nothing(tmp_path):
     with kvstore.open(tmp_path / "s", sync_replicas=1, sync_timeout=0.3) as db:
         assert db.replicas is not None
