@@ -194,8 +194,7 @@ def run(fault: str, etcd: Etcd, directory: str, *, rounds: int | None = None, se
                 workload.wait_progress()
                 n += 1
         assert not workload.crashes, workload.crashes
-        leader, _ = cluster.wait_followed()
-        found = workload.final_reads(leader)
+        leader, found = workload.final_reads()
         codes = cluster.stop()
         logs = [read_log(node.name, os.path.join(node.store, "wal")) for node in cluster.nodes]
         result = verdict(logs, leader.name, workload.writes, workload.history.ops(), found)
@@ -288,9 +287,10 @@ def print_table(rows: list[dict]) -> None:
     with open(TABLE_PATH, "w") as f:
         json.dump({"lease_seconds": LEASE_SECONDS, "sync_replicas": SYNC_REPLICAS, "rows": rows}, f, indent=1)
     head = ("fault", "rounds", "acknowledged", "lost", "unknown", "failover p50 s", "failover p99 s", "reads",
-            "history ops", "checker ms", "ok")
+            "registers", "history ops", "of them unknown", "max ops/register", "configurations", "checker ms", "ok")
     body = [(r["fault"], r["rounds"], r["acknowledged"], r["lost"], r["unknown"], r["failover_p50_s"],
-             r["failover_p99_s"], r["reads_checked"], r["history_ops"], r["checker_ms"], r["ok"]) for r in rows]
+             r["failover_p99_s"], r["reads_checked"], r["registers"], r["history_ops"], r["history_unknown"],
+             r["register_max_ops"], r["configurations"], r["checker_ms"], r["ok"]) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     print(f"\ncluster faults (3 nodes, --sync-replicas {SYNC_REPLICAS}, --lease-seconds {LEASE_SECONDS:g}; "
           f"{TABLE_PATH}):")
