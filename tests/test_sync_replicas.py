@@ -190,3 +190,31 @@ def test_discard_after_refuses_when_nothing_would_be_left_to_rebuild_from(tmp_pa
         with pytest.raises(SnapshotError, match="leader's snapshot"):
             db.discard_after(12, (TimelineStart(1, 1), t5, TimelineStart(6, 13, 99)))
         assert db.last_lsn == 15 and db.history[-1] == t5 and [s.lsn for s in db.list_snapshots()] == [15]
+
+
+def test_a_timeline_begun_and_never_written_on_gives_way_to_the_leaders_line(tmp_path):
+    """A node won epoch 9 at LSN 10 and was killed before its first write;
+    the next leader went on on timeline 1 (LSN 11, unacknowledged once, now
+    its line) and began timeline 10 at LSN 12. Nothing to discard: the store
+    takes the leader's line, across a reopen, and copies LSNs 11 and 12."""
+    from wal.segment import Entry
+
+    path = tmp_path / "s"
+    with kvstore.open(path) as db:
+        for i in range(10):
+            db.put(b"k%d" % i, b"v")
+        entries = list(db._log.read_entries())
+        db.start_timeline(9)
+    leader = (TimelineStart(1, 1), TimelineStart(10, 12, 77))
+    with kvstore.open(path) as db:
+        assert db.history[-1].timeline == 9 and db.last_lsn == 10
+        assert db.discard_after(10, leader) == 0
+        assert db.history == (TimelineStart(1, 1),)
+    with kvstore.open(path) as db:  # durable: the empty timeline is gone for good
+        assert db.history == (TimelineStart(1, 1),) and db.discard_after(10, leader) == 0
+        db.refuse_writes(NotLeaderError("not the leader", leader="http://x", epoch=10))
+        last = entries[-1]
+        db.append_replicated([Entry(11, last.timestamp_us, last.payload)])
+        db.start_timeline(timeline=leader[1])
+        db.append_replicated([Entry(12, last.timestamp_us, last.payload)])
+        assert db.history == leader and db.last_lsn == 12
