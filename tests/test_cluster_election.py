@@ -56,3 +56,42 @@ def test_a_leader_that_hears_nothing_stops_by_its_own_clock_before_its_lease_end
             await client.close()
 
     asyncio.run(go())
+
+
+def test_a_leader_whose_fence_refused_a_write_lets_its_key_go_and_an_election_follows(etcd, tmp_path):
+    """Its lease lapsed by its own clock (a loaded machine) while etcd still
+    held its key, and its renewal then succeeded: the write it was making
+    was refused, its store reopened as a replica's. It must not keep the
+    leader key while refusing every write (the cluster stood still, found by
+    benchmarks/cluster.py at load 10): it resigns, and leads again on a new
+    epoch once the election picks it."""
+    from kvstore.cluster.node import ClusterNode
+    from wal.errors import FencedError
+
+    async def go() -> None:
+        node = ClusterNode(str(tmp_path / "n"), cluster=f"fence-{uuid.uuid4().hex[:8]}",
+                           coordinator=etcd.coordinator(), advertise="http://127.0.0.1:1", lease_seconds=1)
+        try:
+            await node.open()
+            await _until(lambda: node.role == "leader")
+            epoch = node.elector.epoch
+            valid_until = node.elector.lease_valid_until
+            node.elector.lease_valid_until = 0.0   # the lease lapsed by its clock, before the renewal came
+            with pytest.raises(FencedError):
+                node._fence(1)
+            node.elector.lease_valid_until = valid_until
+            await _until(node.reopen.is_set)
+            await node.close_store()               # what walkv serve does then
+            await node.open()
+            await _until(lambda: node.role == "leader" and node.elector.epoch > epoch)
+        finally:
+            await node.close()
+
+    asyncio.run(go())
+
+
+async def _until(check, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)

@@ -98,7 +98,11 @@ class ClusterNode:
         self.reopen.clear()
         self.role = "replica"
         leader = self.elector.leader  # now: it may have changed while the store opened (no one was told then)
-        if leader is not None and leader.url != self.me:
+        if leader is not None and leader.url == self.me:
+            # it led until this reopen (its fence refused a write, its log failed) and the key is still its
+            # own: let it go, so that an election follows (it may win again, on a new timeline)
+            await self.elector.resign()
+        elif leader is not None:
             self.follower.follow(leader.url, leader.epoch)
         if self._elector_task is None:
             self._elector_task = asyncio.create_task(self.elector.run(), name="walkv-elector")
