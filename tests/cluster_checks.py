@@ -284,5 +284,8 @@ def verdict(logs: list[NodeLog], leader: str, writes: list[Write], ops: list[Op]
              "refused": sum(w.status == FAIL for w in writes) + sum(op.status == FAIL and op.kind != READ
                                                                     for op in ops),
              "reads_checked": checked, "history_ops": result.ops, "checker_ms": round(result.seconds * 1000, 1),
+             "registers": len(result.keys), "register_max_ops": max((k.ops for k in result.keys.values()), default=0),
+             "history_unknown": sum(op.status not in (OK, FAIL) for op in ops),
+             "configurations": sum(k.configurations for k in result.keys.values()),
              "first_lsn": states.first, "last_lsn": states.last}
     return Verdict(problems, stats, result)

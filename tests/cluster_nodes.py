@@ -239,11 +239,12 @@ class Cluster:
     def wait_followed(self, timeout: float = 60.0) -> tuple[Node, int]:
         """Until every running node follows one leader, has applied what the
         leader had made durable when the wait began (each replica caught up
-        once), and is among the leader's members."""
-        leader, epoch = self.wait_for_leader(timeout=timeout)
-        status = leader.status() or {}
-        target = int(status.get("durable_lsn", 0))
+        once), and is among the leader's members. A newer leader elected
+        meanwhile (a lease lost on a loaded machine is a failover like any
+        other) is waited for in its place."""
         deadline = time.monotonic() + timeout
+        leader, epoch = self.wait_for_leader(timeout=timeout)
+        target = int((leader.status() or {}).get("durable_lsn", 0))
         while time.monotonic() < deadline:
             running = [n for n in self.nodes if n.alive() and not n.paused]
             answers = {n.advertise: n.status() for n in running}
@@ -252,6 +253,13 @@ class Cluster:
                    and int(s.get("applied_lsn", 0)) >= target for s in answers.values()) \
                     and members | {leader.advertise} >= set(answers):
                 return leader, epoch
+            newer = [s for s in answers.values() if s is not None and s.get("role") == "leader"
+                     and int(s.get("epoch", 0)) > epoch]
+            if newer:
+                found = self.node(max(newer, key=lambda s: int(s.get("epoch", 0))).get("node"))
+                if found is not None:
+                    leader, epoch = found, max(int(s.get("epoch", 0)) for s in newer)
+                    target = int((leader.status() or {}).get("durable_lsn", 0))
             time.sleep(POLL)
         raise AssertionError(f"not every node follows {leader.name} (epoch {epoch}) up to LSN {target} "
                              f"within {timeout:.0f} s: {self.statuses()}\n{self.logs()}")

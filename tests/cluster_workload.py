@@ -365,13 +365,27 @@ class Workload:
 
     # -- after the faults ----------------------------------------------------------------------------
 
-    def final_reads(self, leader: Node) -> dict[bytes, bytes]:
+    def final_reads(self, timeout: float = 120.0) -> tuple[Node, dict[bytes, bytes]]:
         """Once every client stopped: the registers read on the leader (added
-        to the history, after everything) and every bulk key with its value."""
+        to the history, after everything) and every bulk key with its value;
+        the leader they were read on. A read the leader refuses (its lease
+        lapsed on a loaded machine: an election) is made again on whoever
+        leads next."""
+        deadline = time.monotonic() + timeout
+        while True:
+            leader, _ = self.cluster.wait_followed()
+            try:
+                return leader, self._final_reads(leader)
+            except _Refused as exc:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the final reads failed for {timeout:.0f} s: {exc}") from None
+
+    def _final_reads(self, leader: Node) -> dict[bytes, bytes]:
         with httpx.Client(timeout=30) as http:
             for key in REGISTERS:
                 op = self._read(http, leader, "final", key)
-                assert op.status == OK, f"the final read of {key!r} on {leader.name} failed"
+                if op.status != OK:
+                    raise _Refused(f"the final read of {key!r} on {leader.name}: {op.status}")
             found: dict[bytes, bytes] = {}
             after = None
             while True:
@@ -379,12 +393,17 @@ class Workload:
                 if after is not None:
                     params["after"] = after
                 page = http.get(leader.direct + "/v1/scan", params=params)
-                assert page.status_code == 200, f"scan on {leader.name}: {page.status_code} {page.text}"
+                if page.status_code != 200:
+                    raise _Refused(f"scan on {leader.name}: {page.status_code} {page.text[:200]}")
                 body = page.json()
                 found.update((base64.b64decode(k), base64.b64decode(v)) for k, v in body["items"])
                 after = body.get("after")
                 if after is None:
                     return found
+
+
+class _Refused(Exception):
+    """A final read the leader did not answer (Workload.final_reads)."""
 
 
 def _error(resp: httpx.Response) -> dict[str, Any]:

@@ -9,21 +9,31 @@ point fails here with its own name:
 * a leader's write answers carry ``Walkv-Epoch`` and ``Walkv-Node``;
 * reads on any node answer with ``Walkv-Lsn``, and ``min_lsn`` gives
   read-your-writes on a replica;
-* ``kvstore.connect([urls])`` finds the leader, writes through it, reads;
-  ``kvstore.OutcomeUnknownError`` is a public name;
+* ``kvstore.connect([urls])`` and ``kvstore.connect_async([urls])`` find
+  the leader, write through it, read; ``kvstore.OutcomeUnknownError`` is a
+  public name;
+* the leader's ``stats()``, ``/metrics`` and ``walkv stats URL`` show each
+  synchronous replica's durable LSN and lag;
+* a write sent to a leader that stops answering (SIGSTOP) has an unknown
+  outcome: a compare-and-set raises ``OutcomeUnknownError`` and is never sent
+  again, a put is sent again and lands on the next leader;
 * the segments a leader writes name its epoch as their timeline;
 * a replica restarted with the same command rejoins and catches up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import os
+import threading
 import uuid
 
 import httpx
 import pytest
 
+from kvstore.cli.main import main
 from tests.cluster_checks import read_log
 from tests.cluster_etcd import Etcd, etcd_missing
 from tests.cluster_nodes import Cluster
@@ -111,6 +121,84 @@ def test_the_client_follows_the_leader(cluster):
         assert db.get(b"contract-client", min_lsn=lsn) in (b"v", b"w")  # any node: maybe before the cas
         lsn = db.put(b"contract-client", b"z")
         assert db.get(b"contract-client", min_lsn=lsn) == b"z"
+
+
+def test_the_async_client_follows_the_leader(cluster):
+    import kvstore
+
+    cluster.wait_followed()
+
+    async def go() -> None:
+        async with kvstore.connect_async([n.advertise for n in reversed(cluster.nodes)]) as db:
+            lsn = await db.put(b"contract-async", b"a")
+            assert await db.compare_and_set(b"contract-async", b"a", b"b")
+            assert not await db.compare_and_set(b"contract-async", b"a", b"c")
+            assert await db.get(b"contract-async", min_lsn=lsn + 1) == b"b"
+
+    asyncio.run(go())
+
+
+def test_the_leader_shows_each_replica_s_durable_lsn_and_lag(cluster, http, capsys):
+    leader, epoch = cluster.wait_followed()
+    lsn = http.put(leader.direct + "/v1/kv/contract-stats", content=b"s").json()["lsn"]
+    replicas = sorted(n.advertise for n in cluster.replicas(leader))
+    stats = http.get(leader.direct + "/v1/stats").json()["sync_replicas"]
+    assert stats["required"] == 1 and stats["epoch"] == epoch
+    assert sorted(r["name"] for r in stats["replicas"]) == replicas, stats
+    assert any(r["durable_lsn"] >= lsn for r in stats["replicas"]), stats  # the one that confirmed the put
+    assert all(r["lag_lsns"] >= 0 and r["epoch"] == epoch for r in stats["replicas"]), stats
+    metrics = http.get(leader.direct + "/metrics").text
+    for url in replicas:
+        for name in ("walkv_sync_replica_durable_lsn", "walkv_sync_replica_lag_lsns"):
+            assert any(line.startswith(name + "{") and f'replica="{url}"' in line for line in metrics.splitlines()), \
+                (name, url, metrics)
+    assert main(["stats", leader.direct, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["sync_replicas"]["replicas"]
+    assert sorted(r["name"] for r in shown) == replicas
+    assert main(["stats", leader.direct]) == 0
+    table = capsys.readouterr().out
+    assert all(url in table for url in replicas) and "durable LSN" in table and "behind" in table, table
+
+
+def test_an_unknown_outcome_is_sent_again_only_when_idempotent(cluster):
+    """The leader is stopped (SIGSTOP) with both writes on their way to it:
+    the connection takes them and nothing answers. The compare-and-set
+    raises OutcomeUnknownError (sent again, it would have succeeded on the
+    next leader); the put is sent again until a new leader acknowledges it."""
+    import kvstore
+
+    leader, epoch = cluster.wait_followed()
+    urls = [n.advertise for n in cluster.nodes]
+    outcome: dict[str, object] = {}
+    with kvstore.connect(urls, timeout=0.5) as cas_db, kvstore.connect(urls, timeout=0.5) as put_db:
+        for db in (cas_db, put_db):  # each knows the leader, and holds a connection to it
+            db.put(b"contract-unknown-warm", b"w")
+
+        def cas() -> None:
+            try:
+                outcome["cas"] = cas_db.compare_and_set(b"contract-unknown-cas", None, b"once")
+            except kvstore.OutcomeUnknownError as exc:
+                outcome["cas"] = exc
+
+        def put() -> None:
+            outcome["put"] = put_db.put(b"contract-unknown-put", b"landed")
+
+        leader.pause()
+        try:
+            threads = [threading.Thread(target=cas), threading.Thread(target=put)]
+            for t in threads:
+                t.start()
+            threads[0].join(30)
+            new_leader, _ = cluster.wait_for_leader(newer_than=epoch, among=cluster.replicas(leader))
+            threads[1].join(60)
+        finally:
+            leader.resume()
+    assert isinstance(outcome.get("cas"), kvstore.OutcomeUnknownError), outcome
+    put_lsn = outcome.get("put")
+    assert isinstance(put_lsn, int), outcome
+    with kvstore.connect([new_leader.advertise]) as db:
+        assert db.get(b"contract-unknown-put", min_lsn=put_lsn) == b"landed"
+    cluster.wait_followed()
 
 
 def test_a_restarted_replica_rejoins_and_catches_up(cluster, http):

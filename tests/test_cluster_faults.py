@@ -16,6 +16,11 @@ cluster and a real etcd on loopback, clients writing and reading all along
   follow, the leader killed, the replica that takes over killed once it
   acknowledged writes, its old directory put back and started again.
 
+With ``--sync-replicas 0`` nothing but the lease fences a deposed leader:
+``test_a_leader_with_no_sync_replicas_cut_off_past_its_lease_acknowledges_nothing``
+cuts the leader off from etcd and the other nodes, sends writes straight to
+it once its lease ran out, and holds that none is acknowledged.
+
 After the faults every node is stopped and the checks of
 tests/cluster_checks.py run on their logs and on what the clients saw: 0
 acknowledged writes lost, one node acknowledging per epoch, no
@@ -38,6 +43,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+import httpx
 import pytest
 
 from tests.cluster_checks import read_log, verdict
@@ -188,8 +194,7 @@ def run(fault: str, etcd: Etcd, directory: str, *, rounds: int | None = None, se
                 workload.wait_progress()
                 n += 1
         assert not workload.crashes, workload.crashes
-        leader, _ = cluster.wait_followed()
-        found = workload.final_reads(leader)
+        leader, found = workload.final_reads()
         codes = cluster.stop()
         logs = [read_log(node.name, os.path.join(node.store, "wal")) for node in cluster.nodes]
         result = verdict(logs, leader.name, workload.writes, workload.history.ops(), found)
@@ -228,6 +233,51 @@ def test_fault_soak(fault: str, etcd: Etcd, tmp_path, soak_seconds: float) -> No
     run(fault, etcd, str(tmp_path), seconds=soak_seconds)
 
 
+def test_a_leader_with_no_sync_replicas_cut_off_past_its_lease_acknowledges_nothing(etcd: Etcd, tmp_path) -> None:
+    """K = 0: no replica refuses a deposed leader's writes, so its lease (by
+    its own monotonic clock, less a margin) is the fence. The leader is cut
+    off from etcd and the other nodes, its links stalling: it cannot renew,
+    and hears nothing that would make it step down until its request to etcd
+    times out. Writes sent straight to it once its lease ran out (by then a
+    new leader may be elected) are refused or fail, never 2xx, and no node
+    serves them afterwards. (The lease clock itself, without etcd's answers:
+    tests/test_cluster_election.py.)"""
+    with Cluster(str(tmp_path), etcd, name=f"t-k0-{uuid.uuid4().hex[:8]}", sync_replicas=0,
+                 lease_seconds=LEASE_SECONDS) as cluster:
+        cluster.start()
+        leader, epoch = cluster.wait_followed()
+        with httpx.Client(timeout=30) as http:
+            assert http.put(leader.direct + "/v1/kv/k0-before", content=b"b").status_code == 200
+            cluster.network.isolate(leader.name, STALL)
+            try:
+                time.sleep(LEASE_SECONDS * 1.2)  # past the lease it last renewed, which was before the cut
+                answers = []
+                for i in range(4):
+                    try:
+                        resp = http.put(leader.direct + f"/v1/kv/k0-probe-{i}", content=b"p")
+                        answers.append(f"{resp.status_code} {resp.text[:200]}")
+                    except httpx.HTTPError as exc:
+                        answers.append(f"no answer: {type(exc).__name__}")
+                cluster.wait_for_leader(newer_than=epoch, among=cluster.replicas(leader))
+            finally:
+                cluster.network.heal()
+            assert not any(a.startswith("2") for a in answers), answers
+            cluster.wait_followed()
+            for node in cluster.nodes:
+                for i in range(4):  # never acknowledged, never served (a node opening its store again answers 503)
+                    assert _answer(http, node.direct + f"/v1/kv/k0-probe-{i}") == 404, (node.name, i)
+
+
+def _answer(http: httpx.Client, url: str, timeout: float = 30.0) -> int:
+    """The status of a GET of ``url`` once the node answers it (not 503)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = http.get(url).status_code
+        if status != 503 or time.monotonic() > deadline:
+            return status
+        time.sleep(0.05)
+
+
 # -- the table ------------------------------------------------------------------------------------
 
 
@@ -237,9 +287,10 @@ def print_table(rows: list[dict]) -> None:
     with open(TABLE_PATH, "w") as f:
         json.dump({"lease_seconds": LEASE_SECONDS, "sync_replicas": SYNC_REPLICAS, "rows": rows}, f, indent=1)
     head = ("fault", "rounds", "acknowledged", "lost", "unknown", "failover p50 s", "failover p99 s", "reads",
-            "history ops", "checker ms", "ok")
+            "registers", "history ops", "of them unknown", "max ops/register", "configurations", "checker ms", "ok")
     body = [(r["fault"], r["rounds"], r["acknowledged"], r["lost"], r["unknown"], r["failover_p50_s"],
-             r["failover_p99_s"], r["reads_checked"], r["history_ops"], r["checker_ms"], r["ok"]) for r in rows]
+             r["failover_p99_s"], r["reads_checked"], r["registers"], r["history_ops"], r["history_unknown"],
+             r["register_max_ops"], r["configurations"], r["checker_ms"], r["ok"]) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     print(f"\ncluster faults (3 nodes, --sync-replicas {SYNC_REPLICAS}, --lease-seconds {LEASE_SECONDS:g}; "
           f"{TABLE_PATH}):")

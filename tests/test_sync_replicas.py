@@ -43,6 +43,47 @@ def test_a_write_waits_for_its_replica_and_is_visible_only_after(tmp_path):
         assert db.stats()["sync_replicas"]["replicas"][0]["durable_lsn"] == 1
 
 
+def test_one_replication_round_trip_serves_a_whole_group(tmp_path):
+    """Writers that arrive while a group waits for its replica form the next
+    group, which waits once for all of them: a wait per group, not per write."""
+    writers = 32
+    with kvstore.open(tmp_path / "s", sync_replicas=1, sync_timeout=30) as db:
+        reps = db.replicas
+        assert reps is not None
+        groups_before = db.stats()["log"]["groups"]
+        started = threading.Semaphore(0)
+        release = threading.Event()
+
+        def replica() -> None:  # reports what is durable, once the writers queued behind the first group
+            reported = 0
+            while reported < writers:
+                lsn = db.durable_lsn
+                if lsn > reported and release.is_set():
+                    reps.report("r1", lsn, reps.epoch)
+                    reported = lsn
+                time.sleep(0.001)
+
+        def writer(i: int) -> None:
+            started.release()
+            db.put(b"k%02d" % i, b"v")
+
+        threads = [threading.Thread(target=replica)] + [threading.Thread(target=writer, args=(i,))
+                                                          for i in range(writers)]
+        for t in threads:
+            t.start()
+        for _ in range(writers):
+            started.acquire()
+        while db.durable_lsn < 1:  # the first group is durable and waits for its replica
+            time.sleep(0.001)
+        time.sleep(0.2)             # the other writers queue behind it meanwhile
+        release.set()
+        for t in threads:
+            t.join()
+        groups = db.stats()["log"]["groups"] - groups_before
+        assert db.last_lsn == writers and len(dict(db.scan())) == writers
+        assert reps.waits == groups and groups < writers, (reps.waits, groups)
+
+
 def test_a_report_of_another_epoch_counts_for_nothing(tmp_path):
     with kvstore.open(tmp_path / "s", sync_replicas=1, sync_timeout=0.3) as db:
         assert db.replicas is not None
@@ -149,3 +190,31 @@ def test_discard_after_refuses_when_nothing_would_be_left_to_rebuild_from(tmp_pa
         with pytest.raises(SnapshotError, match="leader's snapshot"):
             db.discard_after(12, (TimelineStart(1, 1), t5, TimelineStart(6, 13, 99)))
         assert db.last_lsn == 15 and db.history[-1] == t5 and [s.lsn for s in db.list_snapshots()] == [15]
+
+
+def test_a_timeline_begun_and_never_written_on_gives_way_to_the_leaders_line(tmp_path):
+    """A node won epoch 9 at LSN 10 and was killed before its first write;
+    the next leader went on on timeline 1 (LSN 11, unacknowledged once, now
+    its line) and began timeline 10 at LSN 12. Nothing to discard: the store
+    takes the leader's line, across a reopen, and copies LSNs 11 and 12."""
+    from wal.segment import Entry
+
+    path = tmp_path / "s"
+    with kvstore.open(path) as db:
+        for i in range(10):
+            db.put(b"k%d" % i, b"v")
+        entries = list(db._log.read_entries())
+        db.start_timeline(9)
+    leader = (TimelineStart(1, 1), TimelineStart(10, 12, 77))
+    with kvstore.open(path) as db:
+        assert db.history[-1].timeline == 9 and db.last_lsn == 10
+        assert db.discard_after(10, leader) == 0
+        assert db.history == (TimelineStart(1, 1),)
+    with kvstore.open(path) as db:  # durable: the empty timeline is gone for good
+        assert db.history == (TimelineStart(1, 1),) and db.discard_after(10, leader) == 0
+        db.refuse_writes(NotLeaderError("not the leader", leader="http://x", epoch=10))
+        last = entries[-1]
+        db.append_replicated([Entry(11, last.timestamp_us, last.payload)])
+        db.start_timeline(timeline=leader[1])
+        db.append_replicated([Entry(12, last.timestamp_us, last.payload)])
+        assert db.history == leader and db.last_lsn == 12

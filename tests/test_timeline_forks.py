@@ -127,3 +127,23 @@ def test_a_replica_refuses_entries_past_a_fork_it_applied(tmp_path):
         check_follows(mine, 100, theirs, what="the replica", source="the store", hint="it rebuilds")
     text = str(info.value)
     assert "timeline 1" in text and "timeline 2" in text and "after LSN 69" in text
+
+
+def test_a_restore_to_an_earlier_point_takes_its_writes_on_a_new_timeline(tmp_path):
+    """A point-in-time restore to LSN 60 of a store at LSN 100: the restored
+    log's history forks after LSN 60, so its writes (LSNs 61..) are on a
+    timeline of their own, never taken for the source's 61..100."""
+    from wal.timeline import timeline_at
+
+    src = str(tmp_path / "src")
+    _fill(src)
+    info = kvstore.restore(src, str(tmp_path / "restored"), to_lsn=60)
+    assert info.lsn == 60
+    with kvstore.open(info.path) as db:
+        root, fork = db.history
+        assert root.timeline == 1 and fork.timeline == 2 and fork.first_lsn == 61
+        assert [db.put(_new(i), b"n") for i in range(5)] == [61, 62, 63, 64, 65]
+        assert timeline_at(db.history, 65) == fork and timeline_at(db.history, 60) == root
+        assert dict(db.scan()) == {**{_old(i): b"o" for i in range(1, 61)}, **{_new(i): b"n" for i in range(5)}}
+    with kvstore.open(src, readonly=True) as db:
+        assert db.history == (TimelineStart(1, 1),) and db.last_lsn == 100

@@ -374,16 +374,21 @@ class Log:
         ``follow`` (a leader's history, which must agree with this log's up to
         ``lsn``: a follower dropping what it holds past the fork), the line
         ``follow`` takes from ``lsn + 1``. Returns the timeline the log goes
-        on on, or None when there was nothing after ``lsn``. Crash-safe: a
+        on on, or None when there was nothing after ``lsn``. With ``follow``
+        and nothing after ``lsn`` (the last LSN), a timeline this log began
+        there but wrote nothing on (a leader killed before its first write)
+        is given up for ``follow``'s line the same way. Crash-safe: a
         ``TRUNCATE`` marker stating both is made durable first, and an
         interrupted truncation is finished by the next open."""
         first = self.first_lsn
         if lsn < first - 1 or lsn < 0:
             raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {first}")
         with self._gc.exclusive(freeze=True):
-            if lsn >= self._gc.next_lsn - 1:
-                return None
             mine = self._writer.files.history
+            if lsn >= self._gc.next_lsn - 1 and (
+                    follow is None or lsn > self._gc.next_lsn - 1
+                    or history_until(follow, lsn + 1) == history_until(mine, lsn + 1)):
+                return None
             if follow is None:
                 history = fork_history(mine, new_timeline(mine, lsn + 1))
             elif fork_point(mine, lsn, follow) is None:

@@ -10,6 +10,11 @@ following it. A replica's source is the one its ``REPLICA`` record names
 ``DURABLE`` marker is read, or an archive, whose log is listed (with bounded
 timeouts); when the source cannot be read the lag is unknown and the reason
 is shown.
+
+``walkv stats URL`` asks a running server instead (``GET /v1/stats``, an
+admin token from ``$WALKV_TOKEN``): what its open store counts in memory,
+such as a cluster leader's synchronous replicas, each one's durable LSN and
+lag (:mod:`kvstore.store.replication`), which no file holds.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from wal.errors import CorruptionError, WalkvError
 
 def add_commands(add: AddCommand) -> None:
     p = add("stats", "LSNs, segments, snapshots and LMDB size of a store (or a replica's lag)", cmd_stats)
-    p.add_argument("store", metavar="STORE", help="a store, or a read replica's directory")
+    p.add_argument("store", metavar="STORE",
+                   help="a store, a read replica's directory, or a server's URL (its synchronous replicas)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--prometheus", action="store_true",
                    help="LSNs (and the archived LSN a sidecar publishes) in Prometheus' text format")
@@ -144,6 +150,8 @@ def _lock_holder(path: str) -> int | None:
 
 
 def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
+    if args.store.lower().startswith(("http://", "https://")):
+        return _served_stats(args)
     st = gather_stats(args.store)
     db_stats: dict[str, Any] = {}
     if os.path.isdir(require_store(args.store, replica_ok=True).lmdb_dir):
@@ -171,6 +179,36 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
     print(f"walkv: {st['build']}")
     print_table(_replica_rows(st) if replica is not None else _rows(st))
     return EXIT_OK
+
+
+def _served_stats(args: argparse.Namespace) -> int:
+    """``walkv stats URL`` (module docstring)."""
+    from kvstore.cli.replica import server_options
+    from kvstore.client.remote import connect
+
+    with connect(args.store, **server_options(args.store)) as db:
+        st = db.stats()
+    if args.prometheus:
+        print(prometheus_text(st), end="")
+    elif args.json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+    else:
+        print_table(_served_rows(args.store, st))
+    return EXIT_OK
+
+
+def _served_rows(url: str, st: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table ``walkv stats URL`` prints: the store's LSNs and each synchronous replica."""
+    rows = [("server", url), ("store", str(st.get("path", "-"))), ("timeline", str(st.get("timeline", "-"))),
+            ("durable LSN", str(st.get("durable_lsn", "-"))), ("applied LSN", str(st.get("applied_lsn", "-")))]
+    sync = st.get("sync_replicas")
+    if not isinstance(sync, dict):
+        return [*rows, ("sync replicas", "none (sync_replicas=0)")]
+    rows.append(("sync replicas", f"{sync['required']} required, epoch {sync['epoch']}, timeout {sync['timeout']:g} s"))
+    for r in sync.get("replicas") or ():
+        rows.append((f"  {r['name']}", f"durable LSN {r['durable_lsn']}, {r['lag_lsns']} entries behind, "
+                                       f"epoch {r['epoch']}, last report {r['seen_seconds_ago']:g} s ago"))
+    return rows
 
 
 def _readers(st: dict[str, Any]) -> str:

@@ -29,7 +29,10 @@ What it refuses, so that histories never mix (:mod:`wal.timeline`):
   replica confirmed), it discards them (:meth:`kvstore.KVStore.discard_after`,
   logging how many) and goes on on the leader's line. When its state had
   applied any of them the store must be reopened first (the state is
-  rebuilt): :attr:`Follower.needs` says so and the follower stops.
+  rebuilt): :attr:`Follower.needs` says so and the follower stops. A
+  timeline this store began after its last entry and never wrote on (it won
+  an election and was killed before its first write) holds nothing to
+  discard: the store takes the leader's line from its next LSN.
 * a gap: when the leader's log no longer reaches this store's next LSN
   (its retention trimmed it), or it forked before the leader's first LSN,
   the store must be built again from the leader's snapshot
@@ -51,7 +54,7 @@ from kvstore.replica.http_log import SegmentStream
 from kvstore.store.store import KVStore
 from wal.errors import LogGapError, ReplicaError, SnapshotError, WalkvError
 from wal.segment import Entry
-from wal.timeline import History, fork_point, history_from_json, same_timeline, timeline_at
+from wal.timeline import History, fork_point, history_from_json, history_until, same_timeline, timeline_at
 
 log = logging.getLogger("walkv.cluster")
 
@@ -191,7 +194,9 @@ class Follower:
             if store.last_lsn + 1 < leader_first:
                 self._stop_for(f"bootstrap: the leader {url}'s log starts at LSN {leader_first}, after this "
                                f"store's next LSN {store.last_lsn + 1} (its retention trimmed it)")
-            return
+            if history_until(theirs, store.last_lsn + 1) != history_until(store.history, store.last_lsn + 1):
+                store.discard_after(store.last_lsn, theirs)  # a timeline it began and never wrote on: none of its
+            return                                           # entries to drop, the leader's line from here
         if fork + 1 < leader_first:
             self._stop_for(f"bootstrap: this store left the leader {url}'s history after LSN {fork}, before "
                            f"the leader's log starts (LSN {leader_first})")

@@ -27,7 +27,10 @@ Changes of role:
   rebuilt when it had applied any of it).
 * a replica whose follower cannot go on (it must drop entries its state
   applied: "reopen"; it needs the leader's snapshot: "bootstrap") is
-  reopened the same way, bootstrapped first when asked.
+  reopened the same way, bootstrapped first when asked. A leader that
+  stops answering during that copy does not end the node: it opens the
+  store it has (or a new, empty one, when the copy had moved the old one
+  aside) and follows whoever leads, whose follower asks for a copy again.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from kvstore.cluster.etcd import Etcd
 from kvstore.cluster.follower import Follower
 from kvstore.store.replication import DEFAULT_SYNC_TIMEOUT
 from kvstore.store.store import KVStore
-from wal.errors import FencedError, NotLeaderError
+from wal.errors import FencedError, NotLeaderError, WalkvError
 from wal.timeline import timeline_at
 
 log = logging.getLogger("walkv.cluster")
@@ -95,7 +98,11 @@ class ClusterNode:
         self.reopen.clear()
         self.role = "replica"
         leader = self.elector.leader  # now: it may have changed while the store opened (no one was told then)
-        if leader is not None and leader.url != self.me:
+        if leader is not None and leader.url == self.me:
+            # it led until this reopen (its fence refused a write, its log failed) and the key is still its
+            # own: let it go, so that an election follows (it may win again, on a new timeline)
+            await self.elector.resign()
+        elif leader is not None:
             self.follower.follow(leader.url, leader.epoch)
         if self._elector_task is None:
             self._elector_task = asyncio.create_task(self.elector.run(), name="walkv-elector")
@@ -118,7 +125,12 @@ class ClusterNode:
 
     def _open_store(self, needs: str | None, leader: Leader | None) -> KVStore:
         if needs is not None and needs.startswith("bootstrap") and leader is not None:
-            bootstrap(self.path, leader.url, token=self.token, verify=self.verify)
+            try:
+                bootstrap(self.path, leader.url, token=self.token, verify=self.verify)
+            except (WalkvError, OSError) as exc:  # the leader stopped answering: the node goes on, and asks again
+                log.warning("cluster %s: %s could not build its store from %s (%s); it opens the store it has and "
+                            "follows whoever leads, which asks for a copy again if it still needs one",
+                            self.cluster, self.me, leader.url, exc)
         store = store_module.open(self.path, sync_replicas=self.sync_replicas, sync_timeout=self.sync_timeout,
                                   fence=self._fence, sweep_interval=None, **self.store_options)
         assert store.replicas is not None

@@ -144,7 +144,14 @@ class StoreWriter:
         reopens the store), snapshots past ``lsn`` go, then the log is cut and
         goes on on ``follow``'s line."""
         dropped = self.log.last_lsn - lsn
-        if dropped <= 0:
+        if dropped < 0:
+            return 0
+        if dropped == 0:  # nothing to drop; a timeline begun here and never written on gives way to follow's line
+            empty = self.log.history[-1]
+            if self.log.truncate_after(lsn, follow=follow) is not None:
+                self._record_history()
+                log.warning("%s: gave up %s, begun at LSN %d and never written on, for its leader's line; it goes "
+                            "on on %s", self.path, empty, lsn + 1, self.log.history[-1])
             return 0
         first = self.log.first_lsn
         bases = [at for at, _ in snapshot_dirs_after(self.snapshots.parent, -1) if first - 1 <= at <= lsn]

@@ -1,0 +1,97 @@
+"""The election's lease clock (kvstore/cluster/election.py) against a real
+etcd: a leader counts its lease from the moment it SENT the request etcd
+confirmed, by its own monotonic clock, less LEASE_MARGIN of it, so it stops
+acknowledging before etcd can let the lease go, and it does so without any
+answer from etcd (a paused or partitioned leader hears none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from kvstore.cluster.election import LEASE_MARGIN, Elector, Leader, Position
+from kvstore.cluster.etcd import Etcd as EtcdClient
+from tests.cluster_etcd import Etcd, etcd_missing
+
+pytestmark = pytest.mark.skipif(etcd_missing() is not None, reason=str(etcd_missing()))
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory):
+    with Etcd(str(tmp_path_factory.mktemp("etcd"))) as server:
+        yield server
+
+
+def test_a_leader_that_hears_nothing_stops_by_its_own_clock_before_its_lease_ends(etcd):
+    async def go() -> None:
+        client = EtcdClient(etcd.coordinator())
+        changes: list[Leader | None] = []
+
+        async def on_change(leader: Leader | None) -> None:
+            changes.append(leader)
+
+        me = "http://127.0.0.1:1"
+        elector = Elector(client, f"lease-{uuid.uuid4().hex[:8]}", me, lease_seconds=1, sync_replicas=0,
+                          position=lambda: Position(0, 0), frozen=lambda: True, on_change=on_change)
+        try:
+            sent = time.monotonic()
+            await elector._join()
+            answered = time.monotonic()
+            # the fixture's etcd grants the 1 s asked; counted from the send (between these two), less the margin
+            assert sent + (1 - LEASE_MARGIN) <= elector.lease_valid_until <= answered + (1 - LEASE_MARGIN)
+            await elector._publish()   # its position, frozen
+            await elector._campaign()  # the only member: it wins
+            assert elector.leading and elector.lease_ok() and changes == [Leader(me, 1)]
+            leader_key = await client.get(f"/walkv/{elector.cluster}/leader".encode())
+            assert leader_key is not None and leader_key.lease == elector.lease
+            while elector.lease_ok():  # no renewal, no answer from etcd: the clock alone ends it
+                await asyncio.sleep(0.01)
+            assert elector.leading and changes == [Leader(me, 1)]  # nobody told it; it still thinks it leads
+        finally:
+            await elector.stop()
+            await client.close()
+
+    asyncio.run(go())
+
+
+def test_a_leader_whose_fence_refused_a_write_lets_its_key_go_and_an_election_follows(etcd, tmp_path):
+    """Its lease lapsed by its own clock (a loaded machine) while etcd still
+    held its key, and its renewal then succeeded: the write it was making
+    was refused, its store reopened as a replica's. It must not keep the
+    leader key while refusing every write (the cluster stood still, found by
+    benchmarks/cluster.py at load 10): it resigns, and leads again on a new
+    epoch once the election picks it."""
+    from kvstore.cluster.node import ClusterNode
+    from wal.errors import FencedError
+
+    async def go() -> None:
+        node = ClusterNode(str(tmp_path / "n"), cluster=f"fence-{uuid.uuid4().hex[:8]}",
+                           coordinator=etcd.coordinator(), advertise="http://127.0.0.1:1", lease_seconds=1)
+        try:
+            await node.open()
+            await _until(lambda: node.role == "leader")
+            epoch = node.elector.epoch
+            valid_until = node.elector.lease_valid_until
+            node.elector.lease_valid_until = 0.0   # the lease lapsed by its clock, before the renewal came
+            with pytest.raises(FencedError):
+                node._fence(1)
+            node.elector.lease_valid_until = valid_until
+            await _until(node.reopen.is_set)
+            await node.close_store()               # what walkv serve does then
+            await node.open()
+            await _until(lambda: node.role == "leader" and node.elector.epoch > epoch)
+        finally:
+            await node.close()
+
+    asyncio.run(go())
+
+
+async def _until(check, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
