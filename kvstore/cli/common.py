@@ -173,3 +173,14 @@ def hex_arg(p: argparse.ArgumentParser) -> None:
 def sync_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync", choices=("always", "batch", "none"), default="always",
                    help="durability of the writes (default: always, fsynced before returning)")
+
+
+def count(text: str) -> int:
+    """An argument that counts things (``--limit``): an int, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is below 0: give 0 or more")
+    return n

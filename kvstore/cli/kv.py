@@ -36,6 +36,7 @@ from kvstore.cli.common import (
     EXIT_USAGE,
     AddCommand,
     CliError,
+    count,
     escape_field,
     hex_arg,
     open_store,
@@ -77,7 +78,7 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--stop", help="end key (exclusive)")
     p.add_argument("--prefix", help="only keys with this prefix")
     p.add_argument("--reverse", action="store_true", help="descending key order")
-    p.add_argument("--limit", type=int, help="at most this many pairs")
+    p.add_argument("--limit", type=count, help="at most this many pairs")
     p.add_argument("--keys-only", action="store_true", help="print keys only")
     p.add_argument("--json", action="store_true",
                    help='JSON lines {"key": .., "value": ..} (what load reads back byte for byte: a key or value '
