@@ -20,8 +20,12 @@ implementation), so they work on a store that will not open.
   files), asks, then repairs; ``--salvage`` keeps every intact entry after
   the damage too. It holds the store's lock (``STORE/LOCK``, then
   ``STORE/wal/LOCK``) meanwhile, as a writer would, so that no writer can
-  open the store under it. Exit 0 when the log was whole or is repaired, 1
-  for a dry run or a refusal.
+  open the store under it. Then, for a store, it opens it read-write once
+  (the lock let go first), so that its state is rebuilt now and every
+  command reads the repaired store; on a whole log whose state a read-only
+  open refuses (marked for a rebuild, a writer's machine crash) it does only
+  that. Exit 0 when the log was whole or is repaired, 1 for a dry run or a
+  refusal.
 """
 
 from __future__ import annotations
