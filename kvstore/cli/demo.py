@@ -382,12 +382,12 @@ def _spark_export(store: str, out: str, master: str, report: DemoReport, rep: Re
     # that the change feed (the log after the snapshot) has something to show.
     with kvstore.open(store) as db:
         it = db.scan()
-        keys = [k for k, _ in itertools.islice(it, FEED_CHANGES)]
+        pairs = list(itertools.islice(it, FEED_CHANGES))
         it.close()
         first = db.last_lsn + 1
-        for key in keys[: len(keys) // 2]:
-            db.put(key, db.get(key, b"") + b" (seen)")
-        for key in keys[len(keys) // 2:]:
+        for key, value in pairs[: len(pairs) // 2]:
+            db.put(key, value + b" (seen)")
+        for key, _value in pairs[len(pairs) // 2:]:
             db.delete(key)
         fed = db.last_lsn - first + 1
     report.say(f"after the restore: {fed} more writes (puts and deletes), LSNs {first}..{first + fed - 1}: the change "
