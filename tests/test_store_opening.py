@@ -36,6 +36,8 @@ def test_a_directory_of_other_things_is_refused_naming_them(tmp_path):
     with pytest.raises(kvstore.NotAStoreError) as exc:
         kvstore.open(str(home))
     assert "projects/" in str(exc.value) and "notes.txt" in str(exc.value) and "no wal/" in str(exc.value)
+    with pytest.raises(kvstore.NotAStoreError, match="notes.txt"):
+        kvstore.open(str(home), readonly=True)
     assert sorted(os.listdir(home)) == before  # no LOCK, no wal/, no lmdb/ left behind
     proc = walkv("put", str(home), "k", "v")
     assert proc.returncode == 1 and "notes.txt" in one_line_error(proc)

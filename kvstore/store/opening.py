@@ -4,7 +4,7 @@ make one (:func:`store_path`).
 * A path (``str``, ``bytes`` or ``os.PathLike``) to a directory that holds a
   log (``wal/``): a store.
 * A path where nothing is, or an empty directory: a new store is made there
-  (its missing parents too), unless ``readonly``.
+  (its missing parents too); a read-only open says there is no store.
 * A directory that holds only what walkv itself puts in a store's directory
   (:data:`kvstore.layout.STORE_NAMES`: a ``LOCK`` left by a writer that
   stopped before its log existed, a restore's or a promotion's parts) or a
@@ -35,8 +35,10 @@ _SHOWN: Final = 5
 """The names a refusal lists (then "and N more")."""
 
 
-def store_path(path: str | bytes | os.PathLike[str] | os.PathLike[bytes], *, readonly: bool = False) -> str:
-    """``path`` as an absolute ``str``, checked as the module docstring says."""
+def store_path(path: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> str:
+    """``path`` as an absolute ``str``, checked as the module docstring says
+    (for a read-only open too: it makes nothing, but a directory that is not
+    a store is refused with the same words)."""
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise TypeError(f"a store's path is a str, bytes or os.PathLike, not {type(path).__name__}")
     root = os.path.abspath(os.fsdecode(path))
@@ -45,8 +47,8 @@ def store_path(path: str | bytes | os.PathLike[str] | os.PathLike[bytes], *, rea
         what = "it is a file" if blocker == root else f"{blocker} is a file"
         raise NotAStoreError(f"cannot open a store at {root}: {what}, not a directory; a store is a directory "
                              "(give a new path, an empty directory or a store's)")
-    if readonly or not os.path.isdir(root) or os.path.isdir(os.path.join(root, WAL_DIR)):
-        return root  # read-only: the reader says what is missing; else a store, or nothing there yet
+    if not os.path.isdir(root) or os.path.isdir(os.path.join(root, WAL_DIR)):
+        return root  # a store, or nothing there yet (a read-only open says there is no store)
     names = sorted(os.listdir(root))
     if REPLICA_NAME in names:
         return root  # a read replica's directory: the writer says how to open or promote it

@@ -122,7 +122,7 @@ class KVStore(MutableLookups):
                  sweep_interval: float | None = DEFAULT_SWEEP_INTERVAL, sync_replicas: int = 0,
                  sync_timeout: float = DEFAULT_SYNC_TIMEOUT, fence: Callable[[int], None] | None = None,
                  **log_options: Any) -> None:
-        self.path = store_path(path, readonly=readonly)
+        self.path = store_path(path)
         self.readonly = bool(readonly)
         self._fs = fs or OS_FS
         self._closed = True
