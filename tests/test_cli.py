@@ -517,3 +517,15 @@ def test_replica_help_says_source_may_be_a_server_url(capsys):
         main(["replica", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "http:// or https:// URL of `walkv serve`" in text and "$WALKV_TOKEN" in text
+
+
+def test_archive_once_says_what_archived_holds_back(store, tmp_path):
+    """Issue 33: ``archive --once`` left ``STORE/ARCHIVED`` holding back the
+    writer's local retention without saying so."""
+    proc = walkv("archive", store, str(tmp_path / "archive"), "--once")
+    assert proc.returncode == 0, proc.stderr
+    marker = os.path.join(store, "ARCHIVED")
+    assert os.path.exists(marker)
+    said = " ".join(proc.stderr.split())
+    assert f"{marker} says LSN 20" in said and "keeps every log segment past it" in said
+    assert f"delete {marker} when you stop archiving" in said
