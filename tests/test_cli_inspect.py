@@ -76,12 +76,16 @@ def test_inspect_lists_every_op_code_by_name(tmp_path):
     assert "grant lease" in text.stdout and "revoke lease" in text.stdout
 
 
-def test_inspect_limit_counts_entries_not_the_header(tmp_path):
-    path = str(tmp_path / "s")
+def _ten_puts(path: str) -> str:
+    """A store of LSNs 1..10; its segment's path."""
     with kvstore.open(path) as db:
         for i in range(10):
             db.put(b"k%d" % i, b"v")
-    seg = list_segments(os.path.join(path, "wal"))[0].path
+    return list_segments(os.path.join(path, "wal"))[0].path
+
+
+def test_inspect_limit_counts_entries_not_the_header(tmp_path):
+    seg = _ten_puts(str(tmp_path / "s"))
     rows = [json.loads(ln) for ln in walkv("inspect", seg, "--json", "--limit", "3").stdout.splitlines()]
     assert rows[0]["offset"] == 0 and "header" in rows[0]
     assert [r["lsn"] for r in rows[1:]] == [1, 2, 3]
@@ -91,11 +95,7 @@ def test_inspect_limit_counts_entries_not_the_header(tmp_path):
 
 
 def test_inspect_raw_honours_from_lsn(tmp_path):
-    path = str(tmp_path / "s")
-    with kvstore.open(path) as db:
-        for i in range(10):
-            db.put(b"k%d" % i, b"v")
-    seg = list_segments(os.path.join(path, "wal"))[0].path
+    seg = _ten_puts(str(tmp_path / "s"))
     records = [json.loads(ln) for ln in walkv("inspect", seg, "--json").stdout.splitlines()]
     at = {r["lsn"]: r["offset"] for r in records if "lsn" in r}
     proc = walkv("inspect", seg, "--raw", "--json", "--from-lsn", "7")
