@@ -115,3 +115,4 @@ def test_bad_arguments_are_usage_errors(tmp_path, args):
         db.put(b"k", b"v")
     proc = walkv("watch", path, *args)
     assert proc.returncode == 2, proc.stderr
+    assert args[0] in proc.stderr and "invalid choice" not in proc.stderr  # the option is named
