@@ -30,6 +30,9 @@ SESSION_NAME = "SESSION"
 ARCHIVED_NAME = "ARCHIVED"
 REPLICA_NAME = "REPLICA"
 SUBSCRIPTIONS_DIR = "subscriptions"
+STORE_NAMES = frozenset((LOCK_NAME, WAL_DIR, LMDB_DIR, SNAPSHOTS_DIR, SUBSCRIPTIONS_DIR, ARCHIVED_NAME, REPLICA_NAME))
+"""What walkv itself puts in a store's directory (a directory that holds anything
+else and no ``wal/`` is not a store: :mod:`kvstore.store.opening`)."""
 
 
 class StoreLayout(NamedTuple):
@@ -70,5 +73,6 @@ class StoreLayout(NamedTuple):
         return self.fs.display(self.root if path is None else path)
 
 
-__all__ = ["ARCHIVED_NAME", "LMDB_DIR", "REPLICA_NAME", "SESSION_NAME", "SNAPSHOTS_DIR", "SUBSCRIPTIONS_DIR", "StoreLayout",
+__all__ = ["ARCHIVED_NAME", "LMDB_DIR", "REPLICA_NAME", "SESSION_NAME", "SNAPSHOTS_DIR", "STORE_NAMES", "SUBSCRIPTIONS_DIR",
+           "StoreLayout",
            "WAL_DIR"]

@@ -17,7 +17,7 @@ import pytest
 import kvstore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMANDS = ["demo", "put", "get", "delete", "scan", "load", "stats", "inspect", "verify", "repair",
+COMMANDS = ["demo", "put", "get", "delete", "scan", "load", "watch", "stats", "keyspaces", "inspect", "verify", "repair",
             "snapshot", "restore", "export", "bench", "replica", "subscriptions", "serve"]
 
 
@@ -501,3 +501,31 @@ def test_verbose_shows_the_traceback(tmp_path):
     assert "Traceback" not in quiet.stderr and "Traceback" in loud.stderr
     after = walkv("get", str(tmp_path / "nope"), "k", "--verbose")  # also after the command
     assert "Traceback" in after.stderr
+
+
+def test_scan_limit_below_zero_is_a_usage_error(store):
+    """Issue 33: ``scan --limit -1`` printed nothing and exited 0."""
+    proc = walkv("scan", store, "--limit", "-1")
+    assert proc.returncode == 2 and "--limit" in proc.stderr and proc.stdout == ""
+    assert walkv("scan", store, "--limit", "0").stdout == ""
+
+
+def test_replica_help_says_source_may_be_a_server_url(capsys):
+    from kvstore.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["replica", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "http:// or https:// URL of `walkv serve`" in text and "$WALKV_TOKEN" in text
+
+
+def test_archive_once_says_what_archived_holds_back(store, tmp_path):
+    """Issue 33: ``archive --once`` left ``STORE/ARCHIVED`` holding back the
+    writer's local retention without saying so."""
+    proc = walkv("archive", store, str(tmp_path / "archive"), "--once")
+    assert proc.returncode == 0, proc.stderr
+    marker = os.path.join(store, "ARCHIVED")
+    assert os.path.exists(marker)
+    said = " ".join(proc.stderr.split())
+    assert f"{marker} says LSN 20" in said and "keeps every log segment past it" in said
+    assert f"delete {marker} when you stop archiving" in said

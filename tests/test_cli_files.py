@@ -265,3 +265,23 @@ def test_repair_refuses_a_log_open_by_itself(tmp_path):
         bare = walkv("repair", os.path.join(s, "wal"), "--yes")
     assert proc.returncode == 3 and bare.returncode == 3
     assert "the log" in one_line_error(proc) and str(os.getpid()) in one_line_error(bare)
+
+
+def test_verify_of_a_damaged_log_counts_what_it_read_before_the_damage(tmp_path):
+    """Issue 33: verify printed "0 segments ... 0 entries checked" before the
+    CORRUPT line: it counts what it read up to the first bad record, of how
+    many segments, and says where reading stopped (and no index problem
+    for the segment it stopped in)."""
+    s = _store(str(tmp_path / "s"))
+    segs = list_segments(os.path.join(s, "wal"))
+    rows = _records(segs[1].path)
+    victim = rows[len(rows) // 2]
+    _flip(segs[1].path, victim["offset"] + 30)
+    proc = walkv("verify", s)
+    assert proc.returncode == 4
+    head = proc.stdout.splitlines()[0]
+    expected = f"2 of {len(segs)} segments"
+    assert expected in head and f"{victim['lsn'] - 1} entries (the log read up to its first bad record)" in head
+    assert "PROBLEM" not in proc.stdout
+    report = json.loads(walkv("verify", s, "--json").stdout)
+    assert report["checked"]["entries"] == victim["lsn"] - 1 and report["checked"]["log_segments"] == len(segs)

@@ -128,3 +128,10 @@ def test_readme_make_targets_exist():
         makefile = fh.read()
     for target in set(re.findall(r"make ([\w-]+)", _readme())):
         assert re.search(rf"^{target}:", makefile, re.MULTILINE), target
+
+
+def test_readme_says_its_examples_want_an_empty_directory():
+    """Issue 33: the examples failed when run twice in one directory; the
+    README says where to run them, and what a second run there does."""
+    tour = _readme().split("## A five-minute tour", 1)[1].split("```", 1)[0]
+    assert "run them in" in tour and "new, empty directory" in tour and "second time" in tour

@@ -25,10 +25,15 @@ def open_store(path, clock=None, **options):
 def test_arguments_are_checked(tmp_path) -> None:
     with open_store(tmp_path / "s") as db:
         lease = db.grant(10)
-        for bad in (0, -1, float("nan"), float("inf"), True, "5"):
+        for bad in (0, -1, float("nan"), float("inf")):
             with pytest.raises(ValueError, match="ttl must be a positive number"):
                 db.put(b"k", b"v", ttl=bad)
             with pytest.raises(ValueError, match="ttl must be a positive number"):
+                db.grant(bad)
+        for bad in (True, "5"):  # not numbers of seconds (a ValueError before issue 33)
+            with pytest.raises(TypeError, match="ttl must be a number of seconds"):
+                db.put(b"k", b"v", ttl=bad)
+            with pytest.raises(TypeError, match="ttl must be a number of seconds"):
                 db.grant(bad)
         with pytest.raises(ValueError, match="not both"):
             db.put(b"k", b"v", ttl=1, lease=lease)

@@ -188,6 +188,19 @@ class LockedError(WalkvError):
     """Another writer holds the directory's lock file."""
 
 
+class NotAStoreError(WalkvError):
+    """The path given to open a store is not one and cannot become one: a
+    file, or a directory that holds other things and no log
+    (:mod:`kvstore.store.opening`). Nothing was made there."""
+
+
+class RecoveryNeededError(WalkvError):
+    """A read-only open found a state only a read-write open can make usable
+    (LMDB marked for a rebuild by ``walkv repair``, or left open by a writer
+    whose machine crashed): open the store read-write once (``walkv repair
+    STORE`` does only that when its log is whole)."""
+
+
 class ClosedError(WalkvError):
     """The log, store or snapshot was used after ``close()``."""
 

@@ -35,7 +35,9 @@ from kvstore.archive.marker import publish_archived
 from kvstore.archive.objects import lineage_chain
 from kvstore.cli.common import EXIT_CORRUPT, EXIT_OK, AddCommand, human_bytes, print_table, require_store
 from kvstore.cli.progress import Reporter
+from kvstore.layout import StoreLayout
 from wal.errors import CorruptionError
+from wal.fs import OS_FS
 
 
 def add_commands(add: AddCommand) -> None:
@@ -87,6 +89,8 @@ def cmd_archive(args: argparse.Namespace, rep: Reporter) -> int:
         if archiver.failed is not None:
             raise archiver.failed
         print(f"archived {args.store} to {archiver.uri} up to LSN {lsn}")
+        if not args.quiet:
+            print(f"walkv: {_retention_note(store, lsn)}", file=sys.stderr)
         return EXIT_OK
     stop = threading.Event()
 
@@ -112,8 +116,19 @@ def cmd_archive(args: argparse.Namespace, rep: Reporter) -> int:
     if archiver.failed is not None:
         raise archiver.failed
     if not args.quiet:
-        print(f"walkv: stopped; {_lag_line(archiver.stats())}", file=sys.stderr)
+        st = archiver.stats()
+        print(f"walkv: stopped; {_lag_line(st)}", file=sys.stderr)
+        print(f"walkv: {_retention_note(store, st['archived_lsn'])}", file=sys.stderr)
     return EXIT_OK
+
+
+def _retention_note(store: str, lsn: int) -> str:
+    """What ``STORE/ARCHIVED`` (left behind by the sidecar) does to the
+    writer's local retention from now on (:mod:`kvstore.archive.marker`)."""
+    marker = StoreLayout(OS_FS, store).archived_path
+    return (f"{marker} says LSN {lsn}: the store's writer keeps every log segment past it (local retention "
+            "waits for the archive) until an archiver publishes more; archive again (or run `walkv archive` "
+            f"without --once), or delete {marker} when you stop archiving this store")
 
 
 def _time(us: int | None) -> str | None:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from kvstore.cli.progress import Reporter
 from kvstore.layout import REPLICA_NAME, StoreLayout
+from kvstore.store.opening import describe
+from wal.errors import RecoveryNeededError
 
 if TYPE_CHECKING:
     from kvstore.store.store import KVStore
@@ -66,7 +68,9 @@ def require_store(path: str, *, replica_ok: bool = False) -> StoreLayout:
                        "`walkv get`, `scan` and `stats` read it; run this command on its source, or promote "
                        "the replica (kvstore.open_replica(SOURCE, DIR).promote()) to make it a store")
     if not os.path.isdir(layout.wal_dir):
-        raise CliError(f"{path} is not a walkv store (it has no {os.path.basename(layout.wal_dir)}/ directory)")
+        names = sorted(os.listdir(layout.root))
+        held = f"it holds {describe(layout.root, names)} but" if names else "it is an empty directory: it has"
+        raise CliError(f"{path} is not a walkv store ({held} no {os.path.basename(layout.wal_dir)}/ directory)")
     return layout
 
 
@@ -111,9 +115,14 @@ def open_store(path: str, *, readonly: bool = False, create: bool = False,
                                "missing); `walkv replica SOURCE DIR` builds it")
             # Never opened for writing yet (or its LMDB was removed): only a
             # read-write open can build the state; say so.
-            raise CliError(f"{path} has no state yet ({os.path.basename(layout.lmdb_dir)}/ is missing); open it "
-                           "read-write once (any write command, or `walkv snapshot`) to rebuild it")
-        return kvstore.open(path, readonly=True)
+            raise CliError(f"{path} has no state yet ({os.path.basename(layout.lmdb_dir)}/ is missing); "
+                           f"`walkv repair {path}` builds it (or any write command)")
+        try:
+            return kvstore.open(path, readonly=True)
+        except RecoveryNeededError as e:
+            fix = (f"`walkv replica SOURCE {path}` recovers it" if is_replica(layout) else
+                   f"`walkv repair {path}` does that (its log whole, it changes nothing else)")
+            raise CliError(f"{e}: {fix}") from None
     if not create:
         require_store(path)
     if reporter is not None:
@@ -173,3 +182,14 @@ def hex_arg(p: argparse.ArgumentParser) -> None:
 def sync_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync", choices=("always", "batch", "none"), default="always",
                    help="durability of the writes (default: always, fsynced before returning)")
+
+
+def count(text: str) -> int:
+    """An argument that counts things (``--limit``): an int, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is below 0: give 0 or more")
+    return n

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import logging
 import os
 import random
@@ -77,6 +78,8 @@ DESCRIPTION = (
 )
 MARKER = ".walkv-demo"
 STEPS = 6
+FEED_CHANGES = 20
+"""Writes step 6 makes after the restore, for the change feed to export."""
 SEED = 20240601
 
 
@@ -375,6 +378,20 @@ def _spark_export(store: str, out: str, master: str, report: DemoReport, rep: Re
     from kvstore.spark.export import describe, export
 
     spark_env(master)
+    # The restored store's newest snapshot is at its last LSN: the shop goes on after the restore, so
+    # that the change feed (the log after the snapshot) has something to show.
+    with kvstore.open(store) as db:
+        it = db.scan()
+        pairs = list(itertools.islice(it, FEED_CHANGES))
+        it.close()
+        first = db.last_lsn + 1
+        for key, value in pairs[: len(pairs) // 2]:
+            db.put(key, value + b" (seen)")
+        for key, _value in pairs[len(pairs) // 2:]:
+            db.delete(key)
+        fed = db.last_lsn - first + 1
+    report.say(f"after the restore: {fed} more writes (puts and deletes), LSNs {first}..{first + fed - 1}: the change "
+               "feed to export")
     t0 = time.perf_counter()
     with rep.task("Spark export", unit="") as progress:
         result = export(store, out, master=master, table="all", incremental=False, progress=progress)
@@ -385,6 +402,7 @@ def _spark_export(store: str, out: str, master: str, report: DemoReport, rep: Re
     for line in describe(result):  # the changes line says which LSNs it covers
         report.say(line)
     report.check(rows["state"] == keys, f"the exported state has exactly the store's {keys} keys")
+    report.check(rows["changes"] == fed, f"the exported change feed has those {fed} changes, one row each")
     total = sum(rows.values())
     report.add("rows_exported", total, f"{total} rows ({', '.join(f'{k} {v}' for k, v in rows.items())}) "
                f"in {spark_s:.1f} s", "rows exported")

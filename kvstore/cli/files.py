@@ -20,8 +20,12 @@ implementation), so they work on a store that will not open.
   files), asks, then repairs; ``--salvage`` keeps every intact entry after
   the damage too. It holds the store's lock (``STORE/LOCK``, then
   ``STORE/wal/LOCK``) meanwhile, as a writer would, so that no writer can
-  open the store under it. Exit 0 when the log was whole or is repaired, 1
-  for a dry run or a refusal.
+  open the store under it. Then, for a store, it opens it read-write once
+  (the lock let go first), so that its state is rebuilt now and every
+  command reads the repaired store; on a whole log whose state a read-only
+  open refuses (marked for a rebuild, a writer's machine crash) it does only
+  that. Exit 0 when the log was whole or is repaired, 1 for a dry run or a
+  refusal.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from kvstore.cli.common import (
 from kvstore.cli.progress import Reporter
 from kvstore.layout import StoreLayout
 from wal import SegmentFile
-from wal.errors import CorruptionError, Damage, DamageReport, RecordOverLimitError, WalkvError
+from wal.errors import CorruptionError, Damage, DamageReport, RecordOverLimitError, RecoveryNeededError, WalkvError
 from wal.lock import DirectoryLock
 
 if TYPE_CHECKING:
@@ -90,7 +94,8 @@ def verify_store(path: str, rep: Reporter) -> dict[str, Any]:
 
     layout = require_store(path)
     segs = wal.list_segments(layout.wal_dir)
-    checked: dict[str, Any] = {"segments": 0, "entries": 0, "log_bytes": sum(s.size for s in segs),
+    checked: dict[str, Any] = {"segments": 0, "log_segments": len(segs), "entries": 0,
+                               "log_bytes": sum(s.size for s in segs),
                                "snapshots": 0, "snapshot_pairs": 0, "indexes": 0}
     problems = _verify_framing(layout.wal_dir, segs, rep)
     bad_file = next((p.path for p in problems if p.severity == "corrupt"), None)
@@ -153,8 +158,9 @@ def _verify_framing(wal_dir: str, segs: list[SegmentFile], rep: Reporter) -> lis
 def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict[str, Any],
                     rep: Reporter) -> list[DamageReport]:
     """Every entry's payload is a walkv batch, and each sparse index agrees
-    with its segment; up to the segment with the first bad record (past it
-    nothing is trusted, and it was reported already)."""
+    with its segment; up to the first bad record (past it nothing is
+    trusted, and it was reported already): the segment holding it is read
+    (and counted) up to it, later ones are not."""
     import wal
     from kvstore.entry.codec import decode
     from wal.record_reader import RecordReader
@@ -165,8 +171,8 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
     done = 0
     with rep.task("verifying entries and indexes", total, "bytes") as progress:
         for i, seg in enumerate(segs):
-            if bad_file == seg.path:
-                break
+            if checked["segments"] and segs[i - 1].path == bad_file:
+                break  # read up to its first bad record: past it nothing is trusted
             checked["segments"] += 1
             index = wal.read_index(seg.path)
             points = dict(index.points) if index is not None else {}
@@ -198,7 +204,7 @@ def _verify_entries(segs: list[SegmentFile], bad_file: str | None, checked: dict
                 is_last = i == len(segs) - 1
                 next_first = segs[i + 1].first_lsn if not is_last else None
                 if index.first_lsn != seg.first_lsn or (next_first is not None and index.last_lsn != next_first - 1) \
-                        or (last is not None and not is_last and index.last_lsn != last):
+                        or (last is not None and not is_last and index.last_lsn != last and seg.path != bad_file):
                     problems.append(DamageReport(
                         index_path(seg.path), None, None, Damage.SEQUENCE,
                         f"sparse index covers LSNs {index.first_lsn}..{index.last_lsn}, the segment holds "
@@ -265,8 +271,11 @@ def cmd_verify(args: argparse.Namespace, rep: Reporter) -> int:
                                "message": p.message} for p in problems]
         print(json.dumps(result, indent=2))
     else:
-        print(f"{result['store']}: {c['segments']} segments ({human_bytes(c['log_bytes'])}), "
-              f"{c['entries']} entries, {c['indexes']} indexes, {c['snapshots']} snapshots "
+        of = f" of {c['log_segments']}" if c["segments"] != c["log_segments"] else ""
+        stopped = " (the log read up to its first bad record)" if of or any(
+            p.severity == "corrupt" for p in problems) else ""
+        print(f"{result['store']}: {c['segments']}{of} segments ({human_bytes(c['log_bytes'])}), "
+              f"{c['entries']} entries{stopped}, {c['indexes']} indexes, {c['snapshots']} snapshots "
               f"({c['snapshot_pairs']} pairs) checked in {result['seconds']:.2f} s")
         if not problems:
             print("ok: no problems found")
@@ -340,6 +349,10 @@ def _show_repair(result: StoreRepair, snapshots_dir: str | None) -> None:
 
 
 def cmd_repair(args: argparse.Namespace, rep: Reporter) -> int:
+    """The repair (module docstring); then, for a store, one read-write open
+    (:func:`_open_once`), so that every command reads the repaired store:
+    its state rebuilt when the repair marked it so. A store whose log is
+    whole but whose state a read-only open refuses gets that open too."""
     from kvstore.store.repair import repair_store
 
     log_dir, layout = _log_dir(args.store)
@@ -352,26 +365,70 @@ def cmd_repair(args: argparse.Namespace, rep: Reporter) -> int:
         found = repair_store(root, log_dir, salvage=args.salvage, dry_run=True)
         if not found.log.cut:
             print(f"{log_dir}: the log is whole; nothing to cut")
-            return EXIT_OK
-        _show_repair(found, layout.snapshots_dir if layout is not None else None)
-        if args.dry_run:
-            print("dry run: nothing was changed")
-            return EXIT_PROBLEM
-        if not args.yes:
-            if not sys.stdin.isatty():
-                raise CliError("not cutting: stdin is not a terminal to ask on; pass --yes to cut")
-            answer = input("Repair the log as shown? [y/N] ").strip().lower()
-            if answer not in ("y", "yes"):
-                print("nothing was changed")
+            unreadable = _state_unreadable(layout) if layout is not None else None
+            if unreadable is None:
+                return EXIT_OK
+            print(f"the state:    {unreadable}")
+            if args.dry_run:
+                print("dry run: nothing was changed")
                 return EXIT_PROBLEM
-        done = repair_store(root, log_dir, salvage=args.salvage).log
-        print(f"repaired {log_dir}: took {done.dropped_bytes} bytes out of the log; the log now ends at LSN "
-              f"{done.last_good_lsn} (it holds LSNs {done.first_lsn}..{done.last_good_lsn})")
-        for f in done.broken_files:
-            print(f"  kept {f}")
-        for f in done.rewritten:
-            print(f"  wrote {f}")
-        return EXIT_OK
+        elif not _cut(args, found, root, log_dir, layout):
+            return EXIT_PROBLEM
+        elif layout is None:
+            return EXIT_OK  # a bare log directory: no state
     finally:
         for lock in reversed(locks):
             lock.release()
+    _open_once(args.store, rep)  # the store's locks are let go: it takes them as any writer
+    return EXIT_OK
+
+
+def _cut(args: argparse.Namespace, found: StoreRepair, root: str | None, log_dir: str,
+         layout: StoreLayout | None) -> bool:
+    """Show what the repair will do, ask, and do it; whether it was done."""
+    from kvstore.store.repair import repair_store
+
+    _show_repair(found, layout.snapshots_dir if layout is not None else None)
+    if args.dry_run:
+        print("dry run: nothing was changed")
+        return False
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("not cutting: stdin is not a terminal to ask on; pass --yes to cut")
+        answer = input("Repair the log as shown? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing was changed")
+            return False
+    done = repair_store(root, log_dir, salvage=args.salvage).log
+    print(f"repaired {log_dir}: took {done.dropped_bytes} bytes out of the log; the log now ends at LSN "
+          f"{done.last_good_lsn} (it holds LSNs {done.first_lsn}..{done.last_good_lsn})")
+    for f in done.broken_files:
+        print(f"  kept {f}")
+    for f in done.rewritten:
+        print(f"  wrote {f}")
+    return True
+
+
+def _state_unreadable(layout: StoreLayout) -> str | None:
+    """Why a read-only open (``walkv get``, ``scan``, ``stats``) would refuse
+    the store's state, which only a read-write open rebuilds or recovers
+    (None: it reads it)."""
+    import kvstore
+
+    if not os.path.isdir(layout.lmdb_dir):
+        return f"it has none yet ({os.path.basename(layout.lmdb_dir)}/ is missing)"
+    try:
+        kvstore.open(layout.root, readonly=True).close()
+    except RecoveryNeededError as e:
+        return str(e)
+    return None
+
+
+def _open_once(path: str, rep: Reporter) -> None:
+    """Open the store read-write once and close it, so that its state is
+    rebuilt (or replayed) now and every command reads it after a repair."""
+    from kvstore.cli.common import open_store
+
+    with open_store(path, reporter=rep) as db:
+        how = f"rebuilt ({db.rebuilt})" if db.rebuilt else f"brought up to date ({db.replayed} entries replayed)"
+        print(f"the state:    {how}; it holds LSNs up to {db.applied_lsn}: every command reads the store now")

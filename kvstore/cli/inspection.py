@@ -19,7 +19,6 @@ import json
 import os
 import struct
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,9 +28,10 @@ from kvstore.cli.common import (
     EXIT_USAGE,
     AddCommand,
     CliError,
-    escape_field,
+    count,
     human_bytes,
 )
+from kvstore.cli.entry_text import fmt_time, op_line, short, summary
 from kvstore.cli.progress import Reporter
 from kvstore.layout import WAL_DIR
 
@@ -46,7 +46,7 @@ def add_commands(add: AddCommand) -> None:
                         "listed as BAD with their byte range and the reading goes on.")
     p.add_argument("segment", metavar="SEGMENT", help="a .wal segment file (or .wal.broken, or .wkc chunk)")
     p.add_argument("--raw", action="store_true", help="list every fragment (offset, type, length, CRC ok)")
-    p.add_argument("--limit", type=int, help="stop after this many records")
+    p.add_argument("--limit", type=count, help="stop after this many entries (the header is always shown)")
     p.add_argument("--from-lsn", type=int, help="start listing at this LSN")
     p.add_argument("--ops", action="store_true", help="print every operation, not just a summary")
     p.add_argument("--json", action="store_true", help="one JSON object per record")
@@ -150,51 +150,6 @@ def _check_header(path: str, kind: str) -> None:
                  f"its header is damaged: `walkv inspect --raw {path}` lists its fragments")
 
 
-def _fmt_time(us: int) -> str:
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(us / 1e6)) + f".{us % 1_000_000 // 1000:03d}"
-    except (OverflowError, OSError, ValueError):
-        return str(us)
-
-
-def _short(data: bytes, n: int = 40) -> str:
-    text = escape_field(data)
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def _op_summary(ops: list[list[Any]]) -> tuple[str, list[str]]:
-    """A one-line summary of a batch's operations, and one line per operation."""
-    from kvstore.entry.codec import OP_DELETE, OP_DELETE_RANGE, OP_PUT, OP_REQUIRE_ABSENT, OP_REQUIRE_EQUALS
-
-    counts = {OP_PUT: 0, OP_DELETE: 0, OP_DELETE_RANGE: 0}
-    lines = []
-    for op in ops:
-        counts[op[0]] = counts.get(op[0], 0) + 1
-        if op[0] == OP_PUT:
-            lines.append(f"put {_short(op[1])} = {_short(op[2])} ({len(op[2])} B)")
-        elif op[0] == OP_DELETE:
-            lines.append(f"delete {_short(op[1])}")
-        elif op[0] == OP_REQUIRE_EQUALS:
-            lines.append(f"require {_short(op[1])} == {_short(op[2])}")
-        elif op[0] == OP_REQUIRE_ABSENT:
-            lines.append(f"require {_short(op[1])} absent")
-        elif op[0] != OP_DELETE_RANGE:
-            lines.append(f"require {_short(op[1])} present")
-        else:
-            lines.append(f"delete_range [{_short(op[1])}, {_short(op[2])})")
-    if len(ops) == 1:
-        return lines[0], lines
-    parts = [f"{counts[OP_PUT]} put"] if counts[OP_PUT] else []
-    if counts[OP_DELETE]:
-        parts.append(f"{counts[OP_DELETE]} delete")
-    if counts[OP_DELETE_RANGE]:
-        parts.append(f"{counts[OP_DELETE_RANGE]} delete_range")
-    summary = f"batch of {len(ops)}: " + ", ".join(parts)
-    if ops:
-        summary += f"; first {lines[0]}"
-    return summary, lines
-
-
 def _kind(path: str) -> str:
     base = os.path.basename(path)
     if base.endswith((".wkc", ".wkc.broken")):
@@ -238,8 +193,9 @@ def cmd_inspect(args: argparse.Namespace, rep: Reporter) -> int:
             names.append(_FRAGMENT_NAMES.get(f[1], "BAD"))
         return names
 
+    listed = 0  # the records --limit counts: all but the header
     for what, offset, end, item in _records(path):
-        if args.limit is not None and n >= args.limit:
+        if args.limit is not None and listed >= args.limit:
             break
         if what != "rec":
             frags_until(end)
@@ -264,17 +220,18 @@ def cmd_inspect(args: argparse.Namespace, rep: Reporter) -> int:
                 bad += 1
             last_lsn = row["lsn"]
         n += 1
+        listed += not _is_header(path, kind, offset)
         row.update(offset=offset, fragments=names, bytes=len(item))
         if args.json:
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
             continue
         lsn = "" if row.get("lsn") is None else str(row["lsn"])
-        ts = _fmt_time(row["timestamp_us"]) if row.get("timestamp_us") else ""
+        ts = fmt_time(row["timestamp_us"]) if row.get("timestamp_us") else ""
         print(f"{offset:>10}  {frag_text:<16} {lsn:>10}  {ts:<23}  {len(item):>7}  {row['summary']}")
         if row.get("problem"):
             print(f"{'':>10}  !! {row['problem']}")
-        for line in row.get("ops", []):
-            print(f"{'':>12}{line}")
+        for op in row.get("ops", []) if len(row.get("ops", [])) > 1 else []:
+            print(f"{'':>12}{op['text']}")
     if not args.json:
         print(f"{n} records" + (f", {bad} damaged ranges" if bad else "")
               + (f", LSNs up to {last_lsn}" if last_lsn is not None else ""))
@@ -297,10 +254,10 @@ def _describe(kind: str, path: str, offset: int, payload: bytes, full_ops: bool)
         except CorruptionError as e:
             return {"summary": "header?", "problem": e.reason}
         return {"summary": f"segment header: version {h.version}, store {h.store_id}, first LSN {h.first_lsn}, "
-                           f"created {_fmt_time(h.created_us)}",
+                           f"created {fmt_time(h.created_us)}",
                 "header": {"version": h.version, "store_id": h.store_id, "first_lsn": h.first_lsn,
                            "created_us": h.created_us}}
-    from kvstore.entry.codec import decode
+    from kvstore.entry.codec import OP_NAMES, decode
     from wal.segment import decode_entry
 
     try:
@@ -314,10 +271,9 @@ def _describe(kind: str, path: str, offset: int, payload: bytes, full_ops: bool)
         row["summary"] = f"not a walkv batch ({len(entry.payload)} bytes)"
         row["problem"] = e.reason
         return row
-    summary, lines = _op_summary(ops)
-    row["summary"] = summary
-    if full_ops and len(lines) > 1:
-        row["ops"] = lines
+    row["summary"] = summary(ops)
+    if full_ops:
+        row["ops"] = [{"op": OP_NAMES[op[0]], "text": op_line(op)} for op in ops]
     return row
 
 
@@ -332,22 +288,55 @@ def _describe_chunk(offset: int, payload: bytes) -> dict[str, Any]:
             return {"summary": "chunk header?", "problem": "unexpected header size"}
     try:
         keys, _values = msgpack.unpackb(payload, use_list=True)
-        return {"summary": f"{len(keys)} pairs, keys {_short(keys[0], 24)} .. {_short(keys[-1], 24)}"}
+        return {"summary": f"{len(keys)} pairs, keys {short(keys[0], 24)} .. {short(keys[-1], 24)}"}
     except (msgpack.UnpackException, ValueError, TypeError, IndexError, AttributeError) as e:
         # not msgpack, not a (keys, values) pair, no keys, or keys that are not bytes
         return {"summary": "?", "problem": f"not a chunk data record ({e})"}
 
 
+def _is_header(path: str, kind: str, offset: int) -> bool:
+    """Whether the record at ``offset`` is the file's header (a segment's or
+    a chunk's first record; a ``.broken`` piece and an index have none)."""
+    import re
+
+    return offset == 0 and kind != "index" and not re.search(r"\.broken(-\d+)?$", path)
+
+
+def _first_offset(path: str, kind: str, from_lsn: int | None) -> int:
+    """The offset of the first record at or past LSN ``from_lsn`` (0: no
+    ``--from-lsn``; the file's size when no record is that far)."""
+    from wal.errors import CorruptionError
+    from wal.segment import decode_entry
+
+    if from_lsn is None or kind != "segment":
+        return 0
+    for what, offset, _end, item in _records(path):
+        if what != "rec" or _is_header(path, kind, offset):
+            continue
+        try:
+            if decode_entry(item, path, offset).lsn >= from_lsn:
+                return offset
+        except CorruptionError:
+            continue
+    return os.path.getsize(path)
+
+
 def _inspect_raw(path: str, args: argparse.Namespace) -> int:
     from wal.record import BLOCK_SIZE
 
-    n = bad = 0
+    kind = _kind(path)
+    start = _first_offset(path, kind, args.from_lsn)
+    n = bad = listed = 0
     if not args.json:
         print(f"{'offset':>10}  {'block':>6}  {'type':<7} {'length':>6}  status")
     for offset, ftype, length, problem in _fragments(path):
-        if args.limit is not None and n >= args.limit:
+        header = _is_header(path, kind, offset)
+        if offset < start and not header:
+            continue
+        if args.limit is not None and listed >= args.limit:
             break
         n += 1
+        listed += not header
         if problem:
             bad += 1
         if args.json:

@@ -36,6 +36,7 @@ from kvstore.cli.common import (
     EXIT_USAGE,
     AddCommand,
     CliError,
+    count,
     escape_field,
     hex_arg,
     open_store,
@@ -48,10 +49,17 @@ from kvstore.store.store import KVStore
 
 
 def add_commands(add: AddCommand) -> None:
-    p = add("put", "set a key to a value", cmd_put)
+    p = add("put", "set a key to a value (given, from stdin with -, or from a file)", cmd_put,
+            description="Set KEY to VALUE: the argument, its bytes as they are read from stdin when VALUE is "
+                        "- (`walkv put STORE KEY - < photo.jpg`), or a file's with --file (a value of one "
+                        "dash: put it in a file). With --ttl the key expires that many seconds from now.")
     p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
     p.add_argument("key", metavar="KEY")
-    p.add_argument("value", metavar="VALUE")
+    p.add_argument("value", metavar="VALUE", nargs="?", help="the value; - reads it from stdin")
+    p.add_argument("--file", metavar="PATH", help="read the value from this file (instead of VALUE)")
+    p.add_argument("--ttl", metavar="SECONDS", type=float,
+                   help="the key expires this many seconds from now (see `walkv stats`: expired keys are "
+                        "not counted)")
     hex_arg(p)
     keyspace_arg(p)
     sync_arg(p)
@@ -77,7 +85,7 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--stop", help="end key (exclusive)")
     p.add_argument("--prefix", help="only keys with this prefix")
     p.add_argument("--reverse", action="store_true", help="descending key order")
-    p.add_argument("--limit", type=int, help="at most this many pairs")
+    p.add_argument("--limit", type=count, help="at most this many pairs")
     p.add_argument("--keys-only", action="store_true", help="print keys only")
     p.add_argument("--json", action="store_true",
                    help='JSON lines {"key": .., "value": ..} (what load reads back byte for byte: a key or value '
@@ -122,11 +130,34 @@ def in_keyspace(db: KVStore, name: str) -> KVStore | Keyspace:
 # -- put / get / delete / scan ---------------------------------------------------
 
 
+def _value(args: argparse.Namespace) -> bytes:
+    """``put``'s value: VALUE, stdin's bytes for ``-``, or ``--file``'s
+    (read whole; with ``--hex`` they are hex text)."""
+    if (args.value is None) == (args.file is None):
+        raise CliError("give the value once: VALUE (- for stdin) or --file PATH", EXIT_USAGE)
+    if args.value is not None and args.value != "-":
+        return to_bytes(args.value, args.hex, "value")
+    if args.file is not None:
+        try:
+            with open(args.file, "rb") as fh:
+                data = fh.read()
+        except OSError as e:
+            raise CliError(f"cannot read {args.file}: {e.strerror}") from None
+    else:
+        data = sys.stdin.buffer.read()
+    if not args.hex:
+        return data
+    try:
+        return binascii.unhexlify(data.strip())
+    except (binascii.Error, ValueError):
+        raise CliError("the value read is not valid hex (use pairs of 0-9a-f)", EXIT_USAGE) from None
+
+
 def cmd_put(args: argparse.Namespace, rep: Reporter) -> int:
     key = to_bytes(args.key, args.hex, "key")
-    value = to_bytes(args.value, args.hex, "value")
+    value = _value(args)
     with open_store(args.store, create=True, reporter=rep, sync=args.sync) as db:
-        lsn = in_keyspace(db, args.keyspace).put(key, value)
+        lsn = in_keyspace(db, args.keyspace).put(key, value, ttl=args.ttl)
     if not args.quiet:
         print(f"ok: LSN {lsn}", file=sys.stderr)
     return EXIT_OK

@@ -3,7 +3,7 @@
 ``walkv --help`` lists the commands; ``walkv COMMAND --help`` explains one.
 This module parses arguments and maps errors to exit codes; the commands live
 in :mod:`kvstore.cli.kv` (put, get, delete, scan, load),
-:mod:`kvstore.cli.stats` (stats), :mod:`kvstore.cli.inspection` (inspect),
+:mod:`kvstore.cli.watch` (watch), :mod:`kvstore.cli.stats` (stats, keyspaces), :mod:`kvstore.cli.inspection` (inspect),
 :mod:`kvstore.cli.files` (verify, repair), :mod:`kvstore.cli.admin`
 (snapshot, restore, export, bench), :mod:`kvstore.cli.replica` (replica), :mod:`kvstore.cli.serve` (serve) and
 :mod:`kvstore.cli.demo` (the main job).
@@ -41,7 +41,7 @@ import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 
-from kvstore.cli import admin, archive, demo, files, inspection, kv, replica, serve, stats, subscriptions
+from kvstore.cli import admin, archive, demo, files, inspection, kv, replica, serve, stats, subscriptions, watch
 from kvstore.cli.common import (
     EXIT_CORRUPT,
     EXIT_LOCKED,
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
             demo.cmd_demo, description=demo.DESCRIPTION)
     demo.add_arguments(p)
     kv.add_commands(add)
+    watch.add_commands(add)
     stats.add_commands(add)
     inspection.add_commands(add)
     files.add_commands(add)

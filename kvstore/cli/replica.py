@@ -27,13 +27,16 @@ TOKEN_VARIABLE = "WALKV_TOKEN"
 
 
 def add_commands(add: AddCommand) -> None:
-    p = add("replica", "run a read replica of a store or an archive, showing its lag, until SIGINT",
+    p = add("replica", "run a read replica of a store, an archive or a server, showing its lag, until SIGINT",
             cmd_replica,
-            description="Follow SOURCE (a store directory, or an archive URI or directory) into DIR, a read "
+            description="Follow SOURCE (a store directory, an archive URI or directory, or the http:// or "
+                        "https:// URL of `walkv serve`, its token in $WALKV_TOKEN) into DIR, a read "
                         "replica with its own LMDB state, until SIGINT/SIGTERM; its lag goes to stderr when it "
                         "changes. Open DIR from Python with kvstore.open_replica(SOURCE, DIR).")
-    p.add_argument("source", metavar="SOURCE")
-    p.add_argument("dir", metavar="DIR")
+    p.add_argument("source", metavar="SOURCE",
+                   help="a store directory, an archive (s3://..., file://..., a directory), or a server's URL "
+                        "(http://HOST:PORT, https://...; the bearer token in $WALKV_TOKEN)")
+    p.add_argument("dir", metavar="DIR", help="the replica's directory (created, or reopened: it goes on)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
                    help="seconds between lag lines (default 1)")
     p.add_argument("--poll", type=float, default=None, metavar="S",

@@ -29,6 +29,7 @@ from kvstore.archive.marker import read_archived
 from kvstore.cli.common import (
     EXIT_OK,
     AddCommand,
+    CliError,
     allocated_bytes,
     dir_bytes,
     human_bytes,
@@ -40,6 +41,7 @@ from kvstore.cli.common import (
 from kvstore.cli.progress import Reporter
 from kvstore.layout import SESSION_NAME, StoreLayout
 from kvstore.store.metrics import prometheus_text
+from kvstore.store.store import KVStore
 from wal.compiled import build_info
 from wal.errors import CorruptionError, WalkvError
 
@@ -51,6 +53,13 @@ def add_commands(add: AddCommand) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--prometheus", action="store_true",
                    help="LSNs (and the archived LSN a sidecar publishes) in Prometheus' text format")
+
+    p = add("keyspaces", "list the keyspaces of a store and the keys each holds", cmd_keyspaces,
+            description="List the default keyspace and every named keyspace that holds a key, with its "
+                        "live keys (keys whose TTL or lease ran out are not counted, swept or not). "
+                        "Reads only: safe beside a writer; also reads a replica's directory.")
+    p.add_argument("store", metavar="STORE", help="a store, or a read replica's directory")
+    p.add_argument("--json", action="store_true", help='a JSON array of {"keyspace": NAME, "keys": N} ("": default)')
 
 
 def gather_stats(path: str) -> dict[str, Any]:
@@ -158,7 +167,9 @@ def cmd_stats(args: argparse.Namespace, rep: Reporter) -> int:
         try:
             with open_store(args.store, readonly=True) as db:
                 db_stats = db.stats()
-        except (WalkvError, OSError) as e:  # the file-level stats still stand
+                st["keyspaces"] = key_counts(db)
+                st["keys"] = sum(st["keyspaces"].values())
+        except (WalkvError, OSError, CliError) as e:  # the file-level stats still stand
             st["state_error"] = str(e)
     for k in ("applied_lsn", "lmdb_entries", "lmdb_used_bytes", "lmdb_map_bytes", "lmdb_depth", "lmdb_readers",
               "lmdb_reader_slots", "lmdb_readers_reading", "lmdb_oldest_reader_lag"):
@@ -211,6 +222,34 @@ def _served_rows(url: str, st: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def key_counts(db: KVStore) -> dict[str, int]:
+    """The live keys of each keyspace (``""``: the default one, always
+    there), keys whose TTL or lease ran out left out though not swept yet."""
+    return {"": len(db), **{name: len(db.keyspace(name)) for name in db.keyspaces()}}
+
+
+def _keys_text(st: dict[str, Any]) -> str:
+    """The ``keys`` row: every keyspace's live keys, and how they split."""
+    if "keys" not in st:
+        return "-"
+    named = {k: v for k, v in st["keyspaces"].items() if k}
+    if not named:
+        return str(st["keys"])
+    split = ", ".join(f"{name} {n}" for name, n in named.items())
+    return (f"{st['keys']} (default keyspace {st['keyspaces']['']}; {len(named)} keyspace"
+            f"{'s' if len(named) > 1 else ''}: {split})")
+
+
+def cmd_keyspaces(args: argparse.Namespace, rep: Reporter) -> int:
+    with open_store(args.store, readonly=True) as db:
+        counts = key_counts(db)
+    if args.json:
+        print(json.dumps([{"keyspace": name, "keys": n} for name, n in counts.items()]))
+        return EXIT_OK
+    print_table([("(default)" if not name else name, f"{n} key{'s' if n != 1 else ''}") for name, n in counts.items()])
+    return EXIT_OK
+
+
 def _readers(st: dict[str, Any]) -> str:
     """Reader slots in use (every process's, this command's own included)
     and how far the oldest reading one lags: the write transactions
@@ -250,7 +289,7 @@ def _replica_rows(st: dict[str, Any]) -> list[tuple[str, str]]:
         ("applied LSN", str(st.get("applied_lsn", "-"))),
         ("source durable LSN", "-" if rep["source_durable_lsn"] is None else str(rep["source_durable_lsn"])),
         ("lag", lag),
-        ("keys", str(st.get("lmdb_entries", "-"))),
+        ("keys", _keys_text(st)),
         ("LMDB", _lmdb_text(st)),
         ("LMDB readers", _readers(st)),
     ]
@@ -273,7 +312,7 @@ def _rows(st: dict[str, Any]) -> list[tuple[str, str]]:
         ("first LSN in log", str(st["first_lsn"])),
         ("durable LSN", str(st["durable_lsn"])),
         ("applied LSN", str(st.get("applied_lsn", "-"))),
-        ("keys", str(st.get("lmdb_entries", "-"))),
+        ("keys", _keys_text(st)),
         ("log segments", segments),
         ("LMDB", lmdb),
         ("LMDB readers", _readers(st)),

@@ -29,8 +29,8 @@ from kvstore.client.events import AsyncRemoteWatcher, Resumption
 from kvstore.client.http import Cert, Verify
 from kvstore.client.leader import FAILOVER_TIMEOUT, AsyncTransport, async_transport
 from kvstore.client.remote import not_remotely
-from kvstore.entry.codec import check_keyspace
 from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
+from kvstore.store.keyspace import keyspace_name
 from kvstore.store.leases import Lease
 from wal.errors import ClosedError
 
@@ -116,7 +116,7 @@ class AsyncRemoteStore:
 
     def keyspace(self, name: str) -> "AsyncRemoteStore":
         """The keyspace ``name``: this client's API over its keys (sharing its connections)."""
-        return AsyncRemoteStore(self._http, self._info, check_keyspace(name, default_ok=False))
+        return AsyncRemoteStore(self._http, self._info, keyspace_name(name))
 
     async def keyspaces(self) -> list[str]:
         return await self._call(calls.keyspaces())

@@ -44,9 +44,9 @@ from kvstore.client.events import RemoteWatcher, Resumption
 from kvstore.client.http import Cert, Verify
 from kvstore.client.leader import FAILOVER_TIMEOUT, transport
 from kvstore.client.wire import NotFound, NotSupportedRemotelyError
-from kvstore.entry.codec import check_keyspace
 from kvstore.state.lookups import MutableLookups
 from kvstore.store import txn
+from kvstore.store.keyspace import keyspace_name
 from kvstore.store.leases import Lease
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch.consumers import SubscriptionInfo
@@ -213,7 +213,7 @@ class RemoteStore(MutableLookups):
 
     def keyspace(self, name: str) -> RemoteKeyspace:
         """The keyspace ``name`` (as :meth:`KVStore.keyspace`)."""
-        return RemoteKeyspace(self, check_keyspace(name, default_ok=False))
+        return RemoteKeyspace(self, keyspace_name(name))
 
     def keyspaces(self) -> list[str]:
         return self._call(calls.keyspaces())

@@ -135,6 +135,14 @@ OP_REVOKE: Final = 13
 OP_EXPIRE: Final = 14
 OP_KEYSPACE: Final = 16
 OP_DROP_KEYSPACE: Final = 17
+OP_NAMES: Final = {OP_PUT: "put", OP_DELETE: "delete", OP_DELETE_RANGE: "delete_range",
+                   OP_REQUIRE_EQUALS: "require_equals", OP_REQUIRE_ABSENT: "require_absent",
+                   OP_REQUIRE_PRESENT: "require_present", OP_FAILED: "failed", OP_PUT_EXPIRING: "put_expiring",
+                   OP_PUT_LEASED: "put_leased", OP_REQUIRE_LEASE: "require_lease", OP_GRANT: "grant",
+                   OP_KEEPALIVE: "keepalive", OP_REVOKE: "revoke", OP_EXPIRE: "expire", OP_KEYSPACE: "keyspace",
+                   OP_DROP_KEYSPACE: "drop_keyspace"}
+"""Every op code of the format (the module docstring's) and its name: the one
+full list, which whatever shows every op (``walkv inspect``) is held to."""
 CONDITION_CODES: Final = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT, OP_REQUIRE_LEASE))
 NO_WRITE_CODES: Final = CONDITION_CODES | {OP_FAILED}
 """Op codes that change nothing (a reader skips them; a batch starting with

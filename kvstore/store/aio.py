@@ -47,6 +47,7 @@ from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View
 from kvstore.store.aio_batch import AsyncTransaction, AsyncWriteBatch
 from kvstore.store.aio_writes import PendingWrites
 from kvstore.store.expiring import lease_id_of
+from kvstore.store.keyspace import keyspace_name
 from kvstore.store.leases import Lease
 from kvstore.store.store import KVStore
 from kvstore.store.txn import cas_outcome, decided
@@ -178,7 +179,7 @@ class AsyncKVStore:
 
     def keyspace(self, name: str) -> "AsyncKeyspace":
         """The keyspace ``name``, with this front's API (:meth:`KVStore.keyspace`)."""
-        return AsyncKeyspace(self, check_keyspace(name, default_ok=False))
+        return AsyncKeyspace(self, keyspace_name(name))
 
     async def keyspaces(self) -> list[str]:
         return self.store.keyspaces()

@@ -75,8 +75,12 @@ class ExpiryClock:
 
 
 def seconds_to_us(seconds: object, what: str) -> int:
-    """A positive, finite number of seconds as whole microseconds (at least 1)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds <= 0:
+    """A positive, finite number of seconds as whole microseconds (at least 1):
+    TypeError for what is not a number (``"5"``), ValueError for a number
+    that is not positive and finite."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds (int or float), not {type(seconds).__name__} "
+                        f"{seconds!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{what} must be a positive number of seconds, not {seconds!r}")
     return max(1, round(seconds * 1_000_000))

@@ -98,6 +98,15 @@ class Store(Protocol):
               keyspace: str | None = "") -> watching.Watcher: ...
 
 
+def keyspace_name(name: object) -> str:
+    """``name`` checked as what ``db.keyspace(name)`` takes: a keyspace's
+    name; ``""`` is none (the default keyspace is the store itself)."""
+    if name == "":
+        raise ValueError('db.keyspace("") names no keyspace: the default keyspace is the store itself '
+                         "(db.put, db.get, db.scan... work in it)")
+    return check_keyspace(name, default_ok=False)
+
+
 def writable_keyspace(state: State, path: str, name: str) -> str:
     """``name``, checked, before a write into it is logged by the writer of
     the store at ``path``: a keyspace ``state`` does not hold yet past

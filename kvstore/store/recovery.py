@@ -59,7 +59,7 @@ from kvstore.entry.codec import decode_all
 from kvstore.layout import SESSION_NAME
 from kvstore.state.machine import State, StateOptions
 from kvstore.store import snapshots
-from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, SnapshotError, WalkvError
+from wal.errors import REPAIR_HINT, CorruptionError, Damage, LogGapError, RecoveryNeededError, SnapshotError, WalkvError
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
 from wal.timeline import ROOT, History, fork_point, history_from_json, history_to_json, timeline_at
@@ -422,9 +422,9 @@ def open_readonly_state(store_path: str, lmdb_dir: str, options: StateOptions) -
         raise WalkvError(f"{store_path} is not a walkv store (no such directory)")
     session = read_session(lmdb_dir)
     if session is not None and not session["clean"] and session["boot_id"] != boot_id():
-        raise WalkvError(
+        raise RecoveryNeededError(
             f"{store_path} was open for writing when its machine crashed; its LMDB "
             f"state may be damaged. Open it read-write once to recover it.")
     if session is not None and isinstance(session.get("rebuild"), str):
-        raise WalkvError(f"{store_path}: {session['rebuild']}; open it read-write once to rebuild its state")
+        raise RecoveryNeededError(f"{store_path}: {session['rebuild']}; open it read-write once to rebuild its state")
     return State(lmdb_dir, options, readonly=True)

@@ -71,8 +71,9 @@ from kvstore.store.clock import Clock, ExpiryClock, SystemClock
 from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_seconds
 from kvstore.store.fast_path import GetPath, PutPath
 from kvstore.store.group_hooks import GroupHooks
-from kvstore.store.keyspace import Keyspace, new_batch, new_transaction, writable_keyspace
+from kvstore.store.keyspace import Keyspace, keyspace_name, new_batch, new_transaction, writable_keyspace
 from kvstore.store.leases import Lease
+from kvstore.store.opening import store_path
 from kvstore.store.replication import DEFAULT_SYNC_TIMEOUT, SyncReplicas
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
@@ -121,7 +122,7 @@ class KVStore(MutableLookups):
                  sweep_interval: float | None = DEFAULT_SWEEP_INTERVAL, sync_replicas: int = 0,
                  sync_timeout: float = DEFAULT_SYNC_TIMEOUT, fence: Callable[[int], None] | None = None,
                  **log_options: Any) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = store_path(path)
         self.readonly = bool(readonly)
         self._fs = fs or OS_FS
         self._closed = True
@@ -177,8 +178,8 @@ class KVStore(MutableLookups):
             raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
         expiry_clock = ExpiryClock(clock or SystemClock())
         self._state.now_us = expiry_clock.now_us
-        self._expiring = Expiring(self._state, expiry_clock, self.max_value_bytes, self._max_payload, self._append,
-                                  self.path)
+        self._expiring = Expiring(self._state, expiry_clock, self.max_value_bytes, self._max_payload,
+                                  lambda payload, ops: self._append(payload, ops), self.path)
         self._writable_keyspace: Callable[[str], str] = (  # checks a keyspace before a write into it
             check_keyspace if self._writer is None else partial(writable_keyspace, self._state, self.path))
         # put and get, compiled (kvstore/store/fast_path.py), unless a subclass overrides them
@@ -270,7 +271,7 @@ class KVStore(MutableLookups):
         starting with ``__``): a handle with this store's API over its own
         keys, created by its first write (:mod:`kvstore.store.keyspace`).
         ``""`` is not a name: the default keyspace is the store itself."""
-        return Keyspace(self, check_keyspace(name, default_ok=False))
+        return Keyspace(self, keyspace_name(name))
 
     def keyspaces(self) -> list[str]:
         """The named keyspaces that hold at least one key, sorted."""
@@ -615,16 +616,10 @@ class KVStore(MutableLookups):
         approximate under concurrent use."""
         self._check_open()
         out: dict[str, Any] = {
-            "path": self.path,
-            "readonly": self.readonly,
-            "last_lsn": self.last_lsn,
-            "durable_lsn": self.durable_lsn,
-            "applied_lsn": self.applied_lsn,
-            "replayed_at_open": self.replayed,
-            "rebuilt_at_open": self.rebuilt,
-            "auto_snapshots": 0,
-            "log_bytes_trimmed": 0,
-            "open_seconds": self.open_seconds,
+            "path": self.path, "readonly": self.readonly,
+            "last_lsn": self.last_lsn, "durable_lsn": self.durable_lsn, "applied_lsn": self.applied_lsn,
+            "replayed_at_open": self.replayed, "rebuilt_at_open": self.rebuilt,
+            "auto_snapshots": 0, "log_bytes_trimmed": 0, "open_seconds": self.open_seconds,
         }
         out.update(self._state.stats())
         out["expired_swept"] = self._expiring.swept
@@ -651,6 +646,9 @@ class KVStore(MutableLookups):
         self.wait_for_snapshots()
         self._expiring.stop()
         self._closed = True
+        # A write from now on: "the store ... is closed", as a read says (not the log's or LMDB's words).
+        self._append, self._writable_keyspace = self._refuse_write, check_keyspace
+        vars(self).pop("put", None)
         self._watch_hub.close()
         if self._writer is None:
             self._state.close(sync=False)
