@@ -239,7 +239,7 @@ class Cluster:
     def wait_followed(self, timeout: float = 60.0) -> tuple[Node, int]:
         """Until every running node follows one leader, has applied what the
         leader had made durable when the wait began (each replica caught up
-        once), and is among the leader's members. A newer leader elected
+        once), answers reads, and is among the leader's members. A newer leader elected
         meanwhile (a lease lost on a loaded machine is a failover like any
         other) is waited for in its place."""
         deadline = time.monotonic() + timeout
@@ -250,7 +250,7 @@ class Cluster:
             answers = {n.advertise: n.status() for n in running}
             members = {m.get("url") for m in (answers.get(leader.advertise) or {}).get("members", [])}
             if all(s is not None and s.get("leader") == leader.advertise and s.get("epoch") == epoch
-                   and int(s.get("applied_lsn", 0)) >= target for s in answers.values()) \
+                   and int(s.get("applied_lsn", 0)) >= target and s.get("reads") for s in answers.values()) \
                     and members | {leader.advertise} >= set(answers):
                 return leader, epoch
             newer = [s for s in answers.values() if s is not None and s.get("role") == "leader"

@@ -28,6 +28,7 @@ import base64
 import json
 import os
 import threading
+import time
 import uuid
 
 import httpx
@@ -37,10 +38,11 @@ from kvstore.cli.main import main
 from tests.cluster_checks import read_log
 from tests.cluster_etcd import Etcd, etcd_missing
 from tests.cluster_nodes import Cluster
+from tests.cluster_proxy import REFUSE
 
 pytestmark = [pytest.mark.crash, pytest.mark.skipif(etcd_missing() is not None, reason=str(etcd_missing()))]
 
-FIELDS = {"cluster", "node", "role", "leader", "epoch", "timeline", "durable_lsn", "applied_lsn", "members"}
+FIELDS = {"cluster", "node", "role", "leader", "epoch", "timeline", "durable_lsn", "applied_lsn", "reads", "members"}
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +213,35 @@ def test_a_restarted_replica_rejoins_and_catches_up(cluster, http):
     read = http.get(replica.direct + "/v1/kv/contract-restart", params={"min_lsn": lsn})
     assert read.status_code == 200 and read.content == b"after"
     assert (replica.status() or {}).get("role") == "replica"
+
+
+def test_a_restarted_node_answers_no_read_before_its_history_is_checked(cluster, http):
+    """A node opened again may hold entries it wrote while it led and no
+    replica confirmed (its state applied them at open): it answers no read
+    until its follower checked its log against its leader's history. Here the
+    restarted replica learns the leader from etcd but cannot reach it (its
+    link to the leader refuses), so it refuses reads with 503 (ReplicaError)
+    and serves none; once the link passes, it follows and reads are answered."""
+    leader, _ = cluster.wait_followed()
+    lsn = http.put(leader.direct + "/v1/kv/contract-rejoin", content=b"v").json()["lsn"]
+    replica = cluster.replicas(leader)[0]
+    replica.kill()
+    cluster.network.set(replica.name, leader.name, REFUSE)
+    try:
+        replica.start()
+        deadline = time.monotonic() + 30
+        while (replica.status() or {}).get("leader") != leader.advertise and time.monotonic() < deadline:
+            time.sleep(0.05)  # (it has learned who leads from etcd: its follower tries that leader, refused)
+        assert (replica.status() or {}).get("leader") == leader.advertise, replica.status()
+        read = http.get(replica.direct + "/v1/kv/contract-rejoin")
+        assert read.status_code == 503, (read.status_code, read.text)
+        assert read.json()["error"]["type"] == "ReplicaError" and "answers no read yet" in read.text, read.text
+        assert (replica.status() or {}).get("reads") is False
+    finally:
+        cluster.network.heal()
+    cluster.wait_followed()
+    read = http.get(replica.direct + "/v1/kv/contract-rejoin", params={"min_lsn": lsn})
+    assert (read.status_code, read.content) == (200, b"v")
 
 
 def test_segments_a_leader_writes_name_its_epoch(cluster, http):

@@ -89,6 +89,12 @@ class Follower:
         the leader ("bootstrap: ..."); the follower stopped."""
         self.last_error: BaseException | None = None
         self.leader_durable_lsn = 0
+        self.on_leaders_line = False
+        """Whether this store's history has been checked against the leader
+        followed now (and what it held past the leader's fork discarded):
+        until then its state may hold entries no leader acknowledged (it led
+        once and wrote them), so its node answers no read
+        (:meth:`kvstore.cluster.node.ClusterNode.check_read`)."""
         self._seen_epoch = 0  # the epoch the leader last said it leads (reported when following without one)
         self._thread = threading.Thread(target=self._run, name="walkv-follower", daemon=True)
         self._thread.start()
@@ -102,6 +108,7 @@ class Follower:
             if target == self._target:
                 return
             self._target = target
+            self.on_leaders_line = False  # checked again against the new leader's history before a read
             http = self._http
             self._changed.notify_all()
         if http is not None:
@@ -177,6 +184,8 @@ class Follower:
             self._reconcile(history_from_json(bounds.get("history"), f"{url}/v1/log/bounds"),
                             int(bounds["first_lsn"]), url)
             target = (url, epoch)
+            with self._changed:
+                self.on_leaders_line = self._current(target)
             while self._current(target):
                 self._read(http, url, epoch)
                 self.last_error = None

@@ -48,7 +48,7 @@ from kvstore.cluster.etcd import Etcd
 from kvstore.cluster.follower import Follower
 from kvstore.store.replication import DEFAULT_SYNC_TIMEOUT
 from kvstore.store.store import KVStore
-from wal.errors import FencedError, NotLeaderError, WalkvError
+from wal.errors import FencedError, NotLeaderError, ReplicaError, WalkvError
 from wal.timeline import timeline_at
 
 log = logging.getLogger("walkv.cluster")
@@ -223,9 +223,32 @@ class ClusterNode:
                               f"leader")
 
     def check_read(self) -> None:
-        """A leader whose lease ran out answers no read (it may be deposed)."""
-        if self.role == "leader" and not self.elector.lease_ok():
-            raise self._not_leader()
+        """A leader whose lease ran out answers no read (it may be deposed).
+        A replica answers reads once its follower has checked its history
+        against the leader it follows (:attr:`Follower.on_leaders_line
+        <kvstore.cluster.follower.Follower.on_leaders_line>`): a node opened
+        again after it led may hold entries it wrote and applied that no
+        replica confirmed, which the leader's history does not have and
+        which it discards then. Before that (and while no one leads) a read is
+        :class:`~wal.errors.ReplicaError` (503): read from another node."""
+        if self.role == "leader":
+            if not self.elector.lease_ok():
+                raise self._not_leader()
+            return
+        if not self._reads_answered():
+            leader = self.elector.leader
+            raise ReplicaError(f"{self.me} answers no read yet: its log is not checked against the history of "
+                               + (f"its leader {leader.url}" if leader is not None and leader.url != self.me
+                                  else "a leader (an election is on)")
+                               + ", and may hold entries no leader acknowledged; read from another node, or "
+                                 "retry shortly")
+
+    def _reads_answered(self) -> bool:
+        """Whether :meth:`check_read` lets a read through now (``reads`` in ``GET /v1/cluster``)."""
+        if self.role == "leader":
+            return self.elector.lease_ok()
+        follower = self.follower
+        return follower is not None and follower.on_leaders_line
 
     def _not_leader(self) -> NotLeaderError:
         leader = self.elector.leader
@@ -251,6 +274,7 @@ class ClusterNode:
             "durable_lsn": store.durable_lsn if store is not None else 0,
             "applied_lsn": store.applied_lsn if store is not None else 0,
             "sync_replicas": self.sync_replicas, "lease_seconds": self.elector.lease_seconds,
+            "reads": self._reads_answered(),
         }
         last = out["durable_lsn"]
         members = []

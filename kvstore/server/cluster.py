@@ -48,8 +48,10 @@ READS = ("/v1/kv/{key*}", "/v1/get_many", "/v1/scan", "/v1/count")
 
 def _leader_reads(handler: Handler) -> Handler:
     """A read on the leader is answered only while its lease holds (so it
-    sees every acknowledged write); a replica's reads may be stale, and say
-    which LSN they saw (``Walkv-Lsn``)."""
+    sees every acknowledged write); a replica's only once its history is
+    checked against its leader's (:meth:`ClusterNode.check_read
+    <kvstore.cluster.node.ClusterNode.check_read>`), and may be stale: it says
+    which LSN it saw (``Walkv-Lsn``)."""
     async def checked(request: web.Request, match: RouteMatch) -> web.StreamResponse:
         request.app[NODE].check_read()
         return await handler(request, match)
