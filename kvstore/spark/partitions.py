@@ -91,7 +91,7 @@ class LogStatePartition(InputPartition):
 
 
 @dataclass(frozen=True)
-class Plan:
+class ReadPlan:
     """What one batch query reads, fixed once: the snapshot, the LSN range of
     the log (inclusive), and the durable LSN it was planned against."""
 
@@ -101,7 +101,7 @@ class Plan:
     durable_lsn: int
 
 
-def plan(files: StoreFiles, opts: Options) -> Plan:
+def plan(files: StoreFiles, opts: Options) -> ReadPlan:
     """Choose the snapshot and the LSN range for a batch read."""
     files.check_store()
     durable = files.durable_lsn()
@@ -129,7 +129,7 @@ def plan(files: StoreFiles, opts: Options) -> Plan:
     elif opts.table == sa.CHANGES and snap is not None and start > end and ending is None \
             and opts.snapshot_lsn is None:
         _say_empty_after_snapshot(files, snap, end)
-    return Plan(snap, start, end, durable)
+    return ReadPlan(snap, start, end, durable)
 
 
 def _say_empty_after_snapshot(files: StoreFiles, snap: snapshot.Snapshot, end: int) -> None:
@@ -174,7 +174,7 @@ def _min(a: bytes | None, b: bytes | None) -> bytes | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-def partitions_for(files: StoreFiles, opts: Options, p: Plan, bounds: Bounds | None = None) -> list[Any]:
+def partitions_for(files: StoreFiles, opts: Options, p: ReadPlan, bounds: Bounds | None = None) -> list[Any]:
     """The input partitions of a planned batch read; with pushed-down
     ``bounds`` (:mod:`kvstore.spark.pushdown`), only the snapshot chunks and
     log slices that can hold matching rows."""
