@@ -11,7 +11,7 @@ import pytest
 import kvstore
 import wal
 from kvstore import KVStore
-from kvstore.store.fast_path import GetPath, PutPath
+from kvstore.store.fast_path import GetPath, WritePath
 
 BIG = b"v" * (1 << 20)  # logged as pieces (codec.put_payload)
 
@@ -24,7 +24,7 @@ def test_put_path_logs_what_the_method_logs(tmp_path) -> None:
     paths = [str(tmp_path / "path"), str(tmp_path / "method")]
     for path, by_path in zip(paths, (True, False)):
         with kvstore.open(path, sync="none") as db:
-            assert isinstance(db.put.__self__, PutPath)
+            assert isinstance(db.put.__self__, WritePath)
             put = db.put if by_path else (lambda *a, **kw: KVStore.put(db, *a, **kw))  # noqa: B023
             assert [put(b"k", b"v"), put(b"k" * 511, b""), put(b"big", BIG), put(b"t", b"x", ttl=30)] == [1, 2, 3, 4]
             assert [db.get(b"k"), db.get(b"k" * 511), db.get(b"big"), db.get(b"t")] == [b"v", b"", BIG, b"x"]
@@ -51,12 +51,14 @@ def test_put_path_refuses_what_the_method_refuses(tmp_path, args, kwargs) -> Non
 def test_read_only_and_closed_stores_refuse_puts(tmp_path) -> None:
     path = str(tmp_path / "s")
     db = kvstore.open(path, sync="none")
-    db.put(b"k", b"v")
+    put = db.put
+    put(b"k", b"v")
     db.close()
-    with pytest.raises(kvstore.ClosedError):
-        db.put(b"k", b"w")
+    for held in (put, db.put, db.keyspace("ks").put):  # the store's words, however it was reached
+        with pytest.raises(kvstore.ClosedError, match=f"^the store {path} is closed$"):
+            held(b"k", b"w")
     with kvstore.open(path, readonly=True) as ro:
-        assert "put" not in vars(ro)  # no log: the method, which refuses
+        assert isinstance(ro.put.__self__, WritePath)  # with no log: it refuses
         with pytest.raises(kvstore.ReadOnlyError):
             ro.put(b"k", b"w")
         assert ro.get(b"k") == b"v"

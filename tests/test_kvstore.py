@@ -20,6 +20,7 @@ import kvstore
 import wal
 from kvstore.entry.codec import MAX_KEY_BYTES
 from kvstore.store import recovery
+from kvstore.store.writer import StoreWriter
 from tests.served import KINDS, open_store
 from wal.errors import WalkvError
 
@@ -40,14 +41,15 @@ def abandon(db: kvstore.KVStore) -> None:
     if db.closed:
         return
     db._closed = True
-    if db._writer is not None:
+    writer = db._writer if isinstance(db._writer, StoreWriter) else None  # (a ReadOnly holds no lock)
+    if writer is not None:
         try:
-            db._writer.log.close()  # acknowledged entries are durable anyway
+            writer.log.close()  # acknowledged entries are durable anyway
         except WalkvError:
             pass
     db._state.close(sync=False)
-    if db._writer is not None:
-        db._writer._lock.release()
+    if writer is not None:
+        writer._lock.release()
 
 
 def fake_machine_crash(store: str, damage: str = "garbage", stale: bytes | None = None,

@@ -158,13 +158,13 @@ class AsyncKVStore:
         if self._closing:
             raise ClosedError(f"the store {self.store.path} is closed")
         store = self.store
-        return kind(self._writes.submit, self._max_value, store._max_payload, store._writable_keyspace(keyspace),
-                    store._writable_keyspace, store._expiring)
+        return kind(self._writes.submit, self._max_value, store._max_payload, store._keyspaces.writable(keyspace),
+                    store._keyspaces.writable, store._expiring)
 
     async def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes, keyspace: str = "") -> bool:
         """As :meth:`KVStore.compare_and_set`: True when ``key`` was set,
         decided in log order (:mod:`kvstore.store.txn`)."""
-        outcome = cas_outcome(self._max_value, key, expected, new, self.store._writable_keyspace(keyspace))
+        outcome = cas_outcome(self._max_value, key, expected, new, self.store._keyspaces.writable(keyspace))
         lsn = await self._submit(encode(outcome), outcome)
         return decided(outcome, lsn) is None
 
@@ -190,7 +190,7 @@ class AsyncKVStore:
         return self._submit(encode(ops), ops)
 
     def _submit_in(self, keyspace: str, payload: Payload, ops: list) -> "asyncio.Future[int]":
-        return self._submit(*in_keyspace(self.store._writable_keyspace(keyspace), payload, ops))
+        return self._submit(*in_keyspace(self.store._keyspaces.writable(keyspace), payload, ops))
 
     def watch(self, prefix: bytes | None = None, **options: Any) -> AsyncWatcher:
         """``async for change in adb.watch(...)``: :meth:`KVStore.watch`, its
@@ -290,7 +290,7 @@ class AsyncKeyspace:
         """As :meth:`AsyncKVStore.put`, in this keyspace."""
         if ttl is None and lease is None:
             return self.adb._submit_in(self.name, *put_entry(key, value, self.adb._max_value))
-        keyspace = self.adb.store._writable_keyspace(self.name)
+        keyspace = self.adb.store._keyspaces.writable(self.name)
         return self.adb._checked(*self.adb.store._expiring.put_entry(key, value, ttl, lease, keyspace))
 
     async def ttl(self, key: bytes) -> float | None:

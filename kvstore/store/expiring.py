@@ -69,7 +69,7 @@ from kvstore.entry.conditions import Outcome, count_conditions
 from kvstore.entry.leases import ExpireKeys, ExpireLease, LeaseRecord, Listing, Meta, Revoke, SpacedKey
 from kvstore.entry.leases import decide_group as decide_leases
 from kvstore.state import State
-from kvstore.store.clock import ExpiryClock, seconds_to_us
+from kvstore.store.clock import Clock, ExpiryClock, SystemClock, seconds_to_us
 from wal.errors import ClosedError, LeaseNotFoundError, WalkvError
 from wal.segment import Payload
 
@@ -136,7 +136,7 @@ class _StateMeta:
 class Expiring:
     """A store's TTLs, leases and sweeper (module docstring), for the store
     at ``path``. Its writes go through ``append`` (the store's one write
-    path, ``KVStore._append``); the asyncio front appends the
+    path, :class:`kvstore.store.fast_path.WritePath`); the asyncio front appends the
     entries it builds itself, then :meth:`check` tells whether a lease they
     needed was alive."""
 
@@ -155,6 +155,17 @@ class Expiring:
         self._stop = threading.Event()
         self.swept = 0
         """Keys the sweeper deleted (this process)."""
+
+    @classmethod
+    def wired(cls, state: State, clock: Clock | None, max_value: int, max_payload: int, append: Append,
+              path: str) -> Expiring:
+        """The store's expiry, reading ``clock`` (None: the system clock)
+        through an :class:`~kvstore.store.clock.ExpiryClock`, which ``state``'s
+        reads decide "expired" by too. The sweeper starts with
+        :meth:`start_sweeper`, once the store is open."""
+        expiry_clock = ExpiryClock(clock or SystemClock())
+        state.now_us = expiry_clock.now_us
+        return cls(state, expiry_clock, max_value, max_payload, append, path)
 
     # -- entries ------------------------------------------------------------------
 

@@ -61,36 +61,43 @@ stays valid) until LMDB is next rebuilt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from typing import Any, Protocol
 
-from kvstore.entry.codec import check_keyspace, delete_entry, delete_range_entry, in_keyspace, put_entry
-from kvstore.state import Ops, State
+from kvstore.entry.codec import (
+    OP_DROP_KEYSPACE,
+    check_keyspace,
+    delete_entry,
+    delete_range_entry,
+    in_keyspace,
+    pack_ops,
+    put_entry,
+)
+from kvstore.state import State
 from kvstore.state.lmdb_env import MAX_KEYSPACES
 from kvstore.state.lookups import MutableLookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, View, scan_bounds
 from kvstore.store import txn
 from kvstore.store.expiring import Expiring
+from kvstore.store.fast_path import WritePath
 from kvstore.store.write_batch import WriteBatch
 from kvstore.watch import watcher as watching
 from wal.errors import KeyspaceLimitError
-from wal.segment import Payload
 
 
 class Store(Protocol):
     """What a keyspace needs of its store (:class:`kvstore.KVStore`): its one
-    write path (``_append``) and the parts it composes."""
+    write path (``_writes``) and the parts it composes."""
 
     path: str
     max_value_bytes: int
     _max_payload: int
     _state: State
     _expiring: Expiring
-    _writable_keyspace: Callable[[str], str]
-    _append: Callable[[Payload, Ops], int]
+    _writes: WritePath
+    _keyspaces: Keyspaces
 
     def _check_open(self) -> None: ...
-    def _check_writable(self) -> None: ...
     def drop_keyspace(self, name: str) -> int: ...
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,
@@ -107,34 +114,64 @@ def keyspace_name(name: object) -> str:
     return check_keyspace(name, default_ok=False)
 
 
-def writable_keyspace(state: State, path: str, name: str) -> str:
-    """``name``, checked, before a write into it is logged by the writer of
-    the store at ``path``: a keyspace ``state`` does not hold yet past
-    :data:`MAX_KEYSPACES` is refused (nothing is logged)."""
-    name = check_keyspace(name)
-    if name and state.lmdb.keyspace_db(name) is None and state.lmdb.keyspace_slots_left() <= 0:
-        raise KeyspaceLimitError(
-            f"the store {path} holds {MAX_KEYSPACES} keyspaces, its most; keyspace {name!r} "
-            f"would be one more. Nothing was written. Drop keyspaces no longer used (their "
-            f"slots come back when LMDB is next rebuilt) or keep related data in one keyspace.")
-    return name
+class Keyspaces:
+    """The keyspaces of the store at ``path``, whose state is ``state`` and
+    whose writes go through ``writes``: the check of a keyspace before a
+    write into it, the names, the drop. ``limited``: the store writes, so a
+    new keyspace past :data:`MAX_KEYSPACES` is refused before it is logged
+    (a read-only store's writes are refused anyway)."""
+
+    def __init__(self, state: State, path: str, writes: WritePath, *, limited: bool) -> None:
+        self._state = state
+        self._path = path
+        self._writes = writes
+        self._limited = limited
+
+    def writable(self, name: object) -> str:
+        """``name``, checked, before a write into it is logged: a keyspace the
+        state does not hold yet past :data:`MAX_KEYSPACES` is refused (nothing
+        is logged). Once the store is closed only the name is checked, and the
+        write's own refusal says the store is closed (not LMDB)."""
+        name = check_keyspace(name)
+        if not (self._limited and name and self._writes.writes):
+            return name
+        lmdb = self._state.lmdb
+        if lmdb.keyspace_db(name) is None and lmdb.keyspace_slots_left() <= 0:
+            raise KeyspaceLimitError(
+                f"the store {self._path} holds {MAX_KEYSPACES} keyspaces, its most; keyspace {name!r} "
+                f"would be one more. Nothing was written. Drop keyspaces no longer used (their "
+                f"slots come back when LMDB is next rebuilt) or keep related data in one keyspace.")
+        return name
+
+    def names(self) -> list[str]:
+        """The named keyspaces that hold at least one key, sorted."""
+        return self._state.keyspaces()
+
+    def drop(self, name: str) -> int:
+        """Log the drop of keyspace ``name`` (one op); its LSN."""
+        ops = [[OP_DROP_KEYSPACE, check_keyspace(name, default_ok=False)]]
+        return self._writes.append(pack_ops(ops), ops)
 
 
 def new_batch(store: Store, keyspace: str) -> WriteBatch:
     """A batch of ``store`` whose writes go to ``keyspace`` ("": the default
     one) unless they name another: :meth:`kvstore.KVStore.batch`, :meth:`Keyspace.batch`.
     ``keyspace`` is checked now, as a keyspace a write names is when it is added."""
-    store._check_writable()
-    return WriteBatch(store._append, store.max_value_bytes, store._max_payload, store._writable_keyspace(keyspace),
-                      check_keyspace=store._writable_keyspace, expiring=store._expiring)
+    store._check_open()
+    store._writes.check()
+    check = store._keyspaces.writable
+    return WriteBatch(store._writes.append, store.max_value_bytes, store._max_payload, check(keyspace),
+                      check_keyspace=check, expiring=store._expiring)
 
 
 def new_transaction(store: Store, keyspace: str) -> txn.Transaction:
     """A transaction of ``store`` whose conditions and writes are in
     ``keyspace`` unless they name another (as :func:`new_batch`)."""
-    store._check_writable()
-    return txn.Transaction(store._append, store.max_value_bytes, store._max_payload, store._writable_keyspace(keyspace),
-                           check_keyspace=store._writable_keyspace, expiring=store._expiring)
+    store._check_open()
+    store._writes.check()
+    check = store._keyspaces.writable
+    return txn.Transaction(store._writes.append, store.max_value_bytes, store._max_payload, check(keyspace),
+                           check_keyspace=check, expiring=store._expiring)
 
 
 class Keyspace(MutableLookups):
@@ -160,10 +197,10 @@ class Keyspace(MutableLookups):
         :meth:`kvstore.KVStore.put`: ``ttl`` seconds, or under ``lease``, a
         lease of the store, which may hold keys of several keyspaces)."""
         store = self.store
-        keyspace = store._writable_keyspace(self.name)
+        keyspace = store._keyspaces.writable(self.name)
         if ttl is None and lease is None:
             payload, ops = put_entry(key, value, store.max_value_bytes)
-            return store._append(*in_keyspace(keyspace, payload, ops))
+            return store._writes.append(*in_keyspace(keyspace, payload, ops))
         return store._expiring.put(key, value, ttl, lease, keyspace)
 
     def ttl(self, key: bytes) -> float | None:
@@ -174,12 +211,12 @@ class Keyspace(MutableLookups):
     def delete(self, key: bytes) -> int:
         """Remove ``key`` from this keyspace; return the LSN."""
         payload, ops = delete_entry(key)
-        return self.store._append(*in_keyspace(self.store._writable_keyspace(self.name), payload, ops))
+        return self.store._writes.append(*in_keyspace(self.store._keyspaces.writable(self.name), payload, ops))
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
         """Remove every key with ``start <= key < end`` from this keyspace; return the LSN."""
         payload, ops = delete_range_entry(start, end)
-        return self.store._append(*in_keyspace(self.store._writable_keyspace(self.name), payload, ops))
+        return self.store._writes.append(*in_keyspace(self.store._keyspaces.writable(self.name), payload, ops))
 
     def batch(self) -> WriteBatch:
         """A batch whose writes go to this keyspace unless they name another
@@ -193,13 +230,13 @@ class Keyspace(MutableLookups):
 
     def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """:meth:`kvstore.KVStore.compare_and_set` in this keyspace."""
-        return txn.compare_and_set(self.store._append, self.store.max_value_bytes, key, expected, new,
-                                   self.store._writable_keyspace(self.name))
+        return txn.compare_and_set(self.store._writes.append, self.store.max_value_bytes, key, expected, new,
+                                   self.store._keyspaces.writable(self.name))
 
     def delete_if(self, key: bytes, expected: bytes) -> bool:
         """:meth:`kvstore.KVStore.delete_if` in this keyspace."""
-        return txn.delete_if(self.store._append, self.store.max_value_bytes, key, expected,
-                             self.store._writable_keyspace(self.name))
+        return txn.delete_if(self.store._writes.append, self.store.max_value_bytes, key, expected,
+                             self.store._keyspaces.writable(self.name))
 
     def drop(self) -> int:
         """Remove every key of this keyspace in one entry; return its LSN."""

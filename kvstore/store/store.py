@@ -42,7 +42,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
-from functools import partial
 from typing import Any
 
 import snapshot
@@ -52,28 +51,24 @@ from kvstore.entry.codec import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
     MAX_KEY_BYTES,
-    OP_DROP_KEYSPACE,
     as_bytes,
-    check_keyspace,
-    decode,
     delete_entry,
     delete_range_entry,
-    pack_ops,
     parse,
-    put_entry,
 )
-from kvstore.layout import LMDB_DIR, WAL_DIR
-from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions, View
+from kvstore.layout import WAL_DIR
+from kvstore.state import DEFAULT_MAP_SIZE, StateOptions, View
 from kvstore.state.lookups import MutableLookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
-from kvstore.store import recovery, snapshots, txn
-from kvstore.store.clock import Clock, ExpiryClock, SystemClock
+from kvstore.store import snapshots, txn
+from kvstore.store.clock import Clock
 from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_seconds
-from kvstore.store.fast_path import GetPath, PutPath
+from kvstore.store.fast_path import GetPath, WritePath
 from kvstore.store.group_hooks import GroupHooks
-from kvstore.store.keyspace import Keyspace, keyspace_name, new_batch, new_transaction, writable_keyspace
+from kvstore.store.keyspace import Keyspace, Keyspaces, keyspace_name, new_batch, new_transaction
 from kvstore.store.leases import Lease
 from kvstore.store.opening import store_path
+from kvstore.store.readonly import ReadOnly
 from kvstore.store.replication import DEFAULT_SYNC_TIMEOUT, SyncReplicas
 from kvstore.store.write_batch import WriteBatch
 from kvstore.store.writer import ARCHIVE_CLOSE_TIMEOUT, StoreWriter
@@ -82,23 +77,26 @@ from kvstore.watch import watcher as watching
 from kvstore.watch.consumers import SubscriptionInfo
 from kvstore.watch.subscription import Subscription, subscribe
 from snapshot import SnapshotInfo
-from wal.errors import ArchiveError, ClosedError, ReadOnlyError, SnapshotError, WalkvError
+from wal.errors import ClosedError, ReadOnlyError, WalkvError
 from wal.forkguard import forked_error, track
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
 from wal.record import DEFAULT_MAX_RECORD_BYTES
-from wal.segment import Payload, read_newest_header
-from wal.timeline import ROOT, History, TimelineStart
+from wal.timeline import History, TimelineStart
 
 
 class KVStore(MutableLookups):
     """An open store. Create with :func:`kvstore.open`.
 
     A store has a state machine (:class:`kvstore.state.State`), a hub that
-    wakes its watchers and, unless ``readonly``, a writer
-    (:class:`kvstore.store.writer.StoreWriter`: the lock, the log, the
-    snapshots, the archiver); its methods delegate to them. Every write goes
-    through ``_append``, the one place that refuses writes.
+    wakes its watchers, a writer (:class:`kvstore.store.writer.StoreWriter`:
+    the lock, the log, the snapshots, the archiver; when ``readonly``, a
+    :class:`kvstore.store.readonly.ReadOnly` in its place), its expiry
+    (:class:`kvstore.store.expiring.Expiring`) and keyspaces
+    (:class:`kvstore.store.keyspace.Keyspaces`); its methods delegate to
+    them. Every write goes through one
+    :class:`kvstore.store.fast_path.WritePath`, the one place that refuses
+    writes.
 
     Thread-safe: any number of threads may read and write; concurrent writers
     share fsyncs (group commit). Use as a context manager, or call
@@ -149,50 +147,47 @@ class KVStore(MutableLookups):
                                               chunk_bytes=snapshot_chunk_bytes)
         self._max_payload = max_record_bytes - ENTRY_OVERHEAD
         self._wal_dir = os.path.join(self.path, WAL_DIR)
-        self._writer: StoreWriter | None = None  # None: read-only (another process writes)
-        self._log: wal.Log | None = None          # the writer's log (for the write path)
-        self._append: Callable[[Payload, Ops], int] = self._refuse_write  # (see "writes" below)
         self._watch_hub = watching.WatchHub()  # wakes watchers, once per group commit
-        self._hooks = GroupHooks(self._watch_hub)  # the log's (kvstore/store/group_hooks.py)
+        hooks = GroupHooks(self._watch_hub)  # the log's (kvstore/store/group_hooks.py)
         self.max_record_bytes: int | None = None if self.readonly else max_record_bytes
         self.replayed = 0                      # log entries replayed (or rebuilt from) at open
         self.rebuilt: str | None = None        # why LMDB was rebuilt at open, if it was
         options = StateOptions(map_size, writemap, max_readers, overlay=bool(overlay))
         t0 = time.monotonic()
+        self._writer: StoreWriter | ReadOnly  # the lock, log, snapshots, archiver; or the files' answers
         try:
             if self.readonly:
-                self._state: State = recovery.open_readonly_state(self.path, os.path.join(self.path, LMDB_DIR),
-                                                                  options)
+                self._writer, self._state = ReadOnly.open(self.path, options)
             else:
                 self._writer, opened = StoreWriter.open(
-                    self.path, self._fs, options, snapshots_, progress=progress, hooks=self._hooks,
+                    self.path, self._fs, options, snapshots_, progress=progress, hooks=hooks,
                     log_options=dict(log_options, sync=sync, segment_bytes=segment_bytes,
                                      max_record_bytes=max_record_bytes))
-                self._log = self._writer.log
-                self._append = self._log.appender.append
                 self._writer.max_retained_bytes = max_retained_bytes
                 self._state, self.replayed, self.rebuilt = opened
                 if snapshot_every_bytes:
                     self._writer.take_snapshots_every(self.snapshot, int(snapshot_every_bytes))
         except OSError as exc:
             raise WalkvError(f"cannot open the store {self.path}: {exc}") from exc
-        expiry_clock = ExpiryClock(clock or SystemClock())
-        self._state.now_us = expiry_clock.now_us
-        self._expiring = Expiring(self._state, expiry_clock, self.max_value_bytes, self._max_payload,
-                                  lambda payload, ops: self._append(payload, ops), self.path)
-        self._writable_keyspace: Callable[[str], str] = (  # checks a keyspace before a write into it
-            check_keyspace if self._writer is None else partial(writable_keyspace, self._state, self.path))
-        # put and get, compiled (kvstore/store/fast_path.py), unless a subclass overrides them
+        self._log: wal.Log | None = self._writer.log  # None: read-only (another process writes)
+        self._expiring = Expiring.wired(self._state, clock, self.max_value_bytes, self._max_payload,
+                                        lambda payload, ops: self._writes.append(payload, ops), self.path)
+        # Every write goes through _writes (kvstore/store/fast_path.py: what runs, and where it refuses).
+        self._writes = WritePath(None if self._log is None else self._log.appender, self.max_value_bytes,
+                                 self._expiring.put, self._write_refusal)
+        self._keyspaces = Keyspaces(self._state, self.path, self._writes, limited=self._log is not None)
+        # put and get bound to the compiled paths (docs/architecture.md, "The path of a put")
         if type(self).get is KVStore.get:
             self.get = GetPath(self._state).get  # type: ignore[method-assign]
-        if self._log is not None and type(self).put is KVStore.put:
-            self.put = PutPath(self._log.appender, self.max_value_bytes, self._expiring.put).put  # type: ignore[method-assign]
-        self._hooks.bind(self._state, self._expiring, self._writer)
-        if self.replicas is not None:
-            self.replicas.epoch = self.history[-1].timeline
-            self._hooks.replicas = self.replicas
+        if type(self).put is KVStore.put:
+            self.put = self._writes.put  # type: ignore[method-assign]
+        if isinstance(self._writer, StoreWriter):
+            hooks.bind(self._state, self._expiring, self._writer)
+            if self.replicas is not None:
+                self.replicas.epoch = self.history[-1].timeline
+                hooks.replicas = self.replicas
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
-                                        self._watch_hub, polls=self._writer is None)  # what watchers read
+                                        self._watch_hub, polls=self._log is None)  # what watchers read
         if sweep_every is not None:
             self._expiring.start_sweeper(sweep_every)
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
@@ -200,7 +195,7 @@ class KVStore(MutableLookups):
         self._closed = False
         self._pid = os.getpid()
         track(self)
-        if self._writer is not None and archive is not None:
+        if isinstance(self._writer, StoreWriter) and archive is not None:
             try:
                 self._writer.start_archiver(archive, interval=archive_interval, keep_snapshots=archive_keep_snapshots,
                                             keep_seconds=archive_keep_seconds, close_timeout=archive_close_timeout)
@@ -214,8 +209,7 @@ class KVStore(MutableLookups):
         if self._closed:
             return
         self._forked = True
-        self._append = self._refuse_write
-        vars(self).pop("put", None)  # the method, through _append
+        self._writes.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -224,19 +218,15 @@ class KVStore(MutableLookups):
             raise forked_error(f"the store {self.path}", self._pid)
 
     # -- writes ------------------------------------------------------------------
-    # Every write is one log entry (one LSN) submitted through ``_append(payload, ops)``,
-    # the one way into the log, and the one check that refuses a write: it is the log's
-    # compiled appender (wal/append.py; a closed log raises ClosedError itself), or
-    # _refuse_write when the store is read-only or forked. The operations travel with
-    # the payload through the log to the state machine (docs/architecture.md, "The path
-    # of a put"). A writable store's ``put`` is an instance attribute, the compiled
-    # PutPath.put (kvstore/store/fast_path.py), which appends through the same appender; the
-    # method below is what it does, and what runs read-only or forked (as ``get`` is GetPath.get).
+    # Every write is one log entry (one LSN) appended through ``self._writes``
+    # (kvstore/store/fast_path.py), the one way into the log and the one place a
+    # write is refused. The operations travel with the payload through the log to
+    # the state machine (docs/architecture.md, "The path of a put").
 
-    def _refuse_write(self, payload: Payload, ops: Ops) -> int:
-        """``_append`` when the store may not write: read-only (no log) or forked."""
+    def _write_refusal(self) -> WalkvError:
+        """What a write raises once ``_writes`` has no log: closed, forked, read-only."""
         self._check_open()
-        raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; writes are refused")
+        return ReadOnlyError(f"the store {self.path} was opened with readonly=True; writes are refused")
 
     def put(self, key: bytes, value: bytes, ttl: float | None = None, lease: Lease | int | None = None) -> int:
         """Set ``key`` to ``value``; return the write's LSN. Durable per the
@@ -247,22 +237,19 @@ class KVStore(MutableLookups):
         (:class:`LeaseNotFoundError` when it is not alive, and nothing is
         set). A put without either drops the expiry the key had.
         See :mod:`kvstore.store.expiring`."""
-        if ttl is None and lease is None:
-            payload, ops = put_entry(key, value, self.max_value_bytes)
-            return self._append(payload, ops)
-        return self._expiring.put(key, value, ttl, lease)
+        return self._writes.put(key, value, ttl, lease)
 
     def delete(self, key: bytes) -> int:
         """Remove ``key`` (absent keys too: the delete is logged anyway);
         return the LSN."""
         payload, ops = delete_entry(key)
-        return self._append(payload, ops)
+        return self._writes.append(payload, ops)
 
     def delete_range(self, start: bytes | None, end: bytes | None) -> int:
         """Remove every key with ``start <= key < end`` (None: unbounded), as
         one atomic write; return its LSN."""
         payload, ops = delete_range_entry(start, end)
-        return self._append(payload, ops)
+        return self._writes.append(payload, ops)
 
     # -- keyspaces (kvstore/store/keyspace.py) -------------------------------------
 
@@ -276,14 +263,13 @@ class KVStore(MutableLookups):
     def keyspaces(self) -> list[str]:
         """The named keyspaces that hold at least one key, sorted."""
         self._check_open()
-        return self._state.keyspaces()
+        return self._keyspaces.names()
 
     def drop_keyspace(self, name: str) -> int:
         """Remove every key of keyspace ``name`` as ONE log entry (one op,
         however many keys it holds); return its LSN. Durable and visible as
         any write. A keyspace that holds nothing is dropped too (logged)."""
-        ops = [[OP_DROP_KEYSPACE, check_keyspace(name, default_ok=False)]]
-        return self._append(pack_ops(ops), ops)
+        return self._keyspaces.drop(name)
 
     # -- more writes: del db[k], batches, conditional writes, raw entries ----------
 
@@ -310,11 +296,11 @@ class KVStore(MutableLookups):
         """Set ``key`` to ``new`` only if its value is ``expected`` (None: only
         if it is absent), decided in log order (:mod:`kvstore.store.txn`).
         True when it was set; either way the attempt is durable (one LSN)."""
-        return txn.compare_and_set(self._append, self.max_value_bytes, key, expected, new)
+        return txn.compare_and_set(self._writes.append, self.max_value_bytes, key, expected, new)
 
     def delete_if(self, key: bytes, expected: bytes) -> bool:
         """Delete ``key`` only if its value is ``expected``; True when deleted."""
-        return txn.delete_if(self._append, self.max_value_bytes, key, expected)
+        return txn.delete_if(self._writes.append, self.max_value_bytes, key, expected)
 
     def transaction(self) -> txn.Transaction:
         """Conditions plus writes, applied atomically only if every condition
@@ -361,13 +347,6 @@ class KVStore(MutableLookups):
         (a test's clock). Returns the number of keys deleted."""
         self._check_open()
         return self._expiring.sweep(max_keys)
-
-    def _check_writable(self) -> None:
-        """Before handing out a batch or transaction: refuse at once what
-        :meth:`_append` would refuse at commit."""
-        self._check_open()
-        if self._log is None:
-            self._append(b"", [])
 
     # -- reads -------------------------------------------------------------------
     # Served by the state machine; what a read sees is stated on each method and
@@ -473,34 +452,25 @@ class KVStore(MutableLookups):
 
     @property
     def last_lsn(self) -> int:
-        """The last LSN written to the log."""
-        if self._log is None:
-            return wal.read_durable_lsn(self._wal_dir) or 0
-        return self._log.last_lsn
+        """The last LSN written to the log (read-only: the durable LSN)."""
+        return self._writer.last_lsn
 
     @property
     def durable_lsn(self) -> int:
         """The last LSN known to be on disk."""
-        if self._log is None:
-            return wal.read_durable_lsn(self._wal_dir) or 0
-        return self._log.durable_lsn
+        return self._writer.durable_lsn
 
     @property
     def applied_lsn(self) -> int:
         """The last LSN applied: what this process's reads see (read-only:
         what the writer has written to LMDB)."""
-        if self.readonly and not self._closed:
-            return self._state.read_meta_applied()
-        return self._state.applied_lsn
+        return self._writer.applied_lsn(self._state)
 
     @property
     def history(self) -> History:
         """The log's timeline history, oldest first (:mod:`wal.timeline`;
         read-only: as its newest segment states it)."""
-        if self._log is None:
-            header = read_newest_header(self._wal_dir)
-            return ROOT if header is None else header.history
-        return self._log.history
+        return self._writer.history
 
     def start_timeline(self, number: int | None = None, *, timeline: TimelineStart | None = None) -> TimelineStart:
         """Go on on a new timeline from the next LSN (a promote or a failover:
@@ -509,8 +479,6 @@ class KVStore(MutableLookups):
         return it. Synchronous replicas count reports of its number from here
         on. Durable on return."""
         self._check_open()
-        if self._writer is None:
-            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True; its writer starts timelines")
         start = self._writer.start_timeline(number, timeline)
         if self.replicas is not None:
             self.replicas.epoch = start.timeline
@@ -524,9 +492,7 @@ class KVStore(MutableLookups):
         keys are not swept (the leader's sweeps arrive through its log);
         None: writes are taken again. :meth:`append_replicated` goes on."""
         self._check_open()
-        if self._log is None:
-            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True")
-        self._log.refuse_appends(error)
+        self._writer.refuse_appends(error)
         self._expiring.pause_sweeper(error is not None)
 
     def append_replicated(self, entries: Sequence[wal.Entry]) -> int:
@@ -534,9 +500,7 @@ class KVStore(MutableLookups):
         with their own LSNs and commit times; the first must be this store's
         next LSN. Durable and applied on return (:meth:`wal.Log.append_replicated`)."""
         self._check_open()
-        if self._log is None:
-            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True")
-        return self._log.append_replicated(entries, [decode(e.payload, e.lsn) for e in entries])
+        return self._writer.append_replicated(entries)
 
     def discard_after(self, lsn: int, follow: History) -> int:
         """Drop the log's entries after ``lsn`` (what only this store holds past
@@ -549,8 +513,6 @@ class KVStore(MutableLookups):
         with nothing changed, when no snapshot at or before ``lsn`` is left to
         rebuild it from (build the store again from its leader's snapshot)."""
         self._check_open()
-        if self._writer is None:
-            raise ReadOnlyError(f"the store {self.path} was opened with readonly=True")
         return self._writer.discard_after(lsn, follow, self._state)
 
     @property
@@ -562,7 +524,7 @@ class KVStore(MutableLookups):
         """The error the log failed with (it refuses every write until the
         store is reopened: a full disk, a failed fsync, replicas that did not
         confirm), or None."""
-        return self._log.failure if self._log is not None else None
+        return self._writer.failure
 
     # -- snapshots, sync, archive, stats -----------------------------------------
 
@@ -577,8 +539,6 @@ class KVStore(MutableLookups):
         ``snapshot_chunk_bytes``) sizes the chunk files. See
         :mod:`kvstore.store.snapshots`."""
         self._check_open()
-        if self._writer is None:
-            raise SnapshotError(f"the store {self.path} is open read-only; snapshots are taken by its writer")
         return self._writer.snapshot(self._state, self._watch_hub.positions, keep=keep, chunk_bytes=chunk_bytes,
                                      progress=progress)
 
@@ -588,24 +548,20 @@ class KVStore(MutableLookups):
 
     def wait_for_snapshots(self, timeout: float | None = None) -> None:
         """Wait for an automatic snapshot in progress (``snapshot_every_bytes``)."""
-        if self._writer is not None:
-            self._writer.wait_for_snapshots(timeout)
+        self._writer.wait_for_snapshots(timeout)
 
     def sync(self) -> int:
         """Make every write so far durable (for ``sync="batch"``/``"none"``);
         return the durable LSN."""
         if self._log is None:
             self._check_open()
-            return self.durable_lsn
-        return self._log.sync()
+        return self._writer.sync()
 
     def flush_archive(self, timeout: float | None = 30.0) -> int:
         """Return the archived LSN once every write durable when called is in
         the archive (``archive=`` at open); :class:`ArchiveLagError` naming the
         lag and the last error after ``timeout`` seconds."""
         self._check_open()
-        if self._writer is None:
-            raise ArchiveError(f"the store {self.path} is open read-only; its writer archives it")
         return self._writer.flush_archive(timeout)
 
     def stats(self) -> dict[str, Any]:
@@ -623,8 +579,7 @@ class KVStore(MutableLookups):
         }
         out.update(self._state.stats())
         out["expired_swept"] = self._expiring.swept
-        if self._writer is not None:
-            out.update(self._writer.stats())
+        out.update(self._writer.stats())
         out["timeline"] = self.history[-1].timeline
         if self.replicas is not None:
             out["sync_replicas"] = {"required": self.replicas.required, "timeout": self.replicas.timeout,
@@ -646,14 +601,9 @@ class KVStore(MutableLookups):
         self.wait_for_snapshots()
         self._expiring.stop()
         self._closed = True
-        # A write from now on: "the store ... is closed", as a read says (not the log's or LMDB's words).
-        self._append, self._writable_keyspace = self._refuse_write, check_keyspace
-        vars(self).pop("put", None)
+        self._writes.close()  # a write from now on: "the store ... is closed", as a read says
         self._watch_hub.close()
-        if self._writer is None:
-            self._state.close(sync=False)
-        else:
-            self._writer.close(self._state)
+        self._writer.close(self._state)
 
     def __enter__(self) -> "KVStore":
         return self

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import snapshot
@@ -49,6 +49,7 @@ import wal
 from kvstore.archive import Archiver
 from kvstore.archive.marker import read_archived
 from kvstore.archive.target import Location
+from kvstore.entry.codec import decode
 from kvstore.layout import LMDB_DIR, REPLICA_NAME, WAL_DIR
 from kvstore.state import State, StateOptions
 from kvstore.store import recovery, snapshots
@@ -125,6 +126,40 @@ class StoreWriter:
             lock.release()
             raise
         return cls(path, fs, lock, log_, snapshots_), opened
+
+    # -- the log's LSNs, history and appends (what :class:`~kvstore.store.readonly.ReadOnly` reads from files) --
+
+    @property
+    def last_lsn(self) -> int:
+        return self.log.last_lsn
+
+    @property
+    def durable_lsn(self) -> int:
+        return self.log.durable_lsn
+
+    @property
+    def history(self) -> History:
+        return self.log.history
+
+    @property
+    def failure(self) -> WalkvError | None:
+        return self.log.failure
+
+    @staticmethod
+    def applied_lsn(state: State) -> int:
+        """What this process's reads see."""
+        return state.applied_lsn
+
+    def sync(self) -> int:
+        return self.log.sync()
+
+    def refuse_appends(self, error: WalkvError | None) -> None:
+        self.log.refuse_appends(error)
+
+    def append_replicated(self, entries: Sequence[wal.Entry]) -> int:
+        """Another log's entries (a leader's), with their own LSNs, and the
+        operations each carries (:meth:`wal.Log.append_replicated`)."""
+        return self.log.append_replicated(entries, [decode(e.payload, e.lsn) for e in entries])
 
     def start_timeline(self, number: int | None, timeline: TimelineStart | None = None) -> TimelineStart:
         """The log goes on on a new timeline (:meth:`wal.Log.start_timeline`);

@@ -88,7 +88,7 @@ class Served:
         """Database ``db``'s keyspace, checked before a write into it is logged."""
         if not 0 <= db < DATABASES:
             raise RespError("ERR DB index is out of range")
-        return self.store._writable_keyspace(keyspace_of(db))
+        return self.store._keyspaces.writable(keyspace_of(db))
 
 
 class ScanCursors:
