@@ -1,5 +1,6 @@
-"""What a path must be for :func:`kvstore.open` to open a store there, or to
-make one (:func:`store_path`).
+"""What :func:`kvstore.open` checks before it opens anything: what a path
+must be to open a store there, or to make one (:func:`store_path`), and the
+options it refuses (:func:`value_limit`, :func:`refuse_writer_options`).
 
 * A path (``str``, ``bytes`` or ``os.PathLike``) to a directory that holds a
   log (``wal/``): a store.
@@ -17,6 +18,10 @@ make one (:func:`store_path`).
 
 The refusals are :class:`~wal.errors.NotAStoreError`, before anything is
 made, locked or written.
+
+An option that cannot hold is a ValueError (a number out of range) or a
+TypeError (an option a read-only store does not take), before anything is
+opened either.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from kvstore.entry.codec import ENTRY_OVERHEAD, MAX_KEY_BYTES
 from kvstore.layout import REPLICA_NAME, STORE_NAMES, WAL_DIR
 from wal.errors import NotAStoreError
 from wal.fs import file_in_the_way
@@ -73,3 +79,29 @@ def _hint(root: str, names: list[str]) -> str:
         return f" (it holds log segments: it looks like a store's {WAL_DIR}/ directory; open its parent, " \
                f"{os.path.dirname(root)})"
     return ""
+
+
+def value_limit(max_value_bytes: int, max_record_bytes: int, max_retained_bytes: int) -> int:
+    """The largest value a store with these options takes: ``max_value_bytes``,
+    or less when an entry of that value and the longest key would not fit a
+    log record of ``max_record_bytes`` (at least 4096)."""
+    if max_record_bytes < 4096:
+        raise ValueError(f"max_record_bytes must be at least 4096, not {max_record_bytes!r}")
+    limit = min(int(max_value_bytes), max_record_bytes - ENTRY_OVERHEAD - MAX_KEY_BYTES)
+    if limit < 1:
+        raise ValueError(f"max_value_bytes must be positive, not {max_value_bytes!r}")
+    if type(max_retained_bytes) is not int or max_retained_bytes < 0:
+        raise ValueError(f"max_retained_bytes must be an int >= 0, not {max_retained_bytes!r}")
+    return limit
+
+
+def refuse_writer_options(*, archive: object, replicas: bool, log_options: dict[str, object]) -> None:
+    """TypeError for what only a store's writer does, asked of a store opened
+    with ``readonly=True``: archive it, wait for replicas, run its log."""
+    if archive is not None:
+        raise TypeError("a store opened with readonly=True does not archive; its writer does "
+                        "(or run `walkv archive STORE URI` beside it)")
+    if log_options:
+        raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
+    if replicas:
+        raise TypeError("a store opened with readonly=True writes nothing; its writer waits for replicas")

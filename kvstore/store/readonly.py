@@ -1,11 +1,21 @@
 """What a store opened with ``readonly=True`` has in place of its writer:
-:class:`ReadOnly`.
+:class:`ReadOnly`; and what such a store sees.
 
-A read-only store reads LMDB through LMDB's reader lock table beside the
-process that writes it (or none) and never writes, replays or takes the
-store lock (:mod:`kvstore.store.store` says what it sees). So where a
-:class:`~kvstore.store.writer.StoreWriter` asks its log, this asks the files
-the writer publishes: the LSNs come from the log's ``DURABLE`` file
+A read-only store opens beside a writer (or none): it reads LMDB through
+LMDB's reader lock table and never writes, replays or takes the store lock.
+It sees what the writer has written to LMDB: every write acknowledged at
+least 52 ms (plus the time of one bulk write of at most 16,384 keys) before,
+so it may be up to that far behind the writer's own reads
+(:mod:`kvstore.state.overlay`); every write acknowledged by then when the
+writer opened the store with ``overlay=False``; with no writer running it
+sees the state as the last writer left it (after a crash of that writer,
+possibly without its last group, which the next read-write open replays).
+It refuses to open a store whose last writer was on a machine that crashed
+since. A reader that was open while a writer rebuilt LMDB (after a machine
+crash) keeps reading the environment it opened: reopen it to see the new one.
+
+Where a :class:`~kvstore.store.writer.StoreWriter` asks its log, this asks
+the files the writer publishes: the LSNs come from the log's ``DURABLE`` file
 (:mod:`wal.durable`), the timeline history from the newest segment's header
 (:mod:`wal.timeline`), the applied LSN from LMDB's meta record, which the
 writer updates in each write transaction. ``sync()`` makes nothing durable

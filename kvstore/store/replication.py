@@ -120,6 +120,12 @@ class SyncReplicas:
                      "lag_lsns": max(0, last_lsn - r.durable_lsn), "seen_seconds_ago": round(now - r.seen, 3)}
                     for r in sorted(self._replicas.values(), key=lambda r: r.name)]
 
+    def stats(self, last_lsn: int) -> dict[str, object]:
+        """The store's ``stats()["sync_replicas"]``: what writes wait for, how
+        long they waited, and each replica (:meth:`positions`)."""
+        return {"required": self.required, "timeout": self.timeout, "epoch": self.epoch, "waits": self.waits,
+                "wait_seconds": self.wait_seconds, "replicas": self.positions(last_lsn)}
+
     def forget(self, name: str) -> None:
         with self._reported:
             self._replicas.pop(name, None)

@@ -24,17 +24,7 @@ transaction before the write returns.
 Writers: one process at a time (``STORE/LOCK``, then the log's own lock); a
 second one gets :class:`LockedError`. Any number of threads in the writing
 process may read and write. ``readonly=True`` opens beside a writer (or
-none): it reads LMDB through LMDB's reader lock table and never writes,
-replays or takes the store lock. It sees what the writer has written to LMDB:
-every write acknowledged at least 52 ms (plus the time of one bulk write of
-at most 16,384 keys) before, so it may be up to that far behind the writer's
-own reads; every write acknowledged by then when the writer opened the store
-with ``overlay=False``; with no writer running it sees
-the state as the last writer left it (after a crash of that writer, possibly
-without its last group, which the next read-write open replays). It refuses
-to open a store whose last writer was on a machine that crashed since. A
-reader that was open while a writer rebuilt LMDB (after a machine crash)
-keeps reading the environment it opened: reopen it to see the new one.
+none), and what it sees is :mod:`kvstore.store.readonly`'s.
 """
 
 from __future__ import annotations
@@ -50,7 +40,6 @@ from kvstore.archive.target import Location
 from kvstore.entry.codec import (
     DEFAULT_MAX_VALUE_BYTES,
     ENTRY_OVERHEAD,
-    MAX_KEY_BYTES,
     as_bytes,
     delete_entry,
     delete_range_entry,
@@ -67,7 +56,7 @@ from kvstore.store.fast_path import GetPath, WritePath
 from kvstore.store.group_hooks import GroupHooks
 from kvstore.store.keyspace import Keyspace, Keyspaces, keyspace_name, new_batch, new_transaction
 from kvstore.store.leases import Lease
-from kvstore.store.opening import store_path
+from kvstore.store.opening import refuse_writer_options, store_path, value_limit
 from kvstore.store.readonly import ReadOnly
 from kvstore.store.replication import DEFAULT_SYNC_TIMEOUT, SyncReplicas
 from kvstore.store.write_batch import WriteBatch
@@ -125,23 +114,11 @@ class KVStore(MutableLookups):
         self._fs = fs or OS_FS
         self._closed = True
         self._forked = False
-        if max_record_bytes < 4096:
-            raise ValueError(f"max_record_bytes must be at least 4096, not {max_record_bytes!r}")
-        self.max_value_bytes = min(int(max_value_bytes), max_record_bytes - ENTRY_OVERHEAD - MAX_KEY_BYTES)
-        if self.max_value_bytes < 1:
-            raise ValueError(f"max_value_bytes must be positive, not {max_value_bytes!r}")
-        if self.readonly and archive is not None:
-            raise TypeError("a store opened with readonly=True does not archive; its writer does "
-                            "(or run `walkv archive STORE URI` beside it)")
-        if self.readonly and log_options:
-            raise TypeError(f"readonly stores take no log options: {sorted(log_options)}")
-        self.replicas: SyncReplicas | None = None  # what each write waits for (kvstore/store/replication.py)
-        if sync_replicas or fence is not None:
-            if self.readonly:
-                raise TypeError("a store opened with readonly=True writes nothing; its writer waits for replicas")
-            self.replicas = SyncReplicas(sync_replicas, sync_timeout, fence=fence)
-        if type(max_retained_bytes) is not int or max_retained_bytes < 0:
-            raise ValueError(f"max_retained_bytes must be an int >= 0, not {max_retained_bytes!r}")
+        self.max_value_bytes = value_limit(max_value_bytes, max_record_bytes, max_retained_bytes)
+        waits = bool(sync_replicas or fence is not None)
+        if self.readonly:
+            refuse_writer_options(archive=archive, replicas=waits, log_options=log_options)
+        self.replicas = SyncReplicas(sync_replicas, sync_timeout, fence=fence) if waits else None  # replication.py
         sweep_every = None if self.readonly else sweep_seconds(sweep_interval)  # the writer sweeps
         snapshots_ = snapshots.StoreSnapshots(self.path, self._fs, keep=keep_snapshots,
                                               chunk_bytes=snapshot_chunk_bytes)
@@ -582,10 +559,7 @@ class KVStore(MutableLookups):
         out.update(self._writer.stats())
         out["timeline"] = self.history[-1].timeline
         if self.replicas is not None:
-            out["sync_replicas"] = {"required": self.replicas.required, "timeout": self.replicas.timeout,
-                                    "epoch": self.replicas.epoch, "waits": self.replicas.waits,
-                                    "wait_seconds": self.replicas.wait_seconds,
-                                    "replicas": self.replicas.positions(self.last_lsn)}
+            out["sync_replicas"] = self.replicas.stats(self.last_lsn)
         out["subscriptions"] = [s._asdict() for s in self.subscriptions()]
         return out
 
