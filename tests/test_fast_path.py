@@ -78,7 +78,7 @@ def test_a_held_get_follows_the_overlay_expiry_and_close(tmp_path) -> None:
     db.put(b"k", b"2")
     assert get(b"k") == b"2"
     db.put(b"t", b"x", ttl=3600)  # a key with an expiry: the get that checks it
-    assert db._state._checking
+    assert db._state.gets.checking
     assert get(b"t") == b"x" and get(b"k") == b"2"
     db.delete(b"k")
     assert get(b"k") is None

@@ -32,7 +32,8 @@ for how readers and the writer share LMDB without a lock on the read path.
 has the parts it delegates to: the environment (:mod:`kvstore.state.environment`), its bookkeeping
 (:mod:`kvstore.state.meta`), the overlay, its LMDB commits
 (:mod:`kvstore.state.commits`), a read path for gets
-(:mod:`kvstore.state.reads`) and the reads that know expiry and keyspaces
+(:mod:`kvstore.state.reads`, whose :class:`~kvstore.state.reads.GetSelection`
+picks the one its ``get`` is) and the reads that know expiry and keyspaces
 (:mod:`kvstore.state.expiring_reads`).
 """
 
@@ -67,7 +68,7 @@ from kvstore.state.expiry import Expiry
 from kvstore.state.meta import mark_complete, read_meta, write_meta
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView
-from kvstore.state.reads import CachedReads, FreshReads, Get
+from kvstore.state.reads import CachedReads, FreshReads, Get, GetMany, GetSelection
 from kvstore.state.staged import StagedApply
 from kvstore.state.view import View
 from wal.errors import CorruptionError, Damage, WalkvError
@@ -121,7 +122,8 @@ class State:
         self.path = path
         self.readonly = readonly
         self.use_overlay = overlay and not readonly
-        self.overlay = Overlay(self._overlay_occupied)  # applied, not yet in LMDB (kvstore/state/overlay.py)
+        # applied, not yet in LMDB (kvstore/state/overlay.py); its first write and last flush switch gets
+        self.overlay = Overlay(lambda occupied: self.gets.overlay_occupied(occupied))
         # counters (updated only by the applying thread)
         self.applied_groups = 0
         self.applied_entries = 0
@@ -144,57 +146,25 @@ class State:
         self.expiry = Expiry(self.lmdb.env, readonly=readonly)
         # the write transactions to LMDB, their failure and counters (kvstore/state/commits.py)
         self.commits = LmdbCommits(self.lmdb, self.overlay, self.expiry, self.applied_lsn,
-                                   reads_changed=self._reads_for_expiry, written_through=self._written_through)
-        # The read path, chosen once (kvstore/state/reads.py). Its get and
-        # get_many are exposed as they are, bound methods rather than State
-        # methods that call them, so that a get costs no extra Python call:
-        # the store calls state.get once per user get. While the overlay is
-        # empty, get is the LMDB-only one (_overlay_occupied switches); while
-        # a key has an expiry, the one that checks it (_reads_for_expiry).
-        self.get: Get
-        self._reads: CachedReads | FreshReads
-        self._plain_get: Get
-        self._plain_get_many: Callable[..., list[bytes | None]]
-        self.get_many: Callable[..., list[bytes | None]]
-        if readonly:
-            self._reads = fresh = FreshReads(self.lmdb)
-            self._plain_get, self._plain_get_many = fresh.get, fresh.get_many
-        else:
-            self._reads = cached = CachedReads(self.lmdb, self.overlay)
-            self._plain_get, self._plain_get_many = cached.get_lmdb, cached.get_many
-        self.get, self.get_many = self._plain_get, self._plain_get_many
-        # every other read: expiry- and keyspace-aware (kvstore/state/expiring_reads.py)
+                                   reads_changed=lambda: self.gets.expiry_changed(),
+                                   written_through=self._written_through)
+        # The read paths (kvstore/state/reads.py, chosen once) and the reads that know expiry and keyspaces
+        # (kvstore/state/expiring_reads.py); state.get and get_many are GetSelection's choice of them.
+        self._reads: CachedReads | FreshReads = (FreshReads(self.lmdb) if readonly
+                                                 else CachedReads(self.lmdb, self.overlay))
         self.expiring_reads = ExpiringReads(self.lmdb, self.overlay, self.expiry, self._reads,
                                             self.commits.flush, readonly=readonly)
-        self._checking = False  # get is expiring_reads.get (a key has an expiry)
-        self._reads_for_expiry()
+        self.get: Get
+        self.get_many: GetMany
+        reads = self.expiring_reads
+        self.gets = GetSelection(self._reads, (reads.get, reads.get_many), reads.expiring, self.overlay.lock,
+                                 self._serve)
         if self.use_overlay:
             self.overlay.start(self.commits.flush)
 
-    def _overlay_occupied(self, occupied: bool) -> None:
-        """The overlay took its first write (``occupied``) or a flush left it
-        empty (called under its lock, :mod:`kvstore.state.overlay`): gets look
-        in it, or go straight to LMDB."""
-        reads = self._reads
-        assert isinstance(reads, CachedReads), "only a read-write open has an overlay"
-        self._plain_get = reads.get if occupied else reads.get_lmdb
-        if not self._checking:
-            self.get = self._plain_get
-
-    def _reads_for_expiry(self) -> None:
-        """Point :attr:`get` and :attr:`get_many` at the plain read path, or
-        at the one that checks expiry while a key has one (under the
-        overlay's lock, so that :meth:`_overlay_occupied`'s switch is never
-        lost to this one)."""
-        checking = self.expiring_reads.expiring()
-        if checking == self._checking:
-            return
-        with self.overlay.lock:
-            self._checking = checking
-            if checking:
-                self.get, self.get_many = self.expiring_reads.get, self.expiring_reads.get_many
-            else:
-                self.get, self.get_many = self._plain_get, self._plain_get_many
+    def _serve(self, get: Get, get_many: GetMany) -> None:
+        """What :attr:`get` and :attr:`get_many` are (:class:`~kvstore.state.reads.GetSelection`)."""
+        self.get, self.get_many = get, get_many
 
     # -- meta ---------------------------------------------------------------
 
@@ -218,7 +188,7 @@ class State:
         the environment complete at ``base_lsn``. Returns the number of pairs
         loaded."""
         n = load_sections(self.lmdb, self.expiry, pairs, sections or {}, chunk)
-        self._reads_for_expiry()
+        self.gets.expiry_changed()
         self.lmdb.write(partial(mark_complete, self.lmdb.main_db, base_lsn, True))
         self.applied_lsn = self.commits.applied_lsn = base_lsn
         self.complete = True
@@ -350,7 +320,7 @@ class State:
         overlay's lock held): the LSN is applied."""
         self.applied_lsn = last
         if expiry:
-            self._reads_for_expiry()
+            self.gets.expiry_changed()
 
     # -- staging a bulk group while the log syncs it (the log's on_stage) -------
 
@@ -369,15 +339,6 @@ class State:
         return StagedApply(self, first_lsn, batches, payloads)
 
     # -- reads that know expiry and keyspaces (kvstore/state/expiring_reads.py) ----
-
-    @property
-    def now_us(self) -> Callable[[], int]:
-        """The clock reads compare expiry instants with (the store sets its own)."""
-        return self.expiring_reads.now_us
-
-    @now_us.setter
-    def now_us(self, clock: Callable[[], int]) -> None:
-        self.expiring_reads.now_us = clock
 
     def view(self, max_seconds: float) -> View:
         """:meth:`ExpiringReads.view <kvstore.state.expiring_reads.ExpiringReads.view>`."""

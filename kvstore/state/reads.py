@@ -15,6 +15,7 @@ chooses between when it is opened.
   read transaction per get, since there is no local commit counter to cache
   against, and no overlay.
 
+Which of them a state's get is at each moment is :class:`GetSelection`'s.
 Reads of LMDB as a whole (scans, views, counts) are the state's: they flush
 the overlay first.
 """
@@ -40,6 +41,9 @@ class Get(Protocol):
 
     def __call__(self, key: object, default: bytes | None = None, /) -> bytes | None: ...
 
+
+GetMany = Callable[..., "list[bytes | None]"]
+"""A get_many: the values of ``keys`` (``default`` for absent ones), in order."""
 
 GET_MANY_CHUNK: Final = 1024
 """Keys :meth:`CachedReads.get_many` looks up per pass (the writer waits at
@@ -293,3 +297,61 @@ def read_in_db(env: Environment, db: Any, keys: list[bytes], default: bytes | No
         return [get(k, default, db) if 0 < len(k) <= MAX_KEY_BYTES else default  # type: ignore[misc]
                 for k in keys]  # bytes: walkv never sets buffers=True
     return env.read(read)
+
+
+class GetSelection:
+    """Which get and get_many of the default keyspace a state serves, as it
+    changes. :class:`~kvstore.state.machine.State` exposes the chosen pair as
+    its ``get`` and ``get_many``, the functions themselves rather than State
+    methods that call them, so that a get costs no extra Python call (the
+    store calls ``state.get`` once per user get); ``publish(get, get_many)``
+    sets them.
+
+    * A read-write open's ``reads`` (:class:`CachedReads`): while the overlay
+      is empty, :meth:`CachedReads.get_lmdb`, which does not look in it; while
+      it holds writes, :meth:`CachedReads.get` (:meth:`overlay_occupied`).
+      A read-only open's (:class:`FreshReads`): its get.
+    * While a key has an expiry (``must_check()``), ``checking``, the pair
+      that finds an expired key absent
+      (:class:`kvstore.state.expiring_reads.ExpiringReads`), whatever the
+      overlay holds (:meth:`expiry_changed`).
+
+    Both switches publish under the overlay's ``lock`` (the overlay calls
+    :meth:`overlay_occupied` holding it), so that neither is lost to the other.
+    """
+
+    def __init__(self, reads: CachedReads | FreshReads, checking: tuple[Get, GetMany], must_check: Callable[[], bool],
+                 lock: Any, publish: Callable[[Get, GetMany], None]) -> None:
+        self._reads = reads
+        self._checking_pair = checking
+        self._must_check = must_check
+        self._lock = lock
+        self._publish = publish
+        self._plain_get: Get = reads.get if isinstance(reads, FreshReads) else reads.get_lmdb
+        self._plain_get_many: GetMany = reads.get_many
+        self.checking = False
+        """Whether the state's get is the one that checks expiry."""
+        publish(self._plain_get, self._plain_get_many)
+        self.expiry_changed()
+
+    def overlay_occupied(self, occupied: bool) -> None:
+        """The overlay took its first write (``occupied``) or a flush left it
+        empty (called under its lock, :mod:`kvstore.state.overlay`): gets look
+        in it, or go straight to LMDB."""
+        reads = self._reads
+        assert isinstance(reads, CachedReads), "only a read-write open has an overlay"
+        self._plain_get = reads.get if occupied else reads.get_lmdb
+        if not self.checking:
+            self._publish(self._plain_get, self._plain_get_many)
+
+    def expiry_changed(self) -> None:
+        """Serve the plain pair, or the one that checks expiry while a key has one."""
+        checking = self._must_check()
+        if checking == self.checking:
+            return
+        with self._lock:
+            self.checking = checking
+            if checking:
+                self._publish(*self._checking_pair)
+            else:
+                self._publish(self._plain_get, self._plain_get_many)

@@ -164,7 +164,7 @@ class Expiring:
         reads decide "expired" by too. The sweeper starts with
         :meth:`start_sweeper`, once the store is open."""
         expiry_clock = ExpiryClock(clock or SystemClock())
-        state.now_us = expiry_clock.now_us
+        state.expiring_reads.now_us = expiry_clock.now_us
         return cls(state, expiry_clock, max_value, max_payload, append, path)
 
     # -- entries ------------------------------------------------------------------
