@@ -116,6 +116,11 @@ def test_reconnecting_gives_up_only_after_connections_in_a_row_that_deliver_noth
         ending.ended()
     done = Reconnecting("http://x", Resumption(1, {}))
     assert [done.line(line) for line in ("event: end", "data: {}", "")] == [None, None, None] and done.finished
+    assert not done.running(False) and done.after(None, False) == 0.0  # the server ended it: no next connection
+    closed = Reconnecting("http://x", Resumption(1, {}))
+    for _ in range(RECONNECTS + 1):  # a closed watcher neither gives up with an error nor waits
+        assert closed.after(broke, True) == 0.0 and not closed.running(True)
+    assert closed.running(False) and closed.after(broke, False) > 0
 
 
 def test_a_watch_goes_on_after_the_server_restarts(tmp_path) -> None:

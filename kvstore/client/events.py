@@ -105,11 +105,12 @@ class Resumption:
 
 class Reconnecting:
     """The reading of one change stream across connections, without the
-    I/O (both watchers' loop): :meth:`connect` gives the query of each new
-    connection, :meth:`line` turns each line of its body into a change to
-    deliver, :meth:`broken` and :meth:`ended` say how long to wait before
-    the next connection, or give up after :data:`RECONNECTS` connections in a
-    row that delivered nothing."""
+    I/O: the one loop both watchers drive. While :attr:`running`, each
+    connection is made with the query :meth:`connect` gives, :meth:`line`
+    turns each line of its body into a change to deliver, and once it ended
+    (or broke) :meth:`after` says how long to wait before the next one, or
+    gives up after :data:`RECONNECTS` connections in a row that delivered
+    nothing."""
 
     def __init__(self, url: str, resumption: Resumption) -> None:
         self._url = url
@@ -117,6 +118,11 @@ class Reconnecting:
         self.finished = False  # the server ended the stream (an ``end`` event)
         self._parser = EventParser()
         self._failures = 0
+
+    def running(self, closed: bool) -> bool:
+        """Whether to make another connection: the watcher is not ``closed``
+        and the server did not end the stream (an ``end`` event)."""
+        return not (closed or self.finished)
 
     def connect(self) -> Params:
         self.position.delivered = False
@@ -136,6 +142,14 @@ class Reconnecting:
             self._failures = 0
             return out
         return None
+
+    def after(self, failure: ServerUnavailable | None, closed: bool) -> float:
+        """Seconds to wait after a connection ended (``failure``: it broke)
+        before the next; 0 when there is none (:meth:`running`). Raises when
+        giving up."""
+        if not self.running(closed):
+            return 0.0
+        return self.ended() if failure is None else self.broken(failure)
 
     def broken(self, exc: ServerUnavailable) -> float:
         """Seconds to wait after the connection broke; raises ``exc`` when giving up."""
@@ -176,8 +190,9 @@ class RemoteWatcher:
         return next(self._gen)
 
     def _run(self) -> Generator[Change, None, None]:
-        stream = self._stream
-        while not self._closed and not stream.finished:
+        stream = self._stream  # (the loop's logic: Reconnecting)
+        while stream.running(self._closed):
+            failure = None
             try:
                 with self._http.stream("GET", self._path, params=stream.connect()) as response:
                     self._response = response
@@ -186,19 +201,13 @@ class RemoteWatcher:
                             return
                         if (change := stream.line(line)) is not None:
                             yield change
-                        elif stream.finished:
+                        elif stream.finished:  # an ``end`` event
                             return
             except ServerUnavailable as exc:
-                if self._closed:
-                    return
-                pause = stream.broken(exc)
-            else:
-                if self._closed:
-                    return
-                pause = stream.ended()
+                failure = exc
             finally:
                 self._response = None
-            time.sleep(pause)
+            time.sleep(stream.after(failure, self._closed))
 
     def close(self) -> None:
         """Stop: the iteration ends."""
@@ -235,22 +244,19 @@ class AsyncRemoteWatcher:
         return await self._gen.__anext__()
 
     async def _run(self) -> AsyncGenerator[Change, None]:
-        stream = self._stream
-        while not self._closed and not stream.finished:
+        stream = self._stream  # (the loop's logic: Reconnecting)
+        while stream.running(self._closed):
+            failure = None
             try:
                 async with self._http.stream("GET", self._path, params=stream.connect()) as response:
                     async for line in response.aiter_lines():
                         if (change := stream.line(line)) is not None:
                             yield change
-                        elif stream.finished:
+                        elif stream.finished:  # an ``end`` event
                             return
             except ServerUnavailable as exc:
-                if self._closed:
-                    return
-                pause = stream.broken(exc)
-            else:
-                pause = stream.ended()
-            await asyncio.sleep(pause)
+                failure = exc
+            await asyncio.sleep(stream.after(failure, self._closed))
 
     async def aclose(self) -> None:
         self._closed = True
