@@ -36,14 +36,16 @@ def _peak_mb() -> float:
     return peak_rss_mb()
 
 
-def _store_prepare(entries: int, snapshot: bool):
+def store_prepare(entries: int, snapshot: bool, chunk_bytes: int | None = None):
+    """A prepare step: a store holding ``entries`` entries (and a snapshot of
+    them, in chunks of ``chunk_bytes``, when ``snapshot``)."""
     def prepare(ctx: Context) -> str:
         path = os.path.join(ctx.directory, "store")
         db = WalkvKV(path, sync=False)
         try:
             load(db, entries)
             if snapshot:
-                db.db.snapshot()
+                db.db.snapshot(chunk_bytes=chunk_bytes)
         finally:
             db.close()
         return path
@@ -153,7 +155,7 @@ def workloads(cfg: Config) -> list[Workload]:
             contenders=[
                 Contender("walkv", lambda ctx: in_child(
                     "benchmarks.snapshot_workloads:child_snapshot_walkv", path=ctx.state, n=n),
-                    prepare=_store_prepare(n, snapshot=False), label="walkv db.snapshot()"),
+                    prepare=store_prepare(n, snapshot=False), label="walkv db.snapshot()"),
                 Contender("lmdb-scan", lambda ctx: in_child(
                     "benchmarks.snapshot_workloads:child_scan_lmdb", path=ctx.state),
                     prepare=_lmdb_prepare(n), requires=LMDB.requires, label="py-lmdb cursor scan"),
@@ -165,7 +167,7 @@ def workloads(cfg: Config) -> list[Workload]:
             contenders=[
                 Contender("walkv", lambda ctx: _in_child_fresh(
                     ctx, "benchmarks.snapshot_workloads:child_restore_walkv", source=ctx.state, n=n),
-                    prepare=_store_prepare(n, snapshot=True), label="walkv kvstore.restore"),
+                    prepare=store_prepare(n, snapshot=True), label="walkv kvstore.restore"),
                 Contender("lmdb-putmulti", lambda ctx: _in_child_fresh(
                     ctx, "benchmarks.snapshot_workloads:child_putmulti_lmdb", source=ctx.state),
                     prepare=_lmdb_prepare(n), requires=LMDB.requires,

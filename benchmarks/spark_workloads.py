@@ -48,7 +48,7 @@ from typing import Any
 
 from benchmarks import data
 from benchmarks.harness import Config, Contender, Context, Measurement, Target, Workload
-from benchmarks.snapshot_workloads import _store_prepare
+from benchmarks.snapshot_workloads import store_prepare
 
 SPARK = ("pyspark", "kvstore.spark.source:register", "snapshot")
 WARM_UPS = 5
@@ -131,7 +131,7 @@ def _warm_up(read: Any, ctx: Context, state: Any) -> None:
 
 
 def _walkv_prepare(n: int):
-    store = _store_prepare(n, snapshot=True)
+    store = store_prepare(n, snapshot=True)
 
     def prepare(ctx: Context) -> str:
         path = store(ctx)
@@ -203,22 +203,6 @@ def _export(n: int):
     return run
 
 
-def _pushdown_prepare(n: int):
-    def prepare(ctx: Context) -> str:
-        from benchmarks.kv_workloads import WalkvKV, load
-
-        path = os.path.join(ctx.directory, "store")
-        db = WalkvKV(path, sync=False)
-        try:
-            load(db, n)
-            db.db.snapshot(chunk_bytes=1 << 20)
-        finally:
-            db.close()
-        return path
-
-    return prepare
-
-
 def _pushdown_query(n: int, pushdown: bool):
     lo, hi = data.key(n // 2), data.key(n // 2 + max(1, n // 100))
     where = f"key >= X'{lo.hex()}' AND key < X'{hi.hex()}'"
@@ -251,7 +235,7 @@ def _pushdown_query(n: int, pushdown: bool):
                                                           "bytes_fraction": round(planned / max(1, total), 4)})
 
     def prepare(ctx: Context) -> str:
-        path = _pushdown_prepare(n)(ctx)
+        path = store_prepare(n, snapshot=True, chunk_bytes=1 << 20)(ctx)
         run(Context(ctx.config, ctx.directory, path))  # warm-up: JVM, Python workers
         return path
 
@@ -376,6 +360,6 @@ def workloads(cfg: Config) -> list[Workload]:
             name="spark.export", issue=5, unit="rows/s", slow=True, repeats=1,
             title=f"`walkv export --table snapshot` of {n:,} rows (JVM start included)",
             requires=SPARK + ("kvstore.cli:main",), params={"rows": n},
-            contenders=[Contender("walkv", _export(n), prepare=_store_prepare(n, snapshot=True),
+            contenders=[Contender("walkv", _export(n), prepare=store_prepare(n, snapshot=True),
                                   label="walkv export")]),
     ]
