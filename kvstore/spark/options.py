@@ -2,89 +2,89 @@
 
 No pyspark here, so planning and reading can be tested without a session.
 
-=====================  ===========================================================
-option                 meaning (names are case-insensitive, as Spark's are)
-=====================  ===========================================================
-``path``               the store: a local path or a URI (``load(path)`` sets it)
-``table``              ``changes`` (default; the only table a stream reads),
-                       ``snapshot`` or ``state``
-``keyFormat``          ``binary`` (default) or ``string`` (UTF-8, validated)
-``keyspace``           the keyspace read (:mod:`kvstore.store.keyspace`): a
-                       name, ``""`` (default: the default keyspace, all a
-                       store made before keyspaces holds) or ``*``: every
-                       keyspace, in every table and format (Debezium's
-                       events name it in ``source.keyspace``). Each row
-                       names its own in the ``keyspace`` column; a filter on
-                       it prunes snapshot sections. A stream keeps the
-                       default too (a checkpointed query must not begin to
-                       deliver other rows after an upgrade); it logs a
-                       warning naming the keyspaces it leaves out when the
-                       newest snapshot holds others
-``valueFormat``        ``binary`` (default) or ``string``
-``snapshotLsn``        use the snapshot at exactly this LSN (default: the newest
-                       valid one, or the newest at or before ``endingLsn``);
-                       ``0`` means no snapshot (the log from LSN 1)
-``startingLsn``        ``changes``: first LSN to read, inclusive: a number,
-                       ``earliest`` (the oldest LSN the log still holds) or
-                       ``latest`` (nothing yet). Batch default: the LSN after
-                       the snapshot (below: which LSNs a batch read covers).
-                       Stream default: ``earliest``
-``endingLsn``          batch ``changes``/``state``: last LSN, inclusive (default:
-                       the durable LSN when the query is planned). Past the
-                       durable LSN is an error. ``state`` at an ``endingLsn`` is
-                       the store as it was at that LSN (point in time)
-``startingTimestamp``  instead of ``startingLsn``: the first LSN committed at or
-                       after this time (ISO 8601, naive = UTC, or epoch
-                       milliseconds as Kafka's option takes them)
-``endingTimestamp``    batch, instead of ``endingLsn``: the last LSN committed at
-                       or before this time
-``maxRecordsPerTrigger`` stream: at most this many log records (committed
-                       batches, i.e. LSNs) per micro-batch, as Kafka's
-                       ``maxOffsetsPerTrigger``; a micro-batch has one row per
-                       operation. ``maxRecordsPerBatch`` is the older name
-``maxBytesPerTrigger`` stream: at most about this many bytes of log entries per
-                       micro-batch (``64m``, ``1g`` or a number), as Delta's;
-                       an entry larger than the cap is a micro-batch alone
-``failOnDataLoss``     ``true`` (default): LSNs a read needs that retention
-                       deleted are a ``LogGapError`` naming them; ``false``:
-                       skip to the oldest LSN the log holds, with a warning
-                       naming the skipped range
-``startingFrom``       stream: ``log`` (default) or ``snapshot``: the first
-                       micro-batch holds the newest snapshot's rows (as
-                       ``upsert`` rows at the snapshot's LSN, ``_op_index``
-                       -1, the snapshot's time; ``insert`` rows with
-                       ``changeVocabulary=delta``), then the log after it.
-                       Also for batch reads with ``format=debezium`` (``r``
-                       events) or ``changeVocabulary=delta``
-``format``             ``changes``: ``delta`` (default: Delta's change data
-                       feed columns) or ``debezium`` (Debezium-shaped change
-                       events, :mod:`kvstore.spark.debezium`)
-``changeVocabulary``   ``changes``, ``format=delta``: the values of
-                       ``_change_type``. ``walkv`` (default): ``upsert``,
-                       ``delete``, ``delete_range``, one row per operation as
-                       logged. ``delta``: Delta Lake's ``insert``,
-                       ``update_preimage``/``update_postimage`` and ``delete``
-                       with exact pre-images, batch or stream: a put of a key
-                       that did not exist is ``insert``, of one that did an
-                       ``update_preimage`` row (the old value) and an
-                       ``update_postimage`` row (the new); a delete of a key
-                       that existed is ``delete`` with the value it deleted (of
-                       one that did not: no row); a range delete is one
-                       ``delete`` per key it deleted. See
-                       :mod:`kvstore.spark.delta_cdf`
-``maxPartitionBytes``  split log segments larger than this (``64m``, ``1m`` or a
-                       number of bytes; default 32 MiB) at sparse-index points,
-                       the active segment too (up to the durable LSN)
-``minPartitions``      ``changes``: at least about this many partitions, as
-                       Kafka's option: the LSN range is cut into pieces of
-                       ``1/minPartitions`` of its bytes when that is smaller
-                       than ``maxPartitionBytes``. Default: the session's
-                       default parallelism (its executors' cores, taken by
-                       :func:`~kvstore.spark.register`), for a range of at
-                       least 1 MiB a piece, so a long tail, batch or
-                       micro-batch, uses every executor
-``rowsPerBatch``       rows per Arrow record batch a task yields (default 65536)
-=====================  ===========================================================
+========================  ===========================================================
+option                    meaning (names are case-insensitive, as Spark's are)
+========================  ===========================================================
+``path``                  the store: a local path or a URI (``load(path)`` sets it)
+``table``                 ``changes`` (default; the only table a stream reads),
+                          ``snapshot`` or ``state``
+``keyFormat``             ``binary`` (default) or ``string`` (UTF-8, validated)
+``keyspace``              the keyspace read (:mod:`kvstore.store.keyspace`): a
+                          name, ``""`` (default: the default keyspace, all a
+                          store made before keyspaces holds) or ``*``: every
+                          keyspace, in every table and format (Debezium's
+                          events name it in ``source.keyspace``). Each row
+                          names its own in the ``keyspace`` column; a filter on
+                          it prunes snapshot sections. A stream keeps the
+                          default too (a checkpointed query must not begin to
+                          deliver other rows after an upgrade); it logs a
+                          warning naming the keyspaces it leaves out when the
+                          newest snapshot holds others
+``valueFormat``           ``binary`` (default) or ``string``
+``snapshotLsn``           use the snapshot at exactly this LSN (default: the newest
+                          valid one, or the newest at or before ``endingLsn``);
+                          ``0`` means no snapshot (the log from LSN 1)
+``startingLsn``           ``changes``: first LSN to read, inclusive: a number,
+                          ``earliest`` (the oldest LSN the log still holds) or
+                          ``latest`` (nothing yet). Batch default: the LSN after
+                          the snapshot (below: which LSNs a batch read covers).
+                          Stream default: ``earliest``
+``endingLsn``             batch ``changes``/``state``: last LSN, inclusive (default:
+                          the durable LSN when the query is planned). Past the
+                          durable LSN is an error. ``state`` at an ``endingLsn`` is
+                          the store as it was at that LSN (point in time)
+``startingTimestamp``     instead of ``startingLsn``: the first LSN committed at or
+                          after this time (ISO 8601, naive = UTC, or epoch
+                          milliseconds as Kafka's option takes them)
+``endingTimestamp``       batch, instead of ``endingLsn``: the last LSN committed at
+                          or before this time
+``maxRecordsPerTrigger``  stream: at most this many log records (committed
+                          batches, i.e. LSNs) per micro-batch, as Kafka's
+                          ``maxOffsetsPerTrigger``; a micro-batch has one row per
+                          operation. ``maxRecordsPerBatch`` is the older name
+``maxBytesPerTrigger``    stream: at most about this many bytes of log entries per
+                          micro-batch (``64m``, ``1g`` or a number), as Delta's;
+                          an entry larger than the cap is a micro-batch alone
+``failOnDataLoss``        ``true`` (default): LSNs a read needs that retention
+                          deleted are a ``LogGapError`` naming them; ``false``:
+                          skip to the oldest LSN the log holds, with a warning
+                          naming the skipped range
+``startingFrom``          stream: ``log`` (default) or ``snapshot``: the first
+                          micro-batch holds the newest snapshot's rows (as
+                          ``upsert`` rows at the snapshot's LSN, ``_op_index``
+                          -1, the snapshot's time; ``insert`` rows with
+                          ``changeVocabulary=delta``), then the log after it.
+                          Also for batch reads with ``format=debezium`` (``r``
+                          events) or ``changeVocabulary=delta``
+``format``                ``changes``: ``delta`` (default: Delta's change data
+                          feed columns) or ``debezium`` (Debezium-shaped change
+                          events, :mod:`kvstore.spark.debezium`)
+``changeVocabulary``      ``changes``, ``format=delta``: the values of
+                          ``_change_type``. ``walkv`` (default): ``upsert``,
+                          ``delete``, ``delete_range``, one row per operation as
+                          logged. ``delta``: Delta Lake's ``insert``,
+                          ``update_preimage``/``update_postimage`` and ``delete``
+                          with exact pre-images, batch or stream: a put of a key
+                          that did not exist is ``insert``, of one that did an
+                          ``update_preimage`` row (the old value) and an
+                          ``update_postimage`` row (the new); a delete of a key
+                          that existed is ``delete`` with the value it deleted (of
+                          one that did not: no row); a range delete is one
+                          ``delete`` per key it deleted. See
+                          :mod:`kvstore.spark.delta_cdf`
+``maxPartitionBytes``     split log segments larger than this (``64m``, ``1m`` or a
+                          number of bytes; default 32 MiB) at sparse-index points,
+                          the active segment too (up to the durable LSN)
+``minPartitions``         ``changes``: at least about this many partitions, as
+                          Kafka's option: the LSN range is cut into pieces of
+                          ``1/minPartitions`` of its bytes when that is smaller
+                          than ``maxPartitionBytes``. Default: the session's
+                          default parallelism (its executors' cores, taken by
+                          :func:`~kvstore.spark.register`), for a range of at
+                          least 1 MiB a piece, so a long tail, batch or
+                          micro-batch, uses every executor
+``rowsPerBatch``          rows per Arrow record batch a task yields (default 65536)
+========================  ===========================================================
 
 Which LSNs a batch read of ``changes`` covers: by default ``S+1 .. E``, where
 ``S`` is the LSN of the snapshot the read is planned with (the newest, the
