@@ -3,8 +3,9 @@
 ``pip install .``, ``pip install -e .`` (``make``) and ``python -m build`` run this
 with mypy pinned in ``[build-system] requires``. The modules named in
 :data:`wal.compiled.COMPILED_MODULES` become C extensions beside their ``.py``
-twins, and the build writes ``wal/_compiled.json``: the mypyc version and the
-SHA-256 of each compiled module's source. At import, :mod:`wal.compiled` loads the
+twins, and the build writes ``wal/_compiled.json``: the mypyc version, the
+SHA-256 of each compiled module's source, and the module's and its classes'
+docstrings, which mypyc leaves out (:func:`wal.compiled.source_docstrings`). At import, :mod:`wal.compiled` loads the
 extensions only when every recorded hash matches the ``.py`` beside it (an edited
 source in an editable install runs interpreted, with a warning, never stale code).
 
@@ -28,10 +29,13 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULES: tuple[str, ...] = runpy.run_path(os.path.join(HERE, "wal", "compiled.py"))["COMPILED_MODULES"]
+_COMPILED = runpy.run_path(os.path.join(HERE, "wal", "compiled.py"))
+MODULES: tuple[str, ...] = _COMPILED["COMPILED_MODULES"]
 MANIFEST = os.path.join("wal", "_compiled.json")
 HASHES: dict[str, str] = {}
 """SHA-256 of each compiled module's source, taken when mypyc read it."""
+DOCS: dict[str, dict[str, str]] = {}
+"""Each compiled module's docstrings that its extension is given back at import."""
 
 
 def _warn(what: str) -> None:
@@ -56,7 +60,9 @@ def _mypyc_extensions() -> list[Any]:
         paths = [_source(m) for m in MODULES] + ["--no-warn-unused-ignores"]
         for module in MODULES:
             with open(os.path.join(HERE, _source(module)), "rb") as f:
-                HASHES[module] = hashlib.sha256(f.read()).hexdigest()
+                source = f.read()
+            HASHES[module] = hashlib.sha256(source).hexdigest()
+            DOCS[module] = _COMPILED["source_docstrings"](source)
         # group_name: the shared library is wal/core__mypyc.*.so (inside a package, so an editable
         # install finds it too), not a top-level module named after a hash of the module list.
         return list(mypycify(paths, opt_level="3", multi_file=False, group_name="wal.core"))
@@ -88,7 +94,7 @@ class BuildExt(build_ext):
 
         os.makedirs(os.path.dirname(manifest), exist_ok=True)
         with open(manifest, "w") as f:
-            json.dump({"mypyc": mypy_version, "sources": HASHES}, f, indent=1, sort_keys=True)
+            json.dump({"mypyc": mypy_version, "sources": HASHES, "docs": DOCS}, f, indent=1, sort_keys=True)
             f.write("\n")
 
 

@@ -3,6 +3,10 @@
 Sphinx's autodoc because the docstrings are reStructuredText with Sphinx roles
 (:class:`~kvstore.KVStore`, :mod:`wal.log`, ``literal``); myst-parser reads the
 Markdown pages (architecture.md). Warnings are errors (``sphinx-build -W``).
+
+Built from the sources (``make docs`` sets ``WALKV_PURE=1``): mypyc 2.4 compiles
+no docstring, so the compiled twins would leave the hot modules' pages empty.
+What ``help()`` shows of a compiled install: :mod:`wal.compiled`, "Docstrings".
 """
 
 from __future__ import annotations

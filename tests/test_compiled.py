@@ -11,8 +11,11 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
-from wal.compiled import COMPILED_MODULES, MANIFEST
+import pytest
+
+from wal.compiled import COMPILED_MODULES, MANIFEST, restore_docstrings, source_docstrings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = ("import json, wal, kvstore.state.machine as m, wal.record as r; "
@@ -119,3 +122,36 @@ def test_a_reader_stopped_at_damage_leaves_no_exception_behind() -> None:
         raise ValueError("after the reader stopped")
     except ValueError as e:
         assert e.__context__ is None
+
+
+DOCS_PROBE = ("import json, wal, wal.log as log, kvstore.store.write_batch as wb; "
+              "print(json.dumps([wal.build_info(), log.__doc__, wb.WriteBatch.__doc__]))")
+
+
+def test_the_build_records_the_docstrings_mypyc_leaves_out() -> None:
+    source = '"""The module."""\n\nclass A:\n    """The class."""\n\n    def f(self) -> None:\n' \
+             '        """Not recorded: a method\'s __doc__ is read-only."""\n\nclass B:\n    pass\n'
+    docs = source_docstrings(source)
+    assert docs == {"": "The module.", "A": "The class."}
+    module = types.ModuleType("m")
+    exec(compile(source.replace('"""The module."""', "").replace('"""The class."""', ""), "m", "exec"),
+         module.__dict__)
+    assert module.__doc__ is None and module.A.__doc__ is None
+    restore_docstrings(module, docs)
+    assert module.__doc__ == "The module." and module.A.__doc__ == "The class." and module.B.__doc__ is None
+
+
+def test_the_compiled_twins_give_help_their_module_and_class_docstrings() -> None:
+    if not built(REPO):
+        pytest.skip("this checkout is not compiled (make .venv/.compiled)")
+    env = {k: v for k, v in os.environ.items() if k != "WALKV_PURE"}
+    env["PYTHONPATH"] = REPO
+    proc = subprocess.run([sys.executable, "-c", DOCS_PROBE], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    info, log_doc, batch_doc = json.loads(proc.stdout)
+    assert info.startswith("compiled (mypyc ")
+    with open(os.path.join(REPO, "wal", "log.py"), "rb") as f:
+        assert log_doc == source_docstrings(f.read())[""]
+    with open(os.path.join(REPO, "kvstore", "store", "write_batch.py"), "rb") as f:
+        assert batch_doc == source_docstrings(f.read())["WriteBatch"]

@@ -2,7 +2,8 @@
 
 The build (``setup.py``) compiles :data:`COMPILED_MODULES` with mypyc into C
 extensions that sit beside their ``.py`` sources, and writes ``wal/_compiled.json``:
-the mypyc version and the SHA-256 of each compiled module's source at build time.
+the mypyc version, the SHA-256 of each compiled module's source at build time,
+and the docstrings mypyc leaves out (below).
 Python's import system prefers an extension to a ``.py`` of the same name, so this
 module, imported before any of them (first by ``wal/__init__.py``, which every
 import of ``wal`` or ``kvstore`` runs), decides once per process:
@@ -19,7 +20,18 @@ import of ``wal`` or ``kvstore`` runs), decides once per process:
 - Otherwise the extensions run.
 
 To run interpreted, a finder placed first on :data:`sys.meta_path` loads the listed
-modules from their ``.py`` files; nothing else changes. :func:`build_info` says what
+modules from their ``.py`` files; nothing else changes.
+
+Docstrings. mypyc 2.4 compiles no docstring: a compiled module's ``__doc__`` is
+None, a class's is its constructor's signature (or "mypyc filler docstring"),
+and a function or method has only its signature (``__text_signature__``, when
+its defaults can be written in one). So the API reference is built from the
+sources (``make docs`` runs with ``WALKV_PURE=1``), and for ``help()`` on what
+users run the build records each compiled module's docstring and its classes'
+(:func:`source_docstrings`), which a loader puts back on the extension as it is
+imported (:func:`restore_docstrings`). A method's or a function's docstring
+cannot be put back (their ``__doc__`` is read-only): ``help()`` shows their
+signatures, the reference their docs. :func:`build_info` says what
 runs, from the loaded modules themselves (``walkv stats`` prints it on its first line,
 the benchmark report in its header).
 """
@@ -86,6 +98,59 @@ MANIFEST = "_compiled.json"
 """The build's record beside this module: ``{"mypyc": version, "sources": {module: sha256}}``."""
 
 
+def source_docstrings(source: str | bytes) -> dict[str, str]:
+    """The docstrings of a module's source that :func:`restore_docstrings` can
+    put back on its compiled twin: the module's (under ``""``) and each of its
+    top-level classes' (under the class's name). Run by the build."""
+    import ast
+
+    tree = ast.parse(source)
+    docs = {"": ast.get_docstring(tree, clean=False)}
+    docs.update((node.name, ast.get_docstring(node, clean=False)) for node in tree.body
+                if isinstance(node, ast.ClassDef))
+    return {name: doc for name, doc in docs.items() if doc is not None}
+
+
+def restore_docstrings(module: ModuleType, docs: dict[str, str]) -> None:
+    """Set ``module``'s docstring and its classes' from ``docs``
+    (:func:`source_docstrings` of its source)."""
+    for name, doc in docs.items():
+        target = module if name == "" else getattr(module, name, None)
+        if isinstance(target, (ModuleType, type)):
+            target.__doc__ = doc
+
+
+class _DocumentedExtension(importlib.machinery.ExtensionFileLoader):
+    """Loads a compiled module, then puts back the docstrings the build recorded for it."""
+
+    def __init__(self, fullname: str, path: str, docs: dict[str, str]) -> None:
+        super().__init__(fullname, path)
+        self.docs = docs
+
+    def exec_module(self, module: ModuleType) -> None:
+        super().exec_module(module)
+        restore_docstrings(module, self.docs)
+
+
+class _ExtensionFinder:
+    """Finds :data:`COMPILED_MODULES`' extensions, as the path finder would, to
+    load them with :class:`_DocumentedExtension`."""
+
+    def __init__(self, docs: dict[str, dict[str, str]]) -> None:
+        self.docs = docs
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        docs = self.docs.get(fullname)
+        if docs is None or not path:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader) or not spec.origin:
+            return None
+        spec.loader = _DocumentedExtension(fullname, spec.origin, docs)
+        return spec
+
+
 class StaleBuildWarning(RuntimeWarning):
     """A compiled module's source changed after the build: the interpreted sources run."""
 
@@ -114,15 +179,16 @@ def _root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _choose() -> tuple[str | None, str]:
-    """(the mypyc version when the extensions may run, else None; why not)."""
+def _choose() -> tuple[str | None, str, dict[str, dict[str, str]]]:
+    """(the mypyc version when the extensions may run, else None; why not; the
+    docstrings the build recorded)."""
     if os.environ.get("WALKV_PURE"):
-        return None, "WALKV_PURE set"
+        return None, "WALKV_PURE set", {}
     try:
         with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), MANIFEST), "rb") as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        return None, "not compiled at install"
+        return None, "not compiled at install", {}
     root = _root()
     recorded: dict[str, str] = manifest["sources"]
     stale = []
@@ -140,13 +206,15 @@ def _choose() -> tuple[str | None, str]:
             f"walkv: {len(stale)} compiled module(s) changed since the build ({', '.join(stale)}): "
             "running all of them interpreted; rebuild with `pip install -e .` (or `make`) to compile them again",
             StaleBuildWarning, stacklevel=3)
-        return None, "sources changed since the build"
-    return str(manifest["mypyc"]), ""
+        return None, "sources changed since the build", {}
+    return str(manifest["mypyc"]), "", manifest.get("docs", {})
 
 
-MYPYC_VERSION, PURE_REASON = _choose()
+MYPYC_VERSION, PURE_REASON, _DOCS = _choose()
 if MYPYC_VERSION is None and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _SourceFinder(COMPILED_MODULES))
+elif MYPYC_VERSION is not None and _DOCS and not any(isinstance(f, _ExtensionFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _ExtensionFinder(_DOCS))
 
 
 def is_compiled(module: ModuleType) -> bool:
