@@ -1,4 +1,4 @@
-"""The keyspace limit (kvstore/store/keyspace.py, ``writable_keyspace``): a
+"""The keyspace limit (kvstore/store/keyspace.py, ``Keyspaces.writable``): a
 write into a keyspace the store does not hold yet, past
 :data:`kvstore.state.lmdb_env.MAX_KEYSPACES`, is refused before anything is
 logged, by every write path that can name a keyspace; keyspaces it holds stay

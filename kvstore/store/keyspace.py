@@ -117,23 +117,20 @@ def keyspace_name(name: object) -> str:
 class Keyspaces:
     """The keyspaces of the store at ``path``, whose state is ``state`` and
     whose writes go through ``writes``: the check of a keyspace before a
-    write into it, the names, the drop. ``limited``: the store writes, so a
-    new keyspace past :data:`MAX_KEYSPACES` is refused before it is logged
-    (a read-only store's writes are refused anyway)."""
+    write into it, the names, the drop."""
 
-    def __init__(self, state: State, path: str, writes: WritePath, *, limited: bool) -> None:
+    def __init__(self, state: State, path: str, writes: WritePath) -> None:
         self._state = state
         self._path = path
         self._writes = writes
-        self._limited = limited
 
     def writable(self, name: object) -> str:
         """``name``, checked, before a write into it is logged: a keyspace the
         state does not hold yet past :data:`MAX_KEYSPACES` is refused (nothing
-        is logged). Once the store is closed only the name is checked, and the
-        write's own refusal says the store is closed (not LMDB)."""
+        is logged). Where no write may be appended (read-only, closed, forked)
+        only the name is checked: the write's own refusal says why (not LMDB)."""
         name = check_keyspace(name)
-        if not (self._limited and name and self._writes.writes):
+        if not (name and self._writes.writes):
             return name
         lmdb = self._state.lmdb
         if lmdb.keyspace_db(name) is None and lmdb.keyspace_slots_left() <= 0:

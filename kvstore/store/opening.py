@@ -1,6 +1,6 @@
 """What :func:`kvstore.open` checks before it opens anything: what a path
 must be to open a store there, or to make one (:func:`store_path`), and the
-options it refuses (:func:`value_limit`, :func:`refuse_writer_options`).
+options it refuses (:func:`checked_limits`, :func:`refuse_writer_options`).
 
 * A path (``str``, ``bytes`` or ``os.PathLike``) to a directory that holds a
   log (``wal/``): a store.
@@ -81,10 +81,11 @@ def _hint(root: str, names: list[str]) -> str:
     return ""
 
 
-def value_limit(max_value_bytes: int, max_record_bytes: int, max_retained_bytes: int) -> int:
-    """The largest value a store with these options takes: ``max_value_bytes``,
-    or less when an entry of that value and the longest key would not fit a
-    log record of ``max_record_bytes`` (at least 4096)."""
+def checked_limits(max_value_bytes: int, max_record_bytes: int, max_retained_bytes: int) -> int:
+    """The size options checked (``max_record_bytes`` at least 4096,
+    ``max_retained_bytes`` an int >= 0); returns the largest value a store
+    with them takes: ``max_value_bytes``, or less when an entry of that value
+    and the longest key would not fit a log record."""
     if max_record_bytes < 4096:
         raise ValueError(f"max_record_bytes must be at least 4096, not {max_record_bytes!r}")
     limit = min(int(max_value_bytes), max_record_bytes - ENTRY_OVERHEAD - MAX_KEY_BYTES)

@@ -56,7 +56,7 @@ from kvstore.store.fast_path import GetPath, WritePath
 from kvstore.store.group_hooks import GroupHooks
 from kvstore.store.keyspace import Keyspace, Keyspaces, keyspace_name, new_batch, new_transaction
 from kvstore.store.leases import Lease
-from kvstore.store.opening import refuse_writer_options, store_path, value_limit
+from kvstore.store.opening import checked_limits, refuse_writer_options, store_path
 from kvstore.store.readonly import ReadOnly
 from kvstore.store.replication import DEFAULT_SYNC_TIMEOUT, SyncReplicas
 from kvstore.store.write_batch import WriteBatch
@@ -114,7 +114,7 @@ class KVStore(MutableLookups):
         self._fs = fs or OS_FS
         self._closed = True
         self._forked = False
-        self.max_value_bytes = value_limit(max_value_bytes, max_record_bytes, max_retained_bytes)
+        self.max_value_bytes = checked_limits(max_value_bytes, max_record_bytes, max_retained_bytes)
         waits = bool(sync_replicas or fence is not None)
         if self.readonly:
             refuse_writer_options(archive=archive, replicas=waits, log_options=log_options)
@@ -152,7 +152,7 @@ class KVStore(MutableLookups):
         # Every write goes through _writes (kvstore/store/fast_path.py: what runs, and where it refuses).
         self._writes = WritePath(None if self._log is None else self._log.appender, self.max_value_bytes,
                                  self._expiring.put, self._write_refusal)
-        self._keyspaces = Keyspaces(self._state, self.path, self._writes, limited=self._log is not None)
+        self._keyspaces = Keyspaces(self._state, self.path, self._writes)
         # put and get bound to the compiled paths (docs/architecture.md, "The path of a put")
         if type(self).get is KVStore.get:
             self.get = GetPath(self._state).get  # type: ignore[method-assign]
