@@ -8,6 +8,7 @@ are deterministic within a run so that every contender writes the same bytes.
 from __future__ import annotations
 
 import os
+import random
 import struct
 
 KEY_BYTES = 16
@@ -41,6 +42,13 @@ def keys(n: int, prefix: int = 0) -> list[bytes]:
 
 def items(n: int, prefix: int = 0) -> list[tuple[bytes, bytes]]:
     return [(key(i, prefix), value(i)) for i in range(n)]
+
+
+def shuffled(n: int) -> list[int]:
+    """0..n-1 in one fixed random order (the same for every contender)."""
+    order = list(range(n))
+    random.Random(1).shuffle(order)
+    return order
 
 
 def payloads(n: int) -> list[bytes]:

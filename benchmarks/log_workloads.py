@@ -167,13 +167,15 @@ def _leveldb_nosync(n: int):
     return run
 
 
-def _leveldb_replay_prepare(entries: int):
+def _leveldb_replay_prepare(entries: int, shuffled: bool = False):
+    """A LevelDB whose log holds ``entries`` puts (keys in order, or in
+    :func:`benchmarks.data.shuffled` order), none in tables yet."""
     def prepare(ctx: Context) -> str:
         d = os.path.join(ctx.directory, "template")
         db = LevelDB(d, sync=False, write_buffer_size=LEVELDB_BIG_BUFFER)
         try:
             put = db.db.put
-            for i in range(entries):
+            for i in data.shuffled(entries) if shuffled else range(entries):
                 put(data.key(i), data.value(i))
         finally:
             db.close()

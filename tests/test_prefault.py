@@ -81,3 +81,38 @@ def test_a_bulk_batch_that_grows_the_map_reads_back_whole(tmp_path):
         assert db._state.lmdb.map_grows >= 1
     with kvstore.open(path) as db:
         assert list(db.scan()) == pairs
+
+
+def _map_flags(path: str) -> set[str]:
+    """The VmFlags of this process's mapping of ``path`` (/proc/self/smaps)."""
+    flags: set[str] = set()
+    with open("/proc/self/smaps") as f:
+        ours = False
+        for line in f:
+            if "-" in line.split(" ", 1)[0] and not line.startswith("VmFlags"):
+                ours = line.rstrip().endswith(path)
+            elif ours and line.startswith("VmFlags:"):
+                flags |= set(line.split()[1:])
+    return flags
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/smaps are Linux's")
+def test_a_snapshot_reads_the_map_ahead_and_gives_it_its_advice_back(tmp_path):
+    """LMDB maps the store without readahead (``rr``: MADV_RANDOM); while a
+    snapshot scans the map it is read ahead (``sr``: MADV_SEQUENTIAL,
+    kvstore.state.prefault.SequentialScan), and after it random again."""
+    seen: list[set[str]] = []
+    with kvstore.open(tmp_path / "db", sync="none") as db:
+        with db.batch() as b:
+            for i in range(5000):
+                b.put(b"k%06d" % i, os.urandom(100))
+        data = os.path.realpath(tmp_path / "db" / "lmdb" / "data.mdb")
+        before = _map_flags(data)
+        if "rr" not in before:
+            pytest.skip(f"this kernel shows no madvise flags in smaps ({sorted(before)})")
+        db.snapshot(progress=lambda done, total: seen.append(_map_flags(data)), chunk_bytes=64 << 10)
+        after = _map_flags(data)
+    scanning, committed = seen[:-1], seen[-1]  # (the last report comes once the snapshot is committed)
+    assert scanning and all("sr" in f and "rr" not in f for f in scanning), [sorted(f & {"sr", "rr"}) for f in seen]
+    assert "rr" in committed and "sr" not in committed, committed
+    assert "rr" in after and "sr" not in after, after

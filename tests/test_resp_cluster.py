@@ -2,17 +2,20 @@
 nodes, ``--sync-replicas 1``, etcd): it answers how many synchronous
 replicas hold the connection's last write, at once when enough do, after
 its timeout when a replica is gone (SIGKILL); a replica answers writes with
-READONLY."""
+READONLY, and reads only once its history is checked against its leader's
+(MASTERDOWN before: the HTTP face's rule, kvstore.cluster.node.ClusterNode.check_read)."""
 
 from __future__ import annotations
 
 import re
+import time
 import uuid
 
 import pytest
 
 from tests.cluster_etcd import Etcd, etcd_missing
 from tests.cluster_nodes import Cluster, Node
+from tests.cluster_proxy import REFUSE
 from tests.resp_fixture import RESP_LISTENING
 
 redis = pytest.importorskip("redis")
@@ -52,3 +55,40 @@ def test_wait_counts_the_synchronous_replicas_holding_the_last_write(tmp_path_fa
             assert r.execute_command("WAIT", 1, 300) == 1
         finally:
             r.close()
+
+
+def test_a_restarted_replica_answers_no_resp_read_before_its_history_is_checked(tmp_path_factory):
+    """A node opened again may hold entries no leader acknowledged (it applied
+    them at open): until its follower checked its log against the leader's
+    history it answers no read, on RESP as on HTTP. Here its link to the
+    leader refuses, so GET, MGET, EXISTS, SCAN and DBSIZE answer MASTERDOWN
+    (redis-py's MasterDownError) and serve nothing; once the link passes and
+    it follows, they are answered."""
+    with Etcd(str(tmp_path_factory.mktemp("etcd"))) as etcd, \
+            Cluster(str(tmp_path_factory.mktemp("cluster")), etcd, name=f"reads-{uuid.uuid4().hex[:8]}",
+                    extra=("--resp", "127.0.0.1:0")) as cluster:
+        cluster.start()
+        leader, _ = cluster.wait_followed()
+        with redis.Redis(host="127.0.0.1", port=resp_port(leader), protocol=2, socket_timeout=30) as r:
+            assert r.set("rejoin", "v") is True
+            assert r.execute_command("WAIT", 2, 10_000) == 2
+        replica = cluster.replicas(leader)[0]
+        replica.kill()
+        cluster.network.set(replica.name, leader.name, REFUSE)
+        try:
+            replica.start()
+            deadline = time.monotonic() + 30
+            while (replica.status() or {}).get("leader") != leader.advertise and time.monotonic() < deadline:
+                time.sleep(0.05)  # (it learned who leads from etcd; its follower is refused by that leader)
+            assert (replica.status() or {}).get("reads") is False, replica.status()
+            with redis.Redis(host="127.0.0.1", port=resp_port(replica), protocol=2, socket_timeout=30) as c:
+                for read in (lambda: c.get("rejoin"), lambda: c.mget("rejoin", "other"),
+                             lambda: c.exists("rejoin"), lambda: c.scan(0), c.dbsize):
+                    with pytest.raises(redis.exceptions.MasterDownError, match="answers no read yet"):
+                        read()
+                assert c.ping() is True  # what reads no key is answered
+        finally:
+            cluster.network.heal()
+        cluster.wait_followed()
+        with redis.Redis(host="127.0.0.1", port=resp_port(replica), protocol=2, socket_timeout=30) as c:
+            assert c.get("rejoin") == b"v" and c.mget("rejoin", "other") == [b"v", None] and c.exists("rejoin") == 1

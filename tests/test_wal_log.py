@@ -806,3 +806,35 @@ def test_reader_overtaken_by_truncate_before(tmp_path: Path) -> None:
         with pytest.raises(LogGapError, match="truncate_before"):
             got.extend(reader)
         assert got == [(k, model[k]) for k in range(1, len(got) + 1)]
+
+
+def _cached_bytes(path: str) -> int | None:
+    """How much of ``path`` the page cache holds (util-linux ``fincore``), or None without it."""
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
+                             capture_output=True, text=True, check=True).stdout
+    except (FileNotFoundError, subprocess.CalledProcessError):
+        return None
+    return int(out.split()[0])
+
+
+def test_sealed_segments_leave_the_page_cache(tmp_path: Path) -> None:
+    """A sealed segment's pages are dropped from the page cache once synced
+    (wal/segment_writer.py: seal), so a growing log does not push the state
+    machine's pages out; the active segment, which readers tail, stays."""
+    d = tmp_path / "log"
+    with wal.open(d, segment_bytes=1 << 20, sync="none") as log:
+        payload = os.urandom(4000)
+        for _ in range(4 * 256 + 10):  # ~4 MiB: three rolls at least
+            log.append(payload)
+        segs = list_segments(str(d))
+        assert len(segs) >= 3
+        kind = subprocess.run(["stat", "-f", "-c", "%T", str(d)], capture_output=True, text=True).stdout.strip()
+        if kind not in ("ext2/ext3", "xfs", "btrfs"):  # (tmpfs is the page cache; overlays may not pass the hint)
+            pytest.skip(f"{d} is on {kind or 'an unknown file system'}, not a disk file system")
+        cached = [_cached_bytes(s.path) for s in segs]
+        if None in cached:
+            pytest.skip("fincore (util-linux) is not installed")
+        sealed = [os.path.getsize(s.path) for s in segs[:-1]]
+        assert all(c is not None and c <= size // 10 for c, size in zip(cached, sealed)), (cached, sealed)
+        assert list(log.read(1, 5)) and log.last_lsn == 4 * 256 + 10  # still read back whole

@@ -28,6 +28,7 @@ from mypy_extensions import mypyc_attr
 
 _HAS_FDATASYNC: Final = hasattr(os, "fdatasync")
 _HAS_FALLOCATE: Final = hasattr(os, "posix_fallocate")
+_HAS_FADVISE: Final = hasattr(os, "posix_fadvise")
 _pwrite: Final = os.pwrite
 # Files walkv creates are private to their owner unless configured otherwise.
 DEFAULT_FILE_MODE: Final = 0o600
@@ -125,6 +126,14 @@ class File:
             piece = chunk if end - offset >= len(chunk) else chunk[: end - offset]
             self.pwrite(piece, offset)
             offset += len(piece)
+
+    def drop_cached(self) -> None:
+        """Ask the kernel to drop the file's clean pages from its page cache
+        (``POSIX_FADV_DONTNEED``; a no-op where there is none): a hint that
+        changes no byte and no durability, for data that was written once,
+        is synced, and is seldom read again."""
+        if _HAS_FADVISE:
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -283,7 +283,18 @@ class ActiveSegment:
     def seal(self, fs: FileSystem, sync: Callable[[bool], None]) -> SparseIndex:
         """Cut the preallocated zeros, make the file durable with ``sync(full)``
         and write its index; return the index. The file stays open (the
-        caller closes it once the next segment is active)."""
-        self.file_handle.truncate(self.data_end)
+        caller closes it once the next segment is active).
+
+        Once synced, its pages leave the page cache
+        (:meth:`~wal.fs.File.drop_cached`): a sealed segment is read again
+        only by a reader catching up (a replica, the archiver, Spark), while
+        the state machine beside the log is read at every get, and a log
+        that grows by gigabytes would otherwise push the state's pages out
+        of the cache (at 50M keys, 5.7 GB of log against a 6.3 GB LMDB map:
+        gets and puts went to the disk). Only the active segment stays
+        cached, where readers tailing the log find it."""
+        f = self.file_handle
+        f.truncate(self.data_end)
         sync(True)
+        f.drop_cached()
         return self.write_index(fs)

@@ -11,6 +11,13 @@ answered, the epoch that acknowledged it). A write to a node that is not the
 leader is refused with 421 ``NotLeader`` naming the leader (its store
 refuses it: :class:`~wal.errors.NotLeaderError`), never answered 2xx.
 
+With ``--resp`` the node speaks the Redis protocol too, on the same store
+and under the same rules: a replica answers writes ``READONLY``, and every
+command that reads keys is held to :meth:`ClusterNode.check_read
+<kvstore.cluster.node.ClusterNode.check_read>` as the HTTP reads are
+(``MASTERDOWN`` when refused, Redis's answer of a replica that may not
+serve its data).
+
 When the node must open its store again (it stepped down; its follower
 needs it rebuilt), the app is stopped (streams end, requests in flight
 finish), the store reopened, and a new app serves on the same address: for
@@ -111,7 +118,7 @@ async def serve_cluster(path: str, host: str, port: int, *, cluster: str, coordi
             watcher = asyncio.create_task(end_cycle(cycle))
             try:
                 await serve_async(store, host, port, stop=cycle, routes=CLUSTER_ROUTES, setup=setup,
-                                  on_listening=listening, **server_options)
+                                  resp_read_check=node.check_read, on_listening=listening, **server_options)
             finally:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

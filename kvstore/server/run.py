@@ -107,13 +107,15 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
                       stop: asyncio.Event | None = None, warn: Callable[[str], None] | None = None,
                       resp: tuple[str, int] | None = None, resp_limits: RespLimits = RespLimits(),
                       on_resp_listening: Callable[[str], None] | None = None,
+                      resp_read_check: Callable[[], None] | None = None,
                       routes: list[Route] = ROUTES, setup: Callable[[web.Application], None] | None = None) -> None:
     """Serve ``db`` (a store, its asyncio front, or a path to open) until
     ``stop`` is set or SIGTERM/SIGINT arrives; ``on_listening(url)`` once it
     accepts requests (the URL has the real port when ``port`` is 0).
     ``resp=(host, port)``: the Redis protocol too, on that address
     (``on_resp_listening(url)`` once it accepts, ``redis://HOST:PORT``).
-    ``routes`` and ``setup(app)``: a cluster node's additions
+    ``routes``, ``setup(app)`` and ``resp_read_check`` (called before each
+    RESP read, raising to refuse it): a cluster node's additions
     (:mod:`kvstore.server.cluster`)."""
     warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
     check_listen(host, tokens, tls is not None, insecure, warn)
@@ -153,7 +155,7 @@ async def serve_async(db: KVStore | AsyncKVStore | str | os.PathLike[str], host:
             on_listening(url)
         if resp is not None:
             assert isinstance(opened, AsyncKVStore)
-            resp_server = RespServer(opened, tokens=tokens, limits=resp_limits)
+            resp_server = RespServer(opened, tokens=tokens, limits=resp_limits, read_check=resp_read_check)
             resp_url = await resp_server.start(*resp, tls=tls)
             if on_resp_listening is not None:
                 on_resp_listening(resp_url)

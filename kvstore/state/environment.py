@@ -33,7 +33,7 @@ from kvstore.state.keyspace_dbs import KeyspaceDbs
 from kvstore.state.lmdb_env import MAX_KEYSPACES, MIB, clear_stale_readers, grow_size, open_env, reader_table
 from kvstore.state.lmdb_ops import preallocate, read_error
 from kvstore.state.meta import K_APPLIED, applied_of
-from kvstore.state.prefault import Prefault, map_address
+from kvstore.state.prefault import Prefault, SequentialScan, map_address
 from kvstore.state.readers import Generation, Reader, ReaderHandle, ReadGate
 from kvstore.state.view import View
 from wal.errors import ClosedError, DiskFullError, ForkedError
@@ -370,12 +370,24 @@ class Environment:
         about ``nbytes`` puts its new pages (all of them, when the data has
         no free pages to reuse: a growing store)."""
         map_size = self.env.info()["map_size"]
+        address = self._map_start(map_size)
+        if address is not None:
+            self.prefault.start(address + used, min(nbytes, map_size - used))
+
+    def sequential_scan(self) -> SequentialScan:
+        """The map read ahead while a scan of all of it runs, in a read
+        transaction held meanwhile (so the map is not remapped): ``with
+        env.sequential_scan() as scan:`` (:class:`~kvstore.state.prefault.SequentialScan`)."""
+        map_size = self.env.info()["map_size"]
+        return SequentialScan(self._map_start(map_size), map_size)
+
+    def _map_start(self, map_size: int) -> int | None:
+        """Where this process maps ``data.mdb`` now (looked up once per map)."""
         gen, address = self._map_address
         if gen != self.map_gen:
             address = map_address(os.path.join(self.path, "data.mdb"), map_size)
             self._map_address = (self.map_gen, address)
-        if address is not None:
-            self.prefault.start(address + used, min(nbytes, map_size - used))
+        return address
 
     def _abort_write(self, txn: lmdb.Transaction) -> None:
         """Abort a write transaction with readers held out of LMDB (py-lmdb's

@@ -127,11 +127,12 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         # Every pair was read: release the view before waiting for the log. A
         # group's leader may be growing LMDB's map, which waits for open views;
         # log.sync() waits for that leader: holding the view would deadlock.
+        scan.end()  # (while the view still holds the map in place)
         view.close()
         log.check_directory()
         _make_durable(log, lsn)
 
-    with state.read_view() as view:
+    with state.read_view() as view, state.lmdb.sequential_scan() as scan:
         lsn = view.lsn
         if newest and newest[-1].lsn == lsn:
             return newest[-1]

@@ -49,7 +49,7 @@ from kvstore.server.resp.served import Served
 from kvstore.server.resp.session import Compute, Format, ViewFn
 from kvstore.server.resp.table import LOOKUP, Command
 from kvstore.server.resp.transactions import Watching, queue
-from wal.errors import ClosedError, ReadOnlyError, WalkvError
+from wal.errors import ClosedError, ReadOnlyError, ReplicaError, WalkvError
 from wal.segment import Payload
 
 logger = logging.getLogger("kvstore.server.resp")
@@ -70,6 +70,8 @@ def error_for(exc: BaseException) -> bytes:
         return error(exc.message)
     if isinstance(exc, ReadOnlyError):
         return error(READONLY)
+    if isinstance(exc, ReplicaError):  # a replica that may not answer reads yet: Redis's word for it
+        return error(f"MASTERDOWN {exc}")
     if isinstance(exc, ClosedError):
         return error("ERR the store is closed (the server is stopping); retry on another connection")
     if isinstance(exc, (WalkvError, ValueError, TypeError)):
@@ -95,7 +97,7 @@ class RespConnection(asyncio.Protocol):
         self.patterns: dict[bytes, None] = {}
         self._ordinary = True  # no MULTI open, not in RESP2's subscribed mode: the fast path of _dispatch
         self._plain_puts = self.role >= WRITE  # ordinary, and SET may run: _process's own path for it
-        self._plain_reads = self.role >= READ  # the same for GET
+        self._plain_reads = self.role >= READ and served.read_check is None  # the same for GET (unchecked reads)
         self.watching: Watching | None = None
         self.last_lsn = 0
         self.created = time.time()
@@ -133,7 +135,7 @@ class RespConnection(asyncio.Protocol):
         """The connection's mode changed (MULTI, subscriptions, protocol, role)."""
         self._ordinary = self._multi is None and (self.resp3 or not (self.channels or self.patterns))
         self._plain_puts = self._ordinary and self.role >= WRITE
-        self._plain_reads = self._ordinary and self.role >= READ
+        self._plain_reads = self._ordinary and self.role >= READ and self.served.read_check is None
 
     # -- asyncio -------------------------------------------------------------------
 
@@ -288,6 +290,9 @@ class RespConnection(asyncio.Protocol):
     def _run(self, command: Command, cmd: list[bytes]) -> None:
         self._command, self._cmd = command, cmd
         try:
+            check = self.served.read_check
+            if check is not None and "readonly" in command.flags:  # (EXEC is a write: refused on a replica)
+                check()
             command.run(self, cmd)
         except RespError as exc:
             self.reply(error(exc.message))

@@ -40,8 +40,11 @@ class Served:
     """The store one RESP listener serves (``front``: the asyncio front every
     write goes through, shared with the HTTP face in ``walkv serve``)."""
 
-    def __init__(self, front: AsyncKVStore, tokens: Tokens | None, limits: RespLimits) -> None:
+    def __init__(self, front: AsyncKVStore, tokens: Tokens | None, limits: RespLimits,
+                 read_check: Callable[[], None] | None = None) -> None:
         self.front = front
+        self.read_check = read_check
+        """Raises while reads may not be answered (:class:`~kvstore.server.resp.server.RespServer`); None: never."""
         self.store: KVStore = front.store
         self.tokens = tokens
         self.limits = limits

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Callable
 
 from kvstore.server.auth import Tokens
 from kvstore.server.resp.connection import RespConnection
@@ -23,11 +24,14 @@ from kvstore.store.aio import AsyncKVStore
 
 
 class RespServer:
-    """Serves ``front`` (the store's asyncio front) over RESP2/RESP3."""
+    """Serves ``front`` (the store's asyncio front) over RESP2/RESP3.
+    ``read_check``: called before every command that reads keys, to refuse
+    it (raising) while this node may not answer reads: a cluster node's
+    (:meth:`kvstore.cluster.node.ClusterNode.check_read`)."""
 
     def __init__(self, front: AsyncKVStore, *, tokens: Tokens | None = None,
-                 limits: RespLimits = RespLimits()) -> None:
-        self.served = Served(front, tokens, limits)
+                 limits: RespLimits = RespLimits(), read_check: Callable[[], None] | None = None) -> None:
+        self.served = Served(front, tokens, limits, read_check)
         self._server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None
 
