@@ -40,6 +40,7 @@ import snapshot
 import wal
 from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 from kvstore.state.machine import State
+from kvstore.store.groups import group_start
 from wal import list_segments, read_durable_lsn
 from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError, file_error
 from wal.fs import FileSystem
@@ -136,9 +137,10 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         if newest and newest[-1].lsn == lsn:
             return newest[-1]
         _move_foreign_aside(parent, lsn, store_id, fs)
-        # the keyspaces' sections ("ks:<name>") and the expiry metadata's ("ttl:...", "lease:..."),
-        # which are bookkeeping: the snapshot's count of keys leaves them out
+        # the keyspaces' sections ("ks:<name>"), the expiry metadata's ("ttl:...", "lease:...") and the
+        # staged groups' ("groups"), which are bookkeeping: the snapshot's count of keys leaves them out
         expiry = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
+        expiry.update((name, view.db_pairs(db)) for name, db in view.run(state.groups.sections).items())
         sections = {**view.sections(), **expiry}
         items = view.db_pairs(None)  # the view stays open for the sections (before_commit closes it)
         info = snapshot.write(
@@ -199,6 +201,7 @@ def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem, floor: int | No
         log_.debug("log of %s kept from LSN %d: the archive or a consumer needs it", os.path.dirname(parent),
                    floor)
         below = floor
+    below = group_start(log, below)  # a reader from there reads a staged group back from its parts
     freed = log.truncate_before(below)
     if freed:
         log_.info("log of %s trimmed below LSN %d: %d bytes freed", os.path.dirname(parent), below, freed)

@@ -66,7 +66,7 @@ from kvstore.layout import LMDB_DIR, WAL_DIR
 from kvstore.state import DEFAULT_MAP_SIZE, Ops, State, StateOptions, View
 from kvstore.state.lookups import MutableLookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
-from kvstore.store import recovery, snapshots, txn
+from kvstore.store import groups, recovery, snapshots, txn
 from kvstore.store.clock import Clock, ExpiryClock, SystemClock
 from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_seconds
 from kvstore.store.fast_path import GetPath, PutPath
@@ -193,6 +193,8 @@ class KVStore(MutableLookups):
             self._hooks.replicas = self.replicas
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
                                         self._watch_hub, polls=self._writer is None)  # what watchers read
+        if self._writer is not None and self.replicas is None:  # before any other write (kvstore/store/groups.py)
+            groups.abort_orphans(self._append, self._state, self.path)
         if sweep_every is not None:
             self._expiring.start_sweeper(sweep_every)
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
@@ -305,6 +307,23 @@ class KVStore(MutableLookups):
         (nothing is written either way)."""
         payload = as_bytes(payload, "payload")
         return self._expiring.append_checked(payload, self._expiring.writable_ops(parse(payload)))
+
+    def write_group(self, parts: Iterable[Ops], ops: Ops = (), *, app_id: str = "", app_version: int = 0
+                    ) -> int | None:
+        """Write ``parts`` (lists of writes) and ``ops`` as ONE atomic write
+        of any size, a staged group: the commit's LSN, or None when
+        ``app_id`` committed ``app_version`` or a later one already. The
+        caller must be the store's only writer meanwhile
+        (:func:`kvstore.store.groups.write_group`)."""
+        self._check_open()
+        return groups.write_group(self._append, self._state, lambda: self.last_lsn, parts, ops, app_id=app_id,
+                                  app_version=app_version)
+
+    def committed_version(self, app_id: str) -> int | None:
+        """The last ``app_version`` application ``app_id`` committed with
+        :meth:`write_group` (None: none)."""
+        self._check_open()
+        return groups.committed_version(self._state, app_id)
 
     def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """Set ``key`` to ``new`` only if its value is ``expected`` (None: only

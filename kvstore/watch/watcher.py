@@ -92,6 +92,7 @@ from kvstore.entry.codec import (
     check_keyspace,
     decode,
 )
+from kvstore.entry.groups import entry_runs, group_code
 from kvstore.watch.log_tail import LogTail
 from wal.errors import ClosedError, LogGapError
 from wal.fs import OS_FS
@@ -322,13 +323,28 @@ class Watcher:
             self._tail = LogTail(self._src.wal_dir, self.next_lsn, fs=self._src.fs)
         for entry in self._tail.read(durable):
             lsn = entry.lsn
-            ops = conditions.writes_of(decode(entry.payload, lsn))
-            changes = self._matching(lsn, entry.timestamp_us, ops)
+            ops = decode(entry.payload, lsn)
+            if group_code(ops) is not None:  # a staged group: nothing at its parts, all of it at its commit
+                runs = [self._matching(lsn, entry.timestamp_us, run)
+                        for _, run in entry_runs(lsn, ops, self._read_back)]
+                changes = [change for run in runs for change in run]
+            else:
+                changes = self._matching(lsn, entry.timestamp_us, conditions.writes_of(ops))
             self.next_lsn = lsn + 1
             last = len(changes) - 1
             for i, change in enumerate(changes):
                 self.batch_left = last - i
                 yield change
+
+    def _read_back(self, first: int, last: int) -> Iterator[tuple[int, Sequence[Sequence[Any]]]]:
+        """A staged group's parts, LSNs ``first .. last``, read from the log
+        (:func:`kvstore.entry.groups.entry_runs`)."""
+        tail = LogTail(self._src.wal_dir, first, fs=self._src.fs)
+        try:
+            for entry in tail.read(last):
+                yield entry.lsn, decode(entry.payload, entry.lsn)
+        finally:
+            tail.close()
 
 
     def _matching(self, lsn: int, ts: int, ops: Sequence[Sequence[Any]]) -> list[Change]:
