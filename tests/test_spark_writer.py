@@ -154,50 +154,62 @@ def sized_rows(n: int, encoded: int, overwrite: bool) -> list[dict[str, bytes]]:
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
-def test_size_check_counts_the_encoded_batch_exactly(tmp_path, overwrite):
-    """Issue 23: the check counted key + value + 8 a row, leaving out msgpack's
-    framing and overwrite's range delete: a batch over the limit passed it and
-    failed at commit with the batch's RecordTooLargeError. One byte over the
-    limit is the writer's own error, before anything is read; at the limit
-    it commits."""
+def test_one_byte_over_one_entry_is_a_staged_group_at_the_limit_one_batch(tmp_path, overwrite):
+    """Issue 23 counted the encoded batch exactly to refuse one byte over the
+    record limit; issue 38 lifts the limit: one byte over is a staged group
+    (parts, then a commit: every row at the commit's LSN), at the limit it
+    is still one batch (one LSN)."""
+    from kvstore.entry import decode
+    from kvstore.entry.groups import commit_of
     from kvstore.spark.writer import WalkvWriter
-    from wal.errors import RecordTooLargeError
 
     path = str(tmp_path / "store")
     with kvstore.open(path) as db:
         db.put(b"base", b"1")
-    before = contents(path)
     w = WalkvWriter(path, ["key", "value"], overwrite)
     rows = sized_rows(64, LIMIT + 1, overwrite)
-    msgs = [w.write(iter(rows[:32])), w.write(iter(rows[32:]))]
-    with pytest.raises(RecordTooLargeError, match=f"{LIMIT + 1:,} bytes.*holds at most {LIMIT:,}"):
-        w.commit(msgs)
-    assert contents(path) == before and staging_left(path) == []
+    w.commit([w.write(iter(rows[:32])), w.write(iter(rows[32:]))])
+    got, lsn = contents(path)
+    assert got == {**({} if overwrite else {b"base": b"1"}), **{r["key"]: r["value"] for r in rows}}
+    with kvstore.open(path, readonly=True) as db:
+        assert db.last_lsn == lsn
+    payload = dict(wal_entries(path, lsn))[lsn]
+    commit = commit_of(decode(payload, lsn))
+    assert commit is not None and commit.first_part_lsn == 2 and commit.part_count == lsn - 2 > 1
+    assert staging_left(path) == []
     w = WalkvWriter(path, ["key", "value"], overwrite)
     rows = sized_rows(64, LIMIT, overwrite)
     w.commit([w.write(iter(rows[:32])), w.write(iter(rows[32:]))])
-    got, lsn = contents(path)
-    assert lsn == 2 and len(got) == (64 if overwrite else 65) and staging_left(path) == []
+    got, last = contents(path)
+    assert last == lsn + 1 and len(got) == (64 if overwrite else 65) and staging_left(path) == []
+
+
+def wal_entries(path, lsn):
+    """``(lsn, payload)`` of the store's log up to ``lsn``."""
+    import wal
+
+    with wal.open(os.path.join(path, "wal")) as log:
+        return list(log.read(1, lsn))
 
 
 @pytest.mark.spark
-def test_overwrite_just_over_the_limit_is_refused_by_the_writer(walkv_spark, tmp_path):
-    """Issue 23's case: 67,108,784 bytes of keys and values (+ 8 a row)
-    overwritten, under the old count, over the limit once encoded."""
+def test_overwrite_just_over_the_limit_commits_whole(walkv_spark, tmp_path):
+    """Issue 23's case, 67,108,784 bytes of keys and values overwritten, over
+    one entry's limit once encoded: refused until issue 38, a staged group
+    now, every row or none."""
     from pyspark.sql import functions as F
 
     path = str(tmp_path / "store")
     with kvstore.open(path) as db:
         db.put(b"base", b"1")
-    before = contents(path)
-    counted = 67_108_784  # the old count: key + value + 8 a row, under LIMIT
+    counted = 67_108_784
     n = 64
     value = (counted - n * (6 + 8)) // n
     last = counted - n * (6 + 8) - (n - 1) * value
     df = walkv_spark.range(n).select(
         F.format_string("k%05d", "id").alias("key"),
         F.expr(f"repeat('v', IF(id = {n - 1}, {last}, {value}))").alias("value"))
-    with pytest.raises(Exception, match="one atomic walkv batch holds at most") as ei:
-        df.repartition(2).write.format("walkv").mode("overwrite").save(path)
-    assert "RecordTooLargeError" in str(ei.value)
-    assert contents(path) == before and staging_left(path) == []
+    df.repartition(2).write.format("walkv").mode("overwrite").save(path)
+    got, _ = contents(path)
+    assert sorted(got) == [b"k%05d" % i for i in range(n)]
+    assert len(got[b"k%05d" % (n - 1)]) == last and staging_left(path) == []

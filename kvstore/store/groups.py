@@ -25,8 +25,9 @@ log order; a group that lost there is logged as an abort, so the log alone
 says what happened.
 
 Retention (:func:`group_start`): the log is kept from the first part of a
-group whose part or commit stands at the first LSN retention would keep,
-so that a reader from there (a rebuild, a watcher, Spark) finds the parts.
+group that spans the first LSN retention would keep (a part right before
+it, or a part or the commit at it), so that a reader from there (a
+watcher, Spark) finds the parts.
 
 Orphans (:func:`abort_orphans`): a writer that died between its parts and
 its commit leaves durable parts with neither. The next open of the store
@@ -128,15 +129,17 @@ def abort_orphans(append: Append, state: State, path: str) -> int:
 
 
 def group_start(log: wal.Log, lsn: int) -> int:
-    """``lsn``, or the LSN of the first part of the staged group whose part
-    or commit is entry ``lsn`` (module docstring)."""
-    for _, payload in log.read(lsn, lsn):
-        ops = decode(payload, lsn)
+    """``lsn``, or the LSN of the first part of the staged group that spans
+    it (module docstring): entry ``lsn - 1`` is one of its parts (its commit
+    may not be written yet), or entry ``lsn`` is one of its parts or its
+    commit."""
+    for at, payload in log.read(max(1, lsn - 1), lsn):
+        ops = decode(payload, at)
         code = group_code(ops)
         if code == OP_GROUP_PART:
-            return lsn - int(ops[0][2])
-        if code == OP_GROUP_COMMIT:
-            return lsn - int(ops[0][3])
+            return at - int(ops[0][2])
+        if code == OP_GROUP_COMMIT and at == lsn:
+            return at - int(ops[0][3])
     return lsn
 
 
