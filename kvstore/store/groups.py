@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import wal
-from kvstore.entry.codec import MAX_APP_ID_CHARS, OP_GROUP_ABORT, OP_GROUP_COMMIT, OP_GROUP_PART, decode, pack_ops
+from kvstore.entry.codec import MAX_APP_ID_CHARS, OP_GROUP_ABORT, OP_GROUP_COMMIT, OP_GROUP_PART, decode, pack_ops, parse
 from kvstore.entry.groups import group_code
 from kvstore.state import State
 from wal.errors import WalkvError
@@ -80,8 +80,11 @@ def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts
     """Append ``parts`` (each a list of writes, one log entry each) and then
     a commit carrying ``ops`` (module docstring); the commit's LSN, or None
     when application ``app_id`` committed ``app_version`` or a later one
-    already (nothing of this group is applied). A failure while writing the
-    parts aborts the group, then raises."""
+    already (nothing of this group is applied). Each entry is checked as
+    its readers decode it: an op a group cannot hold is a ``ValueError``, a
+    part over the log's record limit :class:`~wal.errors.RecordTooLargeError`.
+    A failure while writing the parts (theirs, or the iterator's) aborts
+    the group, then raises."""
     _check_app(app_id, app_version)
 
     def already() -> bool:
@@ -95,8 +98,8 @@ def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts
     count = 0
     try:
         for part in parts:
-            entry = [[OP_GROUP_PART, group, count], *part]
-            lsn = append(pack_ops(entry), entry)
+            payload = pack_ops([[OP_GROUP_PART, group, count], *part])
+            lsn = append(payload, parse(payload))  # checked as the log's readers will read it
             if lsn != first + count:
                 raise WalkvError(f"a write at LSN {first + count} came between the parts of a staged group "
                                  f"(its part {count} is at LSN {lsn}); the group is aborted. Write a group "
@@ -105,8 +108,8 @@ def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts
         if already():  # decided in log order, right before the commit: logged as an abort
             _abort(append, group)
             return None
-        entry = [[OP_GROUP_COMMIT, group, first, count, app_id, app_version], *ops]
-        return append(pack_ops(entry), entry)
+        payload = pack_ops([[OP_GROUP_COMMIT, group, first, count, app_id, app_version], *ops])
+        return append(payload, parse(payload))
     except BaseException:
         if count:
             try:
