@@ -246,3 +246,34 @@ def test_retention_keeps_the_parts_of_a_group_a_snapshot_splits(tmp_path):
         assert first > 1  # and retention did cut below them
         changes = list(db.watch(from_lsn=lsn - 1, timeout=0.05))
         assert {c.lsn for c in changes} == {lsn} and len(changes) == 80
+
+
+def test_spark_partitions_read_a_group_whole_wherever_the_planner_cuts(tmp_path):
+    """Without a session: ``changes`` split into many partitions (the group's
+    parts in other segments and partitions than its commit) shows every op
+    of the group at the commit's LSN, numbered through the group; ``state``
+    and ``changeVocabulary=delta`` read it whole too."""
+    pytest.importorskip("pyspark")
+    from tests.test_spark_unit import read_all, reader, rows
+
+    path = str(tmp_path / "s")
+    with kvstore.open(path, max_record_bytes=4096, segment_bytes=8192, sweep_interval=None) as db:
+        db.put(b"k000", b"old")
+        parts = [[[OP_PUT, b"k%03d" % (j * 20 + i), b"v" * 40] for i in range(20)] for j in range(10)]
+        lsn = db.write_group(iter(parts), [[2, b"k199"]])
+        db.put(b"after", b"1")
+        want = dict(db.scan())
+    segs = wal.list_segments(os.path.join(path, "wal"))
+    assert any(2 < seg.first_lsn <= lsn for seg in segs)  # the group's parts span segments
+    split = reader(path, startingLsn=1, maxPartitionBytes=4096)
+    assert any(2 < p.piece.from_lsn <= lsn for p in split.partitions())  # a partition starts inside the group
+    got = rows(read_all(split), ["_commit_version", "_op_index", "key", "_change_type"])
+    group = [g for g in got if g[0] == lsn]
+    assert [g[1] for g in group] == list(range(201)) and group[-1][2:] == (b"k199", "delete")
+    assert [g[0] for g in got] == [1] + [lsn] * 201 + [lsn + 1]
+    state = rows(read_all(reader(path, table="state", maxPartitionBytes=4096, snapshotLsn=0)), ["key", "value"])
+    assert dict(state) == want
+    delta = rows(read_all(reader(path, startingLsn=1, changeVocabulary="delta", maxPartitionBytes=4096)),
+                 ["key", "_change_type", "_commit_version"])
+    assert (b"k000", "update_preimage", lsn) in delta and (b"k199", "delete", lsn) in delta
+    assert sum(1 for d in delta if d[2] == lsn and d[1] == "insert") == 199

@@ -45,7 +45,15 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import wal
-from kvstore.entry.codec import MAX_APP_ID_CHARS, OP_GROUP_ABORT, OP_GROUP_COMMIT, OP_GROUP_PART, decode, pack_ops, parse
+from kvstore.entry.codec import (
+    MAX_APP_ID_CHARS,
+    OP_GROUP_ABORT,
+    OP_GROUP_COMMIT,
+    OP_GROUP_PART,
+    decode,
+    pack_ops,
+    parse,
+)
 from kvstore.entry.groups import group_code
 from kvstore.state import State
 from wal.errors import WalkvError
