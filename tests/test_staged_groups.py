@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 import kvstore
 import wal
 from kvstore.entry import decode
-from kvstore.entry.codec import OP_GROUP_ABORT, OP_GROUP_PART, OP_PUT, pack_ops
+from kvstore.entry.codec import OP_GROUP_ABORT, OP_GROUP_COMMIT, OP_GROUP_PART, OP_PUT, encode, pack_ops, with_head
 from kvstore.entry.groups import commit_of, group_code
+from tests.test_spark_helpers import apply as apply_model
+from wal.errors import CorruptionError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,15 +39,27 @@ step = st.one_of(
 )
 
 
-def apply_model(model: dict[bytes, bytes], ops) -> None:
-    for o in ops:
-        if o[0] == 1:
-            model[o[1]] = o[2]
-        elif o[0] == 2:
-            model.pop(o[1], None)
-        else:
-            for k in [k for k in model if o[1] <= k < o[2]]:
-                del model[k]
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(op, max_size=20), st.integers(0, 2**32 - 1))
+def test_a_part_made_of_an_encoded_batch_is_the_part_of_its_ops(ops, index):
+    head = [OP_GROUP_PART, b"g" * 16, index]
+    payload = with_head(head, encode(ops))
+    assert payload == encode([head, *ops]) and decode(payload, 9) == [head, *ops]
+
+
+@pytest.mark.parametrize("ops", [
+    [[1, b"k", b"v"], [OP_GROUP_PART, b"g", 0]],               # a group's head stands first
+    [[OP_GROUP_PART, b"g", 0], [4, b"k", b"v"]],               # no condition in a group
+    [[OP_GROUP_PART, b"g", 0], [11, 1, 5, 9]],                 # nor a lease
+    [[OP_GROUP_ABORT, b"g"], [1, b"k", b"v"]],                 # an abort stands alone
+    [[OP_GROUP_COMMIT, b"g", 0, 0, "", 0]],                    # LSNs start at 1
+    [[OP_GROUP_COMMIT, b"g", 3, 1, "", -1]],                   # versions are >= 0
+    [[OP_GROUP_PART, b"", 0]],                                 # a group has a name
+    [[OP_GROUP_PART, "g", 0]],                                 # ... of bytes
+])
+def test_a_malformed_group_entry_is_corruption(ops):
+    with pytest.raises(CorruptionError, match="LSN 7"):
+        decode(pack_ops(ops), 7)
 
 
 def shown(ops) -> int:

@@ -332,6 +332,27 @@ def ops_bytes(payload: bytes, op_count: int) -> int:
     return len(payload) - batch_bytes(op_count, 0)
 
 
+def op_count(payload: bytes) -> int:
+    """How many ops the batch ``payload`` holds, read from its array header
+    alone (ValueError when it does not start with one)."""
+    first = payload[0] if payload else 0
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    if first == 0xDC and len(payload) >= 3:
+        return int.from_bytes(payload[1:3], "big")
+    if first == 0xDD and len(payload) >= 5:
+        return int.from_bytes(payload[1:5], "big")
+    raise ValueError("not a walkv batch: it does not start with a msgpack array")
+
+
+def with_head(op: list, payload: bytes) -> bytes:
+    """The payload of ``[op, *ops]`` where ``payload`` is the batch of
+    ``ops``, its ops' bytes copied as they are (never unpacked): how a
+    staged group's part is made of an encoded batch."""
+    n = op_count(payload)
+    return b"".join((msgpack.Packer().pack_array_header(n + 1), pack_ops(op), payload[batch_bytes(n, 0):]))
+
+
 def op_bytes(op: list | tuple) -> int:
     """The bytes one op takes in a batch (its own msgpack encoding)."""
     return len(pack_ops(op))

@@ -72,10 +72,11 @@ from kvstore.entry.codec import (
     OP_DELETE_RANGE,
     OP_PUT,
     batch_bytes,
-    decode,
     encode,
     op_bytes,
+    op_count,
     ops_bytes,
+    parse,
 )
 from kvstore.spark.archive import is_archive
 from kvstore.spark.files import StoreFiles
@@ -205,18 +206,23 @@ class WalkvWriter(DataSourceWriter):
 
     # -- the driver ----------------------------------------------------------------
 
-    def staged_batches(self, messages: list[StagedFile | None]) -> Iterator[list[list[Any]]]:
-        """Every staged entry's operations, file by file (one entry in
-        memory at a time), each file checked to hold what its task wrote."""
+    def staged_batches(self, messages: list[StagedFile | None]) -> Iterator[bytes]:
+        """Every staged entry's payload (a batch), file by file (one entry in
+        memory at a time), each file checked to hold as many operations as
+        its task wrote (the ops themselves are checked where they are
+        written: as a group's parts, or one by one into a batch)."""
         for m in messages:
             if m is None:
                 continue
             got = 0
             with open(m.path, "rb") as f:
                 for entry in wal.iter_entries(f, m.path):
-                    batch = decode(entry.payload, entry.lsn)
-                    got += len(batch)
-                    yield batch
+                    try:
+                        got += op_count(entry.payload)
+                    except ValueError as exc:
+                        raise CorruptionError(str(exc), kind=Damage.CONTENT, path=m.path, lsn=entry.lsn,
+                                              hint="rerun the write; nothing of it was applied") from None
+                    yield entry.payload
             if got != m.ops:
                 raise CorruptionError(f"staged file holds {got} operations, its task wrote {m.ops}",
                                       kind=Damage.SEQUENCE, path=m.path, offset=0,
@@ -250,8 +256,8 @@ class WalkvWriter(DataSourceWriter):
         with db.batch() as b:
             if self.overwrite:
                 b.delete_range(_CLEAR[1], _CLEAR[2])
-            for ops in self.staged_batches(messages):
-                for op in ops:
+            for payload in self.staged_batches(messages):
+                for op in parse(payload):
                     if op[0] == OP_PUT:
                         b.put(op[1], op[2])
                     elif op[0] == OP_DELETE:
@@ -260,9 +266,9 @@ class WalkvWriter(DataSourceWriter):
                         b.delete_range(op[1], op[2])
         return b.lsn
 
-    def _parts(self, messages: list[StagedFile | None]) -> Iterator[list[list[Any]]]:
+    def _parts(self, messages: list[StagedFile | None]) -> Iterator[list[list[Any]] | bytes]:
         """The parts of a staged group: ``overwrite``'s clear first (parts
-        apply in order, at the commit), then each staged entry."""
+        apply in order, at the commit), then each staged entry as it is."""
         if self.overwrite:
             yield [list(_CLEAR)]
         yield from self.staged_batches(messages)

@@ -19,7 +19,9 @@ Why each rule:
   ONE LMDB write transaction with the commit's LSN, and deletes the rows:
   the whole group becomes visible at once, at the commit's LSN, and memory
   is bounded by one part. A commit that does not find exactly
-  ``part_count`` parts is corruption (LMDB or a snapshot lost them).
+  ``part_count`` parts is corruption (LMDB or a snapshot lost them). The
+  rows are the state machine's own, written from ops the log's decoder
+  checked, and are read back unchecked, as LMDB's other contents are.
 * An abort deletes its group's rows.
 * The database rides in snapshots as the section ``groups``, bookkeeping
   (not counted as keys), so a store rebuilt from a snapshot taken between a
@@ -40,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import lmdb
+import msgpack
 
 from kvstore.entry.codec import (
     OP_GROUP_ABORT,
@@ -47,7 +50,6 @@ from kvstore.entry.codec import (
     OP_GROUP_PART,
     OP_KEYSPACE,
     OP_PUT_EXPIRING,
-    decode,
     pack_ops,
 )
 from kvstore.entry.groups import Commit, group_code
@@ -64,6 +66,7 @@ DB_NAME: Final = "groups"
 _U32: Final = struct.Struct(">I")
 _U64: Final = struct.Struct(">Q")
 _TO_DEFAULT: Final = (OP_KEYSPACE, DEFAULT_KEYSPACE)
+_unpackb: Final = msgpack.unpackb
 
 Ops = Sequence[Sequence[Any]]
 ApplyOps = Callable[[lmdb.Transaction, Ops], None]
@@ -181,7 +184,7 @@ class Groups:
                                       kind=Damage.LMDB, lsn=lsn,
                                       hint="reopen the store with LMDB rebuilt from the log (delete STORE/lmdb)")
             expected += 1
-            yield decode(bytes(value), lsn)
+            yield _unpackb(value, raw=False, use_list=True)
 
     def _delete(self, txn: lmdb.Transaction, group: bytes) -> None:
         prefix = _prefix(group)

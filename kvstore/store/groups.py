@@ -53,6 +53,7 @@ from kvstore.entry.codec import (
     decode,
     pack_ops,
     parse,
+    with_head,
 )
 from kvstore.entry.groups import group_code
 from kvstore.state import State
@@ -83,9 +84,10 @@ def _abort(append: Append, group: bytes) -> int:
     return append(pack_ops(ops), ops)
 
 
-def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts: Iterable[Ops], ops: Ops = (), *,
-                app_id: str = "", app_version: int = 0) -> int | None:
-    """Append ``parts`` (each a list of writes, one log entry each) and then
+def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts: Iterable[Ops | bytes],
+                ops: Ops = (), *, app_id: str = "", app_version: int = 0) -> int | None:
+    """Append ``parts`` (each a list of writes, or a batch of them encoded
+    as :mod:`kvstore.entry.codec` encodes one; one log entry each) and then
     a commit carrying ``ops`` (module docstring); the commit's LSN, or None
     when application ``app_id`` committed ``app_version`` or a later one
     already (nothing of this group is applied). Each entry is checked as
@@ -106,7 +108,8 @@ def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts
     count = 0
     try:
         for part in parts:
-            payload = pack_ops([[OP_GROUP_PART, group, count], *part])
+            head = [OP_GROUP_PART, group, count]
+            payload = with_head(head, part) if isinstance(part, bytes) else pack_ops([head, *part])
             lsn = append(payload, parse(payload))  # checked as the log's readers will read it
             if lsn != first + count:
                 raise WalkvError(f"a write at LSN {first + count} came between the parts of a staged group "

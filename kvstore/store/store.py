@@ -308,9 +308,9 @@ class KVStore(MutableLookups):
         payload = as_bytes(payload, "payload")
         return self._expiring.append_checked(payload, self._expiring.writable_ops(parse(payload)))
 
-    def write_group(self, parts: Iterable[Ops], ops: Ops = (), *, app_id: str = "", app_version: int = 0
+    def write_group(self, parts: Iterable[Ops | bytes], ops: Ops = (), *, app_id: str = "", app_version: int = 0
                     ) -> int | None:
-        """Write ``parts`` (lists of writes) and ``ops`` as ONE atomic write
+        """Write ``parts`` (lists of writes, or encoded batches) and ``ops`` as ONE atomic write
         of any size, a staged group: the commit's LSN, or None when
         ``app_id`` committed ``app_version`` or a later one already. The
         caller must be the store's only writer meanwhile
