@@ -291,3 +291,26 @@ def test_spark_partitions_read_a_group_whole_wherever_the_planner_cuts(tmp_path)
                  ["key", "_change_type", "_commit_version"])
     assert (b"k000", "update_preimage", lsn) in delta and (b"k199", "delete", lsn) in delta
     assert sum(1 for d in delta if d[2] == lsn and d[1] == "insert") == 199
+
+
+def test_a_subscription_stopped_inside_a_group_resumes_with_the_rest_once(tmp_path):
+    """A group's changes share its commit's LSN and are read a part at a
+    time: a subscription acknowledged part way resumes after the changes it
+    acknowledged, and retention keeps the parts it still needs."""
+    with kvstore.open(str(tmp_path / "s"), max_record_bytes=4096, segment_bytes=4096, keep_snapshots=1,
+                      sweep_interval=None) as db:
+        db.subscribe("feed", from_lsn=1).close()
+        lsn = db.write_group(iter([[[OP_PUT, b"k%02d" % (j * 10 + i), b"v" * 200] for i in range(10)]
+                                   for j in range(3)]))
+        with db.subscribe("feed", timeout=0.1) as sub:
+            first = []
+            for c in sub:
+                first.append(c.key)
+                sub.ack(c.lsn)
+                if len(first) == 12:
+                    break
+        db.snapshot()  # retention keeps what "feed" has not acknowledged: the group's parts
+        with db.subscribe("feed", timeout=0.1) as sub:
+            rest = [c.key for c in sub]
+        assert {c for c in first + rest} == {b"k%02d" % i for i in range(30)} and len(first + rest) == 30
+        assert db.list_snapshots()[-1].lsn == lsn
