@@ -314,3 +314,16 @@ def test_a_subscription_stopped_inside_a_group_resumes_with_the_rest_once(tmp_pa
             rest = [c.key for c in sub]
         assert {c for c in first + rest} == {b"k%02d" % i for i in range(30)} and len(first + rest) == 30
         assert db.list_snapshots()[-1].lsn == lsn
+
+
+def test_a_group_spans_keyspaces_each_part_starting_in_the_default_one(tmp_path):
+    path = str(tmp_path / "s")
+    with kvstore.open(path) as db:
+        lsn = db.write_group(iter([[[16, "users"], [OP_PUT, b"u1", b"a"]], [[OP_PUT, b"d1", b"b"]]]),
+                             [[16, "users"], [OP_PUT, b"u2", b"c"]])
+        changes = list(db.watch(from_lsn=1, keyspace=None, timeout=0.05))
+        assert [(c.lsn, c.keyspace, c.key) for c in changes] == [(lsn, "users", b"u1"), (lsn, "", b"d1"),
+                                                                  (lsn, "users", b"u2")]
+    shutil.rmtree(os.path.join(path, "lmdb"))
+    with kvstore.open(path) as db:
+        assert dict(db.keyspace("users").scan()) == {b"u1": b"a", b"u2": b"c"} and dict(db.scan()) == {b"d1": b"b"}

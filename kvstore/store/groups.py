@@ -47,9 +47,11 @@ from typing import Any
 import wal
 from kvstore.entry.codec import (
     MAX_APP_ID_CHARS,
+    OP_DROP_KEYSPACE,
     OP_GROUP_ABORT,
     OP_GROUP_COMMIT,
     OP_GROUP_PART,
+    OP_KEYSPACE,
     decode,
     pack_ops,
     parse,
@@ -84,15 +86,27 @@ def _abort(append: Append, group: bytes) -> int:
     return append(pack_ops(ops), ops)
 
 
+def _checked(payload: bytes, writable_keyspace: Callable[[str], str] | None) -> list:
+    """The ops of ``payload``, checked as the log's readers will decode them,
+    and their keyspaces by ``writable_keyspace``."""
+    ops = parse(payload)
+    if writable_keyspace is not None:
+        for name in {op[1] for op in ops if op[0] == OP_KEYSPACE or op[0] == OP_DROP_KEYSPACE}:
+            writable_keyspace(name)
+    return ops
+
+
 def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts: Iterable[Ops | bytes],
-                ops: Ops = (), *, app_id: str = "", app_version: int = 0) -> int | None:
+                ops: Ops = (), *, app_id: str = "", app_version: int = 0,
+                writable_keyspace: Callable[[str], str] | None = None) -> int | None:
     """Append ``parts`` (each a list of writes, or a batch of them encoded
     as :mod:`kvstore.entry.codec` encodes one; one log entry each) and then
     a commit carrying ``ops`` (module docstring); the commit's LSN, or None
     when application ``app_id`` committed ``app_version`` or a later one
     already (nothing of this group is applied). Each entry is checked as
     its readers decode it: an op a group cannot hold is a ``ValueError``, a
-    part over the log's record limit :class:`~wal.errors.RecordTooLargeError`.
+    part over the log's record limit :class:`~wal.errors.RecordTooLargeError`,
+    and each keyspace it names with ``writable_keyspace`` (the store's check).
     A failure while writing the parts (theirs, or the iterator's) aborts
     the group, then raises."""
     _check_app(app_id, app_version)
@@ -110,7 +124,7 @@ def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts
         for part in parts:
             head = [OP_GROUP_PART, group, count]
             payload = with_head(head, part) if isinstance(part, bytes) else pack_ops([head, *part])
-            lsn = append(payload, parse(payload))  # checked as the log's readers will read it
+            lsn = append(payload, _checked(payload, writable_keyspace))
             if lsn != first + count:
                 raise WalkvError(f"a write at LSN {first + count} came between the parts of a staged group "
                                  f"(its part {count} is at LSN {lsn}); the group is aborted. Write a group "
@@ -120,7 +134,7 @@ def write_group(append: Append, state: State, last_lsn: Callable[[], int], parts
             _abort(append, group)
             return None
         payload = pack_ops([[OP_GROUP_COMMIT, group, first, count, app_id, app_version], *ops])
-        return append(payload, parse(payload))
+        return append(payload, _checked(payload, writable_keyspace))
     except BaseException:
         if count:
             try:

@@ -139,14 +139,14 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         _move_foreign_aside(parent, lsn, store_id, fs)
         # the keyspaces' sections ("ks:<name>"), the expiry metadata's ("ttl:...", "lease:...") and the
         # staged groups' ("groups"), which are bookkeeping: the snapshot's count of keys leaves them out
-        expiry = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
-        expiry.update((name, view.db_pairs(db)) for name, db in view.run(state.groups.sections).items())
-        sections = {**view.sections(), **expiry}
+        bookkeeping = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
+        bookkeeping.update((name, view.db_pairs(db)) for name, db in view.run(state.groups.sections).items())
+        sections = {**view.sections(), **bookkeeping}
         items = view.db_pairs(None)  # the view stays open for the sections (before_commit closes it)
         info = snapshot.write(
             parent, lsn, items, sections=sections, store_id=store_id, fs=fs, progress=progress, total=view.count,
             before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
-            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES), bookkeeping=expiry.keys(),
+            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES), bookkeeping=bookkeeping.keys(),
         )
     log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info

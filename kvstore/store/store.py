@@ -317,7 +317,7 @@ class KVStore(MutableLookups):
         (:func:`kvstore.store.groups.write_group`)."""
         self._check_open()
         return groups.write_group(self._append, self._state, lambda: self.last_lsn, parts, ops, app_id=app_id,
-                                  app_version=app_version)
+                                  app_version=app_version, writable_keyspace=self._writable_keyspace)
 
     def committed_version(self, app_id: str) -> int | None:
         """The last ``app_version`` application ``app_id`` committed with
