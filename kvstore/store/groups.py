@@ -161,7 +161,10 @@ def group_start(log: wal.Log, lsn: int) -> int:
     it (module docstring): entry ``lsn - 1`` is one of its parts (its commit
     may not be written yet), or entry ``lsn`` is one of its parts or its
     commit."""
-    for at, payload in log.read(max(1, lsn - 1), lsn):
+    first = max(lsn - 1, log.first_lsn)  # (what the log no longer holds, it cannot keep)
+    if first > lsn:
+        return lsn
+    for at, payload in log.read(first, lsn):
         ops = decode(payload, at)
         code = group_code(ops)
         if code == OP_GROUP_PART:
