@@ -213,3 +213,31 @@ def test_overwrite_just_over_the_limit_commits_whole(walkv_spark, tmp_path):
     got, _ = contents(path)
     assert sorted(got) == [b"k%05d" % i for i in range(n)]
     assert len(got[b"k%05d" % (n - 1)]) == last and staging_left(path) == []
+
+
+def test_a_group_commit_that_fails_part_way_applies_nothing_and_leaves_no_staging(tmp_path):
+    """The second task's staged file lost its tail: the first one's part is
+    in the log already, so the group is aborted; nothing applies, and the
+    job leaves no ``spark-staging/``."""
+    from kvstore.entry import decode
+    from kvstore.entry.codec import OP_GROUP_ABORT
+    from kvstore.entry.groups import group_code
+    from kvstore.spark.writer import WalkvWriter
+    from wal.errors import CorruptionError
+
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        db.put(b"base", b"1")
+    w = WalkvWriter(path, ["key", "value"], True, "job", 1)
+    rows = [{"key": b"k%05d" % i, "value": b"v" * 100} for i in range(2000)]
+    msgs = [w.write(iter(rows[:1000])), w.write(iter(rows[1000:]))]
+    with open(msgs[1].path, "r+b") as f:
+        f.truncate(os.path.getsize(msgs[1].path) // 2)
+    with pytest.raises(CorruptionError, match="staged file holds"):
+        w.commit(msgs)
+    got, lsn = contents(path)
+    assert got == {b"base": b"1"} and staging_left(path) == []
+    payload = dict(wal_entries(path, lsn))[lsn]
+    assert group_code(decode(payload, lsn)) == OP_GROUP_ABORT
+    with kvstore.open(path) as db:
+        assert db.committed_version("job") is None

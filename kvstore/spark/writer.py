@@ -232,19 +232,24 @@ class WalkvWriter(DataSourceWriter):
         count = sum(m.ops for m in messages if m is not None) + (1 if self.overwrite else 0)
         total = batch_bytes(count, sum(m.nbytes for m in messages if m is not None)
                             + (op_bytes(_CLEAR) if self.overwrite else 0))
-        with kvstore.open(self.path, sweep_interval=None) as db:  # the store's only writer (kvstore.store.groups)
-            done = db.committed_version(self.app_id) if self.app_id else None
-            if done is not None and done >= self.app_version:
-                log.info("walkv write skipped: application %r committed version %d into %s already (this job's "
-                         "txnVersion is %d); nothing was written", self.app_id, done, self.path, self.app_version)
-                lsn = None
-            elif total <= self.max_payload and not self.app_id:
-                lsn = self._one_batch(db, messages)
-            else:
-                lsn = db.write_group(self._parts(messages), app_id=self.app_id, app_version=self.app_version)
-                if lsn is None:
-                    log.info("walkv write skipped: application %r committed version %d or later into %s "
-                             "meanwhile; nothing was written", self.app_id, self.app_version, self.path)
+        try:
+            with kvstore.open(self.path, sweep_interval=None) as db:  # the only writer (kvstore.store.groups)
+                done = db.committed_version(self.app_id) if self.app_id else None
+                if done is not None and done >= self.app_version:
+                    log.info("walkv write skipped: application %r committed version %d into %s already (this "
+                             "job's txnVersion is %d); nothing was written", self.app_id, done, self.path,
+                             self.app_version)
+                    lsn = None
+                elif total <= self.max_payload and not self.app_id:
+                    lsn = self._one_batch(db, messages)
+                else:
+                    lsn = db.write_group(self._parts(messages), app_id=self.app_id, app_version=self.app_version)
+                    if lsn is None:
+                        log.info("walkv write skipped: application %r committed version %d or later into %s "
+                                 "meanwhile; nothing was written", self.app_id, self.app_version, self.path)
+        except BaseException:  # nothing was applied (a group's parts were aborted): leave no staging behind
+            self.abort(messages)
+            raise
         if lsn is not None:
             log.info("walkv write committed %d operations at LSN %s into %s", count, lsn, self.path)
         self._remove(self.staging)
