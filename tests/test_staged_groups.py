@@ -327,3 +327,22 @@ def test_a_group_spans_keyspaces_each_part_starting_in_the_default_one(tmp_path)
     shutil.rmtree(os.path.join(path, "lmdb"))
     with kvstore.open(path) as db:
         assert dict(db.keyspace("users").scan()) == {b"u1": b"a", b"u2": b"c"} and dict(db.scan()) == {b"d1": b"b"}
+
+
+def test_a_write_between_a_groups_parts_aborts_the_group(tmp_path):
+    """Readers read a group back from the LSNs before its commit, so its
+    entries must be consecutive: a write that came between them (another
+    thread's) aborts the group, and says so."""
+    from wal.errors import WalkvError
+
+    with kvstore.open(str(tmp_path / "s")) as db:
+        def parts():
+            yield [[OP_PUT, b"a", b"1"]]
+            db.put(b"between", b"x")  # as another thread's write would
+            yield [[OP_PUT, b"b", b"2"]]
+        with pytest.raises(WalkvError, match="came between the parts"):
+            db.write_group(parts())
+        assert dict(db.scan()) == {b"between": b"x"}
+        last = db.last_lsn
+        assert group_code(decode(_payload(db, last), last)) == OP_GROUP_ABORT
+        assert db._state.lmdb.read(db._state.groups.open_groups) == []
