@@ -194,7 +194,11 @@ class KVStore(MutableLookups):
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
                                         self._watch_hub, polls=self._writer is None)  # what watchers read
         if self._writer is not None and self.replicas is None:  # before any other write (kvstore/store/groups.py)
-            groups.abort_orphans(self._append, self._state, self.path)
+            try:
+                groups.abort_orphans(self._append, self._state, self.path)
+            except BaseException:
+                self._writer.close(self._state)
+                raise
         if sweep_every is not None:
             self._expiring.start_sweeper(sweep_every)
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
