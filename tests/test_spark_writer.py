@@ -26,6 +26,13 @@ def contents(path):
         return dict(db.scan()), db.last_lsn
 
 
+def batches(rows: list[dict[str, bytes]]):
+    """``rows`` as Spark hands them to the writer's tasks: Arrow record batches."""
+    import pyarrow as pa
+
+    return iter([pa.RecordBatch.from_pylist(rows[i:i + 500]) for i in range(0, len(rows), 500)])
+
+
 def staging_left(path):
     """What a write job left of spark-staging/: [] when it left no directory at all."""
     d = os.path.join(path, "spark-staging")
@@ -100,10 +107,11 @@ def test_abort_locked_store_and_archive_are_refused(walkv_spark, tmp_path):
 CHILD = textwrap.dedent("""
     import sys
     from kvstore.spark.writer import WalkvWriter
+    from tests.test_spark_writer import batches
     path, prefix = sys.argv[1], sys.argv[2]
     w = WalkvWriter(path, ["key", "value"], False)
-    msgs = [w.write(iter([{"key": b"%s-%d-%05d" % (prefix.encode(), t, i), "value": b"v" * 200}
-                          for i in range(4000)])) for t in range(4)]
+    msgs = [w.write(batches([{"key": b"%s-%d-%05d" % (prefix.encode(), t, i), "value": b"v" * 200}
+                             for i in range(4000)])) for t in range(4)]
     print("ready", flush=True)
     w.commit(msgs)
     print("done", flush=True)
@@ -168,7 +176,7 @@ def test_one_byte_over_one_entry_is_a_staged_group_at_the_limit_one_batch(tmp_pa
         db.put(b"base", b"1")
     w = WalkvWriter(path, ["key", "value"], overwrite)
     rows = sized_rows(64, LIMIT + 1, overwrite)
-    w.commit([w.write(iter(rows[:32])), w.write(iter(rows[32:]))])
+    w.commit([w.write(batches(rows[:32])), w.write(batches(rows[32:]))])
     got, lsn = contents(path)
     assert got == {**({} if overwrite else {b"base": b"1"}), **{r["key"]: r["value"] for r in rows}}
     with kvstore.open(path, readonly=True) as db:
@@ -179,7 +187,7 @@ def test_one_byte_over_one_entry_is_a_staged_group_at_the_limit_one_batch(tmp_pa
     assert staging_left(path) == []
     w = WalkvWriter(path, ["key", "value"], overwrite)
     rows = sized_rows(64, LIMIT, overwrite)
-    w.commit([w.write(iter(rows[:32])), w.write(iter(rows[32:]))])
+    w.commit([w.write(batches(rows[:32])), w.write(batches(rows[32:]))])
     got, last = contents(path)
     assert last == lsn + 1 and len(got) == (64 if overwrite else 65) and staging_left(path) == []
 
@@ -230,7 +238,7 @@ def test_a_group_commit_that_fails_part_way_applies_nothing_and_leaves_no_stagin
         db.put(b"base", b"1")
     w = WalkvWriter(path, ["key", "value"], True, "job", 1)
     rows = [{"key": b"k%05d" % i, "value": b"v" * 100} for i in range(2000)]
-    msgs = [w.write(iter(rows[:1000])), w.write(iter(rows[1000:]))]
+    msgs = [w.write(batches(rows[:1000])), w.write(batches(rows[1000:]))]
     with open(msgs[1].path, "r+b") as f:
         f.truncate(os.path.getsize(msgs[1].path) // 2)
     with pytest.raises(CorruptionError, match="staged file holds"):

@@ -9,8 +9,9 @@ can be written into another.
 The protocol (a task's rows become visible with every other task's, or
 none):
 
-1. each task (:meth:`WalkvWriter.write`, on an executor) stages its rows as
-   a walkv segment file (:mod:`wal.segment` framing, CRC-checked, the
+1. each task (:meth:`WalkvWriter.write`, on an executor; Spark hands it
+   the rows as Arrow record batches, which cost far less to reach Python
+   than rows do) stages its rows as a walkv segment file (:mod:`wal.segment` framing, CRC-checked, the
    store's id in its header; one entry per ~4 MiB of operations) under
    ``STORE/spark-staging/<job>/``, written to a temporary name, fsynced and
    renamed, and returns its name as the commit message;
@@ -55,11 +56,13 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 import kvstore
 import wal
@@ -114,29 +117,35 @@ def _as_bytes(v: Any, what: str) -> bytes:
     raise TypeError(f"column {what} must be binary or string, not {type(v).__name__}")
 
 
-def row_op(row: Any, has_deleted: bool, has_type: bool) -> list[Any] | None:
-    """The batch operation a row stands for (``None``: none, a preimage)."""
-    if row["key"] is None:
+def row_op(key: Any, value: Any, deleted: Any, kind: Any) -> list[Any] | None:
+    """The batch operation a row stands for (``None``: none, a preimage):
+    its ``key``, ``value``, ``deleted`` (None: no such column) and
+    ``_change_type`` (``"upsert"`` when there is no such column)."""
+    if key is None:
         raise ValueError("a row has a null key; every row needs a key")
-    key = _as_bytes(row["key"], "key")
-    if has_type:
-        kind = row["_change_type"]
-        if kind == "delete":
-            return [OP_DELETE, key]
-        if kind == "update_preimage":
-            return None
-        if kind not in _PUT_TYPES:
-            raise ValueError(f"_change_type {kind!r} is not one of delete, upsert, insert, update_postimage, "
-                             "update_preimage")
-    if has_deleted and row["deleted"]:
+    key = _as_bytes(key, "key")
+    if kind == "delete":
         return [OP_DELETE, key]
-    if row["value"] is None:
+    if kind == "update_preimage":
+        return None
+    if kind not in _PUT_TYPES:
+        raise ValueError(f"_change_type {kind!r} is not one of delete, upsert, insert, update_postimage, "
+                         "update_preimage")
+    if deleted:
+        return [OP_DELETE, key]
+    if value is None:
         raise ValueError(f"the row of key {key!r:.60} has a null value and is not a delete")
-    return [OP_PUT, key, _as_bytes(row["value"], "value")]
+    return [OP_PUT, key, _as_bytes(value, "value")]
 
 
-class WalkvWriter(DataSourceWriter):
-    """One write job (created on the driver, pickled to the tasks)."""
+def _column(batch: pa.RecordBatch, name: str, present: bool, default: Any) -> Iterable[Any]:
+    """The values of column ``name`` of ``batch`` (``default`` for each row when it has none)."""
+    return batch.column(name).to_pylist() if present else repeat(default, batch.num_rows)
+
+
+class WalkvWriter(DataSourceArrowWriter):
+    """One write job (created on the driver, pickled to the tasks, which
+    are given the DataFrame's rows as Arrow record batches)."""
 
     def __init__(self, path: str, columns: list[str], overwrite: bool, app_id: str | None = None,
                  app_version: str | int | None = None) -> None:
@@ -176,20 +185,23 @@ class WalkvWriter(DataSourceWriter):
 
     # -- tasks -------------------------------------------------------------------
 
-    def write(self, iterator: Iterator[Any]) -> StagedFile:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
         entries: list[bytes] = []
         ops: list[list[Any]] = []
         size = n = nbytes = 0
-        for row in iterator:
-            op = row_op(row, self.has_deleted, self.has_type)
-            if op is None:
-                continue
-            op_size = sum(len(x) for x in op[1:]) + _OP_SLACK
-            if ops and size + op_size > self.entry_bytes:
-                entries.append(encode(ops))
-                n, nbytes, ops, size = n + len(ops), nbytes + ops_bytes(entries[-1], len(ops)), [], 0
-            ops.append(op)
-            size += op_size
+        for batch in iterator:
+            for row in zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(),
+                           _column(batch, "deleted", self.has_deleted, None),
+                           _column(batch, "_change_type", self.has_type, "upsert")):
+                op = row_op(*row)
+                if op is None:
+                    continue
+                op_size = sum(len(x) for x in op[1:]) + _OP_SLACK
+                if ops and size + op_size > self.entry_bytes:
+                    entries.append(encode(ops))
+                    n, nbytes, ops, size = n + len(ops), nbytes + ops_bytes(entries[-1], len(ops)), [], 0
+                ops.append(op)
+                size += op_size
         if ops:
             entries.append(encode(ops))
             n, nbytes = n + len(ops), nbytes + ops_bytes(entries[-1], len(ops))
