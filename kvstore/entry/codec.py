@@ -115,9 +115,11 @@ Rules, and the reason for each:
     LSNs just before it, with the entry readers it has, and needs no
     memory of the log before it (a watcher or a Spark partition that
     starts between a group's parts and its commit sees the group whole at
-    the commit). An abort is written for parts whose writer died (the
-    next open of the store, :mod:`kvstore.store.groups`), right after them
-    too. Log retention keeps the parts of a group whose commit it keeps.
+    the commit). An abort is written by a writer that failed part way, and
+    for parts whose writer died (by the next open of the store,
+    :mod:`kvstore.store.groups`); it need not follow the parts at once,
+    since readers skip both. Log retention keeps the log from the first
+    part of a group that spans its cut.
   - Readers of changes (watch, replicas' watchers, Spark, export) show
     nothing of a part or an abort, and every op of the group at its
     commit, numbered through the group (part 0's ops first, the commit's
