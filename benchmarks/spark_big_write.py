@@ -3,10 +3,8 @@
 one staged group: parts of about 4 MiB, then a commit) against Spark's own
 Parquet writer (``df.write.parquet``) on the same DataFrame, cached first, in
 the same ``local[2]`` session. Prints each one's seconds and rows/s, walkv's
-time over Parquet's, the floor of any Python writer (the same rows handed to
-Python tasks that only count them, ``foreachPartition``), and the machine
-(CPU, ``sum(range(10**7))``, fsync latency, load average:
-:func:`benchmarks.machine.describe`).
+time over Parquet's, and the machine (CPU, ``sum(range(10**7))``, fsync
+latency, load average: :func:`benchmarks.machine.describe`).
 
 Run once, from the source checkout: ``python -m benchmarks.spark_big_write``.
 """
@@ -18,14 +16,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
 
 ROWS = 800_000
 VALUE_BYTES = 100
-
-
-def _count(rows: Iterable[object]) -> None:
-    sum(1 for _ in rows)
 
 
 def main() -> None:
@@ -60,9 +53,6 @@ def main() -> None:
         t0 = time.perf_counter()
         df.write.parquet(os.path.join(root, "parquet"))
         parquet_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        df.foreachPartition(_count)
-        rows_s = time.perf_counter() - t0
         mib = ROWS * (16 + VALUE_BYTES) / (1 << 20)
         print(f"machine: {m['cpu']}, {m['cores']} cores, sum(range(10**7)) {m['python_speed_ms']} ms, "
               f"fsync {m['fsync_latency_ms']} ms, load average {os.getloadavg()[0]:.2f} "
@@ -71,7 +61,6 @@ def main() -> None:
         print(f"walkv (one atomic staged group: {lsn - 1} parts, then the commit): {walkv_s:.2f} s, "
               f"{ROWS / walkv_s:,.0f} rows/s")
         print(f"parquet (df.write.parquet):                   {parquet_s:.2f} s, {ROWS / parquet_s:,.0f} rows/s")
-        print(f"floor: the rows to Python tasks that count them: {rows_s:.2f} s")
         print(f"walkv / parquet time: {walkv_s / parquet_s:.2f}x")
     finally:
         spark.stop()
