@@ -50,6 +50,13 @@ def _every_op(path: str) -> str:
         assert not db.compare_and_set(b"plain", b"wrong", b"3")       # failed + require_equals
         db.keyspace("users").put(b"u1", b"x")                         # keyspace
         db.drop_keyspace("users")                                     # drop_keyspace
+        db.write_group(iter([[[1, b"g", b"1"]]]), [[2, b"g"]])        # group_part, group_commit
+
+        def parts_then_failure():
+            yield [[1, b"lost", b"1"]]
+            raise RuntimeError("the job failed")
+        with pytest.raises(RuntimeError):
+            db.write_group(parts_then_failure())                      # group_abort
         clock.advance(10)
         assert db.sweep_expired() == 1                                # expire
     return list_segments(os.path.join(path, "wal"))[0].path

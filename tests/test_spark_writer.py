@@ -26,6 +26,13 @@ def contents(path):
         return dict(db.scan()), db.last_lsn
 
 
+def batches(rows: list[dict[str, bytes]]):
+    """``rows`` as Spark hands them to the writer's tasks: Arrow record batches."""
+    import pyarrow as pa
+
+    return iter([pa.RecordBatch.from_pylist(rows[i:i + 500]) for i in range(0, len(rows), 500)])
+
+
 def staging_left(path):
     """What a write job left of spark-staging/: [] when it left no directory at all."""
     d = os.path.join(path, "spark-staging")
@@ -100,10 +107,11 @@ def test_abort_locked_store_and_archive_are_refused(walkv_spark, tmp_path):
 CHILD = textwrap.dedent("""
     import sys
     from kvstore.spark.writer import WalkvWriter
+    from tests.test_spark_writer import batches
     path, prefix = sys.argv[1], sys.argv[2]
     w = WalkvWriter(path, ["key", "value"], False)
-    msgs = [w.write(iter([{"key": b"%s-%d-%05d" % (prefix.encode(), t, i), "value": b"v" * 200}
-                          for i in range(4000)])) for t in range(4)]
+    msgs = [w.write(batches([{"key": b"%s-%d-%05d" % (prefix.encode(), t, i), "value": b"v" * 200}
+                             for i in range(4000)])) for t in range(4)]
     print("ready", flush=True)
     w.commit(msgs)
     print("done", flush=True)
@@ -154,50 +162,90 @@ def sized_rows(n: int, encoded: int, overwrite: bool) -> list[dict[str, bytes]]:
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
-def test_size_check_counts_the_encoded_batch_exactly(tmp_path, overwrite):
-    """Issue 23: the check counted key + value + 8 a row, leaving out msgpack's
-    framing and overwrite's range delete: a batch over the limit passed it and
-    failed at commit with the batch's RecordTooLargeError. One byte over the
-    limit is the writer's own error, before anything is read; at the limit
-    it commits."""
+def test_one_byte_over_one_entry_is_a_staged_group_at_the_limit_one_batch(tmp_path, overwrite):
+    """Issue 23 counted the encoded batch exactly to refuse one byte over the
+    record limit; issue 38 lifts the limit: one byte over is a staged group
+    (parts, then a commit: every row at the commit's LSN), at the limit it
+    is still one batch (one LSN)."""
+    from kvstore.entry import decode
+    from kvstore.entry.groups import commit_of
     from kvstore.spark.writer import WalkvWriter
-    from wal.errors import RecordTooLargeError
 
     path = str(tmp_path / "store")
     with kvstore.open(path) as db:
         db.put(b"base", b"1")
-    before = contents(path)
     w = WalkvWriter(path, ["key", "value"], overwrite)
     rows = sized_rows(64, LIMIT + 1, overwrite)
-    msgs = [w.write(iter(rows[:32])), w.write(iter(rows[32:]))]
-    with pytest.raises(RecordTooLargeError, match=f"{LIMIT + 1:,} bytes.*holds at most {LIMIT:,}"):
-        w.commit(msgs)
-    assert contents(path) == before and staging_left(path) == []
+    w.commit([w.write(batches(rows[:32])), w.write(batches(rows[32:]))])
+    got, lsn = contents(path)
+    assert got == {**({} if overwrite else {b"base": b"1"}), **{r["key"]: r["value"] for r in rows}}
+    with kvstore.open(path, readonly=True) as db:
+        assert db.last_lsn == lsn
+    payload = dict(wal_entries(path, lsn))[lsn]
+    commit = commit_of(decode(payload, lsn))
+    assert commit is not None and commit.first_part_lsn == 2 and commit.part_count == lsn - 2 > 1
+    assert staging_left(path) == []
     w = WalkvWriter(path, ["key", "value"], overwrite)
     rows = sized_rows(64, LIMIT, overwrite)
-    w.commit([w.write(iter(rows[:32])), w.write(iter(rows[32:]))])
-    got, lsn = contents(path)
-    assert lsn == 2 and len(got) == (64 if overwrite else 65) and staging_left(path) == []
+    w.commit([w.write(batches(rows[:32])), w.write(batches(rows[32:]))])
+    got, last = contents(path)
+    assert last == lsn + 1 and len(got) == (64 if overwrite else 65) and staging_left(path) == []
+
+
+def wal_entries(path, lsn):
+    """``(lsn, payload)`` of the store's log up to ``lsn``."""
+    import wal
+
+    with wal.open(os.path.join(path, "wal")) as log:
+        return list(log.read(1, lsn))
 
 
 @pytest.mark.spark
-def test_overwrite_just_over_the_limit_is_refused_by_the_writer(walkv_spark, tmp_path):
-    """Issue 23's case: 67,108,784 bytes of keys and values (+ 8 a row)
-    overwritten, under the old count, over the limit once encoded."""
+def test_overwrite_just_over_the_limit_commits_whole(walkv_spark, tmp_path):
+    """Issue 23's case, 67,108,784 bytes of keys and values overwritten, over
+    one entry's limit once encoded: refused until issue 38, a staged group
+    now, every row or none."""
     from pyspark.sql import functions as F
 
     path = str(tmp_path / "store")
     with kvstore.open(path) as db:
         db.put(b"base", b"1")
-    before = contents(path)
-    counted = 67_108_784  # the old count: key + value + 8 a row, under LIMIT
+    counted = 67_108_784
     n = 64
     value = (counted - n * (6 + 8)) // n
     last = counted - n * (6 + 8) - (n - 1) * value
     df = walkv_spark.range(n).select(
         F.format_string("k%05d", "id").alias("key"),
         F.expr(f"repeat('v', IF(id = {n - 1}, {last}, {value}))").alias("value"))
-    with pytest.raises(Exception, match="one atomic walkv batch holds at most") as ei:
-        df.repartition(2).write.format("walkv").mode("overwrite").save(path)
-    assert "RecordTooLargeError" in str(ei.value)
-    assert contents(path) == before and staging_left(path) == []
+    df.repartition(2).write.format("walkv").mode("overwrite").save(path)
+    got, _ = contents(path)
+    assert sorted(got) == [b"k%05d" % i for i in range(n)]
+    assert len(got[b"k%05d" % (n - 1)]) == last and staging_left(path) == []
+
+
+def test_a_group_commit_that_fails_part_way_applies_nothing_and_leaves_no_staging(tmp_path):
+    """The second task's staged file lost its tail: the first one's part is
+    in the log already, so the group is aborted; nothing applies, and the
+    job leaves no ``spark-staging/``."""
+    from kvstore.entry import decode
+    from kvstore.entry.codec import OP_GROUP_ABORT
+    from kvstore.entry.groups import group_code
+    from kvstore.spark.writer import WalkvWriter
+    from wal.errors import CorruptionError
+
+    path = str(tmp_path / "store")
+    with kvstore.open(path) as db:
+        db.put(b"base", b"1")
+    w = WalkvWriter(path, ["key", "value"], True, "job", 1)
+    rows = [{"key": b"k%05d" % i, "value": b"v" * 100} for i in range(2000)]
+    msgs = [w.write(batches(rows[:1000])), w.write(batches(rows[1000:]))]
+    with open(msgs[1].path, "r+b") as f:
+        f.truncate(os.path.getsize(msgs[1].path) // 2)
+    with pytest.raises(CorruptionError, match="staged file holds"):
+        w.commit(msgs)
+    got, lsn = contents(path)
+    assert got == {b"base": b"1"} and staging_left(path) == []
+    payload = dict(wal_entries(path, lsn))[lsn]
+    assert group_code(decode(payload, lsn)) == OP_GROUP_ABORT
+    with kvstore.open(path) as db:
+        assert db.committed_version("job") is None

@@ -25,6 +25,9 @@ from kvstore.entry.codec import (
     OP_EXPIRE,
     OP_FAILED,
     OP_GRANT,
+    OP_GROUP_ABORT,
+    OP_GROUP_COMMIT,
+    OP_GROUP_PART,
     OP_KEEPALIVE,
     OP_KEYSPACE,
     OP_NAMES,
@@ -82,6 +85,10 @@ OP_TEXT: Final[dict[int, Callable[[list[Any]], str]]] = {
     OP_EXPIRE: lambda op: f"expire {short(op[1])} (its TTL or lease ran out)",
     OP_KEYSPACE: lambda op: f"in {_keyspace(op[1])}",
     OP_DROP_KEYSPACE: lambda op: f"drop keyspace {op[1]}",
+    OP_GROUP_PART: lambda op: f"part {op[2]} of staged group {op[1].hex()} (applies at its commit)",
+    OP_GROUP_COMMIT: lambda op: (f"commit staged group {op[1].hex()}: its {op[3]} part(s) from LSN {op[2]}, then "
+                                 "the ops below" + (f" (app {op[4]} version {op[5]})" if op[4] else "")),
+    OP_GROUP_ABORT: lambda op: f"abort staged group {op[1].hex()} (its parts are dropped)",
 }
 """The line of each op code (every one of :data:`OP_NAMES`)."""
 

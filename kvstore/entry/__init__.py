@@ -5,7 +5,9 @@ reads or writes one (the state machine, watch, the archive, Spark, the store).
 * :mod:`kvstore.entry.limits`: what keys, bounds, values and keyspace names
   may be, and the argument checks every write path shares;
 * :mod:`kvstore.entry.conditions`: deciding a group's conditional batches in
-  log order, and the decision as it is written into the log.
+  log order, and the decision as it is written into the log;
+* :mod:`kvstore.entry.groups`: a staged group (an atomic write over several
+  entries) as readers of the log see it, whole at its commit.
 
 It imports only :mod:`wal` (errors).
 """

@@ -20,6 +20,15 @@ Format (one log entry's payload; the log adds LSN and timestamp around it)::
              | [16, name]                     the ops after it, up to the next [16],
                                               are in keyspace ``name`` ("": the default)
              | [17, name]                     drop keyspace ``name``: every key of it goes
+             | [20, group, index]             first op of a part of staged group ``group``
+             | [21, group, first_part_lsn, part_count, app_id, app_version]
+                                              first op of the commit of staged group ``group``
+             | [22, group]                    abort staged group ``group`` (the only op)
+    group     := msgpack bin, 1..64 bytes     (the writer's, unique: a uuid4 is 16 bytes)
+    index, part_count := msgpack int, 0 .. 2**32 - 1
+    first_part_lsn := msgpack int, 1 .. 2**63 - 1
+    app_id    := msgpack str, 0..255 characters ("": no idempotency key)
+    app_version := msgpack int, 0 .. 2**63 - 1
     at, ttl   := msgpack int, microseconds (``at``: since the epoch, UTC)
     lease     := msgpack int, 1 .. 2**63 - 1
     key, value, start, end := msgpack bin     (never str; their limits, and the
@@ -85,6 +94,51 @@ Rules, and the reason for each:
   are store-wide, whatever the current keyspace: one lease may hold keys of
   several keyspaces, and its revoke deletes them all. ``[17, name]`` drops
   the TTLs of the keyspace's keys and detaches them from their leases.
+* Staged groups (codes 20..22, :mod:`kvstore.entry.groups`): one atomic
+  write larger than one log record (the log bounds a record,
+  ``max_record_bytes``), spread over several entries of bounded size. A
+  *part* ``[[20, group, index], ops...]`` changes nothing when it is
+  applied: its ops wait in the state machine's bookkeeping
+  (:mod:`kvstore.state.groups`). The *commit* ``[[21, group,
+  first_part_lsn, part_count, app_id, app_version], ops...]`` applies the
+  whole group at once, at its own LSN: every part's ops in part order, then
+  its own, as ONE batch (one LMDB write transaction), so a group is atomic
+  as a batch is. ``[[22, group]]`` aborts a group: its parts are dropped.
+  Rules, and why:
+
+  - A group's parts and its commit (or abort) have CONSECUTIVE LSNs:
+    parts ``first_part_lsn .. first_part_lsn + part_count - 1`` with
+    indexes ``0 .. part_count - 1``, and the commit right after them
+    (``first_part_lsn + part_count`` is the commit's LSN). Its writer
+    appends them with nothing between (:mod:`kvstore.store.groups`), so a
+    reader of the log that meets a commit reads the group back from the
+    LSNs just before it, with the entry readers it has, and needs no
+    memory of the log before it (a watcher or a Spark partition that
+    starts between a group's parts and its commit sees the group whole at
+    the commit). An abort is written by a writer that failed part way, and
+    for parts whose writer died (by the next open of the store,
+    :mod:`kvstore.store.groups`); it need not follow the parts at once,
+    since readers skip both. Log retention keeps the log from the first
+    part of a group that spans its cut.
+  - Readers of changes (watch, replicas' watchers, Spark, export) show
+    nothing of a part or an abort, and every op of the group at its
+    commit, numbered through the group (part 0's ops first, the commit's
+    own last), as one batch's.
+  - Every part, and the commit's own ops, start in the default keyspace
+    (as every batch does), so a part reads alone.
+  - The ops of a part or a commit are writes that need no decision:
+    put (1), delete (2), delete_range (3), put with a TTL (8), keyspace
+    switches (16) and drops (17). Conditions and leases are decided in log
+    order at their own LSN, which a group's ops do not have until their
+    commit: they never stand in a group.
+  - Idempotency: a commit with an ``app_id`` records ``app_version`` as
+    that application's last committed version (Delta's
+    ``txnAppId``/``txnVersion``). Whether a commit applies is decided by
+    its writer in log order, as conditions are (:mod:`kvstore.store.groups`):
+    a group whose version is not above the recorded one is logged as an
+    abort, never as a commit, so the log alone says what happened and a
+    commit always applies.
+
 * Decoding is strict: a payload that is valid msgpack but not a batch of this
   shape is corruption (:class:`~wal.errors.CorruptionError` naming the LSN),
   never silently skipped, because skipping it would lose an acknowledged write.
@@ -135,12 +189,16 @@ OP_REVOKE: Final = 13
 OP_EXPIRE: Final = 14
 OP_KEYSPACE: Final = 16
 OP_DROP_KEYSPACE: Final = 17
+OP_GROUP_PART: Final = 20
+OP_GROUP_COMMIT: Final = 21
+OP_GROUP_ABORT: Final = 22
 OP_NAMES: Final = {OP_PUT: "put", OP_DELETE: "delete", OP_DELETE_RANGE: "delete_range",
                    OP_REQUIRE_EQUALS: "require_equals", OP_REQUIRE_ABSENT: "require_absent",
                    OP_REQUIRE_PRESENT: "require_present", OP_FAILED: "failed", OP_PUT_EXPIRING: "put_expiring",
                    OP_PUT_LEASED: "put_leased", OP_REQUIRE_LEASE: "require_lease", OP_GRANT: "grant",
                    OP_KEEPALIVE: "keepalive", OP_REVOKE: "revoke", OP_EXPIRE: "expire", OP_KEYSPACE: "keyspace",
-                   OP_DROP_KEYSPACE: "drop_keyspace"}
+                   OP_DROP_KEYSPACE: "drop_keyspace", OP_GROUP_PART: "group_part",
+                   OP_GROUP_COMMIT: "group_commit", OP_GROUP_ABORT: "group_abort"}
 """Every op code of the format (the module docstring's) and its name: the one
 full list, which whatever shows every op (``walkv inspect``) is held to."""
 CONDITION_CODES: Final = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT, OP_REQUIRE_LEASE))
@@ -156,6 +214,14 @@ EXPIRY_CODES: Final = frozenset((OP_PUT_EXPIRING, OP_PUT_LEASED, OP_EXPIRE)) | L
 MAX_LEASE_ID: Final = (1 << 63) - 1
 KEYSPACE_CODES: Final = frozenset((OP_KEYSPACE, OP_DROP_KEYSPACE))
 """Op codes of keyspaces: a batch holding one is applied op by op, keyspace by keyspace."""
+
+GROUP_CODES: Final = frozenset((OP_GROUP_PART, OP_GROUP_COMMIT, OP_GROUP_ABORT))
+"""Op codes that head an entry of a staged group (a part, a commit, an abort)."""
+GROUP_WRITE_CODES: Final = frozenset((OP_PUT, OP_DELETE, OP_DELETE_RANGE, OP_PUT_EXPIRING, OP_KEYSPACE,
+                                      OP_DROP_KEYSPACE))
+"""Op codes that may stand in a staged group (after its head op)."""
+MAX_GROUP_ID_BYTES: Final = 64
+MAX_APP_ID_CHARS: Final = 255
 
 KEYSPACE_SECTION: Final = "ks:"
 """Keyspace ``name`` is the snapshot section ``ks:<name>`` (the default keyspace is the default section)."""
@@ -268,6 +334,27 @@ def ops_bytes(payload: bytes, op_count: int) -> int:
     return len(payload) - batch_bytes(op_count, 0)
 
 
+def op_count(payload: bytes) -> int:
+    """How many ops the batch ``payload`` holds, read from its array header
+    alone (ValueError when it does not start with one)."""
+    first = payload[0] if payload else 0
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    if first == 0xDC and len(payload) >= 3:
+        return int.from_bytes(payload[1:3], "big")
+    if first == 0xDD and len(payload) >= 5:
+        return int.from_bytes(payload[1:5], "big")
+    raise ValueError("not a walkv batch: it does not start with a msgpack array")
+
+
+def with_head(op: list, payload: bytes) -> bytes:
+    """The payload of ``[op, *ops]`` where ``payload`` is the batch of
+    ``ops``, its ops' bytes copied as they are (never unpacked): how a
+    staged group's part is made of an encoded batch."""
+    n = op_count(payload)
+    return b"".join((msgpack.Packer().pack_array_header(n + 1), pack_ops(op), payload[batch_bytes(n, 0):]))
+
+
 def op_bytes(op: list | tuple) -> int:
     """The bytes one op takes in a batch (its own msgpack encoding)."""
     return len(pack_ops(op))
@@ -332,11 +419,19 @@ def _parse(payload: bytes) -> list[list]:
                 and 0 < len(op[1]) <= MAX_KEY_BYTES):
             return ops
     writes = False
+    grouped = False
     for i, op in enumerate(ops):
         if type(op) is not list or not op:
             raise _NotABatch(f"op {i} is {type(op).__name__}, not an array")
         code = op[0]
         n = len(op)
+        if type(code) is int and code in GROUP_CODES:
+            _check_group_head(i, op, ops)
+            grouped = True
+            continue
+        if grouped and (type(code) is not int or code not in GROUP_WRITE_CODES):
+            raise _NotABatch(f"op {i} has code {code!r}, which never stands in a staged group "
+                             "(a group holds puts, deletes, range deletes, TTL puts and keyspace ops)")
         if type(code) is int and code == OP_FAILED:
             _check_failed(i, op, ops)
             continue
@@ -378,6 +473,28 @@ def _parse(payload: bytes) -> list[list]:
 def _check_failed(i: int, op: list, ops: list) -> None:
     if i != 0 or len(op) != 2 or type(op[1]) is not int or not 0 <= op[1] < len(ops) - 1:
         raise _NotABatch(f"op {i} (failed) must stand first as [7, index of one of the conditions after it]")
+
+
+def _check_group_head(i: int, op: list, ops: list) -> None:
+    code = op[0]
+    gid = op[1] if len(op) > 1 else None
+    if i != 0 or type(gid) is not bytes or not 0 < len(gid) <= MAX_GROUP_ID_BYTES:
+        raise _NotABatch(f"op {i} ({OP_NAMES[code]}) must stand first, naming its group by 1..{MAX_GROUP_ID_BYTES} "
+                         "bytes")
+    if code == OP_GROUP_PART:
+        if len(op) != 3 or not _is_u32(op[2]):
+            raise _NotABatch("op 0 (group_part) must be [20, group, index]")
+    elif code == OP_GROUP_COMMIT:
+        if (len(op) != 6 or type(op[2]) is not int or not 0 < op[2] < 1 << 63 or not _is_u32(op[3])
+                or type(op[4]) is not str or len(op[4]) > MAX_APP_ID_CHARS or not _is_instant(op[5])):
+            raise _NotABatch("op 0 (group_commit) must be [21, group, first_part_lsn, part_count, app_id, "
+                             "app_version]")
+    elif len(op) != 2 or len(ops) != 1:
+        raise _NotABatch("a group_abort entry is [[22, group]] alone")
+
+
+def _is_u32(x: object) -> bool:
+    return type(x) is int and 0 <= x < 1 << 32
 
 
 def _check_keyspace_op(i: int, op: list) -> bool:

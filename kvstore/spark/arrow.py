@@ -25,7 +25,10 @@ Three tables, one schema each; ``K`` and ``V`` are ``binary`` by default, or
 
                A conditional write's conditions are not changes; one whose
                conditions failed has no rows (the log records the decision,
-               :mod:`kvstore.entry.conditions`).
+               :mod:`kvstore.entry.conditions`). A staged group (a write
+               larger than one log entry, :mod:`kvstore.entry.groups`) has
+               no rows at its parts and every row of the group at its
+               commit's LSN, ``_op_index`` numbered through the group.
 
                A batch read covers the LSNs after the snapshot it is planned
                with, up to the durable LSN (:mod:`kvstore.spark.options`);
@@ -73,6 +76,7 @@ from kvstore.entry.codec import (
     PUT_CODES,
     UPSERT,
 )
+from kvstore.entry.groups import ReadBack, entry_runs, group_code
 from wal.errors import CorruptionError, Damage
 
 BINARY = "binary"
@@ -261,14 +265,23 @@ def state_batch(keys: Sequence[bytes], values: Sequence[bytes], lsns: Sequence[i
     )
 
 
-def keyspace_writes(ops: list[Any], wanted: Keyspaces, lsn: int, path: str | None = None
-                    ) -> Iterator[tuple[int, str, Any]]:
+def keyspace_writes(ops: list[Any], wanted: Keyspaces, lsn: int, path: str | None = None,
+                    read_back: ReadBack | None = None) -> Iterator[tuple[int, str, Any]]:
     """``(op index, keyspace, op)`` of the writes of one logged batch (put,
     delete, delete_range, expire) in the ``wanted`` keyspaces (None: every
     one): a put with a TTL or under a lease is shown as a put ``(1, key,
     value)``, its conditions change nothing, nor do lease ops, a failed
     batch nothing at all, and a drop of a keyspace is a ``delete_range`` of
-    every key of it. Anything else is damage."""
+    every key of it. A staged group's part or abort writes nothing; its
+    commit writes the whole group, its parts read with ``read_back``
+    (:func:`kvstore.entry.groups.entry_runs`). Anything else is damage."""
+    if ops and group_code(ops) is not None:
+        if read_back is None:
+            raise ValueError("a staged group's entry needs read_back to be read")
+        for offset, run in entry_runs(lsn, ops, read_back):
+            for i, keyspace, op in keyspace_writes(run, wanted, lsn, path):  # type: ignore[arg-type]
+                yield offset + i, keyspace, op
+        return
     keyspace = ""  # a batch starts in the default keyspace
     for i, op in enumerate(ops):
         try:
@@ -315,10 +328,12 @@ def change_batches(
     path: str | None = None,
     rows_per_batch: int = ROWS_PER_BATCH,
     keyspaces: Keyspaces = frozenset([""]),
+    read_back: ReadBack | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """``changes`` rows of log entries (``(lsn, timestamp_us, payload)``),
     in LSN order and, within an entry, in batch order, of the keyspaces
-    ``keyspaces`` (None: every one)."""
+    ``keyspaces`` (None: every one); ``read_back``: what reads a staged
+    group's parts (:func:`keyspace_writes`)."""
     schema = arrow_schema(CHANGES, key_format, value_format)
     keys: list[bytes] = []
     values: list[bytes | None] = []
@@ -356,7 +371,7 @@ def change_batches(
             first_lsn[0] = lsn
         ops = decode(payload, lsn, path)
         pending += len(payload)
-        for i, keyspace, op in keyspace_writes(ops, keyspaces, lsn, path):
+        for i, keyspace, op in keyspace_writes(ops, keyspaces, lsn, path, read_back):
             code = op[0]
             if code == OP_PUT:
                 key, value, end = op[1], op[2], None
@@ -372,6 +387,9 @@ def change_batches(
             l_append(lsn)
             s_append(ts)
             i_append(i)
+            if len(lsns) >= rows_per_batch:  # (a staged group's commit brings many)
+                yield flush()
+                pending = 0
         if len(lsns) >= rows_per_batch or pending >= MAX_BATCH_BYTES:
             yield flush()
             pending = 0
@@ -393,8 +411,8 @@ class TailState:
         self.latest: dict[bytes, tuple[int, int, bytes | None]] = {}
         self.ranges: list[tuple[bytes, bytes, int, int]] = []
 
-    def add(self, lsn: int, ops: list[Any], path: str | None = None) -> None:
-        for i, _keyspace, op in keyspace_writes(ops, self.keyspaces, lsn, path):
+    def add(self, lsn: int, ops: list[Any], path: str | None = None, read_back: ReadBack | None = None) -> None:
+        for i, _keyspace, op in keyspace_writes(ops, self.keyspaces, lsn, path, read_back):
             self.add_write(lsn, i, op)
 
     def add_write(self, lsn: int, i: int, op: Any) -> None:

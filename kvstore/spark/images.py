@@ -47,7 +47,7 @@ from kvstore.spark import arrow as sa
 from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles
 from kvstore.spark.options import Options
-from kvstore.spark.partitions import decode_batch, plan
+from kvstore.spark.partitions import decode_batch, group_reader, plan
 
 
 class Image(NamedTuple):
@@ -166,12 +166,13 @@ def images(files: StoreFiles, opts: Options, p: ImagePartition) -> Iterator[Imag
                 if p.snapshot_rows:
                     yield Image(key, None, value, chunk.lsn, p.created_us, -1, True, p.keyspace)
     lo, hi = p.lo, p.hi
+    read_back = group_reader(files)
     for piece in p.pieces:
         shown = files.display(piece.path)
         for entry in files.iter_slice(piece):
             lsn, ts, emit = entry.lsn, entry.timestamp_us, entry.lsn >= p.emit_from
             ops = decode_batch(entry.payload, lsn, shown)
-            for i, keyspace, op in sa.keyspace_writes(ops, p.follows, lsn, shown):
+            for i, keyspace, op in sa.keyspace_writes(ops, p.follows, lsn, shown, read_back):
                 state = states.setdefault(keyspace, {})  # a key's previous value is in its own keyspace
                 code, a = op[0], op[1]
                 if code == OP_EXPIRE:  # the key's TTL or lease ran out: as a delete

@@ -23,6 +23,7 @@ from pyspark.sql.datasource import InputPartition
 
 import snapshot
 from kvstore.entry.codec import decode
+from kvstore.entry.groups import ReadBack
 from kvstore.spark import arrow as sa
 from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles
@@ -244,13 +245,27 @@ def decode_batch(payload: bytes, lsn: int, path: str | None = None) -> list[list
                               hint="run `walkv verify STORE`") from None
 
 
+def group_reader(files: StoreFiles) -> ReadBack:
+    """What reads a staged group's parts back from ``files`` (the LSNs
+    right before its commit: :mod:`kvstore.entry.groups`), through the
+    same entry reader as every partition, wherever the planner cut."""
+
+    def read_back(first: int, last: int) -> Iterator[tuple[int, list[list[Any]]]]:
+        for piece in files.plan_log(first, last, last, 1 << 62):
+            shown = files.display(piece.path)
+            for entry in files.iter_slice(piece):
+                yield entry.lsn, decode_batch(entry.payload, entry.lsn, shown)
+    return read_back
+
+
 def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator[Any]:
     """The record batches of one partition (on an executor)."""
     kf, vf, rows = opts.key_format, opts.value_format, opts.rows_per_batch
     if isinstance(partition, LogPartition):
         piece = partition.piece
         yield from sa.change_batches(
-            files.iter_slice(piece), decode_batch, kf, vf, files.display(piece.path), rows, partition.keyspaces
+            files.iter_slice(piece), decode_batch, kf, vf, files.display(piece.path), rows, partition.keyspaces,
+            group_reader(files),
         )
     elif isinstance(partition, ChunkPartition):
         directory, chunk = partition.directory, partition.chunk
@@ -275,10 +290,11 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
 
 def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -> Iterator[Any]:
     tail = sa.TailState(p.lo, p.hi, p.keyspace)
+    read_back = group_reader(files)
     for piece in p.pieces:
         shown = files.display(piece.path)
         for entry in files.iter_slice(piece):
-            tail.add(entry.lsn, decode_batch(entry.payload, entry.lsn, shown), shown)
+            tail.add(entry.lsn, decode_batch(entry.payload, entry.lsn, shown), shown, read_back)
     kf, vf = opts.key_format, opts.value_format
     if p.directory is not None and p.chunk is not None:
         directory, chunk = p.directory, p.chunk
@@ -308,11 +324,13 @@ def _survivor_batches(files: StoreFiles, opts: Options, tail: sa.TailState, boun
 
 def _read_log_state_partition(files: StoreFiles, opts: Options, p: LogStatePartition) -> Iterator[Any]:
     tails: dict[str, sa.TailState] = {}
+    read_back = group_reader(files)
     for piece in p.pieces:
         shown = files.display(piece.path)
         for entry in files.iter_slice(piece):
             lsn = entry.lsn
-            for i, ks, op in sa.keyspace_writes(decode_batch(entry.payload, lsn, shown), p.keyspaces, lsn, shown):
+            ops = decode_batch(entry.payload, lsn, shown)
+            for i, ks, op in sa.keyspace_writes(ops, p.keyspaces, lsn, shown, read_back):
                 tail = tails.get(ks)
                 if tail is None:
                     tail = tails[ks] = sa.TailState(p.lo, p.hi, ks)

@@ -135,7 +135,8 @@ class WalkvDataSource(DataSource):
         path = self.options.get("path")
         if not path:
             raise ValueError("give the store's path: df.write.format('walkv').save('/path/to/store')")
-        return WalkvWriter(str(path), list(schema.fieldNames()), overwrite)
+        return WalkvWriter(str(path), list(schema.fieldNames()), overwrite, self.options.get("txnAppId"),
+                           self.options.get("txnVersion"))
 
     def streamReader(self, schema: Any) -> WalkvStreamReader:
         return WalkvStreamReader(self._options(streaming=True))

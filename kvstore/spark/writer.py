@@ -9,33 +9,43 @@ can be written into another.
 The protocol (a task's rows become visible with every other task's, or
 none):
 
-1. each task (:meth:`WalkvWriter.write`, on an executor) stages its rows as
-   a walkv segment file (:mod:`wal.segment` framing, CRC-checked, the
+1. each task (:meth:`WalkvWriter.write`, on an executor; Spark hands it
+   the rows as Arrow record batches, which cost far less to reach Python
+   than rows do) stages its rows as a walkv segment file (:mod:`wal.segment` framing, CRC-checked, the
    store's id in its header; one entry per ~4 MiB of operations) under
    ``STORE/spark-staging/<job>/``, written to a temporary name, fsynced and
    renamed, and returns its name as the commit message;
 2. the driver's :meth:`~WalkvWriter.commit` opens the store (a store held
-   open by another process is :class:`~wal.errors.LockedError` naming it),
-   reads every staged file, checks each, and writes all of their operations
-   as ONE batch: one log entry, which the log makes atomic across a crash at
-   any point (a torn entry is cut at open, a durable one is replayed whole).
-   ``overwrite`` puts a ``delete_range`` of every key first, in the same
-   entry, so readers see the old state or the new one, never a mix;
-3. the staging directory is removed after the entry is durable; an abort
+   open by another process is :class:`~wal.errors.LockedError` naming it;
+   the driver is then the store's only writer, its sweeper off), reads the
+   staged files and checks each. A write whose operations fit one log entry
+   is ONE batch, as any; a larger one is a staged group
+   (:mod:`kvstore.entry.groups`): each staged entry (about 4 MiB, or less
+   under a store's smaller ``max_record_bytes``) becomes a part, read one
+   at a time (memory holds one part, whatever the size of the write), and
+   a commit entry follows them. Either way the write is atomic across a
+   crash at any point: nothing of a group applies before its commit is
+   durable, and a group whose driver died before its commit is aborted by
+   the store's next open. ``overwrite`` puts a ``delete_range`` of every
+   key first (the group's first part), so readers see the old state or the
+   new one, never a mix;
+3. the staging directory is removed after the commit is durable; an abort
    removes it without writing anything (and ``spark-staging/`` goes too
    when no other job's directory is in it). A job that crashed leaves its
    staging directory (never read by anyone else); a later job's commit
    removes staging directories older than a day.
 
-Limit: one entry holds at most the store's ``max_record_bytes`` less
-:data:`~kvstore.entry.codec.ENTRY_OVERHEAD` (64 MiB by default: about 500,000
-rows of 16-byte keys and 100-byte values). The batch's encoded size is
-counted exactly from the tasks' encoded operations (plus the range delete of
-``overwrite``, :func:`kvstore.entry.codec.batch_bytes`), and a larger one is
-refused before anything is read or written
-(:class:`~wal.errors.RecordTooLargeError`, a ``ValueError``, naming the
-size): atomic multi-entry groups would need a commit marker the store's
-replay honours, which the log does not have. Writing to an archive, or to
+Idempotency (Delta's options): with ``txnAppId`` (a name of the
+application, at most 255 characters) and ``txnVersion`` (an int >= 0), a
+job applies only when ``txnVersion`` is above the version that application
+last committed into the store; otherwise the commit writes nothing and
+says so in the log message (``walkv write skipped``), so a retried job
+never applies twice. The check is made before anything is written, and
+again in log order right before the commit (:mod:`kvstore.store.groups`).
+Give both or neither.
+
+Limit: none on the write as a whole. Each row is one operation, whose value
+is held to the store's ``max_value_bytes``. Writing to an archive, or to
 anything but a local store directory, is refused (``ValueError``).
 """
 
@@ -46,11 +56,13 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 import kvstore
 import wal
@@ -58,24 +70,29 @@ from kvstore.archive.objects import encode_segment
 from kvstore.entry.codec import (
     END_OF_KEYS,
     ENTRY_OVERHEAD,
+    MAX_APP_ID_CHARS,
     OP_DELETE,
     OP_DELETE_RANGE,
     OP_PUT,
     batch_bytes,
-    decode,
     encode,
     op_bytes,
+    op_count,
     ops_bytes,
+    parse,
 )
 from kvstore.spark.archive import is_archive
 from kvstore.spark.files import StoreFiles
-from wal.errors import CorruptionError, Damage, RecordTooLargeError
+from wal.errors import CorruptionError, Damage
 from wal.fs import OS_FS
 
 log = logging.getLogger("walkv.spark")
 
 STAGING_DIR = "spark-staging"
 STAGE_ENTRY_BYTES = 4 << 20
+"""About how many bytes of operations a staged entry (a group's part) holds."""
+_OP_SLACK = 16
+"""Bytes an op takes in its entry beyond its keys and values (msgpack headers), at most."""
 STALE_SECONDS = 24 * 3600
 _PUT_TYPES = {"upsert", "insert", "update_postimage"}
 _CLEAR = (OP_DELETE_RANGE, b"", END_OF_KEYS)
@@ -100,31 +117,38 @@ def _as_bytes(v: Any, what: str) -> bytes:
     raise TypeError(f"column {what} must be binary or string, not {type(v).__name__}")
 
 
-def row_op(row: Any, has_deleted: bool, has_type: bool) -> list[Any] | None:
-    """The batch operation a row stands for (``None``: none, a preimage)."""
-    if row["key"] is None:
+def row_op(key: Any, value: Any, deleted: Any, kind: Any) -> list[Any] | None:
+    """The batch operation a row stands for (``None``: none, a preimage):
+    its ``key``, ``value``, ``deleted`` (None: no such column) and
+    ``_change_type`` (``"upsert"`` when there is no such column)."""
+    if key is None:
         raise ValueError("a row has a null key; every row needs a key")
-    key = _as_bytes(row["key"], "key")
-    if has_type:
-        kind = row["_change_type"]
-        if kind == "delete":
-            return [OP_DELETE, key]
-        if kind == "update_preimage":
-            return None
-        if kind not in _PUT_TYPES:
-            raise ValueError(f"_change_type {kind!r} is not one of delete, upsert, insert, update_postimage, "
-                             "update_preimage")
-    if has_deleted and row["deleted"]:
+    key = _as_bytes(key, "key")
+    if kind == "delete":
         return [OP_DELETE, key]
-    if row["value"] is None:
+    if kind == "update_preimage":
+        return None
+    if kind not in _PUT_TYPES:
+        raise ValueError(f"_change_type {kind!r} is not one of delete, upsert, insert, update_postimage, "
+                         "update_preimage")
+    if deleted:
+        return [OP_DELETE, key]
+    if value is None:
         raise ValueError(f"the row of key {key!r:.60} has a null value and is not a delete")
-    return [OP_PUT, key, _as_bytes(row["value"], "value")]
+    return [OP_PUT, key, _as_bytes(value, "value")]
 
 
-class WalkvWriter(DataSourceWriter):
-    """One write job (created on the driver, pickled to the tasks)."""
+def _column(batch: pa.RecordBatch, name: str, present: bool, default: Any) -> Iterable[Any]:
+    """The values of column ``name`` of ``batch`` (``default`` for each row when it has none)."""
+    return batch.column(name).to_pylist() if present else repeat(default, batch.num_rows)
 
-    def __init__(self, path: str, columns: list[str], overwrite: bool) -> None:
+
+class WalkvWriter(DataSourceArrowWriter):
+    """One write job (created on the driver, pickled to the tasks, which
+    are given the DataFrame's rows as Arrow record batches)."""
+
+    def __init__(self, path: str, columns: list[str], overwrite: bool, app_id: str | None = None,
+                 app_version: str | int | None = None) -> None:
         if "://" in path and not path.startswith("file://"):
             raise ValueError(f"walkv writes only to a local store directory, not {path!r}")
         files = StoreFiles(path[len("file://"):] if path.startswith("file://") else path)
@@ -134,6 +158,15 @@ class WalkvWriter(DataSourceWriter):
         for needed in ("key", "value"):
             if needed not in columns:
                 raise ValueError(f"a DataFrame written to walkv needs a {needed!r} column; it has {columns}")
+        if (app_id is None) != (app_version is None):
+            raise ValueError("give both txnAppId and txnVersion (Delta's idempotent writes), or neither")
+        self.app_id = app_id or ""
+        try:
+            self.app_version = int(app_version) if app_version is not None else 0
+        except ValueError:
+            raise ValueError(f"txnVersion must be an int >= 0, not {app_version!r:.80}") from None
+        if self.app_version < 0 or len(self.app_id) > MAX_APP_ID_CHARS:
+            raise ValueError(f"txnVersion must be an int >= 0 and txnAppId at most {MAX_APP_ID_CHARS} characters")
         self.path = files.location
         self.overwrite = overwrite
         self.has_deleted = "deleted" in columns
@@ -142,6 +175,8 @@ class WalkvWriter(DataSourceWriter):
         with kvstore.open(self.path) as db:  # fails now, not after the tasks ran: LockedError names the holder
             self.store_id = wal.read_store_id(os.path.join(self.path, "wal")) or ""
             self.max_payload = (db.max_record_bytes or 64 << 20) - ENTRY_OVERHEAD  # what db.batch() takes
+        # a staged entry is a part of a group: it must fit a record with its head op, and an op's slack
+        self.entry_bytes = min(STAGE_ENTRY_BYTES, self.max_payload // 2)
         OS_FS.makedirs(self.staging)  # made here, once: a task finding it gone knows the job was aborted
 
     @property
@@ -150,19 +185,23 @@ class WalkvWriter(DataSourceWriter):
 
     # -- tasks -------------------------------------------------------------------
 
-    def write(self, iterator: Iterator[Any]) -> StagedFile:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
         entries: list[bytes] = []
         ops: list[list[Any]] = []
         size = n = nbytes = 0
-        for row in iterator:
-            op = row_op(row, self.has_deleted, self.has_type)
-            if op is None:
-                continue
-            ops.append(op)
-            size += sum(len(x) for x in op[1:]) + 8
-            if size >= STAGE_ENTRY_BYTES:
-                entries.append(encode(ops))
-                n, nbytes, ops, size = n + len(ops), nbytes + ops_bytes(entries[-1], len(ops)), [], 0
+        for batch in iterator:
+            for row in zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(),
+                           _column(batch, "deleted", self.has_deleted, None),
+                           _column(batch, "_change_type", self.has_type, "upsert")):
+                op = row_op(*row)
+                if op is None:
+                    continue
+                op_size = sum(len(x) for x in op[1:]) + _OP_SLACK
+                if ops and size + op_size > self.entry_bytes:
+                    entries.append(encode(ops))
+                    n, nbytes, ops, size = n + len(ops), nbytes + ops_bytes(entries[-1], len(ops)), [], 0
+                ops.append(op)
+                size += op_size
         if ops:
             entries.append(encode(ops))
             n, nbytes = n + len(ops), nbytes + ops_bytes(entries[-1], len(ops))
@@ -179,53 +218,77 @@ class WalkvWriter(DataSourceWriter):
 
     # -- the driver ----------------------------------------------------------------
 
-    def staged_ops(self, messages: list[StagedFile | None]) -> list[list[Any]]:
-        """Every staged operation, task by task, each file checked."""
-        ops: list[list[Any]] = []
+    def staged_batches(self, messages: list[StagedFile | None]) -> Iterator[bytes]:
+        """Every staged entry's payload (a batch), file by file (one entry in
+        memory at a time), each file checked to hold as many operations as
+        its task wrote (the ops themselves are checked where they are
+        written: as a group's parts, or one by one into a batch)."""
         for m in messages:
             if m is None:
                 continue
             got = 0
             with open(m.path, "rb") as f:
                 for entry in wal.iter_entries(f, m.path):
-                    batch = decode(entry.payload, entry.lsn)
-                    got += len(batch)
-                    ops.extend(batch)
+                    try:
+                        got += op_count(entry.payload)
+                    except ValueError as exc:
+                        raise CorruptionError(str(exc), kind=Damage.CONTENT, path=m.path, lsn=entry.lsn,
+                                              hint="rerun the write; nothing of it was applied") from None
+                    yield entry.payload
             if got != m.ops:
                 raise CorruptionError(f"staged file holds {got} operations, its task wrote {m.ops}",
                                       kind=Damage.SEQUENCE, path=m.path, offset=0,
                                       hint="rerun the write; nothing of it was applied")
-        return ops
 
     def commit(self, messages: list[StagedFile | None]) -> None:  # type: ignore[override]
         count = sum(m.ops for m in messages if m is not None) + (1 if self.overwrite else 0)
         total = batch_bytes(count, sum(m.nbytes for m in messages if m is not None)
                             + (op_bytes(_CLEAR) if self.overwrite else 0))
-        if total > self.max_payload:
+        try:
+            with kvstore.open(self.path, sweep_interval=None) as db:  # the only writer (kvstore.store.groups)
+                done = db.committed_version(self.app_id) if self.app_id else None
+                if done is not None and done >= self.app_version:
+                    log.info("walkv write skipped: application %r committed version %d into %s already (this "
+                             "job's txnVersion is %d); nothing was written", self.app_id, done, self.path,
+                             self.app_version)
+                    lsn = None
+                elif total <= self.max_payload and not self.app_id:
+                    lsn = self._one_batch(db, messages)
+                else:
+                    lsn = db.write_group(self._parts(messages), app_id=self.app_id, app_version=self.app_version)
+                    if lsn is None:
+                        log.info("walkv write skipped: application %r committed version %d or later into %s "
+                                 "meanwhile; nothing was written", self.app_id, self.app_version, self.path)
+        except BaseException:  # nothing was applied (a group's parts were aborted): leave no staging behind
             self.abort(messages)
-            raise RecordTooLargeError(
-                f"the DataFrame's batch is {total:,} bytes encoded ({count:,} operations"
-                + (", the first overwrite's delete of every key" if self.overwrite else "")
-                + f"); one atomic walkv batch holds at most {self.max_payload:,} bytes (the store's "
-                f"max_record_bytes less {ENTRY_OVERHEAD}): write it in parts (each part is atomic). Nothing "
-                "was written."
-            )
-        ops = self.staged_ops(messages)
-        with kvstore.open(self.path) as db:
-            with db.batch() as b:
-                if self.overwrite:
-                    b.delete_range(_CLEAR[1], _CLEAR[2])
-                for op in ops:
+            raise
+        if lsn is not None:
+            log.info("walkv write committed %d operations at LSN %s into %s", count, lsn, self.path)
+        self._remove(self.staging)
+        self._remove_stale()
+        self._remove_root()
+
+    def _one_batch(self, db: kvstore.KVStore, messages: list[StagedFile | None]) -> int | None:
+        """Write the staged operations as one batch (they fit one entry)."""
+        with db.batch() as b:
+            if self.overwrite:
+                b.delete_range(_CLEAR[1], _CLEAR[2])
+            for payload in self.staged_batches(messages):
+                for op in parse(payload):
                     if op[0] == OP_PUT:
                         b.put(op[1], op[2])
                     elif op[0] == OP_DELETE:
                         b.delete(op[1])
                     elif op[0] == OP_DELETE_RANGE:
                         b.delete_range(op[1], op[2])
-        log.info("walkv write committed %d operations at LSN %s into %s", len(ops), b.lsn, self.path)
-        self._remove(self.staging)
-        self._remove_stale()
-        self._remove_root()
+        return b.lsn
+
+    def _parts(self, messages: list[StagedFile | None]) -> Iterator[list[list[Any]] | bytes]:
+        """The parts of a staged group: ``overwrite``'s clear first (parts
+        apply in order, at the commit), then each staged entry as it is."""
+        if self.overwrite:
+            yield [list(_CLEAR)]
+        yield from self.staged_batches(messages)
 
     def abort(self, messages: list[StagedFile | None]) -> None:  # type: ignore[override]
         # Spark may abort while a cancelled task still stages its file: rename

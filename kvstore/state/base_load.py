@@ -1,6 +1,7 @@
 """Loading a snapshot's contents into an environment being rebuilt: the
 default keyspace's pairs, each named keyspace's (snapshot section
-``ks:<name>``) and the expiry metadata's sections (:mod:`kvstore.state.expiry`),
+``ks:<name>``), the expiry metadata's sections (:mod:`kvstore.state.expiry`) and
+the staged groups' (:mod:`kvstore.state.groups`),
 in write transactions of a bounded number of pairs. What marks the load done
 (``walkv.complete``) is :mod:`kvstore.state.meta`'s, written by the caller after it.
 """
@@ -18,12 +19,14 @@ from kvstore.entry.limits import DEFAULT_KEYSPACE
 from kvstore.state.environment import Environment
 from kvstore.state.expiry import DB_NAMES as EXPIRY_DBS
 from kvstore.state.expiry import Expiry
+from kvstore.state.groups import DB_NAME as GROUPS_DB
+from kvstore.state.groups import Groups
 from wal.errors import SnapshotError
 
 Pairs = Iterable[tuple[bytes, bytes]]
 
 
-def load_sections(env: Environment, expiry: Expiry, pairs: Pairs, sections: Mapping[str, Pairs],
+def load_sections(env: Environment, expiry: Expiry, groups: Groups, pairs: Pairs, sections: Mapping[str, Pairs],
                   chunk: int) -> int:
     """Bulk-load ``pairs`` (sorted by key) into the default keyspace and each
     of ``sections`` (a snapshot's, ``"ks:<name>"`` or an expiry database's
@@ -35,7 +38,7 @@ def load_sections(env: Environment, expiry: Expiry, pairs: Pairs, sections: Mapp
     for name, section in sorted(sections.items()):
         if name.startswith(KEYSPACE_SECTION):
             runs.append((name[len(KEYSPACE_SECTION):], section))
-        elif name in EXPIRY_DBS:
+        elif name in EXPIRY_DBS or name == GROUPS_DB:
             metadata.append((name, section))
         else:
             raise SnapshotError(f"the snapshot holds a section {name!r} this walkv does not know "
@@ -49,7 +52,8 @@ def load_sections(env: Environment, expiry: Expiry, pairs: Pairs, sections: Mapp
     for name, section in metadata:
         rest = iter(section)
         while items := list(islice(rest, chunk)):
-            env.write(partial(expiry.load, name=name, pairs=items))
+            env.write(partial(expiry.load, name=name, pairs=items) if name != GROUPS_DB
+                      else partial(groups.load, pairs=items))
     return n
 
 

@@ -22,8 +22,8 @@ The options, and why:
 * ``max_dbs`` (:data:`MAX_DBS`): the main database (walkv's bookkeeping),
   ``data`` (the default keyspace), one named database ``ks:<name>`` per
   keyspace (:data:`MAX_KEYSPACES`) and the expiry metadata's five
-  (``ttl:...``, ``lease:...``, :mod:`kvstore.state.expiry`; room is kept
-  for 8). LMDB sizes every read transaction by it (about 50 bytes a
+  (``ttl:...``, ``lease:...``, :mod:`kvstore.state.expiry`) and the staged
+  groups' ``groups`` (:mod:`kvstore.state.groups`; room is kept for 8). LMDB sizes every read transaction by it (about 50 bytes a
   slot), so it is a bound, not a guess.
 
 Stale readers: LMDB never reuses the pages an open read transaction may

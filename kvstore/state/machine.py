@@ -16,6 +16,8 @@ Inside the environment:
   ``data``: :mod:`kvstore.store.keyspace`;
 * the named databases ``ttl:...`` and ``lease:...`` hold each key's expiry
   (a key of any keyspace) and the leases (:mod:`kvstore.state.expiry`);
+* the named database ``groups`` holds staged groups' parts until their
+  commit, and applications' committed versions (:mod:`kvstore.state.groups`);
 * walkv's bookkeeping (the store id, the applied LSN...) are plain keys of
   LMDB's main (unnamed) database: :mod:`kvstore.state.meta`.
 
@@ -50,6 +52,7 @@ import lmdb
 from kvstore.entry import conditions
 from kvstore.entry.codec import (
     EXPIRY_CODES,
+    GROUP_CODES,
     KEYSPACE_CODES,
     NO_WRITE_CODES,
     OP_DELETE,
@@ -65,6 +68,7 @@ from kvstore.state.commits import LmdbCommits
 from kvstore.state.environment import Environment
 from kvstore.state.expiring_reads import ExpiringReads
 from kvstore.state.expiry import Expiry
+from kvstore.state.groups import Groups
 from kvstore.state.meta import mark_complete, read_meta, write_meta
 from kvstore.state.overlay import Overlay
 from kvstore.state.readers import ReadView
@@ -148,6 +152,8 @@ class State:
         self.commits = LmdbCommits(self.lmdb, self.overlay, self.expiry, self.applied_lsn,
                                    reads_changed=lambda: self.gets.expiry_changed(),
                                    written_through=self._written_through)
+        # staged groups: parts until their commit, each group entry a transaction (kvstore/state/groups.py)
+        self.groups = Groups(self.lmdb, self.expiry, self.commits, self.apply, readonly=readonly)
         # The read paths (kvstore/state/reads.py, chosen once) and the reads that know expiry and keyspaces
         # (kvstore/state/expiring_reads.py); state.get and get_many are GetSelection's choice of them.
         self._reads: CachedReads | FreshReads = (FreshReads(self.lmdb) if readonly
@@ -187,7 +193,7 @@ class State:
         ``sections`` (:func:`kvstore.state.base_load.load_sections`), then mark
         the environment complete at ``base_lsn``. Returns the number of pairs
         loaded."""
-        n = load_sections(self.lmdb, self.expiry, pairs, sections or {}, chunk)
+        n = load_sections(self.lmdb, self.expiry, self.groups, pairs, sections or {}, chunk)
         self.gets.expiry_changed()
         self.lmdb.write(partial(mark_complete, self.lmdb.main_db, base_lsn, True))
         self.applied_lsn = self.commits.applied_lsn = base_lsn
@@ -242,6 +248,9 @@ class State:
         flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
         # (a batch of puts says so, kvstore.entry.codec.PlainPuts: 100,000 ops need no look)
         codes = _PUT_CODES if type(flat) is PlainPuts else set(map(_first, flat))
+        if not codes.isdisjoint(GROUP_CODES):  # a staged group's part, commit or abort
+            self.groups.apply(last - len(batches) + 1, batches)
+            return
         if not codes.isdisjoint(KEYSPACE_CODES):  # keyspaces: a separate branch, op by op
             self._apply_keyspaces(batches, last, payloads)
             return
@@ -335,6 +344,8 @@ class State:
             if len(batches[0]) < DIRECT_OPS:
                 return None
         elif sum(map(len, batches)) < DIRECT_OPS:
+            return None
+        if self.groups.any_in(batches):  # (applied in transactions of their own, after the fsync)
             return None
         return StagedApply(self, first_lsn, batches, payloads)
 

@@ -54,6 +54,7 @@ from typing import Any
 
 from kvstore.entry.codec import (
     EXPIRY_CODES,
+    GROUP_CODES,
     MAX_LEASE_ID,
     OP_GRANT,
     OP_KEEPALIVE,
@@ -204,6 +205,9 @@ class Expiring:
         appended: ValueError for what only the writer decides (grants,
         revokes, expiries); an :class:`Outcome` when a lease must be alive."""
         codes = {op[0] for op in ops}
+        if not codes.isdisjoint(GROUP_CODES):
+            raise ValueError("a staged group's entry is written by db.write_group, which keeps its parts and "
+                             "commit together: it cannot be written as bytes")
         if not codes.isdisjoint(EXPIRY_CODES - PUT_CODES - {OP_KEEPALIVE}):
             raise ValueError("a batch that grants, revokes or expires is decided by the writer "
                              "(db.grant, db.revoke, the sweeper): it cannot be written as bytes")

@@ -40,6 +40,7 @@ import snapshot
 import wal
 from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 from kvstore.state.machine import State
+from kvstore.store.groups import group_start
 from wal import list_segments, read_durable_lsn
 from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError, file_error
 from wal.fs import FileSystem
@@ -137,15 +138,16 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         if newest and newest[-1].lsn == lsn:
             return newest[-1]
         _move_foreign_aside(parent, lsn, store_id, fs)
-        # the keyspaces' sections ("ks:<name>") and the expiry metadata's ("ttl:...", "lease:..."),
-        # which are bookkeeping: the snapshot's count of keys leaves them out
-        expiry = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
-        sections = {**view.sections(), **expiry}
+        # the keyspaces' sections ("ks:<name>"), the expiry metadata's ("ttl:...", "lease:...") and the
+        # staged groups' ("groups"), which are bookkeeping: the snapshot's count of keys leaves them out
+        bookkeeping = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
+        bookkeeping.update((name, view.db_pairs(db)) for name, db in view.run(state.groups.sections).items())
+        sections = {**view.sections(), **bookkeeping}
         items = view.db_pairs(None)  # the view stays open for the sections (before_commit closes it)
         info = snapshot.write(
             parent, lsn, items, sections=sections, store_id=store_id, fs=fs, progress=progress, total=view.count,
             before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
-            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES), bookkeeping=expiry.keys(),
+            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES), bookkeeping=bookkeeping.keys(),
         )
     log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info
@@ -200,6 +202,7 @@ def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem, floor: int | No
         log_.debug("log of %s kept from LSN %d: the archive or a consumer needs it", os.path.dirname(parent),
                    floor)
         below = floor
+    below = group_start(log, below)  # a reader from there reads a staged group back from its parts
     freed = log.truncate_before(below)
     if freed:
         log_.info("log of %s trimmed below LSN %d: %d bytes freed", os.path.dirname(parent), below, freed)

@@ -46,10 +46,10 @@ from kvstore.entry.codec import (
     parse,
 )
 from kvstore.layout import WAL_DIR
-from kvstore.state import DEFAULT_MAP_SIZE, StateOptions, View
+from kvstore.state import DEFAULT_MAP_SIZE, Ops, StateOptions, View
 from kvstore.state.lookups import MutableLookups
 from kvstore.state.view import DEFAULT_MAX_VIEW_SECONDS, scan_bounds
-from kvstore.store import snapshots, txn
+from kvstore.store import groups, snapshots, txn
 from kvstore.store.clock import Clock
 from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_seconds
 from kvstore.store.fast_path import GetPath, WritePath
@@ -165,6 +165,12 @@ class KVStore(MutableLookups):
                 hooks.replicas = self.replicas
         self._changes = watching.Source(self._wal_dir, snapshots.snapshots_dir(self.path), lambda: self.durable_lsn,
                                         self._watch_hub, polls=self._log is None)  # what watchers read
+        if isinstance(self._writer, StoreWriter) and self.replicas is None:  # before any other write (store/groups.py)
+            try:
+                groups.abort_orphans(self._writes.append, self._state, self.path)
+            except BaseException:
+                self._writer.close(self._state)
+                raise
         if sweep_every is not None:
             self._expiring.start_sweeper(sweep_every)
         self.store_id: str | None = self._log.store_id if self._log is not None else self._state.store_id
@@ -268,6 +274,23 @@ class KVStore(MutableLookups):
         (nothing is written either way)."""
         payload = as_bytes(payload, "payload")
         return self._expiring.append_checked(payload, self._expiring.writable_ops(parse(payload)))
+
+    def write_group(self, parts: Iterable[Ops | bytes], ops: Ops = (), *, app_id: str = "", app_version: int = 0
+                    ) -> int | None:
+        """Write ``parts`` (lists of writes, or encoded batches) and ``ops`` as ONE atomic write
+        of any size, a staged group: the commit's LSN, or None when
+        ``app_id`` committed ``app_version`` or a later one already. The
+        caller must be the store's only writer meanwhile
+        (:func:`kvstore.store.groups.write_group`)."""
+        self._check_open()
+        return groups.write_group(self._writes.append, self._state, lambda: self.last_lsn, parts, ops, app_id=app_id,
+                                  app_version=app_version, writable_keyspace=self._keyspaces.writable)
+
+    def committed_version(self, app_id: str) -> int | None:
+        """The last ``app_version`` application ``app_id`` committed with
+        :meth:`write_group` (None: none)."""
+        self._check_open()
+        return groups.committed_version(self._state, app_id)
 
     def compare_and_set(self, key: bytes, expected: bytes | None, new: bytes) -> bool:
         """Set ``key`` to ``new`` only if its value is ``expected`` (None: only

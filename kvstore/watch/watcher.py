@@ -92,6 +92,7 @@ from kvstore.entry.codec import (
     check_keyspace,
     decode,
 )
+from kvstore.entry.groups import entry_runs, group_code
 from kvstore.watch.log_tail import LogTail
 from wal.errors import ClosedError, LogGapError
 from wal.fs import OS_FS
@@ -224,7 +225,8 @@ class Watcher:
         self._tail: LogTail | None = None
         self._gen: Iterator[Change] | None = None  # made at the first next(): until then nothing refers back here
         self.batch_left = 0
-        """Changes of the last change's batch (its LSN) not delivered yet."""
+        """Changes of the last change's batch (its LSN) not delivered yet (a
+        staged group's commit, read a part at a time: 1 until its last one)."""
         with source.hub.cond:
             source.hub.add(self)
 
@@ -322,13 +324,40 @@ class Watcher:
             self._tail = LogTail(self._src.wal_dir, self.next_lsn, fs=self._src.fs)
         for entry in self._tail.read(durable):
             lsn = entry.lsn
-            ops = conditions.writes_of(decode(entry.payload, lsn))
-            changes = self._matching(lsn, entry.timestamp_us, ops)
+            ops = decode(entry.payload, lsn)
             self.next_lsn = lsn + 1
+            if group_code(ops) is not None:  # a staged group: nothing at its parts, all of it at its commit
+                yield from self._group_changes(lsn, entry.timestamp_us, ops)
+                continue
+            changes = self._matching(lsn, entry.timestamp_us, conditions.writes_of(ops))
             last = len(changes) - 1
             for i, change in enumerate(changes):
                 self.batch_left = last - i
                 yield change
+
+    def _group_changes(self, lsn: int, ts: int, ops: Sequence[Sequence[Any]]) -> Iterator[Change]:
+        """The changes of a staged group's entry at ``lsn``, a part at a time
+        (bounded memory), one change ahead: :attr:`batch_left` is 1 until
+        the group's last change, 0 there."""
+        changes = (c for _, run in entry_runs(lsn, ops, self._read_back) for c in self._matching(lsn, ts, run))
+        held = next(changes, None)
+        for change in changes:
+            self.batch_left = 1
+            yield held  # type: ignore[misc]  # a Change: one was read before this one
+            held = change
+        if held is not None:
+            self.batch_left = 0
+            yield held
+
+    def _read_back(self, first: int, last: int) -> Iterator[tuple[int, Sequence[Sequence[Any]]]]:
+        """A staged group's parts, LSNs ``first .. last``, read from the log
+        (:func:`kvstore.entry.groups.entry_runs`)."""
+        tail = LogTail(self._src.wal_dir, first, fs=self._src.fs)
+        try:
+            for entry in tail.read(last):
+                yield entry.lsn, decode(entry.payload, entry.lsn)
+        finally:
+            tail.close()
 
 
     def _matching(self, lsn: int, ts: int, ops: Sequence[Sequence[Any]]) -> list[Change]:
