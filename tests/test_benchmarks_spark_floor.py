@@ -12,7 +12,7 @@ pa = pytest.importorskip("pyarrow")
 
 from benchmarks import data  # noqa: E402
 from benchmarks.harness import Config, Context  # noqa: E402
-from benchmarks.snapshot_workloads import _store_prepare  # noqa: E402
+from benchmarks.snapshot_workloads import store_prepare  # noqa: E402
 from benchmarks.spark_floor import FloorReader, FloorSource  # noqa: E402
 from kvstore.spark import arrow as sa  # noqa: E402
 from kvstore.spark.options import parse  # noqa: E402
@@ -26,7 +26,7 @@ def _read(reader) -> list[pa.RecordBatch]:
 
 
 def test_floor_yields_walkvs_rows_in_walkvs_batches(tmp_path):
-    path = _store_prepare(ROWS, snapshot=True)(Context(Config(), str(tmp_path)))  # the benchmark's store
+    path = store_prepare(ROWS, snapshot=True)(Context(Config(), str(tmp_path)))  # the benchmark's store
     walkv = pa.Table.from_batches(_read(WalkvReader(parse({"path": path, "table": "snapshot"}))))
     floor_batches = _read(FloorReader(ROWS))
     floor = pa.Table.from_batches(floor_batches)

@@ -72,7 +72,7 @@ def write_parts(db, parts) -> bytes:
     group = os.urandom(16)
     for i, p in enumerate(parts):
         entry = [[OP_GROUP_PART, group, i], *p]
-        db._append(pack_ops(entry), entry)
+        db._writes.append(pack_ops(entry), entry)
     return group
 
 
@@ -112,7 +112,7 @@ def test_groups_are_atomic_batches_to_the_store_a_rebuild_and_a_watch(tmp_path_f
             elif s[0] == "aborted":
                 group = write_parts(db, s[1])
                 entry = [[OP_GROUP_ABORT, group]]
-                db._append(pack_ops(entry), entry)
+                db._writes.append(pack_ops(entry), entry)
             else:  # a writer that stops between parts and commit: the next open aborts the group
                 write_parts(db, s[1])
                 db.close()

@@ -65,6 +65,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "wal.reader",
     "kvstore.entry.limits",
     "kvstore.entry.packing",
+    "kvstore.entry.opcodes",
+    "kvstore.entry.shape",
     "kvstore.entry.codec",
     "kvstore.entry.conditions",
     "kvstore.state.meta",

@@ -154,96 +154,66 @@ from typing import Final, Iterable
 import msgpack
 from mypy_extensions import mypyc_attr
 
+# The argument checks are re-exported: every write path imports them from here, beside the op codes.
+from kvstore.entry.limits import END_OF_KEYS as END_OF_KEYS
 from kvstore.entry.limits import (
-    DEFAULT_KEYSPACE,
-    MAX_BOUND_BYTES,
     MAX_KEY_BYTES,
     check_key,
     check_range,
     check_value,
-    keyspace_problem,
 )
-
-# The argument checks are re-exported: every write path imports them from here, beside the op codes.
-from kvstore.entry.limits import END_OF_KEYS as END_OF_KEYS
 from kvstore.entry.limits import as_bytes as as_bytes
 from kvstore.entry.limits import check_bound as check_bound
 from kvstore.entry.limits import check_keyspace as check_keyspace
+from kvstore.entry.opcodes import CHANGE_NAMES as CHANGE_NAMES
+from kvstore.entry.opcodes import CONDITION_CODES as CONDITION_CODES
+from kvstore.entry.opcodes import DELETE as DELETE
+from kvstore.entry.opcodes import DELETE_RANGE as DELETE_RANGE
+from kvstore.entry.opcodes import EXPIRE as EXPIRE
+from kvstore.entry.opcodes import EXPIRY_CODES as EXPIRY_CODES
+from kvstore.entry.opcodes import GROUP_CODES as GROUP_CODES
+from kvstore.entry.opcodes import GROUP_WRITE_CODES as GROUP_WRITE_CODES
+from kvstore.entry.opcodes import KEYSPACE_CODES as KEYSPACE_CODES
+from kvstore.entry.opcodes import KEYSPACE_SECTION as KEYSPACE_SECTION
+from kvstore.entry.opcodes import LEASE_CODES as LEASE_CODES
+from kvstore.entry.opcodes import MAX_APP_ID_CHARS as MAX_APP_ID_CHARS
+from kvstore.entry.opcodes import MAX_GROUP_ID_BYTES as MAX_GROUP_ID_BYTES
+from kvstore.entry.opcodes import MAX_LEASE_ID as MAX_LEASE_ID
+from kvstore.entry.opcodes import NO_WRITE_CODES as NO_WRITE_CODES
+from kvstore.entry.opcodes import OP_DELETE as OP_DELETE
+from kvstore.entry.opcodes import OP_DELETE_RANGE as OP_DELETE_RANGE
+from kvstore.entry.opcodes import OP_DROP_KEYSPACE as OP_DROP_KEYSPACE
+from kvstore.entry.opcodes import OP_EXPIRE as OP_EXPIRE
+from kvstore.entry.opcodes import OP_FAILED as OP_FAILED
+from kvstore.entry.opcodes import OP_GRANT as OP_GRANT
+from kvstore.entry.opcodes import OP_GROUP_ABORT as OP_GROUP_ABORT
+from kvstore.entry.opcodes import OP_GROUP_COMMIT as OP_GROUP_COMMIT
+from kvstore.entry.opcodes import OP_GROUP_PART as OP_GROUP_PART
+from kvstore.entry.opcodes import OP_KEEPALIVE as OP_KEEPALIVE
+from kvstore.entry.opcodes import OP_KEYSPACE as OP_KEYSPACE
+from kvstore.entry.opcodes import OP_NAMES as OP_NAMES
+
+# The op codes are the format's, named here for every reader and writer (kvstore/entry/opcodes.py).
+from kvstore.entry.opcodes import OP_PUT as OP_PUT
+from kvstore.entry.opcodes import OP_PUT_EXPIRING as OP_PUT_EXPIRING
+from kvstore.entry.opcodes import OP_PUT_LEASED as OP_PUT_LEASED
+from kvstore.entry.opcodes import OP_REQUIRE_ABSENT as OP_REQUIRE_ABSENT
+from kvstore.entry.opcodes import OP_REQUIRE_EQUALS as OP_REQUIRE_EQUALS
+from kvstore.entry.opcodes import OP_REQUIRE_LEASE as OP_REQUIRE_LEASE
+from kvstore.entry.opcodes import OP_REQUIRE_PRESENT as OP_REQUIRE_PRESENT
+from kvstore.entry.opcodes import OP_REVOKE as OP_REVOKE
+from kvstore.entry.opcodes import PUT_CODES as PUT_CODES
+from kvstore.entry.opcodes import UPSERT as UPSERT
 from kvstore.entry.packing import pack_ops as pack_ops
 from kvstore.entry.packing import put_bytes, put_head
+from kvstore.entry.shape import NotABatch, parse_ops
 from wal.errors import REPAIR_HINT, CorruptionError, Damage
-
-OP_PUT: Final = 1
-OP_DELETE: Final = 2
-OP_DELETE_RANGE: Final = 3
-OP_REQUIRE_EQUALS: Final = 4
-OP_REQUIRE_ABSENT: Final = 5
-OP_REQUIRE_PRESENT: Final = 6
-OP_FAILED: Final = 7
-OP_PUT_EXPIRING: Final = 8
-OP_PUT_LEASED: Final = 9
-OP_REQUIRE_LEASE: Final = 10
-OP_GRANT: Final = 11
-OP_KEEPALIVE: Final = 12
-OP_REVOKE: Final = 13
-OP_EXPIRE: Final = 14
-OP_KEYSPACE: Final = 16
-OP_DROP_KEYSPACE: Final = 17
-OP_GROUP_PART: Final = 20
-OP_GROUP_COMMIT: Final = 21
-OP_GROUP_ABORT: Final = 22
-OP_NAMES: Final = {OP_PUT: "put", OP_DELETE: "delete", OP_DELETE_RANGE: "delete_range",
-                   OP_REQUIRE_EQUALS: "require_equals", OP_REQUIRE_ABSENT: "require_absent",
-                   OP_REQUIRE_PRESENT: "require_present", OP_FAILED: "failed", OP_PUT_EXPIRING: "put_expiring",
-                   OP_PUT_LEASED: "put_leased", OP_REQUIRE_LEASE: "require_lease", OP_GRANT: "grant",
-                   OP_KEEPALIVE: "keepalive", OP_REVOKE: "revoke", OP_EXPIRE: "expire", OP_KEYSPACE: "keyspace",
-                   OP_DROP_KEYSPACE: "drop_keyspace", OP_GROUP_PART: "group_part",
-                   OP_GROUP_COMMIT: "group_commit", OP_GROUP_ABORT: "group_abort"}
-"""Every op code of the format (the module docstring's) and its name: the one
-full list, which whatever shows every op (``walkv inspect``) is held to."""
-CONDITION_CODES: Final = frozenset((OP_REQUIRE_EQUALS, OP_REQUIRE_ABSENT, OP_REQUIRE_PRESENT, OP_REQUIRE_LEASE))
-NO_WRITE_CODES: Final = CONDITION_CODES | {OP_FAILED}
-"""Op codes that change nothing (a reader skips them; a batch starting with
-``OP_FAILED`` applies nothing)."""
-PUT_CODES: Final = frozenset((OP_PUT, OP_PUT_EXPIRING, OP_PUT_LEASED))
-"""Op codes that set a key to a value (``[code, key, value, ...]``)."""
-LEASE_CODES: Final = frozenset((OP_GRANT, OP_KEEPALIVE, OP_REVOKE))
-"""Op codes that change a lease and no key (readers of changes skip them)."""
-EXPIRY_CODES: Final = frozenset((OP_PUT_EXPIRING, OP_PUT_LEASED, OP_EXPIRE)) | LEASE_CODES
-"""Op codes that read or write expiry metadata (:mod:`kvstore.state.expiry`)."""
-MAX_LEASE_ID: Final = (1 << 63) - 1
-KEYSPACE_CODES: Final = frozenset((OP_KEYSPACE, OP_DROP_KEYSPACE))
-"""Op codes of keyspaces: a batch holding one is applied op by op, keyspace by keyspace."""
-
-GROUP_CODES: Final = frozenset((OP_GROUP_PART, OP_GROUP_COMMIT, OP_GROUP_ABORT))
-"""Op codes that head an entry of a staged group (a part, a commit, an abort)."""
-GROUP_WRITE_CODES: Final = frozenset((OP_PUT, OP_DELETE, OP_DELETE_RANGE, OP_PUT_EXPIRING, OP_KEYSPACE,
-                                      OP_DROP_KEYSPACE))
-"""Op codes that may stand in a staged group (after its head op)."""
-MAX_GROUP_ID_BYTES: Final = 64
-MAX_APP_ID_CHARS: Final = 255
-
-KEYSPACE_SECTION: Final = "ks:"
-"""Keyspace ``name`` is the snapshot section ``ks:<name>`` (the default keyspace is the default section)."""
-
-# What a change is called, wherever changes are shown (the Spark ``changes``
-# table's ``_change_type``, :meth:`kvstore.KVStore.watch`): named once, here.
-UPSERT: Final = "upsert"
-DELETE: Final = "delete"
-DELETE_RANGE: Final = "delete_range"
-EXPIRE: Final = "expire"
-CHANGE_NAMES: Final = {OP_PUT: UPSERT, OP_PUT_EXPIRING: UPSERT, OP_PUT_LEASED: UPSERT, OP_DELETE: DELETE,
-                OP_EXPIRE: EXPIRE, OP_DELETE_RANGE: DELETE_RANGE}
-"""The change each op code that changes keys is shown as (codes not here change none)."""
 
 ENTRY_OVERHEAD: Final = 64
 """Bytes a log entry adds around a batch payload, plus msgpack framing slack."""
 DEFAULT_MAX_VALUE_BYTES: Final = (64 << 20) - 1024
 """Default value limit: the log's default 64 MiB record, minus room for the
 key and framing. LMDB itself takes values up to 4 GiB."""
-
-_unpackb: Final = msgpack.unpackb
-
 
 LARGE_VALUE_BYTES: Final = 1 << 20
 """A put of a value this large is logged as pieces (:func:`put_payload`)."""
@@ -374,8 +344,8 @@ def decode(payload: bytes, lsn: int | None = None) -> list[list]:
     not exactly that.
     """
     try:
-        return _parse(payload)
-    except _NotABatch as exc:
+        return parse_ops(payload)
+    except NotABatch as exc:
         raise _bad(str(exc), lsn) from None
 
 
@@ -384,8 +354,8 @@ def decode_all(payloads: list[bytes], first_lsn: int) -> list[list[list]]:
     being entry ``first_lsn + i``, in one pass: the same ops, and the same
     error, naming the first bad entry's LSN."""
     try:
-        return list(map(_parse, payloads))
-    except _NotABatch:
+        return list(map(parse_ops, payloads))
+    except NotABatch:
         for lsn, payload in enumerate(payloads, first_lsn):
             decode(payload, lsn)  # raises for the first bad payload, naming its LSN
         raise
@@ -396,166 +366,8 @@ def parse(payload: bytes) -> list[list]:
     log): one that is not a valid batch is a ``ValueError("not a walkv
     batch: ...")``."""
     try:
-        return _parse(payload)
-    except _NotABatch as exc:
+        return parse_ops(payload)
+    except NotABatch as exc:
         raise ValueError(f"not a walkv batch: {exc}") from None
 
 
-class _NotABatch(ValueError):
-    """Why a payload is not a batch (decode and parse add the context)."""
-
-
-def _parse(payload: bytes) -> list[list]:
-    try:
-        ops = _unpackb(payload, raw=False, use_list=True, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise _NotABatch(f"not msgpack ({type(exc).__name__}: {exc})") from None
-    if type(ops) is not list:
-        raise _NotABatch(f"top level is {type(ops).__name__}, not an array of ops")
-    if len(ops) == 1:  # the common entry, one put: checked inline
-        op = ops[0]
-        if (type(op) is list and len(op) == 3 and type(op[0]) is int and op[0] == OP_PUT
-                and type(op[1]) is bytes and type(op[2]) is bytes
-                and 0 < len(op[1]) <= MAX_KEY_BYTES):
-            return ops
-    writes = False
-    grouped = False
-    for i, op in enumerate(ops):
-        if type(op) is not list or not op:
-            raise _NotABatch(f"op {i} is {type(op).__name__}, not an array")
-        code = op[0]
-        n = len(op)
-        if type(code) is int and code in GROUP_CODES:
-            _check_group_head(i, op, ops)
-            grouped = True
-            continue
-        if grouped and (type(code) is not int or code not in GROUP_WRITE_CODES):
-            raise _NotABatch(f"op {i} has code {code!r}, which never stands in a staged group "
-                             "(a group holds puts, deletes, range deletes, TTL puts and keyspace ops)")
-        if type(code) is int and code == OP_FAILED:
-            _check_failed(i, op, ops)
-            continue
-        if type(code) is int and code in CONDITION_CODES:
-            _check_condition(i, op, writes)
-            continue
-        if type(code) is int and code in KEYSPACE_CODES:
-            writes |= _check_keyspace_op(i, op)
-            continue
-        writes = True
-        if code == OP_PUT and n == 3 and type(code) is int:
-            key, value = op[1], op[2]
-            if type(key) is not bytes or type(value) is not bytes:
-                raise _NotABatch(f"op {i} (put) has a non-bin key or value")
-            if not 0 < len(key) <= MAX_KEY_BYTES:
-                raise _NotABatch(f"op {i} (put) has a {len(key)}-byte key")
-        elif code == OP_DELETE and n == 2 and type(code) is int:
-            key = op[1]
-            if type(key) is not bytes:
-                raise _NotABatch(f"op {i} (delete) has a non-bin key")
-            if not 0 < len(key) <= MAX_KEY_BYTES:
-                raise _NotABatch(f"op {i} (delete) has a {len(key)}-byte key")
-        elif type(code) is int and OP_PUT_EXPIRING <= code <= OP_EXPIRE:
-            _check_expiry(i, op)
-        elif code == OP_DELETE_RANGE and n == 3 and type(code) is int:
-            start, end = op[1], op[2]
-            if type(start) is not bytes or type(end) is not bytes:
-                raise _NotABatch(f"op {i} (delete_range) has a non-bin bound")
-            if len(start) > MAX_BOUND_BYTES or len(end) > MAX_BOUND_BYTES:
-                raise _NotABatch(f"op {i} (delete_range) has a bound over "
-                           f"{MAX_BOUND_BYTES} bytes")
-        else:
-            raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
-    if writes and ops[0][0] == OP_FAILED:
-        raise _NotABatch("a failed batch holds its conditions and no write")
-    return ops
-
-
-def _check_failed(i: int, op: list, ops: list) -> None:
-    if i != 0 or len(op) != 2 or type(op[1]) is not int or not 0 <= op[1] < len(ops) - 1:
-        raise _NotABatch(f"op {i} (failed) must stand first as [7, index of one of the conditions after it]")
-
-
-def _check_group_head(i: int, op: list, ops: list) -> None:
-    code = op[0]
-    gid = op[1] if len(op) > 1 else None
-    if i != 0 or type(gid) is not bytes or not 0 < len(gid) <= MAX_GROUP_ID_BYTES:
-        raise _NotABatch(f"op {i} ({OP_NAMES[code]}) must stand first, naming its group by 1..{MAX_GROUP_ID_BYTES} "
-                         "bytes")
-    if code == OP_GROUP_PART:
-        if len(op) != 3 or not _is_u32(op[2]):
-            raise _NotABatch("op 0 (group_part) must be [20, group, index]")
-    elif code == OP_GROUP_COMMIT:
-        if (len(op) != 6 or type(op[2]) is not int or not 0 < op[2] < 1 << 63 or not _is_u32(op[3])
-                or type(op[4]) is not str or len(op[4]) > MAX_APP_ID_CHARS or not _is_instant(op[5])):
-            raise _NotABatch("op 0 (group_commit) must be [21, group, first_part_lsn, part_count, app_id, "
-                             "app_version]")
-    elif len(op) != 2 or len(ops) != 1:
-        raise _NotABatch("a group_abort entry is [[22, group]] alone")
-
-
-def _is_u32(x: object) -> bool:
-    return type(x) is int and 0 <= x < 1 << 32
-
-
-def _check_keyspace_op(i: int, op: list) -> bool:
-    """Check ``[16, name]`` or ``[17, name]``; True for a drop (a write)."""
-    code = op[0]
-    if len(op) != 2:
-        raise _NotABatch(f"op {i} has code {code!r} and {len(op)} fields")
-    why = keyspace_problem(op[1])
-    if why is None and code == OP_DROP_KEYSPACE and op[1] == DEFAULT_KEYSPACE:
-        why = "the default keyspace is never dropped"
-    if why is not None:
-        raise _NotABatch(f"op {i} ({'keyspace' if code == OP_KEYSPACE else 'drop_keyspace'}): {why}")
-    return code == OP_DROP_KEYSPACE
-
-
-def _is_lease(x: object) -> bool:
-    return type(x) is int and 0 < x <= MAX_LEASE_ID
-
-
-def _is_instant(x: object) -> bool:
-    return type(x) is int and 0 <= x < 1 << 63
-
-
-_EXPIRY_SHAPES: Final = {  # code: (name, fields, check of the fields after the code)
-    OP_PUT_EXPIRING: ("put with an expiry", 4, lambda op: _is_key(op[1]) and type(op[2]) is bytes
-                      and _is_instant(op[3])),
-    OP_PUT_LEASED: ("put under a lease", 4, lambda op: _is_key(op[1]) and type(op[2]) is bytes
-                    and _is_lease(op[3])),
-    OP_GRANT: ("grant", 4, lambda op: _is_lease(op[1]) and _is_instant(op[2]) and op[2] > 0
-               and _is_instant(op[3])),
-    OP_KEEPALIVE: ("keep-alive", 3, lambda op: _is_lease(op[1]) and _is_instant(op[2])),
-    OP_REVOKE: ("revoke", 2, lambda op: _is_lease(op[1])),
-    OP_EXPIRE: ("expire", 2, lambda op: _is_key(op[1])),
-}
-
-
-def _is_key(x: object) -> bool:
-    return type(x) is bytes and 0 < len(x) <= MAX_KEY_BYTES
-
-
-def _check_expiry(i: int, op: list) -> None:
-    shape = _EXPIRY_SHAPES.get(op[0])
-    if shape is None:
-        raise _NotABatch(f"op {i} has code {op[0]!r} and {len(op)} fields")
-    name, n, ok = shape
-    if len(op) != n or not ok(op):
-        raise _NotABatch(f"op {i} ({name}) must be {n} fields of the shape the format gives")
-
-
-def _check_condition(i: int, op: list, after_write: bool) -> None:
-    code, n = op[0], len(op)
-    if after_write:
-        raise _NotABatch(f"op {i} is a condition after a write (conditions come first)")
-    if code == OP_REQUIRE_LEASE:
-        if n != 2 or not _is_lease(op[1]):
-            raise _NotABatch(f"op {i} (lease condition) must be [10, lease id]")
-        return
-    if n != (3 if code == OP_REQUIRE_EQUALS else 2):
-        raise _NotABatch(f"op {i} has code {code!r} and {n} fields")
-    key = op[1]
-    if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-        raise _NotABatch(f"op {i} (condition) has a bad key")
-    if n == 3 and type(op[2]) is not bytes:
-        raise _NotABatch(f"op {i} (condition) has a non-bin expected value")
