@@ -37,7 +37,8 @@ import kvstore
 import kvstore.store.recovery
 import snapshot
 import wal
-from kvstore.entry.codec import MAX_BOUND_BYTES, MAX_KEY_BYTES, decode
+from kvstore.entry.codec import MAX_KEY_BYTES, decode
+from kvstore.entry.limits import MAX_BOUND_BYTES
 from snapshot.manifest import decode_manifest, encode_manifest
 from tests.test_kvstore import abandon
 from wal.errors import CorruptionError, WalkvError
