@@ -209,6 +209,13 @@ class RemoteStore(MutableLookups):
     def write(self, payload: bytes) -> NoReturn:
         not_remotely("write(payload)", "the server takes batches as JSON operations: use batch()")
 
+    def write_group(self, parts: Any, ops: Any = (), **options: Any) -> NoReturn:
+        not_remotely("write_group(parts)", "a staged group's parts need consecutive LSNs, so its writer must be the "
+                                           "store's only one: write it where the store is (the Spark writer does)")
+
+    def committed_version(self, app_id: str) -> NoReturn:
+        not_remotely("committed_version(app_id)", "staged groups are written where the store is (write_group)")
+
     # -- keyspaces, expiry -----------------------------------------------------
 
     def keyspace(self, name: str) -> RemoteKeyspace:

@@ -84,10 +84,6 @@ option                    meaning (names are case-insensitive, as Spark's are)
                           least 1 MiB a piece, so a long tail, batch or
                           micro-batch, uses every executor
 ``rowsPerBatch``          rows per Arrow record batch a task yields (default 65536)
-``txnAppId``              write: the application's name for idempotent writes, as
-                          Delta's (with ``txnVersion``; :mod:`kvstore.spark.writer`)
-``txnVersion``            write: this job's version; a job whose version is not
-                          above the one ``txnAppId`` last committed writes nothing
 ========================  ===========================================================
 
 Which LSNs a batch read of ``changes`` covers: by default ``S+1 .. E``, where
