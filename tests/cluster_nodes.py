@@ -154,6 +154,16 @@ class Node:
             return None
         return resp.json() if resp.status_code == 200 else None
 
+    def wait_knows_leader(self, leader: Node, timeout: float = 30.0) -> dict[str, Any] | None:
+        """Wait until its status names ``leader`` as the leader (it learns that from etcd, whether or
+        not its link to the leader passes); returns the last status, for the caller's assertion."""
+        deadline = time.monotonic() + timeout
+        while (status := self.status()) is None or status.get("leader") != leader.advertise:
+            if time.monotonic() >= deadline:
+                return status
+            time.sleep(POLL)
+        return status
+
     def log_tail(self, lines: int = 30) -> str:
         """The end of its stderr (all starts), for failure messages."""
         try:

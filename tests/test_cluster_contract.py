@@ -28,7 +28,6 @@ import base64
 import json
 import os
 import threading
-import time
 import uuid
 
 import httpx
@@ -229,10 +228,8 @@ def test_a_restarted_node_answers_no_read_before_its_history_is_checked(cluster,
     cluster.network.set(replica.name, leader.name, REFUSE)
     try:
         replica.start()
-        deadline = time.monotonic() + 30
-        while (replica.status() or {}).get("leader") != leader.advertise and time.monotonic() < deadline:
-            time.sleep(0.05)  # (it has learned who leads from etcd: its follower tries that leader, refused)
-        assert (replica.status() or {}).get("leader") == leader.advertise, replica.status()
+        status = replica.wait_knows_leader(leader)  # (from etcd: its follower tries that leader, refused)
+        assert status is not None and status.get("leader") == leader.advertise, status
         read = http.get(replica.direct + "/v1/kv/contract-rejoin")
         assert read.status_code == 503, (read.status_code, read.text)
         assert read.json()["error"]["type"] == "ReplicaError" and "answers no read yet" in read.text, read.text

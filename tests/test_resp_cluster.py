@@ -8,7 +8,6 @@ READONLY, and reads only once its history is checked against its leader's
 from __future__ import annotations
 
 import re
-import time
 import uuid
 
 import pytest
@@ -77,10 +76,8 @@ def test_a_restarted_replica_answers_no_resp_read_before_its_history_is_checked(
         cluster.network.set(replica.name, leader.name, REFUSE)
         try:
             replica.start()
-            deadline = time.monotonic() + 30
-            while (replica.status() or {}).get("leader") != leader.advertise and time.monotonic() < deadline:
-                time.sleep(0.05)  # (it learned who leads from etcd; its follower is refused by that leader)
-            assert (replica.status() or {}).get("reads") is False, replica.status()
+            status = replica.wait_knows_leader(leader)  # (from etcd; its follower is refused by that leader)
+            assert status is not None and status.get("reads") is False, status
             with redis.Redis(host="127.0.0.1", port=resp_port(replica), protocol=2, socket_timeout=30) as c:
                 for read in (lambda: c.get("rejoin"), lambda: c.mget("rejoin", "other"),
                              lambda: c.exists("rejoin"), lambda: c.scan(0), c.dbsize):

@@ -19,7 +19,16 @@ from hypothesis import strategies as st
 import kvstore
 import wal
 from kvstore.entry import decode
-from kvstore.entry.codec import OP_GROUP_ABORT, OP_GROUP_COMMIT, OP_GROUP_PART, OP_PUT, encode, pack_ops, with_head
+from kvstore.entry.codec import (
+    OP_DELETE,
+    OP_GROUP_ABORT,
+    OP_GROUP_COMMIT,
+    OP_GROUP_PART,
+    OP_PUT,
+    encode,
+    pack_ops,
+    with_head,
+)
 from kvstore.entry.groups import commit_of, group_code
 from tests.test_spark_helpers import apply as apply_model
 from wal.errors import CorruptionError
@@ -213,6 +222,16 @@ def test_idempotency_a_version_applies_once_a_higher_one_applies(tmp_path):
         assert db.get(b"a") == b"3" and db.committed_version("j") == 6 and db.committed_version("k") is None
         with pytest.raises(ValueError, match="db.write_group"):
             db.write(pack_ops([[OP_GROUP_ABORT, b"x"]]))
+
+
+def test_the_state_counts_the_writes_a_commit_applies(tmp_path):
+    with kvstore.open(str(tmp_path / "s")) as db:
+        db.put(b"gone", b"x")
+        before = db.stats()
+        db.write_group(iter([[[OP_PUT, b"a", b"1"], [OP_PUT, b"b", b"2"]], [[OP_DELETE, b"gone"]]]),
+                       [[OP_PUT, b"c", b"3"]])
+        after = db.stats()
+        assert (after["puts"] - before["puts"], after["deletes"] - before["deletes"]) == (3, 1)
 
 
 def test_a_replica_and_a_watch_see_a_group_whole_at_its_commit(tmp_path):

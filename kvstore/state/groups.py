@@ -73,6 +73,8 @@ ApplyOps = Callable[[lmdb.Transaction, Ops], None]
 """Applies writes (starting in the default keyspace) inside a write transaction."""
 ApplyPlain = Callable[[int, Sequence[Ops]], None]
 """The state machine's apply of entries that are not a group's (first LSN, batches)."""
+Count = Callable[[Ops], None]
+"""The state machine's counters of the writes it applied (puts, deletes, range deletes)."""
 
 
 def _prefix(group: bytes) -> bytes:
@@ -87,15 +89,16 @@ class Groups:
     """The staged groups of one state machine (module docstring): the
     ``groups`` database of its environment ``env``, applied through its
     ``commits`` and ``expiry``; ``apply_plain`` applies the entries between
-    group entries. ``readonly``: opened beside a writer in another process,
+    group entries; ``count`` counts the writes a commit applies. ``readonly``: opened beside a writer in another process,
     where a missing database means no group was ever staged."""
 
-    def __init__(self, env: Environment, expiry: Expiry, commits: LmdbCommits, apply_plain: ApplyPlain, *,
-                 readonly: bool) -> None:
+    def __init__(self, env: Environment, expiry: Expiry, commits: LmdbCommits, apply_plain: ApplyPlain,
+                 count: Count, *, readonly: bool) -> None:
         self.env = env
         self.expiry = expiry
         self.commits = commits
         self.apply_plain = apply_plain
+        self.count = count
         try:
             self.db: Any = env.env.open_db(DB_NAME.encode(), create=not readonly)
         except lmdb.NotFoundError:
@@ -129,6 +132,7 @@ class Groups:
 
         def apply(txn: lmdb.Transaction, run: Ops) -> None:
             nonlocal through_expiry
+            self.count(run)
             if expiry.keys or any(op[0] == OP_PUT_EXPIRING for op in run):
                 through_expiry = True
                 expiry.apply(txn, run, env.keyspace_db_in)

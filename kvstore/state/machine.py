@@ -153,7 +153,7 @@ class State:
                                    reads_changed=lambda: self.gets.expiry_changed(),
                                    written_through=self._written_through)
         # staged groups: parts until their commit, each group entry a transaction (kvstore/state/groups.py)
-        self.groups = Groups(self.lmdb, self.expiry, self.commits, self.apply, readonly=readonly)
+        self.groups = Groups(self.lmdb, self.expiry, self.commits, self.apply, self._count, readonly=readonly)
         # The read paths (kvstore/state/reads.py, chosen once) and the reads that know expiry and keyspaces
         # (kvstore/state/expiring_reads.py); state.get and get_many are GetSelection's choice of them.
         self._reads: CachedReads | FreshReads = (FreshReads(self.lmdb) if readonly
