@@ -101,13 +101,16 @@ def command(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
 
 
-def read_for(sock: socket.socket, seconds: float = 0.3) -> bytes:
-    """What arrives within ``seconds`` of quiet."""
-    sock.settimeout(seconds)
+def read_for(sock: socket.socket, quiet: float = 0.1) -> bytes:
+    """What arrives: the first bytes (every step of the scripts below is
+    answered), waited for up to 5 s, then what follows until ``quiet``
+    seconds pass with nothing more."""
+    sock.settimeout(5)
     got = b""
     try:
         while chunk := sock.recv(65536):
             got += chunk
+            sock.settimeout(quiet)
     except TimeoutError:
         pass
     return got
