@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import kvstore
 import wal
+from kvstore import Archiver, ArchiveReader
 from kvstore.entry import decode
 from kvstore.entry.codec import (
     OP_DELETE,
@@ -29,7 +30,7 @@ from kvstore.entry.codec import (
     pack_ops,
     with_head,
 )
-from kvstore.entry.groups import commit_of, group_code
+from kvstore.entry.groups import commit_of, entry_runs, group_code
 from tests.test_spark_helpers import apply as apply_model
 from wal.errors import CorruptionError
 
@@ -279,6 +280,36 @@ def test_retention_keeps_the_parts_of_a_group_a_snapshot_splits(tmp_path):
         assert first > 1  # and retention did cut below them
         changes = list(db.watch(from_lsn=lsn - 1, timeout=0.05))
         assert {c.lsn for c in changes} == {lsn} and len(changes) == 80
+
+
+def test_archive_retention_keeps_the_parts_of_a_group_a_kept_snapshot_splits(tmp_path):
+    """The archive keeps its log from its oldest kept snapshot; with that
+    snapshot between a group's parts and its commit, it keeps the parts too
+    (they lie in archive objects wholly before the snapshot), so that a
+    reader of the archive's log after the snapshot reads the group whole."""
+    path, loc = str(tmp_path / "s"), str(tmp_path / "arch")
+    with kvstore.open(path, max_record_bytes=4096, segment_bytes=4096, sweep_interval=None) as db:
+        for i in range(50):
+            db.put(b"pre%02d" % i, b"x" * 100)
+
+        def parts():
+            for j in range(8):
+                yield [[OP_PUT, b"k%02d" % (j * 10 + i), b"v" * 30] for i in range(10)]
+            db.snapshot()
+        lsn = db.write_group(parts())
+        assert lsn is not None
+        commit = commit_of(decode(_payload(db, lsn), lsn))
+        assert commit is not None
+        Archiver(path, loc, keep_snapshots=1).ship_once()
+    reader = ArchiveReader(loc)
+    assert [s.lsn for s in reader.snapshots()] == [lsn - 1]  # the snapshot splits the group
+    assert 1 < reader.first_lsn <= commit.first_part_lsn  # retention cut, below the parts
+
+    def read_back(first, last):
+        return ((e.lsn, decode(e.payload, e.lsn)) for e in reader.read_entries(first, last))
+    (entry,) = reader.read_entries(lsn, lsn)
+    runs = list(entry_runs(lsn, decode(entry.payload, lsn), read_back))
+    assert sum(len(ops) for _, ops in runs) == 80
 
 
 def test_spark_partitions_read_a_group_whole_wherever_the_planner_cuts(tmp_path):

@@ -12,7 +12,10 @@ lead to it, :mod:`wal.timeline`):
 * a lineage on which a kept snapshot lies keeps the objects it reads after
   the oldest such snapshot, so that every kept snapshot can be restored and
   rolled forward, along each lineage it lies on, to any later LSN archived
-  there;
+  there; and from the first part of a staged group that such a snapshot
+  splits (``reads_from``: :func:`kvstore.entry.groups.group_start`), so that a
+  reader of the log after the snapshot (Spark, a watcher) reads the group
+  back from its parts, as the store's own retention keeps them;
 * the latest lineage (the highest timeline number) keeps everything it reads
   when no kept snapshot lies on it (what it wrote since its fork is newer
   than every snapshot), and always its last object: how far the archive
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import snapshot
 from kvstore.archive.layout import (
@@ -53,6 +56,11 @@ from wal.errors import CorruptionError, SnapshotError
 from wal.timeline import timeline_at
 
 log = logging.getLogger("walkv.archive")
+
+ReadsFrom = Callable[[TimelineId, int], int]
+"""``reads_from(timeline, lsn)``: the first LSN a reader of the log after the
+snapshot at ``lsn`` on ``timeline`` needs (``lsn + 1``, or the first part of
+a staged group the snapshot splits)."""
 
 
 def archived_snapshots(target: ArchiveTarget, timelines: Iterable[TimelineId] | None = None, *,
@@ -76,8 +84,10 @@ def archived_snapshots(target: ArchiveTarget, timelines: Iterable[TimelineId] | 
 
 
 def apply_retention(target: ArchiveTarget, store_id: str, keep_snapshots: int | None,
-                    keep_seconds: float | None) -> list[str]:
-    """Delete what the rules above do not keep; return the deleted names."""
+                    keep_seconds: float | None, reads_from: ReadsFrom | None = None) -> list[str]:
+    """Delete what the rules above do not keep; return the deleted names.
+    ``reads_from`` (None: the LSN after each snapshot) says where a reader
+    after a kept snapshot starts."""
     snaps = []
     for tid, lsn in archived_snapshots(target):
         path = target.path(*snapshots_dir(tid), snapshot.snapshot_dir_name(lsn))
@@ -108,13 +118,21 @@ def apply_retention(target: ArchiveTarget, store_id: str, keep_snapshots: int | 
                 target.delete(*where, f)
         deleted.append("/".join(where))
         log.info("archive retention: deleted snapshot at LSN %d (%s) from %s", lsn, tid, target.uri)
-    return deleted + _delete_log_objects(target, store_id, kept)
+    return deleted + _delete_log_objects(target, store_id, kept, reads_from or _next_lsn)
 
 
-def _delete_log_objects(target: ArchiveTarget, store_id: str, kept: list[tuple[TimelineId, int]]) -> list[str]:
+def _next_lsn(timeline: TimelineId, lsn: int) -> int:
+    return lsn + 1
+
+
+def _delete_log_objects(target: ArchiveTarget, store_id: str, kept: list[tuple[TimelineId, int]],
+                        reads_from: ReadsFrom) -> list[str]:
     """Delete the log objects no lineage keeps (module docstring). A timeline
     whose lineage is unknown (its history object is missing or damaged)
-    keeps all its objects."""
+    keeps all its objects. ``kept``: each kept snapshot's timeline and LSN;
+    ``reads_from`` is asked about the oldest one on each lineage only (a
+    group that a later snapshot splits and that starts before the oldest
+    one splits the oldest one too)."""
     timelines = ArchiveTimelines(target, store_id)
     listed = timelines.listed()
     lineages: dict[TimelineId, dict[TimelineId, tuple[int, int | None]]] = {}  # each one's spans
@@ -130,8 +148,9 @@ def _delete_log_objects(target: ArchiveTarget, store_id: str, kept: list[tuple[T
             continue
         lineages[tid] = {TimelineId.of(s): (s.first_lsn, None if nxt is None else nxt.first_lsn - 1)
                          for s, nxt in zip(lineage, [*lineage[1:], None])}
-        on = [lsn for t, lsn in kept if TimelineId.of(timeline_at(lineage, lsn)) == t]
-        bound[tid] = min(on) + 1 if on else 1 if tid.timeline == top else None
+        oldest = min(((t, lsn) for t, lsn in kept if TimelineId.of(timeline_at(lineage, lsn)) == t),
+                     key=lambda tl: tl[1], default=None)  # the oldest kept snapshot on this lineage
+        bound[tid] = reads_from(*oldest) if oldest else 1 if tid.timeline == top else None
 
     def read_to(tid: TimelineId, o: LogObject) -> int | None:
         """The last LSN lineage ``tid`` reads of ``o`` (None: none)."""
@@ -166,4 +185,4 @@ def _delete_log_objects(target: ArchiveTarget, store_id: str, kept: list[tuple[T
     return deleted
 
 
-__all__ = ["apply_retention", "archived_snapshots"]
+__all__ = ["ReadsFrom", "apply_retention", "archived_snapshots"]

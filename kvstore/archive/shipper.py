@@ -67,6 +67,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import snapshot
@@ -82,10 +83,13 @@ from kvstore.archive.layout import (
 )
 from kvstore.archive.lease import DEFAULT_LEASE_SECONDS, ArchiverLeaseHolder
 from kvstore.archive.objects import Chain, lineage_chain, list_log_objects
+from kvstore.archive.reader import ArchiveReader
 from kvstore.archive.retention import apply_retention, archived_snapshots
 from kvstore.archive.target import ArchiveTarget, Location
 from kvstore.archive.timelines import ArchiveTimelines, Fence, Listed
 from kvstore.archive.upload import Uploader
+from kvstore.entry.codec import decode
+from kvstore.entry.groups import Ops, group_start
 from kvstore.layout import StoreLayout
 from wal.durable import read_durable_lsn
 from wal.errors import (
@@ -183,7 +187,8 @@ class Archiver:
                     self._ship_snapshots()
             if self._retention_due and (self.keep_snapshots is not None or self.keep_seconds is not None):
                 assert self._store_id is not None
-                apply_retention(self.target, self._store_id, self.keep_snapshots, self.keep_seconds)
+                apply_retention(self.target, self._store_id, self.keep_snapshots, self.keep_seconds,
+                                self._reads_from)
                 self._retention_due = False
                 self._archive_first = 0  # recomputed from the next listing
             return self._archived
@@ -329,6 +334,23 @@ class Archiver:
             "if this store is no longer the writer, rejoin it as a replica of the new one; if it is to be a "
             "store of its own, archive it to another prefix", mine=fence.mine, theirs=fence.theirs,
             fork_lsn=fence.fork_lsn)
+
+    def _reads_from(self, timeline: TimelineId, lsn: int) -> int:
+        """Where a reader after the archive's snapshot at ``lsn`` on
+        ``timeline`` starts (:data:`kvstore.archive.retention.ReadsFrom`): the
+        next LSN, or the first part of a staged group the snapshot splits, as
+        the archive's own log says around it. An archive that no longer holds
+        that LSN, or holds it damaged, keeps what it kept before (a warning)."""
+        reader = ArchiveReader(self.target, timeline=timeline)
+
+        def read_back(first: int, last: int) -> Iterator[tuple[int, Ops]]:
+            return ((e.lsn, decode(e.payload, e.lsn)) for e in reader.read_entries(first, last))
+        try:
+            return group_start(lsn + 1, read_back, reader.first_lsn)
+        except (LogGapError, CorruptionError) as e:
+            log.warning("archive retention: where a reader after the snapshot at LSN %d (%s) starts is not "
+                        "known (%s); the log is kept from LSN %d", lsn, timeline, self.target.scrub(str(e)), lsn + 1)
+            return lsn + 1
 
     def _set_archived(self, lsn: int) -> None:
         if lsn > self._archived:

@@ -93,4 +93,24 @@ def entry_runs(lsn: int, ops: Ops, read_back: ReadBack) -> Iterator[tuple[int, O
     yield offset, ops[1:]
 
 
-__all__ = ["Commit", "ReadBack", "check_part", "commit_of", "entry_runs", "group_code"]
+def group_start(lsn: int, read_back: ReadBack, first_available: int) -> int:
+    """Where a reader from ``lsn`` must find the log: ``lsn``, or the LSN of
+    the first part of the staged group that spans it (entry ``lsn - 1`` is
+    one of its parts, whose commit may not be written yet; or entry ``lsn``
+    is one of its parts or its commit). What keeps a log (the store's
+    retention, the archive's) keeps it from there, so that the reader can
+    read the group back. ``first_available``: the log's first LSN (what it no
+    longer holds, it cannot keep)."""
+    first = max(lsn - 1, first_available)
+    if first > lsn:
+        return lsn
+    for at, ops in read_back(first, lsn):
+        code = group_code(ops)
+        if code == OP_GROUP_PART:
+            return at - int(ops[0][2])
+        if code == OP_GROUP_COMMIT and at == lsn:
+            return int(ops[0][2])
+    return lsn
+
+
+__all__ = ["Commit", "ReadBack", "check_part", "commit_of", "entry_runs", "group_code", "group_start"]

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import wal
+from kvstore.entry import groups as entry_groups
 from kvstore.entry.codec import (
     MAX_APP_ID_CHARS,
     OP_DROP_KEYSPACE,
@@ -57,7 +58,6 @@ from kvstore.entry.codec import (
     parse,
     with_head,
 )
-from kvstore.entry.groups import group_code
 from kvstore.state import State
 from wal.errors import WalkvError
 from wal.segment import Payload
@@ -157,21 +157,10 @@ def abort_orphans(append: Append, state: State, path: str) -> int:
 
 
 def group_start(log: wal.Log, lsn: int) -> int:
-    """``lsn``, or the LSN of the first part of the staged group that spans
-    it (module docstring): entry ``lsn - 1`` is one of its parts (its commit
-    may not be written yet), or entry ``lsn`` is one of its parts or its
-    commit."""
-    first = max(lsn - 1, log.first_lsn)  # (what the log no longer holds, it cannot keep)
-    if first > lsn:
-        return lsn
-    for at, payload in log.read(first, lsn):
-        ops = decode(payload, at)
-        code = group_code(ops)
-        if code == OP_GROUP_PART:
-            return at - int(ops[0][2])
-        if code == OP_GROUP_COMMIT and at == lsn:
-            return at - int(ops[0][3])
-    return lsn
+    """Where the store's retention keeps ``log`` from, for a reader from
+    ``lsn`` (:func:`kvstore.entry.groups.group_start`)."""
+    return entry_groups.group_start(lsn, lambda first, last: ((at, decode(payload, at)) for at, payload in
+                                                              log.read(first, last)), log.first_lsn)
 
 
 __all__ = ["abort_orphans", "committed_version", "group_start", "write_group"]
