@@ -30,7 +30,7 @@ from kvstore.entry.codec import (
     pack_ops,
     with_head,
 )
-from kvstore.entry.groups import commit_of, entry_runs, group_code
+from kvstore.entry.groups import Commit, commit_of, entry_runs, group_code
 from tests.test_spark_helpers import apply as apply_model
 from wal.errors import CorruptionError
 
@@ -258,6 +258,23 @@ def test_a_replica_and_a_watch_see_a_group_whole_at_its_commit(tmp_path):
             assert changes[-1].op == "delete" and changes[-1].key == b"base"
 
 
+def _group_a_snapshot_splits(db) -> tuple[int, Commit]:
+    """50 puts, then a group of 8 parts of 10 puts each over several small
+    segments, with a snapshot taken after its last part, before its commit:
+    the commit's LSN and head."""
+    for i in range(50):
+        db.put(b"pre%02d" % i, b"x" * 100)
+
+    def parts():
+        for j in range(8):
+            yield [[OP_PUT, b"k%02d" % (j * 10 + i), b"v" * 30] for i in range(10)]
+        db.snapshot()
+    lsn = db.write_group(parts())
+    commit = commit_of(decode(_payload(db, lsn), lsn))
+    assert lsn is not None and commit is not None
+    return lsn, commit
+
+
 def test_retention_keeps_the_parts_of_a_group_a_snapshot_splits(tmp_path):
     """Retention cuts below the oldest snapshot; with a snapshot between a
     group's parts and its commit, it keeps the parts, so that a reader from
@@ -265,16 +282,7 @@ def test_retention_keeps_the_parts_of_a_group_a_snapshot_splits(tmp_path):
     path = str(tmp_path / "s")
     with kvstore.open(path, max_record_bytes=4096, segment_bytes=4096, keep_snapshots=1,
                       sweep_interval=None) as db:
-        for i in range(50):
-            db.put(b"pre%02d" % i, b"x" * 100)
-
-        def parts():
-            for j in range(8):
-                yield [[OP_PUT, b"k%02d" % (j * 10 + i), b"v" * 30] for i in range(10)]
-            db.snapshot()
-        lsn = db.write_group(parts())
-        commit = commit_of(decode(_payload(db, lsn), lsn))
-        assert commit is not None
+        lsn, commit = _group_a_snapshot_splits(db)
         first = wal.list_segments(os.path.join(path, "wal"))[0].first_lsn
         assert first <= commit.first_part_lsn  # the parts are still in the log
         assert first > 1  # and retention did cut below them
@@ -289,17 +297,7 @@ def test_archive_retention_keeps_the_parts_of_a_group_a_kept_snapshot_splits(tmp
     reader of the archive's log after the snapshot reads the group whole."""
     path, loc = str(tmp_path / "s"), str(tmp_path / "arch")
     with kvstore.open(path, max_record_bytes=4096, segment_bytes=4096, sweep_interval=None) as db:
-        for i in range(50):
-            db.put(b"pre%02d" % i, b"x" * 100)
-
-        def parts():
-            for j in range(8):
-                yield [[OP_PUT, b"k%02d" % (j * 10 + i), b"v" * 30] for i in range(10)]
-            db.snapshot()
-        lsn = db.write_group(parts())
-        assert lsn is not None
-        commit = commit_of(decode(_payload(db, lsn), lsn))
-        assert commit is not None
+        lsn, commit = _group_a_snapshot_splits(db)
         Archiver(path, loc, keep_snapshots=1).ship_once()
     reader = ArchiveReader(loc)
     assert [s.lsn for s in reader.snapshots()] == [lsn - 1]  # the snapshot splits the group
