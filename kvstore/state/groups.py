@@ -89,8 +89,9 @@ class Groups:
     """The staged groups of one state machine (module docstring): the
     ``groups`` database of its environment ``env``, applied through its
     ``commits`` and ``expiry``; ``apply_plain`` applies the entries between
-    group entries; ``count`` counts the writes a commit applies. ``readonly``: opened beside a writer in another process,
-    where a missing database means no group was ever staged."""
+    group entries; ``count`` counts the writes a commit applies.
+    ``readonly``: opened beside a writer in another process, where a missing
+    database means no group was ever staged."""
 
     def __init__(self, env: Environment, expiry: Expiry, commits: LmdbCommits, apply_plain: ApplyPlain,
                  count: Count, *, readonly: bool) -> None:
