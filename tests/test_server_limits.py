@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvstore
-from kvstore.client.wire import AnswerTooLarge, PayloadTooLarge
+from kvstore.client.wire import AnswerTooLarge, BadRequest, PayloadTooLarge
 from kvstore.server import Limits, Tokens
 from tests.served import ServerThread
 from tests.server_fixture import ServedStore, new_token, seed_store
@@ -296,3 +296,35 @@ def test_serve_without_the_server_extra_says_what_to_install(tmp_path):
                           text=True, env=child_env(), timeout=60)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "pip install 'walkv[server]'" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab,:'),
+                            lambda inner: st.lists(inner, max_size=4)
+                            | st.dictionaries(st.text(alphabet='[]{}"\\ab'), inner, max_size=4), max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json_values)
+def test_nesting_is_that_of_arrays_and_objects_whatever_the_strings_hold(value):
+    from kvstore.server.bodies import nested_deeper_than
+
+    body, depth = json.dumps(value).encode(), _depth(value)
+    for limit in range(depth + 2):
+        assert nested_deeper_than(body, limit) == (depth > limit), limit
+
+
+def test_a_body_nested_past_the_bound_is_refused_before_it_is_parsed():
+    from kvstore.server.bodies import MAX_JSON_DEPTH, _parse
+
+    for inline in (True, False):
+        with pytest.raises(BadRequest, match=f"nested more than {MAX_JSON_DEPTH} deep"):
+            _parse(b'{"ops": ' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}", inline)
+        assert _parse(b'{"ops": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}", inline)

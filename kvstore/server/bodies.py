@@ -18,8 +18,11 @@ holds (base64 values decoded, a batch built), on a worker thread with the
 pure-Python JSON scanner. The C scanner would hold the GIL for the whole
 document, so the loop would stall all the same; the Python one lets the
 loop run between its steps (measured: ``benchmarks/server_abuse.py``).
-Nesting is bounded by the element count and by the interpreter's recursion
-limit (too deep: 400); each field's shape is then checked where it is read.
+Nesting is bounded by :data:`MAX_JSON_DEPTH` before anything is parsed (too
+deep: 400): a parser recursing to the interpreter's limit (``[`` x 100,000)
+left no stack for whatever finalizer a garbage collection ran meanwhile, in
+any thread of the server, and walkv's bodies nest 4 deep. Each field's shape
+is then checked where it is read.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import json.scanner
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,6 +41,9 @@ from kvstore.server.context import MAX_LSN, Served
 
 T = TypeVar("T")
 
+MAX_JSON_DEPTH = 32
+"""The deepest nesting of arrays and objects a JSON body may have (module docstring)."""
+_NESTING = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # a string (skipped whole), or a bracket
 INLINE_JSON_BYTES = 64 * 1024
 """JSON bodies up to this size are parsed on the event loop (at most a few ms)."""
 
@@ -77,7 +84,27 @@ def json_items(body: bytes) -> int:
     return body.count(b"[") + body.count(b"{") + body.count(b",")
 
 
+def nested_deeper_than(body: bytes, limit: int) -> bool:
+    """Whether a JSON text's arrays and objects nest more than ``limit``
+    deep (brackets in its strings skipped; a text with at most ``limit``
+    brackets is not scanned: it cannot be)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    depth = 0
+    for match in _NESTING.finditer(body):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return False
+
+
 def _parse(body: bytes, inline: bool) -> dict[str, Any]:
+    if nested_deeper_than(body, MAX_JSON_DEPTH):
+        raise BadRequest(f"the request body's JSON is nested more than {MAX_JSON_DEPTH} deep")
     try:
         text = body.decode("utf-8")
         if inline:
