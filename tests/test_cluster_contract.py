@@ -89,12 +89,21 @@ WRITES = [
 
 @pytest.mark.parametrize("method,path,body", WRITES, ids=[f"{m} {p}" for m, p, _ in WRITES])
 def test_a_replica_refuses_every_write_with_421_naming_the_leader(cluster, http, method, path, body):
-    leader, epoch = cluster.wait_followed()
-    for replica in cluster.replicas(leader):
-        resp = http.request(method, replica.direct + path, **body)
-        assert resp.status_code == 421, (replica.name, resp.status_code, resp.text)
-        error = resp.json()["error"]
-        assert error["type"] == "NotLeaderError" and error["leader"] == leader.advertise and error["epoch"] == epoch
+    """Between two leaders (a lease lost on a loaded machine is a failover
+    like any other) the 421 names none, and says an election is on: then
+    the cluster is waited for again, and asked again."""
+    for attempt in range(3):
+        leader, epoch = cluster.wait_followed()
+        errors = []
+        for replica in cluster.replicas(leader):
+            resp = http.request(method, replica.direct + path, **body)
+            assert resp.status_code == 421, (replica.name, resp.status_code, resp.text)
+            errors.append(resp.json()["error"])
+        assert all(e["type"] == "NotLeaderError" for e in errors), errors
+        if all(e["leader"] is not None for e in errors):
+            break
+        assert all(e["leader"] is not None or "an election is on" in e["message"] for e in errors), errors
+    assert all(e["leader"] == leader.advertise and e["epoch"] == epoch for e in errors), (attempt, errors)
 
 
 def test_a_leader_write_names_its_epoch_and_node_and_replicas_read_it(cluster, http):

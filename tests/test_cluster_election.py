@@ -1,8 +1,13 @@
-"""The election's lease clock (kvstore/cluster/election.py) against a real
-etcd: a leader counts its lease from the moment it SENT the request etcd
-confirmed, by its own monotonic clock, less LEASE_MARGIN of it, so it stops
-acknowledging before etcd can let the lease go, and it does so without any
-answer from etcd (a paused or partitioned leader hears none).
+"""The election (kvstore/cluster/election.py) against a real etcd:
+
+* its lease clock: a leader counts its lease from the moment it SENT the
+  request etcd confirmed, by its own monotonic clock, less LEASE_MARGIN of
+  it, so it stops acknowledging before etcd can let the lease go, and it
+  does so without any answer from etcd (a paused or partitioned leader
+  hears none);
+* who may ask: a member whose disk went back in time (its history's newest
+  timeline older than the one etcd says it held) does not count among the
+  N - K frozen members.
 """
 
 from __future__ import annotations
@@ -86,6 +91,59 @@ def test_a_leader_whose_fence_refused_a_write_lets_its_key_go_and_an_election_fo
             await _until(lambda: node.role == "leader" and node.elector.epoch > epoch)
         finally:
             await node.close()
+
+    asyncio.run(go())
+
+
+def _members(client: EtcdClient, cluster: str, positions: dict[str, Position], frozen: dict[str, bool],
+             changes: list[Leader | None]) -> dict[str, Elector]:
+    async def on_change(leader: Leader | None) -> None:
+        changes.append(leader)
+
+    return {url: Elector(client, cluster, url, lease_seconds=5, sync_replicas=1,
+                         position=lambda url=url: positions[url], frozen=lambda url=url: frozen[url],
+                         on_change=on_change) for url in positions}
+
+
+@pytest.mark.parametrize("rolled_back", [True, False], ids=["disk-went-back", "control"])
+def test_a_member_whose_disk_went_back_in_time_does_not_count_among_the_frozen(etcd, rolled_back):
+    """Three members, one synchronous replica (N - K = 2), as the stale-disk
+    fault of tests/test_cluster_faults.py leaves them: n3 led epoch 3 and
+    its writes were confirmed by n1 alone; n3's disk was then put back to
+    a copy at (2, 96), where n2 is too. With n2 and n3 frozen and n1 not
+    yet, neither may be elected (the control, n3 never having held timeline
+    3, shows that n2 would be): n1 freezes and wins."""
+    n1, n2, n3 = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
+    positions = {n1: Position(3, 539, 3), n2: Position(2, 96, 2), n3: Position(3, 539, 3)}
+    frozen = {n1: False, n2: True, n3: True}
+
+    async def go() -> None:
+        client = EtcdClient(etcd.coordinator())
+        changes: list[Leader | None] = []
+        electors = _members(client, f"held-{uuid.uuid4().hex[:8]}", positions, frozen, changes)
+        try:
+            for elector in electors.values():
+                await elector._join()
+            if rolled_back:
+                await electors[n3].hold(3)     # it led epoch 3, as _lead records
+            positions[n3] = Position(2, 96, 2)  # its old directory put back
+            for elector in electors.values():
+                await elector._publish()
+            await electors[n2]._campaign()
+            await electors[n3]._campaign()
+            if not rolled_back:
+                assert changes == [Leader(n2, 3)]  # what happened in the stale-disk fault before the rule
+                return
+            assert changes == [] and not electors[n2].leading and not electors[n3].leading
+            frozen[n1] = True
+            for elector in electors.values():
+                await elector._publish()
+                await elector._campaign()
+            assert changes == [Leader(n1, 4)], changes
+        finally:
+            for elector in electors.values():
+                await elector.stop()
+            await client.close()
 
     asyncio.run(go())
 

@@ -14,7 +14,9 @@ cluster and a real etcd on loopback, clients writing and reading all along
 * ``kill-replica``: a replica killed, the writes going on, then restarted;
 * ``stale-disk-leader``: the replicas' directories copied while they
   follow, the leader killed, the replica that takes over killed once it
-  acknowledged writes, its old directory put back and started again.
+  acknowledged writes that only the old leader confirmed, its old
+  directory put back and started again while the old leader is paused:
+  no leader may be elected until the old leader is back.
 
 With ``--sync-replicas 0`` nothing but the lease fences a deposed leader:
 ``test_a_leader_with_no_sync_replicas_cut_off_past_its_lease_acknowledges_nothing``
@@ -122,6 +124,13 @@ def kill_replica(c: Cluster, w: Workload, round_: int) -> None:
 
 
 def stale_disk_leader(c: Cluster, w: Workload, round_: int) -> None:
+    """The worst case for the election (kvstore/cluster/election.py: a disk
+    that goes back): the successor's writes are confirmed by the old leader
+    alone (the third node paused meanwhile), the successor comes back on a
+    copy from before it led, and the old leader, the one other holder of
+    those writes, is paused while the two others freeze. Counting the
+    rolled-back node among the N - K, they would elect one of themselves and
+    lose the writes; they must wait for the old leader instead."""
     leader, epoch = c.wait_followed()
     stale = {}
     for replica in c.replicas(leader):  # whichever takes over next, its old disk is kept
@@ -135,18 +144,33 @@ def stale_disk_leader(c: Cluster, w: Workload, round_: int) -> None:
     w.fault("kill -9 leader", leader, epoch)
     leader.kill()
     successor, led_epoch = c.wait_for_leader(newer_than=epoch, among=c.replicas(leader))
-    w.wait_progress(newer_than_epoch=epoch)  # it acknowledges writes its old disk lacks
     leader.start()
     c.wait_followed()
-    w.wait_progress()
-    w.fault("leader restarted with a stale disk", successor, led_epoch)
-    successor.kill()
+    third = next(n for n in c.replicas(successor) if n is not leader)
+    third.pause()
+    try:
+        w.wait_progress(newer_than_epoch=epoch)  # acknowledged with the old leader alone: its old disk lacks them
+        w.fault("leader restarted with a stale disk", successor, led_epoch)
+        leader.pause()
+        successor.kill()
+    finally:
+        third.resume()
     held, kept = (read_log(successor.name, os.path.join(d, "wal")).last_lsn
                   for d in (successor.store, stale[successor.name]))
     assert kept < held, f"the copy of {successor.name} is not stale: LSN {kept} of {held}"  # the fault happened
     shutil.rmtree(successor.store)
     shutil.copytree(stale[successor.name], successor.store)
     successor.start()
+    try:
+        deadline = time.monotonic() + 60
+        while any((n.status() or {}).get("leader", "") is not None for n in (third, successor)):
+            assert time.monotonic() < deadline, f"the successor's lease outlived it: {c.statuses()}"
+            time.sleep(0.05)  # until both see the successor's lease gone: they freeze, and may ask
+        time.sleep(3 * LEASE_SECONDS)  # time enough for them to elect one of themselves, were they allowed to
+        assert c.leader([third, successor], agreed=False) is None, \
+            f"elected without the one node holding epoch {led_epoch}'s writes: {c.statuses()}\n{c.logs()}"
+    finally:
+        leader.resume()
     c.wait_for_leader(newer_than=led_epoch)
     w.wait_progress(newer_than_epoch=led_epoch)
 
@@ -222,15 +246,7 @@ def _discarded(cluster: Cluster) -> list[str]:
             if "discard" in line.lower()]
 
 
-ROLLED_BACK_DISK = pytest.mark.xfail(strict=False, reason=(
-    "a known bug, found 2026-12-02: the election counts a node whose disk went back in time among its N - K "
-    "frozen members, so the node that alone held the rolled-back leader's acknowledged writes may be left out "
-    "and those writes discarded (kvstore/cluster/election.py's quorum argument assumes no disk goes back); "
-    "it fails when the successor's synchronous replica is the old leader and freezes last"))
-
-
-@pytest.mark.parametrize("fault", [pytest.param(f, marks=ROLLED_BACK_DISK) if f == "stale-disk-leader" else f
-                                   for f in FAULTS])
+@pytest.mark.parametrize("fault", FAULTS)
 def test_fault(fault: str, etcd: Etcd, tmp_path) -> None:
     run(fault, etcd, str(tmp_path), rounds=FAULTS[fault][1])
 

@@ -147,3 +147,35 @@ def test_a_restore_to_an_earlier_point_takes_its_writes_on_a_new_timeline(tmp_pa
         assert dict(db.scan()) == {**{_old(i): b"o" for i in range(1, 61)}, **{_new(i): b"n" for i in range(5)}}
     with kvstore.open(src, readonly=True) as db:
         assert db.history == (TimelineStart(1, 1),) and db.last_lsn == 100
+
+
+def test_a_follower_discards_nothing_for_a_node_that_does_not_lead_its_epoch(tmp_path):
+    """The stale-disk fault (tests/test_cluster_faults.py) found it: the
+    leader of epoch 3 killed and started again at its address from a copy
+    of its disk taken before it led (on timeline 1, LSN 50). A follower
+    that held its epoch-3 entries and still followed that address took the
+    old history for its leader's, saw a fork at LSN 50 and discarded entries
+    the leader had acknowledged. It must refuse that node instead."""
+    import shutil
+
+    from kvstore.cluster.follower import Follower
+    from wal.errors import ReplicaError
+
+    stale, mine = str(tmp_path / "stale"), str(tmp_path / "follower")
+    with kvstore.open(stale) as db:
+        for i in range(1, 51):
+            db.put(_old(i), b"o")
+    shutil.copytree(stale, mine)
+    with kvstore.open(mine) as db, ServerThread(stale) as server:
+        db.start_timeline(3)
+        for i in range(10):
+            db.put(_new(i), b"n")  # what it had from epoch 3's leader (acknowledged with it)
+        follower = Follower(db, "http://127.0.0.1:1")
+        try:
+            follower.follow(server.url, 3)
+            wait_until(lambda: follower.last_error is not None or follower.needs is not None)
+        finally:
+            follower.stop()
+        assert follower.needs is None and isinstance(follower.last_error, ReplicaError), follower.needs
+        assert "does not lead" in str(follower.last_error)
+        assert db.last_lsn == 60 and db.history[-1].timeline == 3 and db.get(_new(9)) == b"n"

@@ -6,9 +6,12 @@ Keys, under ``/walkv/<cluster>/`` (values JSON)::
 
     members/<url>   {"url"}: every node that ever joined (no lease): the
                     cluster's size N, for the quorum rule below
-    status/<url>    {"url", "timeline", "lsn", "frozen"}: the node's log
-                    position (the timeline number of its last entry, its last
-                    durable LSN), attached to its lease (gone with it)
+    status/<url>    {"url", "timeline", "lsn", "top", "frozen"}: the node's
+                    log position (the timeline number of its last entry, its
+                    last durable LSN, the newest timeline its history holds),
+                    attached to its lease (gone with it)
+    held/<url>      {"timeline"}: the newest timeline this node ever let
+                    anyone count on (no lease: it outlives the node's disk)
     leader          {"url", "epoch"}: the writer, attached to ITS lease
     epoch           the highest epoch ever elected (no lease)
 
@@ -36,6 +39,22 @@ Rules, and why:
   K = 0 a write lives on its leader alone until a follower fetched it: a
   failover may lose the last moments' writes, as an asynchronous
   PostgreSQL standby does; the docs say so.)
+* That argument assumes no disk goes back in time, and a disk can: a VM
+  restored from an image, a directory put back from a copy, a device that
+  lied about an fsync. A node so rolled back may have lost the only other
+  copy of an acknowledged write, and counting it among the N - K would let
+  two nodes that lack the write elect one of them (found by the stale-disk
+  fault of tests/test_cluster_faults.py). So etcd remembers what a disk can
+  forget: before a node lets anyone count on its log holding a timeline (a
+  leader before it takes its epoch's first write, a replica before it
+  reports an entry of a timeline to its leader), it records that timeline
+  in ``held/<url>``, which only grows. A frozen member whose history's
+  newest timeline (``top``) is older than its ``held`` went back in time:
+  it does not count among the N - K (it may still be elected, by N - K
+  others; it counts again once it holds that timeline again). The record
+  is per timeline, one etcd write per node per epoch: a disk put back to an
+  earlier point of the same timeline is not seen, as Raft, which assumes
+  stable storage, would not see it either.
 * The lease is renewed every third of its length. The leader counts its
   lease from the moment it SENT the renewal that etcd confirmed, minus a
   margin (:data:`LEASE_MARGIN` of the lease): by its own monotonic clock it
@@ -110,6 +129,9 @@ class Elector:
         self._status = root + b"status/"
         self._leader_key = root + b"leader"
         self._epoch_key = root + b"epoch"
+        self._held_key = root + b"held/"
+        self.held = 0
+        """The timeline this node's ``held/<url>`` is known to record (:meth:`hold`)."""
         self.leader: Leader | None = None
         self.epoch = 0
         self.lease = 0
@@ -120,6 +142,7 @@ class Elector:
         self._published_at = 0.0
         self._stopping = asyncio.Event()
         self.last_error: BaseException | None = None
+        self._warned_rolled_back: set[str] = set()
 
     @property
     def leading(self) -> bool:
@@ -179,9 +202,23 @@ class Elector:
             return
         self.lease_valid_until = sent + left * (1 - LEASE_MARGIN)
 
+    async def hold(self, timeline: int) -> None:
+        """Record in etcd that this node's log holds ``timeline``, before
+        anyone counts on it (module docstring); the record only grows.
+        :class:`~wal.errors.CoordinatorError` when etcd cannot be reached:
+        then nobody may count on it yet."""
+        if timeline <= self.held:
+            return
+        key = self._held_key + self.me.encode()
+        found = await self.etcd.get(key)
+        recorded = int(_json(found).get("timeline", 0) or 0) if found is not None else 0
+        if timeline > recorded:
+            await self.etcd.put(key, json.dumps({"timeline": timeline}).encode())
+        self.held = max(timeline, recorded)
+
     async def _publish(self) -> None:
         pos = self._position()
-        status = {"url": self.me, "timeline": pos.timeline, "lsn": pos.lsn, "frozen": self._frozen()}
+        status = {"url": self.me, "timeline": pos.timeline, "lsn": pos.lsn, "top": pos.top, "frozen": self._frozen()}
         now = time.monotonic()
         if status != self._published or now - self._published_at >= 1.0:
             await self.etcd.put(self._status + self.me.encode(), json.dumps(status).encode(), self.lease)
@@ -223,6 +260,9 @@ class Elector:
         me_key = (mine.timeline, mine.lsn)
         if len(frozen) < max(1, needed):
             return
+        counted = await self._counted(frozen)
+        if len(counted) < max(1, needed):
+            return
         for s in frozen:
             other = (int(s.get("timeline", 0)), int(s.get("lsn", 0)))
             if other > me_key or (other == me_key and str(s.get("url")) < self.me):
@@ -240,6 +280,26 @@ class Elector:
             log.warning("cluster %s: %s is the leader at epoch %d (position %s, %d of %d members frozen)",
                         self.cluster, self.me, epoch, me_key, len(frozen), n)
             await self._set_leader(Leader(self.me, epoch), "won")
+
+    async def _counted(self, frozen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The frozen statuses that count among the N - K: those whose disk
+        did not go back in time (module docstring)."""
+        held = {}
+        for kv in await self.etcd.range(self._held_key, prefix_end(self._held_key)):
+            held[kv.key[len(self._held_key):].decode(errors="replace")] = int(_json(kv).get("timeline", 0) or 0)
+        counted = []
+        for s in frozen:
+            url = str(s.get("url"))
+            top = int(s.get("top", s.get("timeline", 0)) or 0)
+            if top >= held.get(url, 0):
+                counted.append(s)
+                self._warned_rolled_back.discard(url)
+            elif url not in self._warned_rolled_back:
+                self._warned_rolled_back.add(url)
+                log.warning("cluster %s: %s does not count %s among the frozen members: its history's newest "
+                            "timeline is %d, and it once held timeline %d (its disk went back in time); it counts "
+                            "again once it holds that timeline", self.cluster, self.me, url, top, held[url])
+        return counted
 
     async def _set_leader(self, leader: Leader | None, why: str) -> None:
         was = self.leader

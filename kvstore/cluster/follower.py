@@ -23,7 +23,10 @@ What it refuses, so that histories never mix (:mod:`wal.timeline`):
 
 * a leader of another store (its store id), or one of an older epoch than
   this follower knows (a deposed leader still serving: its entries are the
-  history the new leader forked from);
+  history the new leader forked from), or a node at the leader's address
+  whose history has not reached the epoch it was elected at (the leader
+  killed and started again from an older disk): neither's history is
+  compared with this store's, so nothing is discarded for it;
 * entries past a fork: when the leader's history left this store's at LSN
   F and this store holds LSNs after F (it led once, and wrote entries no
   replica confirmed), it discards them (:meth:`kvstore.KVStore.discard_after`,
@@ -70,15 +73,22 @@ class FollowerStopped(WalkvError):
 
 class Follower:
     """Follows the leader :meth:`follow` names, in a thread, into ``store``
-    (module docstring). ``me`` is this node's URL (its report's name)."""
+    (module docstring). ``me`` is this node's URL (its report's name).
+    ``before_report(timeline)`` is called, in the follower's thread, before
+    each request reports a position whose history's newest timeline is
+    ``timeline`` (the node records it in etcd first:
+    :meth:`kvstore.cluster.election.Elector.hold`); when it raises, the
+    request is not made and is retried as after any error."""
 
     def __init__(self, store: KVStore, me: str, *, token: str | None = None, verify: Any = True,
-                 on_stop: Callable[[str], None] | None = None) -> None:
+                 on_stop: Callable[[str], None] | None = None,
+                 before_report: Callable[[int], None] | None = None) -> None:
         self.store = store
         self.me = me
         self._token = token
         self._verify = verify
         self._on_stop = on_stop
+        self._before_report = before_report
         self._target: tuple[str, int] | None = None
         self._changed = threading.Condition()
         self._stopping = False
@@ -181,8 +191,12 @@ class Follower:
                     self._stop_for(f"bootstrap: this store is new and its leader {url} is store {sid}")
                 raise ReplicaError(f"the leader {url} serves store {sid}, and this node holds store "
                                    f"{self.store.store_id}: a node follows one store; give it a directory of its own")
-            self._reconcile(history_from_json(bounds.get("history"), f"{url}/v1/log/bounds"),
-                            int(bounds["first_lsn"]), url)
+            theirs = history_from_json(bounds.get("history"), f"{url}/v1/log/bounds")
+            if theirs[-1].timeline < epoch:
+                raise ReplicaError(f"{url} is on timeline {theirs[-1].timeline}, not on epoch {epoch}'s: it does "
+                                   "not lead that epoch (a node started again at its address from an older disk, "
+                                   "or a leader not yet begun); its history is not one to discard entries for")
+            self._reconcile(theirs, int(bounds["first_lsn"]), url)
             target = (url, epoch)
             with self._changed:
                 self.on_leaders_line = self._current(target)
@@ -223,6 +237,8 @@ class Follower:
         """One request: append what it brings, group by group."""
         store = self.store
         nxt = store.last_lsn + 1
+        if self._before_report is not None:
+            self._before_report(max(s.timeline for s in store.history))
         try:
             stream = SegmentStream(http, url, store.store_id or "", nxt, LONG_POLL_SECONDS,
                                    params={"replica": self.me, "epoch": epoch or self._seen_epoch})

@@ -54,6 +54,8 @@ from wal.timeline import timeline_at
 log = logging.getLogger("walkv.cluster")
 
 DEFAULT_LEASE_SECONDS = 5.0
+HOLD_TIMEOUT = 10.0
+"""Seconds a follower waits for etcd to record the timeline it is about to report (:meth:`ClusterNode._hold`)."""
 
 
 class ClusterNode:
@@ -94,7 +96,8 @@ class ClusterNode:
         needs, self._needs = self._needs, None
         leader = self.elector.leader
         self.store = await asyncio.to_thread(self._open_store, needs, leader)
-        self.follower = Follower(self.store, self.me, token=self.token, verify=self.verify, on_stop=self._follower_stopped)
+        self.follower = Follower(self.store, self.me, token=self.token, verify=self.verify,
+                                 on_stop=self._follower_stopped, before_report=self._hold)
         self.reopen.clear()
         self.role = "replica"
         leader = self.elector.leader  # now: it may have changed while the store opened (no one was told then)
@@ -195,12 +198,13 @@ class ClusterNode:
             if follower is not None:
                 follower.stop()
             store.start_timeline(epoch)
-            assert store.replicas is not None
-            store.replicas.active = True
-            store.refuse_writes(None)
 
         try:
             await asyncio.to_thread(take_over)
+            await self.elector.hold(epoch)  # before its epoch's first write (election.py: a disk that goes back)
+            assert store.replicas is not None
+            store.replicas.active = True
+            store.refuse_writes(None)
         except Exception as exc:  # noqa: BLE001 - it cannot lead: let the key go, start over
             log.error("cluster %s: %s won epoch %d but cannot lead: %s", self.cluster, self.me, epoch, exc)
             await self.elector.resign()
@@ -210,6 +214,15 @@ class ClusterNode:
         self.role = "leader"
         log.warning("cluster %s: %s leads epoch %d from LSN %d (%.0f ms to take over)", self.cluster, self.me,
                     epoch, store.last_lsn + 1, (time.monotonic() - t0) * 1000)
+
+    def _hold(self, timeline: int) -> None:
+        """Before the follower reports a position on ``timeline``: etcd records
+        that this node held it (:meth:`Elector.hold`), waited for in the
+        follower's thread."""
+        if timeline <= self.elector.held:
+            return
+        assert self._loop is not None  # set by open(), before any follower
+        asyncio.run_coroutine_threadsafe(self.elector.hold(timeline), self._loop).result(HOLD_TIMEOUT)
 
     def _fence(self, lsn: int) -> None:
         """Before a write is acknowledged (kvstore.store.replication): only
