@@ -95,6 +95,41 @@ def test_a_leader_whose_fence_refused_a_write_lets_its_key_go_and_an_election_fo
     asyncio.run(go())
 
 
+def test_a_member_whose_lease_expired_makes_no_key_until_it_joined_again(etcd):
+    """A lease can run out while its node does not lead (a loaded machine,
+    a pause). Publishing or campaigning with it then made keys WITHOUT a
+    lease: a status that never goes, or a leader key nobody can take over
+    (the node itself revoked it as "of a previous run" ever after, found by
+    the stale-disk fault's soak). It joins again first."""
+    async def go() -> None:
+        client = EtcdClient(etcd.coordinator())
+
+        async def on_change(leader: Leader | None) -> None:
+            pass
+
+        me = "http://127.0.0.1:1"
+        elector = Elector(client, f"expired-{uuid.uuid4().hex[:8]}", me, lease_seconds=1, sync_replicas=0,
+                          position=lambda: Position(1, 5, 1), frozen=lambda: True, on_change=on_change)
+        root = f"/walkv/{elector.cluster}/".encode()
+        try:
+            await elector._join()
+            await client.revoke(elector.lease)  # as etcd lets a lease go that was not renewed in time
+            await elector._renew()
+            assert elector.lease == 0
+            await elector._look()
+            assert await client.get(root + b"leader") is None
+            assert await client.get(root + b"status/" + me.encode()) is None
+            await elector._join()
+            await elector._look()  # the only member, frozen: it wins, under its new lease
+            leader = await client.get(root + b"leader")
+            assert elector.leading and leader is not None and leader.lease == elector.lease != 0
+        finally:
+            await elector.stop()
+            await client.close()
+
+    asyncio.run(go())
+
+
 def _members(client: EtcdClient, cluster: str, positions: dict[str, Position], frozen: dict[str, bool],
              changes: list[Leader | None]) -> dict[str, Elector]:
     async def on_change(leader: Leader | None) -> None:

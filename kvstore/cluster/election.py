@@ -225,6 +225,8 @@ class Elector:
             self._published, self._published_at = status, now
 
     async def _look(self) -> None:
+        if not self.lease:  # it just expired (_renew): join again first, for no key may be made without one
+            return
         await self._publish()
         now = time.monotonic()
         if now - self._members_at >= 1.0:
