@@ -119,8 +119,10 @@ def test_a_member_whose_lease_expired_makes_no_key_until_it_joined_again(etcd):
             await elector._look()
             assert await client.get(root + b"leader") is None
             assert await client.get(root + b"status/" + me.encode()) is None
+            await client.put(root + b"leader", b'{"url": "%s", "epoch": 2}' % me.encode())  # as that bug left it
             await elector._join()
-            await elector._look()  # the only member, frozen: it wins, under its new lease
+            await elector._look()  # its own key without a lease is deleted (no lease to revoke); the only
+            # member, frozen, it then wins, under its new lease
             leader = await client.get(root + b"leader")
             assert elector.leading and leader is not None and leader.lease == elector.lease != 0
         finally:

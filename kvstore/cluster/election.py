@@ -238,7 +238,10 @@ class Elector:
             if leader.url == self.me and found is not None and found.lease != self.lease:
                 # our own key from before a restart: that process is gone; let its lease go now
                 log.info("cluster %s: %s revokes the leader lease of its previous run", self.cluster, self.me)
-                await self.etcd.revoke(found.lease)
+                if found.lease:
+                    await self.etcd.revoke(found.lease)
+                else:  # made without a lease (an older walkv's bug): no lease to revoke, so the key itself
+                    await self.etcd.delete_if_lease(self._leader_key, 0)
                 leader = None
             elif leader != self.leader:
                 await self._set_leader(leader, "elected")
