@@ -35,6 +35,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--soak"):
+        # a soak runs for --soak-seconds, then stops and checks: the suite's per-test timeout
+        # (pyproject.toml) is counted on top of that, so a long soak is not cut before its checks
+        limit = pytest.mark.timeout(float(config.getoption("--soak-seconds")) + float(config.getini("timeout")))
+        for item in items:
+            if "soak" in item.keywords:
+                item.add_marker(limit)
         return
     skip = pytest.mark.skip(reason="soak run: pass --soak")
     for item in items:
