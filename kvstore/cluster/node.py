@@ -17,7 +17,10 @@ Every node is started alike and is, at any moment, one of:
 Changes of role:
 
 * replica -> leader (it won the election): the follower is stopped (its
-  last append done), the store begins timeline E, writes are taken.
+  last append done), the store begins timeline E, etcd records that this
+  node holds timeline E (:meth:`~kvstore.cluster.election.Elector.hold`),
+  writes are taken. A replica's follower records each new timeline the
+  same way before it reports it.
 * leader -> replica (its lease ran out, or a write failed waiting for its
   replicas or its fence: the log refuses every later write): the node lets
   the leader key go, and its store is closed and opened again
