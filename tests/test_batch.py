@@ -303,6 +303,17 @@ def test_update_checks_like_put(pairs, error) -> None:
     assert sink.payloads == []
 
 
+def test_an_update_refused_adds_none_of_its_pairs() -> None:
+    """The batch goes on as it was: the pairs before the refused one are not half-added."""
+    sink = Sink()
+    with WriteBatch(sink, 10, 1 << 20) as b:
+        b.put(b"a", b"1")
+        with pytest.raises(TypeError):
+            b.update([(b"b", b"2"), (b"c", 3)])
+        assert len(b) == 1
+    assert sink.payloads == [packb([[1, b"a", b"1"]])]
+
+
 _OPS = st.one_of(
     st.tuples(st.just(OP_PUT), st.binary(min_size=1, max_size=40), st.binary(max_size=300)),
     st.tuples(st.just(OP_DELETE), st.binary(min_size=1, max_size=40)),

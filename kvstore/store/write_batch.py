@@ -15,7 +15,6 @@ them first, with mypyc's message).
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Iterable, Mapping, Self
 
 from mypy_extensions import mypyc_attr
@@ -36,10 +35,6 @@ from kvstore.entry.codec import (
 )
 from kvstore.entry.conditions import Outcome
 from wal.errors import ClosedError, RecordTooLargeError
-
-_second = operator.itemgetter(1)
-_third = operator.itemgetter(2)
-_BYTES_ONLY = {bytes}
 
 
 def _closed() -> ClosedError:
@@ -152,20 +147,23 @@ class WriteBatch(CommitOnExit):
     def update(self, pairs: "Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]", *,
                keyspace: str | None = None) -> None:
         """Add a put for every (key, value) of ``pairs`` (a mapping or an
-        iterable of pairs), checked as :meth:`put` checks them but in bulk:
-        the fast way to load many pairs."""
+        iterable of pairs), checked as :meth:`put` checks them, in one pass:
+        the fast way to load many pairs. A pair refused raises, and none of
+        ``pairs`` is added."""
         if self._done:
             raise _closed()
-        items: Iterable[Any] = pairs.items() if isinstance(pairs, Mapping) else pairs  # (checked below)
-        ops = [(OP_PUT, k, v) for k, v in items]
+        items: Iterable[Any] = pairs.items() if isinstance(pairs, Mapping) else pairs
+        max_value = self._max_value
+        ops: list = []
+        add = ops.append
+        for key, value in items:  # (a loop, compiled: twice as fast as six passes of map() over the pairs)
+            if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+                key = check_key(key)
+            if type(value) is not bytes or len(value) > max_value:
+                value = check_value(value, max_value)
+            add((OP_PUT, key, value))
         if not ops:
             return
-        keys = list(map(_second, ops))
-        values = list(map(_third, ops))
-        if (set(map(type, keys)) != _BYTES_ONLY or set(map(type, values)) != _BYTES_ONLY
-                or min(map(len, keys)) == 0 or max(map(len, keys)) > MAX_KEY_BYTES
-                or max(map(len, values)) > self._max_value):
-            ops = [(OP_PUT, check_key(k), check_value(v, self._max_value)) for _, k, v in ops]
         if keyspace is not None or self._keyspace != self._at:
             self._switch(keyspace)
         self._ops.extend(ops)
