@@ -68,16 +68,7 @@ from wal.reader import entries_of
 from wal.record import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_LIMIT
 from wal.segment import ENTRY_HEADER_SIZE, Entry, EntryBatch, Payload
 from wal.segment_writer import check_payload
-from wal.timeline import (
-    ROOT,
-    History,
-    TimelineStart,
-    check_history,
-    fork_history,
-    fork_point,
-    history_until,
-    new_timeline,
-)
+from wal.timeline import ROOT, History, TimelineStart, check_history, history_after_cut, timeline_from
 from wal.truncation import delete_segments
 
 logger = logging.getLogger("walkv.wal")
@@ -384,17 +375,9 @@ class Log:
         if lsn < first - 1 or lsn < 0:
             raise ValueError(f"cannot truncate after LSN {lsn}: the log starts at LSN {first}")
         with self._gc.exclusive(freeze=True):
-            mine = self._writer.files.history
-            if lsn >= self._gc.next_lsn - 1 and (
-                    follow is None or lsn > self._gc.next_lsn - 1
-                    or history_until(follow, lsn + 1) == history_until(mine, lsn + 1)):
+            history = history_after_cut(self._writer.files.history, lsn, self._gc.next_lsn - 1, follow)
+            if history is None:
                 return None
-            if follow is None:
-                history = fork_history(mine, new_timeline(mine, lsn + 1))
-            elif fork_point(mine, lsn, follow) is None:
-                history = history_until(follow, lsn + 1)
-            else:
-                raise ValueError(f"cannot follow a history that left this log's before LSN {lsn}")
             try:
                 self._writer.cut_after(lsn, history)
             except OSError as e:
@@ -411,22 +394,13 @@ class Log:
         is created and fsynced before anything is written on it."""
         with self._gc.exclusive():
             self._refuse()
-            start = self._fork_at(self._gc.next_lsn, timeline, number)
+            start = timeline_from(self._writer.files.history, self._gc.next_lsn, timeline, number)
             try:
                 self._writer.begin_timeline(start)
             except OSError as e:
                 raise self._gc.fail(e, start.first_lsn) from e
         logger.info("%s: from LSN %d on %s", self.directory, start.first_lsn, start)
         return start
-
-    def _fork_at(self, first_lsn: int, timeline: TimelineStart | None, number: int | None = None) -> TimelineStart:
-        history = self._writer.files.history
-        if timeline is None:
-            return new_timeline(history, first_lsn, number)
-        if timeline.first_lsn != first_lsn or timeline.timeline <= max(s.timeline for s in history):
-            raise ValueError(f"{timeline} (from LSN {timeline.first_lsn}) cannot begin at LSN {first_lsn} after "
-                             f"this log's history (highest: timeline {max(s.timeline for s in history)})")
-        return timeline
 
     # -- syncing and closing: each waits its turn behind the group being written
 

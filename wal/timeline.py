@@ -150,6 +150,40 @@ def fork_history(history: Sequence[TimelineStart], start: TimelineStart) -> Hist
     return (*kept, start)
 
 
+def history_after_cut(mine: History, lsn: int, last_lsn: int, follow: History | None) -> History | None:
+    """The history a log on ``mine`` whose last LSN is ``last_lsn`` goes on
+    on once every entry after ``lsn`` is dropped (:meth:`wal.Log.truncate_after`):
+    ``mine`` forked by a new timeline from ``lsn + 1``, or, with ``follow``
+    (a leader's history, which must agree with ``mine`` up to ``lsn``), the
+    line ``follow`` takes from there. None when nothing changes: nothing is
+    after ``lsn``, and with ``follow``, no timeline of ``mine`` begins at
+    ``lsn + 1`` that ``follow`` lacks (a leader killed before its first
+    write began one there, and it is given up for ``follow``'s line)."""
+    if lsn >= last_lsn and (follow is None or lsn > last_lsn
+                            or history_until(follow, lsn + 1) == history_until(mine, lsn + 1)):
+        return None
+    if follow is None:
+        return fork_history(mine, new_timeline(mine, lsn + 1))
+    if fork_point(mine, lsn, follow) is None:
+        return history_until(follow, lsn + 1)
+    raise ValueError(f"cannot follow a history that left this log's before LSN {lsn}")
+
+
+def timeline_from(history: History, first_lsn: int, timeline: TimelineStart | None,
+                  number: int | None) -> TimelineStart:
+    """The timeline a log on ``history`` goes on on from ``first_lsn``
+    (:meth:`wal.Log.start_timeline`): ``timeline`` as given (a follower
+    takes its leader's), which must begin there and be numbered above the
+    history's; else :func:`new_timeline`'s."""
+    if timeline is None:
+        return new_timeline(history, first_lsn, number)
+    top = history[-1].timeline  # (numbers grow along a history: check_history)
+    if timeline.first_lsn != first_lsn or timeline.timeline <= top:
+        raise ValueError(f"{timeline} (from LSN {timeline.first_lsn}) cannot begin at LSN {first_lsn} after "
+                         f"this log's history (highest: timeline {top})")
+    return timeline
+
+
 def check_history(history: Sequence[TimelineStart]) -> None:
     """ValueError unless ``history`` is well formed (module docstring)."""
     if not history or len(history) > MAX_HISTORY:
