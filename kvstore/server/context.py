@@ -22,8 +22,8 @@ from kvstore.client.wire import MAX_PAGE, BadRequest, ServerUnavailable, TooMany
 from kvstore.server.auth import Tokens
 from kvstore.store.aio import AsyncKVStore
 from kvstore.store.store import KVStore
+from kvstore.watch.aio import AsyncWatcher
 from kvstore.watch.subscription import Subscription
-from kvstore.watch.watcher import AsyncWatcher
 from wal.errors import ReplicaLagError
 
 MAX_LSN = (1 << 63) - 1

@@ -20,7 +20,7 @@ at an LSN past the log's next one (it would skip the changes in between).
 
 Each stream holds one of :attr:`~kvstore.server.context.Limits.max_streams`
 slots, within its token's share (429 past either), and one thread, where
-the blocking watcher runs (:class:`kvstore.watch.watcher.AsyncWatcher`). Server shutdown closes every
+the blocking watcher runs (:class:`kvstore.watch.aio.AsyncWatcher`). Server shutdown closes every
 stream (they end without ``end``: clients resume elsewhere or later); a
 stream asked for after that is a 503 (``ServerUnavailable``).
 """
@@ -36,10 +36,11 @@ from kvstore.client.wire import NotFound, ServerUnavailable, change_json, error_
 from kvstore.server.bodies import key_field, lsn_field, read_json
 from kvstore.server.context import MAX_LSN, Query, Served, dumps, json_response, served
 from kvstore.server.routes import RouteMatch
+from kvstore.watch.aio import AsyncWatcher, Changes
 from kvstore.watch.consumers import check_name
 from kvstore.watch.consumers import read as read_subscription
 from kvstore.watch.subscription import Subscription
-from kvstore.watch.watcher import ON_GAP, PROGRESS, AsyncWatcher, Change, Changes
+from kvstore.watch.watcher import ON_GAP, PROGRESS, Change
 from wal.errors import LogGapError, SubscriptionInvalidatedError
 
 MAX_PROGRESS_EVERY = 3600.0

@@ -51,7 +51,7 @@ from kvstore.store.keyspace import keyspace_name
 from kvstore.store.leases import Lease
 from kvstore.store.store import KVStore
 from kvstore.store.txn import cas_outcome, decided
-from kvstore.watch.watcher import AsyncWatcher
+from kvstore.watch.aio import AsyncWatcher
 from wal.errors import ClosedError, ReadOnlyError
 from wal.segment import Payload
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # (interpreted classes: the hooks call them, never the other 
     from kvstore.store.expiring import Expiring
     from kvstore.store.replication import SyncReplicas
     from kvstore.store.writer import StoreWriter
-    from kvstore.watch.watcher import WatchHub
+    from kvstore.watch.hub import WatchHub
 
 
 @final

@@ -69,13 +69,9 @@ wakes it: the iteration ends (the store closed: :class:`ClosedError`).
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import snapshot
 from kvstore.entry import conditions
@@ -93,6 +89,7 @@ from kvstore.entry.codec import (
     decode,
 )
 from kvstore.entry.groups import entry_runs, group_code
+from kvstore.watch.hub import WatchHub
 from kvstore.watch.log_tail import LogTail
 from wal.errors import ClosedError, LogGapError
 from wal.fs import OS_FS
@@ -121,51 +118,6 @@ class Change(NamedTuple):
     value: bytes | None
     end_key: bytes | None
     keyspace: str = ""
-
-
-class WatchHub:
-    """A store's live watchers: :meth:`committed` wakes them, the one call per
-    group from the store's commit hook (a look at an empty set when nobody
-    watches); :meth:`positions` says which LSNs they still need, so that log
-    retention keeps them (:mod:`kvstore.watch.consumers`). A watcher leaves
-    the set when it is closed, or dropped (the set holds it weakly: one never
-    iterated, or abandoned, costs the writers nothing)."""
-
-    def __init__(self) -> None:
-        # Reentrant: a watcher collected by the GC in a thread holding it closes itself here.
-        self.cond = threading.Condition(threading.RLock())
-        # Weak references to the live watchers (a dropped one leaves through its
-        # reference's callback). A plain set, not a WeakSet, so that the store's
-        # commit hook looks at it once per group in C (a WeakSet's len is Python code);
-        # the hook holds this very set, so it is only ever changed in place.
-        self.watchers: set[weakref.ref[Watcher]] = set()
-        self.closed = False
-
-    def add(self, watcher: Watcher) -> None:
-        """Track ``watcher`` (under :attr:`cond`) until it is discarded or dropped."""
-        self.watchers.add(weakref.ref(watcher, self.watchers.discard))
-
-    def discard(self, watcher: Watcher) -> None:
-        """Stop tracking ``watcher`` (under :attr:`cond`)."""
-        self.watchers.discard(weakref.ref(watcher))
-
-    def committed(self) -> None:
-        """A group was applied: wake the watchers (the commit hook calls this
-        only while :attr:`watchers` is not empty)."""
-        if self.watchers:
-            with self.cond:
-                self.cond.notify_all()
-
-    def positions(self) -> list[int]:
-        """The next LSN each live watcher needs."""
-        with self.cond:
-            live = [ref() for ref in list(self.watchers)]
-        return [w.next_lsn for w in live if w is not None]
-
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
 
 
 class Source(NamedTuple):
@@ -409,58 +361,3 @@ class Watcher:
             for key, value in snap.section_items(section, self._lo or None, hi):
                 yield Change(info.lsn, info.created_us, SNAPSHOT, key, value, None, ks)
         self.next_lsn = info.lsn + 1
-
-
-class Changes(Protocol):
-    """What :class:`AsyncWatcher` drives: a :class:`Watcher`, or a named
-    subscription (:class:`kvstore.watch.subscription.Subscription`)."""
-
-    def __next__(self) -> Change: ...
-
-    def close(self) -> None: ...
-
-
-class AsyncWatcher:
-    """``async for change in adb.watch(...)``: a :class:`Watcher` (or any
-    :class:`Changes`) whose
-    blocking steps run on a thread of its own (never a busy poll on the
-    loop, and a slow watcher does not hold the default executor).
-    ``async with`` it, or :meth:`aclose` it, to stop."""
-
-    def __init__(self, watcher: Changes) -> None:
-        self.watcher = watcher
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="walkv-watch")
-        # Dropped without aclose() (a bare ``async for`` left by break or an
-        # error): stop the watcher, so that its thread ends.
-        self._finalizer = weakref.finalize(self, _stop, watcher, self._pool)
-
-    def __aiter__(self) -> "AsyncWatcher":
-        return self
-
-    async def __anext__(self) -> Change:
-        if not self._finalizer.alive:  # closed (or ended): the iteration is over, as for the sync watcher
-            raise StopAsyncIteration
-        loop = asyncio.get_running_loop()
-        try:
-            change = await loop.run_in_executor(self._pool, next, self.watcher, None)
-        except asyncio.CancelledError:  # the consuming task was cancelled: nobody will ask again
-            self._finalizer()
-            raise
-        if change is None:
-            self._finalizer()
-            raise StopAsyncIteration
-        return change
-
-    async def aclose(self) -> None:
-        self._finalizer()
-
-    async def __aenter__(self) -> "AsyncWatcher":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-def _stop(watcher: Changes, pool: ThreadPoolExecutor) -> None:
-    watcher.close()  # a next() blocked in the pool's thread returns promptly
-    pool.shutdown(wait=False)
