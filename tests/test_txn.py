@@ -312,7 +312,8 @@ def test_readers_of_the_log_alone_see_the_outcomes(tmp_path):
     conditional write shows nothing, a successful one its writes (not its
     conditions)."""
     pytest.importorskip("pyarrow")
-    from kvstore.spark.arrow import TailState, change_batches
+    from kvstore.spark.arrow import change_batches
+    from kvstore.spark.tail_state import TailState
 
     path = str(tmp_path / "s")
     with kvstore.open(path) as db:

@@ -17,13 +17,14 @@ snapshots through the ``wal`` and ``snapshot`` readers,
 bounds, :mod:`kvstore.spark.writer` is ``df.write.format("walkv")``,
 :mod:`kvstore.spark.compat` is the one place that knows the PySpark version,
 :mod:`kvstore.spark.arrow` turns entries into Arrow batches,
+:mod:`kvstore.spark.tail_state` merges a log tail into a snapshot for the ``state`` table,
 :mod:`kvstore.spark.options` parses the reader options and
 :mod:`kvstore.spark.export` writes the tables as Parquet (it imports pyspark
 too), :mod:`kvstore.spark.merge` the MERGE rows of ``export --merge``. Importing this package does not import pyspark; :func:`register` and
 :func:`read_state` do. Imports point one way: ``arrow`` and ``files``
 import no other module here; ``options`` imports ``arrow``; ``archive``
 imports ``files``; ``pushdown`` none; ``snapshots`` imports ``arrow`` and
-``files``; ``partitions`` those, ``options`` and ``pushdown``; ``images`` imports ``partitions``;
+``files``; ``tail_state`` imports ``arrow``; ``partitions`` those, ``options`` and ``pushdown``; ``images`` imports ``partitions``;
 ``debezium`` and ``delta_cdf`` import ``images``; ``stream`` imports ``debezium``,
 ``delta_cdf``, ``images``, ``partitions``, ``archive`` and ``compat``; ``writer`` imports
 ``archive``; ``source`` imports ``debezium``, ``delta_cdf``, ``images``, ``stream`` and

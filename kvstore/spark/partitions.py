@@ -29,6 +29,7 @@ from kvstore.spark import snapshots as ss
 from kvstore.spark.files import LogSlice, StoreFiles
 from kvstore.spark.options import EARLIEST, LATEST, Options
 from kvstore.spark.pushdown import Bounds
+from kvstore.spark.tail_state import TailState
 from wal.errors import CorruptionError
 
 log = logging.getLogger("walkv.spark")
@@ -289,7 +290,7 @@ def read_partition(files: StoreFiles, opts: Options, partition: Any) -> Iterator
 
 
 def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -> Iterator[Any]:
-    tail = sa.TailState(p.lo, p.hi, p.keyspace)
+    tail = TailState(p.lo, p.hi, p.keyspace)
     read_back = group_reader(files)
     for piece in p.pieces:
         shown = files.display(piece.path)
@@ -309,7 +310,7 @@ def _read_state_partition(files: StoreFiles, opts: Options, p: StatePartition) -
     yield from _survivor_batches(files, opts, tail, p.bounds, p.keyspace)
 
 
-def _survivor_batches(files: StoreFiles, opts: Options, tail: sa.TailState, bounds: Bounds | None,
+def _survivor_batches(files: StoreFiles, opts: Options, tail: TailState, bounds: Bounds | None,
                       keyspace: str) -> Iterator[pa.RecordBatch]:
     """The ``state`` rows the log tail wrote last (of one keyspace)."""
     keys_, values_, lsns = tail.survivors()
@@ -323,7 +324,7 @@ def _survivor_batches(files: StoreFiles, opts: Options, tail: sa.TailState, boun
 
 
 def _read_log_state_partition(files: StoreFiles, opts: Options, p: LogStatePartition) -> Iterator[Any]:
-    tails: dict[str, sa.TailState] = {}
+    tails: dict[str, TailState] = {}
     read_back = group_reader(files)
     for piece in p.pieces:
         shown = files.display(piece.path)
@@ -333,7 +334,7 @@ def _read_log_state_partition(files: StoreFiles, opts: Options, p: LogStateParti
             for i, ks, op in sa.keyspace_writes(ops, p.keyspaces, lsn, shown, read_back):
                 tail = tails.get(ks)
                 if tail is None:
-                    tail = tails[ks] = sa.TailState(p.lo, p.hi, ks)
+                    tail = tails[ks] = TailState(p.lo, p.hi, ks)
                 tail.add_write(lsn, i, op)
     for ks in sorted(tails):
         yield from _survivor_batches(files, opts, tails[ks], p.bounds, ks)
