@@ -14,7 +14,7 @@ from kvstore.watch.watcher import Change
 
 
 class Changes(Protocol):
-    """What :class:`AsyncWatcher` drives: a :class:`Watcher`, or a named
+    """What :class:`AsyncWatcher` drives: a :class:`~kvstore.watch.watcher.Watcher`, or a named
     subscription (:class:`kvstore.watch.subscription.Subscription`)."""
 
     def __next__(self) -> Change: ...
@@ -23,8 +23,8 @@ class Changes(Protocol):
 
 
 class AsyncWatcher:
-    """``async for change in adb.watch(...)``: a :class:`Watcher` (or any
-    :class:`Changes`) whose
+    """``async for change in adb.watch(...)``: a
+    :class:`~kvstore.watch.watcher.Watcher` (or any :class:`Changes`) whose
     blocking steps run on a thread of its own (never a busy poll on the
     loop, and a slow watcher does not hold the default executor).
     ``async with`` it, or :meth:`aclose` it, to stop."""
