@@ -2,9 +2,13 @@
 
 A :class:`Workload` pits walkv (the contender named ``"walkv"``) against its
 peers. Every contender is prepared once (untimed: loading data, writing a
-log), then the contenders run in turn, ``walkv, peer1, peer2, walkv, peer1,
-...``, for N repeats, so that noise from the shared machine falls on all of
-them alike. The result is the median rate of each contender and, for each
+log), then the contenders run in turn for N repeats, the order rotated by
+one at each (``walkv, peer1, peer2``, then ``peer1, peer2, walkv``, then
+``peer2, walkv, peer1``), so that noise from the shared machine falls on all
+of them alike, and so does what one run leaves the next: memory touched for
+the first time costs several times more on some virtual machines
+(:func:`benchmarks.machine.first_touch_us`), and with a fixed order the same
+contender would always be the one to touch it. The result is the median rate of each contender and, for each
 peer, the ratio walkv/peer against the target the issue states (PASS/MISS).
 Peers without a target are extra columns (ratio shown, no verdict). A
 :class:`Limit` is an absolute bound (e.g. max RSS) instead of a ratio.
@@ -192,7 +196,8 @@ def run_workload(workload: Workload, config: Config) -> dict[str, Any]:
     repeats = workload.repeats or config.repeats
     try:
         for r in range(repeats):
-            for c, ctx in active:
+            turn = r % len(active) if active else 0
+            for c, ctx in active[turn:] + active[:turn]:
                 entry = result["contenders"][c.name]
                 if entry["error"]:
                     continue

@@ -67,6 +67,14 @@ def plain_table(headers: tuple[str, ...], table: list[tuple[str, ...]], stream: 
             stream.write("  ".join("-" * w for w in widths) + "\n")
 
 
+def _first_touch(machine: dict[str, Any]) -> str:
+    """The memory's first-touch cost (:func:`benchmarks.machine.first_touch_us`), as the title shows it."""
+    touch = machine.get("first_touch_us")
+    if not touch:
+        return "memory first touch ?"
+    return f"memory first touch {touch['fresh']} µs/page (again {touch['again']})"
+
+
 def print_table(report: dict[str, Any], stream: TextIO | None = None, plain: bool = False) -> None:
     stream = stream or sys.stdout
     table = rows(report)
@@ -75,7 +83,8 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None, plain: boo
              f"{report['config']['repeats']} repeats, medians) on {m['cpu']}, {m['cores']} cores, "
              f"{m['filesystem'].get('type', '?')} at {m['bench_dir']}; walkv {m.get('walkv_build', '?')}, "
              f"Python sum(range(10**7)) {m.get('python_speed_ms', '?')} ms, "
-             f"fsync (4 KiB fdatasync, median) {m.get('fsync_latency_ms', '?')} ms")
+             f"fsync (4 KiB fdatasync, median) {m.get('fsync_latency_ms', '?')} ms, "
+             f"{_first_touch(m)}")
     if not plain:
         try:
             from rich.console import Console

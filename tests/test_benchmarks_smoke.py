@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark harness: it runs, alternates, and reports
+"""Smoke test of the benchmark harness: it runs, rotates the contenders, and reports
 the expected structure. No timing assertions: only that rates are positive
 and that the verdicts follow from the numbers."""
 
@@ -38,7 +38,8 @@ def test_contenders_alternate_and_medians_give_the_verdicts(tmp_path):
                  contenders=[contender("walkv"), contender("fast"), contender("slow")],
                  targets=[Target("fast", 1.0), Target("slow", 2.0)], limits=[Limit("rss_mb", 40.0)])
     res = run_workload(w, _config(tmp_path))
-    assert calls == ["walkv", "fast", "slow"] * 3
+    # The order rotates by one at each repeat: no contender always runs first (or after the same one).
+    assert calls == ["walkv", "fast", "slow", "fast", "slow", "walkv", "slow", "walkv", "fast"]
     assert res["contenders"]["walkv"]["median"] == pytest.approx(20.0)
     by_peer = {c["peer"]: c for c in res["comparisons"]}
     assert by_peer["fast"]["ratio"] == pytest.approx(0.5) and by_peer["fast"]["verdict"] == "MISS"
@@ -84,8 +85,10 @@ def test_quick_run_of_log_workloads_writes_the_report(tmp_path, capsys):
     assert saved["workloads"] == json.loads(json.dumps(report["workloads"]))
     m = saved["machine"]
     for key in ("cpu", "cores", "kernel", "python", "filesystem", "versions", "bench_dir", "python_speed_ms",
-                "walkv_build"):
+                "walkv_build", "first_touch_us"):
         assert m[key], key
+    assert m["first_touch_us"]["fresh"] > 0 and m["first_touch_us"]["again"] > 0
+    assert f"memory first touch {m['first_touch_us']['fresh']} µs/page" in printed.splitlines()[0]
     assert m["filesystem"]["type"] and m["versions"]["plyvel"]
     names = [w["name"] for w in saved["workloads"]]
     assert names == ["log.append.durable.1t", "log.read"]
