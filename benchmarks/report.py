@@ -38,6 +38,9 @@ def rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
                 result = c["verdict"]
             target = f">= {c['target']:g}x" if c["target"] is not None else "(extra)"
             ratio = f"{c['ratio']:.2f}x" if c["ratio"] is not None else "-"
+            rounds = c.get("paired_ratios") or []
+            if len(rounds) > 1:  # the spread of the rounds' own ratios: how far one run's ratio can be trusted
+                ratio += f" ({min(rounds):.2f}-{max(rounds):.2f})"
             out.append((name, walkv_text, c["label"], _num(c["peer_rate"]), ratio, target, result))
         for lim in w["limits"]:
             value = f"{lim['value']:.0f} {lim['unit']}" if lim["value"] is not None else "-"

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks import run
 from benchmarks.harness import Config, Contender, Limit, Measurement, Target, Workload, run_workload
+from benchmarks.report import rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,6 +47,9 @@ def test_contenders_alternate_and_medians_give_the_verdicts(tmp_path):
     assert by_peer["slow"]["ratio"] == pytest.approx(4.0) and by_peer["slow"]["verdict"] == "PASS"
     assert by_peer["slow"]["paired_ratios"] == pytest.approx([2.0, 6.0, 2.0])
     assert by_peer["slow"]["paired_ratio_median"] == pytest.approx(2.0)
+    # The table shows each ratio with the spread of the rounds' own ratios.
+    table = {r[2]: r[4] for r in rows({"workloads": [res]}) if r[2] in ("fast", "slow")}
+    assert table == {"fast": "0.50x (0.25-0.75)", "slow": "4.00x (2.00-6.00)"}
     assert res["limits"][0]["value"] == 50.0 and res["limits"][0]["verdict"] == "MISS"
     assert not os.listdir(tmp_path), "the workload's data directory must be removed"
 
