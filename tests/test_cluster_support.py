@@ -51,7 +51,14 @@ class EchoServer:
                 pass
 
     def close(self) -> None:
+        # (close alone leaves the thread blocked in accept for good, on Linux: shutdown wakes it)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive(), "the echo server's thread did not end"
 
 
 @pytest.fixture
