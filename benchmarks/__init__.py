@@ -2,11 +2,11 @@
 
 ``python -m benchmarks [--quick] [--only NAME,...] [--repeats N] [--json FILE]
 [--plot FILE.png]`` runs each workload for walkv and its peers in the same run,
-alternating, and reports medians and walkv/peer ratios against the issues'
+alternating (the order rotated each round), and reports medians and walkv/peer ratios against the issues'
 targets. :func:`run` is the same thing as a function (the ``walkv bench``
 command calls it).
 
-Modules: :mod:`benchmarks.harness` (model, alternation, medians),
+Modules: :mod:`benchmarks.harness` (model, rotation, medians),
 :mod:`benchmarks.timing` (timed loops, child processes with peak RSS),
 :mod:`benchmarks.peers` (LevelDB, RocksDB, LMDB, SQLite, plain fdatasync loop),
 :mod:`benchmarks.report` (table, JSON, plot), :mod:`benchmarks.machine`, and one
@@ -23,6 +23,10 @@ only with ``--only spark``).
 of issue 15 (how cost grows with the store's size, vs LevelDB; minutes to
 hours): :mod:`benchmarks.scale`, :mod:`benchmarks.scale_children`,
 :mod:`benchmarks.scale_report`.
+
+``python -m benchmarks.group_commit_model`` measures a model of group commit,
+serial against pipelined, in bare Python threads: what pipelining would buy on
+the machine at hand before it is built (issue 37).
 """
 
 from __future__ import annotations

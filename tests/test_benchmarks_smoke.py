@@ -146,3 +146,13 @@ def test_only_selects_exact_names_prefixes_and_slow_workloads_only_by_name():
     assert all(n.startswith("log.") for n in names(["log"]))
     assert not any(n.startswith("spark") for n in names(None))
     assert names(["spark"]) and all(n.startswith("spark.") for n in names(["spark"]))
+
+
+@pytest.mark.parametrize("mode", ["serial", "serial+gather", "pipelined", "pipelined+gather"])
+def test_the_group_commit_model_runs_every_mode(tmp_path, mode):
+    from benchmarks.group_commit_model import run as run_model
+
+    rate, per_group = run_model(mode, threads=4, seconds=0.2, directory=str(tmp_path))
+    assert rate > 0
+    assert 1 <= per_group <= 4  # a group never holds more appends than there are appenders waiting
+    assert not os.listdir(tmp_path), "the model's file must be removed"
