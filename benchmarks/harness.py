@@ -1,4 +1,4 @@
-"""The benchmark model and runner: workloads, contenders, alternation, medians.
+"""The benchmark model and runner: workloads, contenders, rotation, medians.
 
 A :class:`Workload` pits walkv (the contender named ``"walkv"``) against its
 peers. Every contender is prepared once (untimed: loading data, writing a
@@ -8,8 +8,9 @@ one at each (``walkv, peer1, peer2``, then ``peer1, peer2, walkv``, then
 of them alike, and so does what one run leaves the next: memory touched for
 the first time costs several times more on some virtual machines
 (:func:`benchmarks.machine.first_touch_us`), and with a fixed order the same
-contender would always be the one to touch it. The result is the median rate of each contender and, for each
-peer, the ratio walkv/peer against the target the issue states (PASS/MISS).
+contender would always be the one to touch it. The result is the median rate
+of each contender and, for each peer, the ratio walkv/peer against the target
+the issue states (PASS/MISS), with the ratios of the rounds themselves.
 Peers without a target are extra columns (ratio shown, no verdict). A
 :class:`Limit` is an absolute bound (e.g. max RSS) instead of a ratio.
 

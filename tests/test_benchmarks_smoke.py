@@ -22,7 +22,7 @@ def _config(tmp_path) -> Config:
     return Config(quick=True, repeats=3, base_dir=str(tmp_path), verbose=False)
 
 
-def test_contenders_alternate_and_medians_give_the_verdicts(tmp_path):
+def test_contenders_rotate_and_medians_give_the_verdicts(tmp_path):
     calls: list[str] = []
     rates = {"walkv": [10.0, 30.0, 20.0], "fast": [40.0, 40.0, 40.0], "slow": [5.0, 5.0, 10.0]}
 
