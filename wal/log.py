@@ -30,7 +30,7 @@ append raises :class:`LogFailedError` (retrying an fsync and trusting the data
 is wrong after the kernel may have dropped the dirty pages). Nothing
 acknowledged before is lost; reopen to go on. Its message states what is
 durable, what was acknowledged, and what may or may not be there
-(:func:`wal.errors.log_failed`).
+(:func:`wal.failures.log_failed`).
 
 A log whose directory is deleted or replaced under it (``rm -rf``) fails with
 :class:`~wal.errors.StoreVanishedError` instead of writing into deleted
@@ -56,7 +56,8 @@ from mypy_extensions import mypyc_attr
 from wal.append import Appender
 from wal.commit import Callback, GroupCommit
 from wal.crc import BytesLike
-from wal.errors import ClosedError, LogFailedError, OutcomeUnknownError, StoreVanishedError, file_error, log_failed
+from wal.errors import ClosedError, LogFailedError, OutcomeUnknownError, StoreVanishedError
+from wal.failures import file_error, log_failed
 from wal.flusher import BatchFlusher
 from wal.forkguard import Refusing, track
 from wal.fs import OS_FS, FileSystem

@@ -27,7 +27,8 @@ import json
 import logging
 import os
 
-from wal.errors import CorruptionError, file_error
+from wal.errors import CorruptionError
+from wal.failures import file_error
 from wal.fs import OS_FS, File, FileSystem
 from wal.index import read_index
 from wal.segment import SegmentFile, SegmentScan, index_path, list_segments, read_header

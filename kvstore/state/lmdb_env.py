@@ -43,7 +43,8 @@ import os
 import lmdb
 
 from kvstore.state.lmdb_ops import preallocate
-from wal.errors import CorruptionError, DiskFullError, WalkvError, file_error
+from wal.errors import CorruptionError, DiskFullError, WalkvError
+from wal.failures import file_error
 from wal.forkguard import forked_error, inherited_from
 
 MIB = 1 << 20

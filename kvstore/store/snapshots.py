@@ -42,7 +42,8 @@ from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 from kvstore.state.machine import State
 from kvstore.store.groups import group_start
 from wal import list_segments, read_durable_lsn
-from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError, file_error
+from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError
+from wal.failures import file_error
 from wal.fs import FileSystem
 from wal.progress import Progress
 
