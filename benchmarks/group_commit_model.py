@@ -35,11 +35,11 @@ import os
 import statistics
 import tempfile
 import threading
-import time
 
 import msgpack
 
 from benchmarks.machine import fsync_latency_ms, python_speed_ms
+from benchmarks.timing import threaded
 
 MODES = ("serial", "serial+gather", "pipelined", "pipelined+gather")
 GATHER_SECONDS = 0.0002
@@ -148,24 +148,8 @@ def run(mode: str, threads: int, seconds: float, directory: str) -> tuple[float,
         os.pwrite(fd, b"\0" * FILE_BYTES, 0)
         os.fsync(fd)
         model = Model(fd, mode, threads)
-        counts = [0] * threads
-        stop = time.perf_counter() + seconds
-
-        def appender(t: int) -> None:
-            n = 0
-            while time.perf_counter() < stop:
-                model.append(payload(n))
-                n += 1
-            counts[t] = n
-
-        workers = [threading.Thread(target=appender, args=(t,)) for t in range(threads)]
-        started = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        elapsed = time.perf_counter() - started
-        return sum(counts) / elapsed, sum(counts) / max(model.groups, 1)
+        measured = threaded(threads, seconds, lambda _thread: lambda n: model.append(payload(n)))
+        return measured.rate, measured.ops / max(model.groups, 1)
     finally:
         os.close(fd)
         os.unlink(path)
