@@ -1,12 +1,17 @@
 """The state machine's bookkeeping and base load (kvstore/state/meta.py,
 kvstore/state/base_load.py) and its keyspaces' handles
 (kvstore/state/keyspace_dbs.py), on a real LMDB environment: what a reopen
-finds, what is refused, and that a write transaction that does not commit
-leaves no keyspace handle behind."""
+finds, what is refused, that a write transaction that does not commit
+leaves no keyspace handle behind, and that opening a keyspace's handle
+beside another thread's write transaction waits for it instead of freezing
+the process."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -81,3 +86,44 @@ def test_a_keyspace_created_by_a_write_that_does_not_commit_is_forgotten(tmp_pat
     assert env.keyspace_epoch > epoch
     assert s.keyspaces() == ["orders"] and s.get_in("orders", b"k") == b"v"
     s.close()
+
+
+# In a child, so that the old deadlock (one thread waiting for LMDB's writer lock while holding the GIL, the
+# writer waiting for the GIL) fails the test at the timeout instead of freezing the suite.
+_OPEN_BESIDE_A_WRITE = textwrap.dedent("""
+    import sys, threading, time
+    from kvstore.state import State
+    s = State(sys.argv[1])
+    s.initialize("ab12", 0, complete=True)
+    env = s.lmdb
+    s.lmdb.write(lambda txn: txn.put(b"k", b"v", db=env.keyspace_db_in(txn, "orders")))
+    s.close()
+    s = State(sys.argv[1])  # reopened: no keyspace handle is open yet
+    env = s.lmdb
+    in_txn = threading.Event()
+
+    def write(txn):
+        in_txn.set()
+        time.sleep(0.3)  # (needs the GIL back to return: the main thread must not hold it while it waits)
+        for i in range(1000):  # py-lmdb lets go of the GIL around each key
+            txn.put(b"x%d" % i, b"y")
+
+    writer = threading.Thread(target=env.write, args=(write,))
+    writer.start()
+    in_txn.wait()
+    print(env.keyspace_db("orders") is not None, env.keyspace_db("never-written") is None,
+          s.get_in("orders", b"k"), flush=True)
+    writer.join()
+    print(s.get(b"x999"))
+    s.close()
+""")
+
+
+def test_a_keyspace_handle_opened_beside_another_threads_write_waits_for_it(tmp_path):
+    try:
+        ran = subprocess.run([sys.executable, "-c", _OPEN_BESIDE_A_WRITE, os.path.join(str(tmp_path), "lmdb")],
+                             capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("opening a keyspace's handle beside another thread's write transaction froze the process")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split("\n")[:2] == ["True True b'v'", "b'y'"]

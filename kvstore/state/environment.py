@@ -306,7 +306,12 @@ class Environment:
         this thread (LMDB's writer lock belongs to the thread that began it);
         other writers wait meanwhile."""
         while True:
-            txn = self.env.begin(write=True, db=self.data_db)
+            self.keyspaces.write_begins()
+            try:
+                txn = self.env.begin(write=True, db=self.data_db)
+            except BaseException:
+                self.keyspaces.write_ended()
+                raise
             try:
                 fn(txn)
                 return txn

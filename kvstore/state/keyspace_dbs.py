@@ -9,6 +9,17 @@ not handed to readers, and it is forgotten if the transaction does not commit
 (:meth:`KeyspaceDbs.forget_created`). :attr:`KeyspaceDbs.epoch` counts the handles
 added, so that a reader that lists keyspaces can tell whether one appeared while
 it read.
+
+A handle that is not open yet is opened while no write transaction is in
+progress (:meth:`KeyspaceDbs.write_begins` to :meth:`KeyspaceDbs.write_ended`),
+and no write transaction begins while one is being opened. The reason:
+py-lmdb's ``open_db`` without a transaction begins a write transaction of its
+own while it holds the GIL, so if another thread held LMDB's writer lock, the
+two would wait for each other for ever: the opener for the writer lock, the
+writer (py-lmdb lets go of the GIL around each key it writes) for the GIL. A
+RESP client's first command in a database not written yet (SELECT 2, then a
+pipeline of SETs) froze the whole server so while an overlay flush ran.
+Waiting here lets go of the GIL.
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ class KeyspaceDbs:
         self.path = path
         self._handles: dict[str, lmdb._Database] = {}
         self._lock = threading.Lock()
+        self._no_write = threading.Condition(self._lock)  # notified when a write transaction ends
+        self._writer: int | None = None  # the thread whose write transaction is in progress
         self._created: list[str] = []  # opened in the write transaction in progress
         self.epoch = 0  # bumped whenever a handle is added
 
@@ -47,19 +60,24 @@ class KeyspaceDbs:
         if db is not None and not self._created:
             return db
         with self._lock:
-            if name in self._created:
-                return None  # created by the write transaction in progress: not there yet
-            db = self._handles.get(name)
-            if db is None:
-                try:
-                    db = self.env.open_db(KEYSPACE_PREFIX + name.encode("ascii"), create=False)
-                except lmdb.NotFoundError:
-                    return None
-                except lmdb.Error as exc:
-                    raise read_error(exc, self.path) from None
-                self._handles[name] = db
-                self.epoch += 1
-            return db
+            while True:
+                if name in self._created:
+                    return None  # created by the write transaction in progress: not there yet
+                known = self._handles.get(name)
+                if known is not None:
+                    return known
+                if self._writer is None or self._writer == threading.get_ident():
+                    break  # (the writer's own thread: py-lmdb refuses its second write transaction)
+                self._no_write.wait()  # (module docstring: never open_db beside a write transaction)
+            try:
+                opened = self.env.open_db(KEYSPACE_PREFIX + name.encode("ascii"), create=False)
+            except lmdb.NotFoundError:
+                return None
+            except lmdb.Error as exc:
+                raise read_error(exc, self.path) from None
+            self._handles[name] = opened
+            self.epoch += 1
+            return opened
 
     def get_in(self, txn: lmdb.Transaction, name: str) -> lmdb._Database:
         """In the write transaction ``txn``: keyspace ``name``'s database,
@@ -94,6 +112,17 @@ class KeyspaceDbs:
             for name in self._created:
                 self._handles.pop(name, None)
 
+    def write_begins(self) -> None:
+        """This thread is about to begin a write transaction: from now until
+        :meth:`write_ended`, handles are opened by it alone (module docstring).
+        Waits while another thread opens one."""
+        with self._lock:
+            self._writer = threading.get_ident()
+
     def write_ended(self) -> None:
-        """The write transaction committed or was aborted (after :meth:`forget_created`)."""
-        self._created.clear()
+        """The write transaction committed or was aborted (after :meth:`forget_created`),
+        or never began."""
+        with self._lock:
+            self._created.clear()
+            self._writer = None
+            self._no_write.notify_all()
