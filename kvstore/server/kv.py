@@ -10,9 +10,10 @@ checked by the same code that checks the embedded API's, so a key or value
 the embedded API refuses is refused here with the same error.
 
 Reads answer from LMDB on the event loop's thread. The LSN a read answers
-with (``Walkv-Lsn``, ``lsn``) is the applied LSN read just before it: the
-read saw at least every write up to it. A scan page and a ``get_many`` read
-through one view: everything as of that one LSN.
+with (``Walkv-Lsn``, ``lsn``) is the one it read at, exactly: a GET and a
+ttl read the state as of that LSN, no later write in it
+(:meth:`kvstore.KVStore.read_at`); a scan page and a ``get_many`` read
+through one view: everything as of its LSN.
 
 Answers are bounded (:attr:`~kvstore.server.context.Limits.max_answer_bytes`
 of keys and values; one item always fits): a scan page ends early, with its
@@ -95,8 +96,8 @@ async def get_key(request: web.Request, match: RouteMatch) -> web.Response:
     s = served(request)
     await s.wait_applied(match.query)
     key = path_key(match)
-    lsn = s.store.applied_lsn
-    value = space(s, match.query).get(key)
+    keys = space(s, match.query)
+    value, lsn = s.store.read_at(lambda: keys.get(key))
     if value is None:
         return json_response({"error": {"type": "NotFound", "message": f"no key {key[:64]!r}", "lsn": lsn}},
                              404, {"Walkv-Lsn": str(lsn)})
@@ -122,8 +123,10 @@ async def ttl(request: web.Request, match: RouteMatch) -> web.Response:
     """``{"ttl": seconds | null, "lsn"}``, as ``db.ttl(key)``."""
     s = served(request)
     await s.wait_applied(match.query)
-    lsn = s.store.applied_lsn
-    return json_response({"ttl": space(s, match.query).ttl(path_key(match)), "lsn": lsn})
+    key = path_key(match)
+    keys = space(s, match.query)
+    seconds, lsn = s.store.read_at(lambda: keys.ttl(key))
+    return json_response({"ttl": seconds, "lsn": lsn})
 
 
 # -- many keys -------------------------------------------------------------------

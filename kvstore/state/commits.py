@@ -51,8 +51,12 @@ class LmdbCommits:
 
     ``reads_changed()`` is called, with the overlay's flush lock held, after
     a commit that may have changed which keys have an expiry;
-    ``written_through(last, expiry)`` after a write-through transaction up to
-    LSN ``last`` committed (``expiry``: it went through the expiry metadata).
+    ``publishing(last)`` in a write-through transaction (or a group's, by
+    :mod:`kvstore.state.groups`) just before the commit that makes LSNs up to
+    ``last`` visible (:mod:`kvstore.state.exact_reads`; a flush changes no
+    value a read sees, and does not call it); ``written_through(last,
+    expiry)`` after a write-through transaction up to LSN ``last`` committed
+    (``expiry``: it went through the expiry metadata).
     """
 
     lmdb: Environment
@@ -70,10 +74,12 @@ class LmdbCommits:
     failure: Exception | None
     """A commit that failed: raised by every later apply and flush."""
     reads_changed: Callable[[], None]
+    publishing: Callable[[int], None]
     written_through: Callable[[int, bool], None]
 
     def __init__(self, env: Environment, overlay: Overlay, expiry: Expiry, applied_lsn: int, *,
-                 reads_changed: Callable[[], None], written_through: Callable[[int, bool], None]) -> None:
+                 reads_changed: Callable[[], None], publishing: Callable[[int], None],
+                 written_through: Callable[[int, bool], None]) -> None:
         self.lmdb = env
         self.overlay = overlay
         self.expiry = expiry
@@ -84,6 +90,7 @@ class LmdbCommits:
         self.max_seconds = 0.0
         self.failure = None
         self.reads_changed = reads_changed
+        self.publishing = publishing
         self.written_through = written_through
 
     def flush(self) -> None:
@@ -147,6 +154,8 @@ class LmdbCommits:
                 else:
                     apply_ops(txn, ops, env.keyspace_db_in)
                 txn.put(K_APPLIED, pack_lsn(last), True, True, False, main)
+                if not hold:  # (a held transaction is published by ThroughWrite.commit)
+                    self.publishing(last)
             if hold:
                 t0 = time.perf_counter()
                 txn = self.begin(write, last)
@@ -233,6 +242,7 @@ class ThroughWrite:
     def commit(self) -> None:
         commits = self.commits
         try:
+            commits.publishing(self.last)
             commits.commit(self.txn, self.write, self.last, self.seconds)
             commits._through_committed(self.last, self.thaw, self.expiry)
         finally:

@@ -143,6 +143,7 @@ class Groups:
         def write(txn: lmdb.Transaction) -> None:
             self.write(txn, lsn, ops, apply)
             txn.put(K_APPLIED, pack_lsn(lsn), True, True, False, env.main_db)
+            commits.publishing(lsn)
         commits.run(write, lsn)
         commits.written_through(lsn, through_expiry)
 

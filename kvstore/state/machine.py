@@ -45,7 +45,7 @@ import logging
 import operator
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 import lmdb
 
@@ -66,6 +66,7 @@ from kvstore.entry.limits import DEFAULT_KEYSPACE
 from kvstore.state.base_load import load_sections
 from kvstore.state.commits import LmdbCommits
 from kvstore.state.environment import Environment
+from kvstore.state.exact_reads import read_at_lsn
 from kvstore.state.expiring_reads import ExpiringReads
 from kvstore.state.expiry import Expiry
 from kvstore.state.groups import Groups
@@ -89,6 +90,7 @@ step), since with ``writemap`` the whole map is given real blocks
 waits for open read views (a snapshot being written), so a small store
 should rarely need one."""
 
+T = TypeVar("T")
 _first: Final = operator.itemgetter(0)
 _PUT_CODES: Final = {OP_PUT}
 _OVERLAY_CODES: Final = {OP_PUT, OP_DELETE}
@@ -151,7 +153,7 @@ class State:
         # the write transactions to LMDB, their failure and counters (kvstore/state/commits.py)
         self.commits = LmdbCommits(self.lmdb, self.overlay, self.expiry, self.applied_lsn,
                                    reads_changed=lambda: self.gets.expiry_changed(),
-                                   written_through=self._written_through)
+                                   publishing=self._publishing, written_through=self._written_through)
         # staged groups: parts until their commit, each group entry a transaction (kvstore/state/groups.py)
         self.groups = Groups(self.lmdb, self.expiry, self.commits, self.apply, self._count, readonly=readonly)
         # The read paths (kvstore/state/reads.py, chosen once) and the reads that know expiry and keyspaces
@@ -178,12 +180,13 @@ class State:
         with self.lmdb.env.begin() as txn:
             meta = read_meta(txn, self.lmdb.main_db, self.path)
         self.initialized, self.store_id, self.applied_lsn, self.complete = meta
+        self.applying_lsn = self.applied_lsn  # raised first while a group is applied (kvstore/state/exact_reads.py)
 
     def initialize(self, store_id: str, base_lsn: int = 0, *, complete: bool) -> None:
         """Write the meta of a fresh (or rebuilding) environment."""
         self.lmdb.write(partial(write_meta, self.lmdb.main_db, store_id, base_lsn, complete))
         self.store_id = store_id
-        self.applied_lsn = self.commits.applied_lsn = base_lsn
+        self.applied_lsn = self.applying_lsn = self.commits.applied_lsn = base_lsn
         self.complete = complete
         self.initialized = True
 
@@ -196,7 +199,7 @@ class State:
         n = load_sections(self.lmdb, self.expiry, self.groups, pairs, sections or {}, chunk)
         self.gets.expiry_changed()
         self.lmdb.write(partial(mark_complete, self.lmdb.main_db, base_lsn, True))
-        self.applied_lsn = self.commits.applied_lsn = base_lsn
+        self.applied_lsn = self.applying_lsn = self.commits.applied_lsn = base_lsn
         self.complete = True
         return n
 
@@ -227,55 +230,61 @@ class State:
             return
         if first_lsn <= applied:
             batches = batches[applied + 1 - first_lsn:]
-        if len(batches) == 1 and self.use_overlay:
-            ops = batches[0]
-            op = ops[0] if len(ops) == 1 else None
-            if type(op) is list:  # the common group: one op (a list, as logged: compiled, read in C)
-                code: int = op[0]  # (an int, as decoded or built: compared in C)
-                if code == OP_PUT or code == OP_DELETE:  # ... a put or a delete: into the overlay
-                    self.applied_groups += 1
-                    self.applied_entries += 1
-                    if code == OP_PUT:
-                        self.puts += 1
-                        full_or_due = self.overlay.set(op[1], op[2], last)
-                    else:
-                        self.deletes += 1
-                        full_or_due = self.overlay.set(op[1], None, last)
-                    self.applied_lsn = last
-                    if full_or_due:
-                        self.flush()
-                    return
-        flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
-        # (a batch of puts says so, kvstore.entry.codec.PlainPuts: 100,000 ops need no look)
-        codes = _PUT_CODES if type(flat) is PlainPuts else set(map(_first, flat))
-        if not codes.isdisjoint(GROUP_CODES):  # a staged group's part, commit or abort
-            self.groups.apply(last - len(batches) + 1, batches)
-            return
-        if not codes.isdisjoint(KEYSPACE_CODES):  # keyspaces: a separate branch, op by op
-            self._apply_keyspaces(batches, last, payloads)
-            return
-        if not codes.isdisjoint(NO_WRITE_CODES):  # conditional batches: decided in the log
-            flat = [op for ops in batches for op in conditions.writes_of(ops)]
-            codes = set(map(_first, flat))
-        self.applied_groups += 1
-        self.applied_entries += len(batches)
-        if codes == _PUT_CODES:
-            self.puts += len(flat)
-        else:
-            self._count(flat)
-        if not codes.isdisjoint(EXPIRY_CODES):
-            self._write_through(flat, last, 0, puts_only=False, expiry_ops=True)
-        elif (self.use_overlay and flat and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS
-              and self._staging is None):
-            # (a group that writes nothing, failed transactions only, goes to LMDB below so that
-            # LMDB's applied LSN, which snapshots read, covers it: the overlay keeps no LSN without a key)
-            self._to_overlay(flat, last)
-        else:
-            self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES,
-                                expiry_ops=False)
+        try:
+            if len(batches) == 1 and self.use_overlay:
+                ops = batches[0]
+                op = ops[0] if len(ops) == 1 else None
+                if type(op) is list:  # the common group: one op (a list, as logged: compiled, read in C)
+                    code: int = op[0]  # (an int, as decoded or built: compared in C)
+                    if code == OP_PUT or code == OP_DELETE:  # ... a put or a delete: into the overlay
+                        self.applied_groups += 1
+                        self.applied_entries += 1
+                        self.applying_lsn = last
+                        if code == OP_PUT:
+                            self.puts += 1
+                            full_or_due = self.overlay.set(op[1], op[2], last)
+                        else:
+                            self.deletes += 1
+                            full_or_due = self.overlay.set(op[1], None, last)
+                        self.applied_lsn = last
+                        if full_or_due:
+                            self.flush()
+                        return
+            flat = batches[0] if len(batches) == 1 else [op for ops in batches for op in ops]
+            # (a batch of puts says so, kvstore.entry.codec.PlainPuts: 100,000 ops need no look)
+            codes = _PUT_CODES if type(flat) is PlainPuts else set(map(_first, flat))
+            if not codes.isdisjoint(GROUP_CODES):  # a staged group's part, commit or abort
+                self.groups.apply(last - len(batches) + 1, batches)
+                return
+            if not codes.isdisjoint(KEYSPACE_CODES):  # keyspaces: a separate branch, op by op
+                self._apply_keyspaces(batches, last, payloads)
+                return
+            if not codes.isdisjoint(NO_WRITE_CODES):  # conditional batches: decided in the log
+                flat = [op for ops in batches for op in conditions.writes_of(ops)]
+                codes = set(map(_first, flat))
+            self.applied_groups += 1
+            self.applied_entries += len(batches)
+            if codes == _PUT_CODES:
+                self.puts += len(flat)
+            else:
+                self._count(flat)
+            if not codes.isdisjoint(EXPIRY_CODES):
+                self._write_through(flat, last, 0, puts_only=False, expiry_ops=True)
+            elif (self.use_overlay and flat and codes <= _OVERLAY_CODES and len(flat) < DIRECT_OPS
+                  and self._staging is None):
+                # (a group that writes nothing, failed transactions only, goes to LMDB below so that
+                # LMDB's applied LSN, which snapshots read, covers it: the overlay keeps no LSN without a key)
+                self._to_overlay(flat, last)
+            else:
+                self._write_through(flat, last, sum(map(payload_size, payloads)), puts_only=codes == _PUT_CODES,
+                                    expiry_ops=False)
+        except BaseException:
+            self.applying_lsn = self.applied_lsn  # (nothing past it was made visible: a failed commit aborted)
+            raise
 
     def _to_overlay(self, ops: Ops, last: int) -> None:
         """Apply puts and deletes ending at LSN ``last`` to the overlay."""
+        self.applying_lsn = last
         full_or_due = self.overlay.add(ops, last)
         self.applied_lsn = last
         if full_or_due:
@@ -323,6 +332,12 @@ class State:
                                              expiry=expiry_ops or self.expiry.keys > 0, hold=staging is not None)
         if staging is not None:
             staging.through = through
+
+    def _publishing(self, last: int) -> None:
+        """In a write transaction about to commit writes up to LSN ``last``:
+        a read that may see them waits for :attr:`applied_lsn` to reach it
+        (:mod:`kvstore.state.exact_reads`)."""
+        self.applying_lsn = last
 
     def _written_through(self, last: int, expiry: bool) -> None:
         """After a write-through transaction up to LSN ``last`` committed (the
@@ -402,6 +417,15 @@ class State:
     def keyspaces(self) -> list[str]:
         """:meth:`ExpiringReads.keyspaces <kvstore.state.expiring_reads.ExpiringReads.keyspaces>`."""
         return self.expiring_reads.keyspaces()
+
+    def read_at(self, read: Callable[[], T]) -> tuple[T, int]:
+        """``(read(), lsn)``: a read of this state and the applied LSN it
+        read at, exactly (:func:`kvstore.state.exact_reads.read_at_lsn`; a
+        read-only open compares the writer's applied LSN in LMDB before and
+        after)."""
+        if self.readonly:
+            return read_at_lsn(read, self.read_meta_applied, self.read_meta_applied, self.path)
+        return read_at_lsn(read, lambda: self.applied_lsn, lambda: self.applying_lsn, self.path)
 
     def read_meta_applied(self) -> int:
         """The applied LSN as LMDB holds it now (read-only opens: the

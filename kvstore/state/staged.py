@@ -37,6 +37,8 @@ class StagingState(Protocol):
 
     path: str
     _staging: StagedApply | None
+    applied_lsn: int
+    applying_lsn: int
 
     def apply(self, first_lsn: int, batches: Sequence[Ops], payloads: Sequence[Payload] = ()) -> None: ...
 
@@ -78,7 +80,12 @@ class StagedApply:
         already, on a replay)."""
         through, self.through = self.through, None
         if through is not None:
-            through.commit()
+            try:
+                through.commit()
+            except BaseException:
+                state = self.state
+                state.applying_lsn = state.applied_lsn  # (the commit failed: nothing of it is visible)
+                raise
 
     def abort(self) -> None:
         through, self.through = self.through, None

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import snapshot
 import wal
@@ -72,6 +72,8 @@ from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
 from wal.record import DEFAULT_MAX_RECORD_BYTES
 from wal.timeline import History, TimelineStart
+
+T = TypeVar("T")
 
 
 class KVStore(MutableLookups):
@@ -465,6 +467,17 @@ class KVStore(MutableLookups):
         """The last LSN applied: what this process's reads see (read-only:
         what the writer has written to LMDB)."""
         return self._writer.applied_lsn(self._state)
+
+    def read_at(self, read: Callable[[], T]) -> tuple[T, int]:
+        """``(read(), lsn)``: run ``read`` (a read of this store or of one of
+        its keyspaces: ``lambda: db.get(k)``) and return its result with the
+        applied LSN it read at, exactly: the result is the store's as of
+        that LSN, no later write in it (it runs again when a group was
+        applied meanwhile; :mod:`kvstore.state.exact_reads`). What the
+        server sends with a read (``Walkv-Lsn``). Not for a read that takes
+        long (a scan): a :meth:`view` has its :attr:`~kvstore.state.view.View.lsn`."""
+        self._check_open()
+        return self._state.read_at(read)
 
     @property
     def history(self) -> History:

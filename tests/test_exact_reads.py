@@ -1,0 +1,117 @@
+"""Reads at an exact LSN (kvstore/state/exact_reads.py, ``KVStore.read_at``):
+the protocol on its own (which tries it accepts, that it gives up on a
+stuck applying thread), then a real store with a writer thread applying
+all along, through the overlay, through LMDB commits, in a keyspace, and
+a bulk batch: every read's value is the log's at exactly the LSN it says.
+
+Reading ``applied_lsn`` and then the value (what the server did before)
+fails the threaded check: a group applied between the two gives a value
+newer than its LSN (about 1 read in 30,000 here, with a Python call
+between the two reads as the server had)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import kvstore
+from kvstore.state import exact_reads
+from kvstore.state.exact_reads import read_at_lsn
+from wal.errors import WalkvError
+
+READS = 60_000
+
+
+def test_a_read_with_no_group_applied_meanwhile_is_taken_at_once():
+    calls = []
+    assert read_at_lsn(lambda: calls.append(1) or "v", lambda: 7, lambda: 7, "p") == ("v", 7)
+    assert calls == [1]
+
+
+def test_a_read_that_a_group_may_have_reached_runs_again_at_the_newer_lsn():
+    applied = iter([7, 8])
+    applying = iter([8, 8])  # a group up to 8 began (and may be visible) while the first try read
+    values = iter(["old-or-new", "new"])
+    assert read_at_lsn(lambda: next(values), lambda: next(applied), lambda: next(applying), "p") == ("new", 8)
+
+
+def test_a_read_that_never_finds_the_state_still_gives_up_with_a_clear_error(monkeypatch):
+    monkeypatch.setattr(exact_reads, "SPINS", 3)
+    monkeypatch.setattr(exact_reads, "MAX_SECONDS", 0.01)
+    with pytest.raises(WalkvError, match=r"at /s/lmdb found writes past LSN 7 being applied .* stuck"):
+        read_at_lsn(lambda: None, lambda: 7, lambda: 8, "/s/lmdb")
+
+
+def _through(x):
+    """A Python call between the LSN and the value, as the server's handler
+    makes: a point where the reading thread lets the applying one run."""
+    return x
+
+
+def _check_reads(db, write_one, read_one) -> int:
+    """Writes (``write_one(i)`` returns ``(lsn, value)``) from one thread
+    while this one reads (``read_one()``) through ``db.read_at``; every read's
+    value must be the last write's at or below its LSN. Returns the number
+    of reads that were not at the newest LSN written (the interleavings)."""
+    written: dict[int, bytes] = {}
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            lsn, value = write_one(i)
+            written[lsn] = value
+
+    reads = []
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        while len(reads) < READS:
+            reads.append(db.read_at(lambda: _through(read_one())))
+    finally:
+        stop.set()
+        t.join()
+    assert len(written) > 10, "the writer hardly ran: nothing was checked"
+    lsns = sorted(written)
+    wrong = []
+    for value, lsn in reads:
+        below = [w for w in lsns if w <= lsn]
+        expected = written[below[-1]] if below else None
+        if value != expected:
+            wrong.append((lsn, value, expected))
+    assert not wrong, f"{len(wrong)} of {len(reads)} reads answered a value not the log's at their LSN: {wrong[:5]}"
+    return sum(1 for _, lsn in reads if lsn < lsns[-1])
+
+
+@pytest.mark.parametrize("overlay", [True, False], ids=["overlay", "lmdb-commits"])
+def test_a_get_is_the_logs_value_at_the_lsn_it_says(tmp_path, overlay):
+    with kvstore.open(tmp_path / "s", sync="none", overlay=overlay) as db:
+        def put(i: int) -> tuple[int, bytes]:
+            value = b"v%d" % i
+            return db.put(b"k", value), value
+        _check_reads(db, put, lambda: db.get(b"k"))
+
+
+def test_a_keyspace_get_is_the_logs_value_at_the_lsn_it_says(tmp_path):
+    with kvstore.open(tmp_path / "s", sync="none") as db:
+        space = db.keyspace("users")
+
+        def put(i: int) -> tuple[int, bytes]:
+            value = b"v%d" % i
+            return space.put(b"k", value), value
+        _check_reads(db, put, lambda: space.get(b"k"))
+
+
+def test_a_get_beside_bulk_batches_committed_while_the_log_syncs_is_at_its_lsn(tmp_path):
+    """Batches of 5,000 puts are staged (kvstore/state/staged.py): written
+    into LMDB while the log's fsync runs, made visible by the commit after."""
+    with kvstore.open(tmp_path / "s", sync="always") as db:
+        def batch(i: int) -> tuple[int, bytes]:
+            value = b"v%d" % i
+            with db.batch() as b:
+                for n in range(5000):
+                    b.put(b"k" if n == 4999 else b"filler%d" % n, value)
+            return db.applied_lsn, value  # (one writer: the batch's own LSN)
+        _check_reads(db, batch, lambda: db.get(b"k"))
