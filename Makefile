@@ -17,7 +17,7 @@ DEMO_ARGS ?= $(if $(CI),--small,)
 
 SMOKE   = build/smoke-venv
 
-.PHONY: demo test test-pure lint docs wheel-smoke bench soak clean
+.PHONY: demo test test-pure bytecode lint docs wheel-smoke bench soak clean
 
 # The dependencies and walkv, editable; WALKV_NO_COMPILE: $(COMPILED) compiles, once.
 $(STAMP): pyproject.toml
@@ -34,8 +34,13 @@ $(COMPILED): $(STAMP) $(CORE_SOURCES)
 	$(PY) -c "import wal; print('walkv:', wal.build_info())"
 	touch $(COMPILED)
 
-demo: $(COMPILED)
-	$(BYTECODE)
+# The project's own sources byte-compiled first (demo, test, test-pure): where PYTHONDONTWRITEBYTECODE is
+# set (many images set it), every Python a test starts (the CLI, the crash children, Spark's workers) would
+# compile ~220 modules again, 0.2 s each: 40% of the CLI tests' time.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -j 0 wal kvstore snapshot benchmarks tests
+
+demo: $(COMPILED) bytecode
 	$(VENV)/bin/walkv demo $(DEMO_ARGS)
 
 # The whole suite on what users get: the compiled twins (a build that fell back to pure Python fails here),
@@ -43,21 +48,15 @@ demo: $(COMPILED)
 # TEST_SEED: a test that passes only after another, or only alone, fails here every time, never now and then.
 # `make test TEST_SEED=7` tries another order; --randomly-dont-reset-seed leaves `random` alone.
 TEST_SEED ?= 32713
-# The project's own sources byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (many images set it),
-# every Python a test starts (the CLI, the crash children, Spark's workers) would compile ~220 modules
-# again, 0.2 s each: 40% of the CLI tests' time.
-BYTECODE = $(PY) -m compileall -q -j 0 wal kvstore snapshot benchmarks tests
-test: $(COMPILED)
+test: $(COMPILED) bytecode
 	$(PY) -c "import wal, sys; info = wal.build_info(); sys.exit(None if info.startswith('compiled') else 'make test: ' + info)"
-	$(BYTECODE)
 	$(PY) -m pytest -q -p randomly --randomly-seed=$(TEST_SEED) --randomly-dont-reset-seed
 
 # The format, property and crash tests again on the interpreted twin (WALKV_PURE=1: wal/compiled.py).
 PURE_TESTS = tests/test_record.py tests/test_record_properties.py tests/test_wal_properties.py \
              tests/test_kvstore_model.py tests/test_crash_kill.py tests/test_crashpoints.py tests/test_compiled.py \
              tests/test_aio.py tests/test_aio_crash.py tests/test_fast_path.py
-test-pure: $(COMPILED)
-	$(BYTECODE)
+test-pure: $(COMPILED) bytecode
 	WALKV_PURE=1 $(PY) -m pytest -q $(PURE_TESTS)
 
 lint: $(COMPILED)

@@ -18,7 +18,7 @@ own while it holds the GIL, so if another thread held LMDB's writer lock, the
 two would wait for each other for ever: the opener for the writer lock, the
 writer (py-lmdb lets go of the GIL around each key it writes) for the GIL. A
 RESP client's first command in a database not written yet (SELECT 2, then a
-pipeline of SETs) froze the whole server so while an overlay flush ran.
+pipeline of SETs) froze the whole server while an overlay flush ran.
 Waiting here lets go of the GIL.
 """
 
