@@ -17,7 +17,7 @@ DEMO_ARGS ?= $(if $(CI),--small,)
 
 SMOKE   = build/smoke-venv
 
-.PHONY: demo test test-pure bytecode lint docs wheel-smoke bench soak clean
+.PHONY: demo test test-half test-durations test-pure bytecode lint docs wheel-smoke bench soak clean
 
 # The dependencies and walkv, editable; WALKV_NO_COMPILE: $(COMPILED) compiles, once.
 $(STAMP): pyproject.toml
@@ -47,10 +47,31 @@ demo: $(COMPILED) bytecode
 # in an order shuffled by pytest-randomly (modules, then the tests in each), the same order for the same
 # TEST_SEED: a test that passes only after another, or only alone, fails here every time, never now and then.
 # `make test TEST_SEED=7` tries another order; --randomly-dont-reset-seed leaves `random` alone.
+#
+# That order is cut once, by pytest-split, into two halves of about equal time as tests/durations.json
+# recorded it (a test it does not know counts as the average), and the halves run at once: most of the
+# suite waits (fsyncs, child processes, servers, Spark), and one test at a time kept the 2 cores a third
+# busy. Each half is the same run every time (the seed and the file decide it): `make test-half HALF=2`
+# runs one alone. The first half prints as it goes; the second's output goes to build/test-half-2.log and
+# is printed after. `make test-durations` records the durations again (one test at a time, ~15 min).
 TEST_SEED ?= 32713
+TEST_ORDER = -p randomly --randomly-seed=$(TEST_SEED) --randomly-dont-reset-seed
+HALVES = $(TEST_ORDER) --splits 2 --splitting-algorithm duration_based_chunks --durations-path tests/durations.json
 test: $(COMPILED) bytecode
 	$(PY) -c "import wal, sys; info = wal.build_info(); sys.exit(None if info.startswith('compiled') else 'make test: ' + info)"
-	$(PY) -m pytest -q -p randomly --randomly-seed=$(TEST_SEED) --randomly-dont-reset-seed
+	mkdir -p build
+	$(PY) -m pytest -q $(HALVES) --group 2 > build/test-half-2.log 2>&1 & second=$$!; \
+	trap 'kill $$second 2>/dev/null' INT TERM; \
+	$(PY) -m pytest -q $(HALVES) --group 1; first=$$?; \
+	wait $$second; second=$$?; \
+	echo "== the second half (build/test-half-2.log), exit $$second =="; cat build/test-half-2.log; \
+	test $$first -eq 0 && test $$second -eq 0
+
+test-half: $(COMPILED) bytecode
+	$(PY) -m pytest -q $(HALVES) --group $(HALF)
+
+test-durations: $(COMPILED) bytecode
+	$(PY) -m pytest -q $(TEST_ORDER) --store-durations --durations-path tests/durations.json
 
 # The format, property and crash tests again on the interpreted twin (WALKV_PURE=1: wal/compiled.py).
 PURE_TESTS = tests/test_record.py tests/test_record_properties.py tests/test_wal_properties.py \

@@ -34,7 +34,7 @@ README's table says what the client can and cannot do.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, NoReturn, TypeVar
 
 from kvstore.client import batches, calls
@@ -259,6 +259,10 @@ class RemoteStore(MutableLookups):
 
     def sweep_expired(self, max_keys: int | None = None) -> NoReturn:
         not_remotely("sweep_expired()", "the server's own sweeper deletes expired keys")
+
+    def read_at(self, read: Callable[[], T]) -> NoReturn:
+        not_remotely("read_at()", "the server runs each read at an exact LSN and says which (Walkv-Lsn, or "
+                     "the answer's lsn); a function of several requests has no one LSN")
 
     # -- reads ---------------------------------------------------------------
 
