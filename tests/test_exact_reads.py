@@ -2,15 +2,17 @@
 the protocol on its own (which tries it accepts, that it gives up on a
 stuck applying thread), then a real store with a writer thread applying
 all along, through the overlay, through LMDB commits, in a keyspace, and
-a bulk batch: every read's value is the log's at exactly the LSN it says.
+a bulk batch, and the server's GET over HTTP: every read's value is the
+log's at exactly the LSN it says.
 
 Reading ``applied_lsn`` and then the value (what the server did before)
-fails the threaded check: a group applied between the two gives a value
-newer than its LSN (about 1 read in 30,000 here, with a Python call
-between the two reads as the server had)."""
+fails these checks: a group applied between the two gives a value newer
+than its LSN. Measured on that code: 12,082 of 60,000 reads beside LMDB
+commits, 2 of 60,000 through the overlay, 162 of 2,000 GETs."""
 
 from __future__ import annotations
 
+import bisect
 import threading
 
 import pytest
@@ -49,11 +51,10 @@ def _through(x):
     return x
 
 
-def _check_reads(db, write_one, read_one) -> int:
+def _check_reads(db, write_one, read_one) -> None:
     """Writes (``write_one(i)`` returns ``(lsn, value)``) from one thread
     while this one reads (``read_one()``) through ``db.read_at``; every read's
-    value must be the last write's at or below its LSN. Returns the number
-    of reads that were not at the newest LSN written (the interleavings)."""
+    value must be the last write's at or below its LSN."""
     written: dict[int, bytes] = {}
     stop = threading.Event()
 
@@ -73,16 +74,21 @@ def _check_reads(db, write_one, read_one) -> int:
     finally:
         stop.set()
         t.join()
+    _assert_at_their_lsns(written, reads)
+
+
+def _assert_at_their_lsns(written: dict[int, bytes], reads: list[tuple[bytes | None, int]]) -> None:
+    """Every ``(value, lsn)`` read is the value of the last write
+    (``written``: LSN -> value) at or below its LSN."""
     assert len(written) > 10, "the writer hardly ran: nothing was checked"
     lsns = sorted(written)
     wrong = []
     for value, lsn in reads:
-        below = [w for w in lsns if w <= lsn]
-        expected = written[below[-1]] if below else None
+        at = bisect.bisect_right(lsns, lsn)
+        expected = written[lsns[at - 1]] if at else None
         if value != expected:
             wrong.append((lsn, value, expected))
     assert not wrong, f"{len(wrong)} of {len(reads)} reads answered a value not the log's at their LSN: {wrong[:5]}"
-    return sum(1 for _, lsn in reads if lsn < lsns[-1])
 
 
 @pytest.mark.parametrize("overlay", [True, False], ids=["overlay", "lmdb-commits"])
@@ -115,3 +121,37 @@ def test_a_get_beside_bulk_batches_committed_while_the_log_syncs_is_at_its_lsn(t
                     b.put(b"k" if n == 4999 else b"filler%d" % n, value)
             return db.applied_lsn, value  # (one writer: the batch's own LSN)
         _check_reads(db, batch, lambda: db.get(b"k"))
+
+
+def test_the_servers_get_answers_the_logs_value_at_its_walkv_lsn(tmp_path):
+    """The same check over HTTP: GETs of ``walkv serve`` (in a thread, on
+    its own event loop) while a thread of the same process writes the store
+    directly, each group committed to LMDB (overlay off)."""
+    httpx = pytest.importorskip("httpx")
+    from tests.served import ServerThread
+
+    with kvstore.open(tmp_path / "s", sync="none", overlay=False) as db:
+        written: dict[int, bytes] = {}
+        stop = threading.Event()
+
+        def writer() -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                value = b"v%d" % i
+                written[db.put(b"k", value)] = value
+
+        server = ServerThread(db)
+        t = threading.Thread(target=writer)
+        reads = []
+        try:
+            t.start()
+            with httpx.Client(base_url=server.url) as http:
+                while len(reads) < 2000:
+                    resp = http.get("/v1/kv/k")
+                    reads.append((resp.content if resp.status_code == 200 else None, int(resp.headers["Walkv-Lsn"])))
+        finally:
+            stop.set()
+            t.join()
+            server.stop()
+    _assert_at_their_lsns(written, reads)
