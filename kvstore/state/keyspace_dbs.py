@@ -19,7 +19,9 @@ two would wait for each other for ever: the opener for the writer lock, the
 writer (py-lmdb lets go of the GIL around each key it writes) for the GIL. A
 RESP client's first command in a database not written yet (SELECT 2, then a
 pipeline of SETs) froze the whole server while an overlay flush ran.
-Waiting here lets go of the GIL.
+Waiting here lets go of the GIL. A keyspace whose database is not in LMDB
+(never written) is told apart first, by a read transaction, which waits for
+no writer: reading it answers at once, even beside a write transaction.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class KeyspaceDbs:
         db = self._handles.get(name)
         if db is not None and not self._created:
             return db
+        if not self._in_lmdb(name):
+            return None  # (never written, as of now: nothing to open, and no reason to wait for a writer)
         with self._lock:
             while True:
                 if name in self._created:
@@ -78,6 +82,16 @@ class KeyspaceDbs:
             self._handles[name] = opened
             self.epoch += 1
             return opened
+
+    def _in_lmdb(self, name: str) -> bool:
+        """Whether keyspace ``name``'s database is in LMDB now: its record in
+        the main database, looked up in a read transaction of its own (which
+        needs no writer lock, unlike ``open_db``)."""
+        try:
+            with self.env.begin() as txn:
+                return txn.get(KEYSPACE_PREFIX + name.encode("ascii"), db=self.main_db) is not None
+        except lmdb.Error as exc:
+            raise read_error(exc, self.path) from None
 
     def get_in(self, txn: lmdb.Transaction, name: str) -> lmdb._Database:
         """In the write transaction ``txn``: keyspace ``name``'s database,
