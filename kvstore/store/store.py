@@ -473,7 +473,8 @@ class KVStore(MutableLookups):
         its keyspaces: ``lambda: db.get(k)``) and return its result with the
         applied LSN it read at, exactly: the result is the store's as of
         that LSN, no later write in it (it runs again when a group was
-        applied meanwhile; :mod:`kvstore.state.exact_reads`). What the
+        applied meanwhile, so it may run more than once, and must only
+        read; :mod:`kvstore.state.exact_reads`). What the
         server sends with a read (``Walkv-Lsn``). Not for a read that takes
         long (a scan): a :meth:`view` has its :attr:`~kvstore.state.view.View.lsn`."""
         self._check_open()
