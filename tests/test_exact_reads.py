@@ -2,8 +2,9 @@
 the protocol on its own (which tries it accepts, that it gives up on a
 stuck applying thread), then a real store with a writer thread applying
 all along, through the overlay, through LMDB commits, in a keyspace, and
-a bulk batch, and the server's GET over HTTP: every read's value is the
-log's at exactly the LSN it says.
+a bulk batch, the server's GET over HTTP, and a read-only open beside a
+writer process: every read's value is the log's at exactly the LSN it
+says.
 
 Reading ``applied_lsn`` and then the value (what the server did before)
 fails these checks: a group applied between the two gives a value newer
@@ -13,6 +14,9 @@ commits, 2 of 60,000 through the overlay, 162 of 2,000 GETs."""
 from __future__ import annotations
 
 import bisect
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -155,3 +159,27 @@ def test_the_servers_get_answers_the_logs_value_at_its_walkv_lsn(tmp_path):
             t.join()
             server.stop()
     _assert_at_their_lsns(written, reads)
+
+
+def test_a_read_only_open_reads_at_the_lsn_its_writer_process_had_written_to_lmdb(tmp_path):
+    """A read-only open beside a writer in another process
+    (tests/replica_writer.py: batch i sets ``a`` to i, entry i of a new
+    store): every read through ``read_at`` is the writer's LMDB as of the
+    LSN it says, whose ``a`` is that LSN."""
+    path = str(tmp_path / "s")
+    writer = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "replica_writer.py"), path,
+                               "1500"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        reads = []
+        with kvstore.open(path, readonly=True) as db:
+            while writer.poll() is None or len(reads) < 100:
+                reads.append(db.read_at(lambda: db.get(b"a")))
+        out = writer.stdout.read()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert writer.returncode == 0 and "done 1500" in out
+    wrong = [(value, lsn) for value, lsn in reads if value != (b"%d" % lsn if lsn else None)]
+    assert not wrong, f"{len(wrong)} of {len(reads)} reads are not the writer's state at their LSN: {wrong[:5]}"
+    assert len({lsn for _, lsn in reads}) > 3, "the reads never saw the writer move: nothing was checked"
