@@ -55,10 +55,10 @@ def _through(x):
     return x
 
 
-def _check_reads(db, write_one, read_one) -> None:
+def _check_reads(write_one, read_one, count: int = READS) -> None:
     """Writes (``write_one(i)`` returns ``(lsn, value)``) from one thread
-    while this one reads (``read_one()``) through ``db.read_at``; every read's
-    value must be the last write's at or below its LSN."""
+    while this one reads ``count`` times (``read_one()`` returns ``(value,
+    lsn)``); every read's value must be the last write's at or below its LSN."""
     written: dict[int, bytes] = {}
     stop = threading.Event()
 
@@ -73,12 +73,17 @@ def _check_reads(db, write_one, read_one) -> None:
     t = threading.Thread(target=writer)
     t.start()
     try:
-        while len(reads) < READS:
-            reads.append(db.read_at(lambda: _through(read_one())))
+        while len(reads) < count:
+            reads.append(read_one())
     finally:
         stop.set()
         t.join()
     _assert_at_their_lsns(written, reads)
+
+
+def _read_at(db, read):
+    """``db.read_at`` of ``read`` through a Python call (:func:`_through`)."""
+    return lambda: db.read_at(lambda: _through(read()))
 
 
 def _assert_at_their_lsns(written: dict[int, bytes], reads: list[tuple[bytes | None, int]]) -> None:
@@ -101,7 +106,7 @@ def test_a_get_is_the_logs_value_at_the_lsn_it_says(tmp_path, overlay):
         def put(i: int) -> tuple[int, bytes]:
             value = b"v%d" % i
             return db.put(b"k", value), value
-        _check_reads(db, put, lambda: db.get(b"k"))
+        _check_reads(put, _read_at(db, lambda: db.get(b"k")))
 
 
 def test_a_keyspace_get_is_the_logs_value_at_the_lsn_it_says(tmp_path):
@@ -111,7 +116,7 @@ def test_a_keyspace_get_is_the_logs_value_at_the_lsn_it_says(tmp_path):
         def put(i: int) -> tuple[int, bytes]:
             value = b"v%d" % i
             return space.put(b"k", value), value
-        _check_reads(db, put, lambda: space.get(b"k"))
+        _check_reads(put, _read_at(db, lambda: space.get(b"k")))
 
 
 def test_a_get_beside_bulk_batches_committed_while_the_log_syncs_is_at_its_lsn(tmp_path):
@@ -124,7 +129,7 @@ def test_a_get_beside_bulk_batches_committed_while_the_log_syncs_is_at_its_lsn(t
                 for n in range(5000):
                     b.put(b"k" if n == 4999 else b"filler%d" % n, value)
             return db.applied_lsn, value  # (one writer: the batch's own LSN)
-        _check_reads(db, batch, lambda: db.get(b"k"))
+        _check_reads(batch, _read_at(db, lambda: db.get(b"k")))
 
 
 def test_the_servers_get_answers_the_logs_value_at_its_walkv_lsn(tmp_path):
@@ -135,30 +140,19 @@ def test_the_servers_get_answers_the_logs_value_at_its_walkv_lsn(tmp_path):
     from tests.served import ServerThread
 
     with kvstore.open(tmp_path / "s", sync="none", overlay=False) as db:
-        written: dict[int, bytes] = {}
-        stop = threading.Event()
-
-        def writer() -> None:
-            i = 0
-            while not stop.is_set():
-                i += 1
-                value = b"v%d" % i
-                written[db.put(b"k", value)] = value
+        def put(i: int) -> tuple[int, bytes]:
+            value = b"v%d" % i
+            return db.put(b"k", value), value
 
         server = ServerThread(db)
-        t = threading.Thread(target=writer)
-        reads = []
         try:
-            t.start()
             with httpx.Client(base_url=server.url) as http:
-                while len(reads) < 2000:
+                def get() -> tuple[bytes | None, int]:
                     resp = http.get("/v1/kv/k")
-                    reads.append((resp.content if resp.status_code == 200 else None, int(resp.headers["Walkv-Lsn"])))
+                    return resp.content if resp.status_code == 200 else None, int(resp.headers["Walkv-Lsn"])
+                _check_reads(put, get, 2000)
         finally:
-            stop.set()
-            t.join()
             server.stop()
-    _assert_at_their_lsns(written, reads)
 
 
 def test_a_read_only_open_reads_at_the_lsn_its_writer_process_had_written_to_lmdb(tmp_path):
