@@ -14,6 +14,7 @@ files; read by :mod:`snapshot.chunk_reader`, written by
     for key, value in snap: ...
     for key, value in snap.items(b"a", b"m"): ...
     snap.verify()                                          # every section
+    snapshot.copy(snap, other_parent, store_id=new_id)    # the same chunks, another store's name
 
     # named sections beside the default one, each its own sorted run of chunks
     snapshot.write(parent, lsn, default_pairs, sections={"ks:users": user_pairs})
@@ -39,7 +40,7 @@ from snapshot.chunk_reader import read_chunk, read_chunk_columns
 from snapshot.layout import chunk_file_name, parse_snapshot_dir_name, snapshot_dir_name
 from snapshot.manifest import SnapshotInfo
 from snapshot.reader import Snapshot, open_snapshot, read_chunk_file, verify
-from snapshot.writer import DEFAULT_CHUNK_BYTES, DEFAULT_RECORD_BYTES, write
+from snapshot.writer import DEFAULT_CHUNK_BYTES, DEFAULT_RECORD_BYTES, copy, write
 from wal.fs import OS_FS
 from wal.readfs import ReadFS
 
@@ -52,6 +53,7 @@ __all__ = [
     "SnapshotInfo",
     "chunk_file_name",
     "cleanup_incomplete",
+    "copy",
     "list_snapshots",
     "newest",
     "open",

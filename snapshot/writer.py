@@ -1,4 +1,5 @@
-"""Writing a snapshot from a sorted stream of (key, value) pairs.
+"""Writing a snapshot from a sorted stream of (key, value) pairs, or as a
+copy of another snapshot's files.
 
 The protocol (the reasons are in :mod:`snapshot.layout`): fill a private
 ``snap-<lsn>.tmp-<hex>/`` directory with chunk files, each fsynced, then the
@@ -25,7 +26,7 @@ from typing import Any
 
 import msgpack
 
-from snapshot.chunk import HEADER_SIZE, MAX_RECORD_BYTES, ChunkInfo
+from snapshot.chunk import HEADER_SIZE, MAX_RECORD_BYTES, ChunkInfo, damaged_chunk
 from snapshot.chunk_writer import ChunkWriter
 from snapshot.layout import (
     MANIFEST_NAME,
@@ -38,8 +39,9 @@ from snapshot.layout import (
     tmp_dir_name,
 )
 from snapshot.manifest import Manifest, SnapshotInfo, check_section_name, encode_manifest
-from snapshot.reader import open_snapshot
-from wal.errors import CorruptionError, SnapshotError
+from snapshot.reader import Snapshot, open_chunk, open_snapshot
+from wal.crc import extend
+from wal.errors import CorruptionError, Damage, SnapshotError
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
 from wal.record import MAX_RECORD_LIMIT
@@ -55,6 +57,7 @@ _PAIR_OVERHEAD = 3  # msgpack bytes per key or value header, about
 _PROGRESS_EVERY = 16  # records
 
 _BYTES_ONLY = {bytes}
+_COPY_BLOCK = 8 << 20  # bytes per read and write of a chunk copy
 
 
 def write(
@@ -134,9 +137,106 @@ def write(
         if why is not None:
             raise ValueError(f"bad snapshot section name {section!r:.120}: {why}")
     runs: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [("", items), *sorted(named.items())]
-    fs = fs or OS_FS
-    final = os.path.join(parent, snapshot_dir_name(lsn))
+    counted: list[int] = []  # the pairs written, once they are
 
+    def fill(fs: FileSystem, tmp: str) -> Manifest:
+        chunks: list[ChunkInfo] = []
+        count = 0
+        limit = max(max_record_bytes, HEADER_SIZE)
+        records = 0
+        cw: ChunkWriter | None = None
+        try:
+            for section, pairs_in in runs:
+                for payload, first, last, pairs in _records(pairs_in, record_bytes):
+                    records += 1
+                    if cw is None:
+                        name = chunk_file_name(len(chunks))
+                        cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn,
+                                         max_record_bytes=MAX_RECORD_LIMIT)
+                    cw.add(payload, first, last, pairs)
+                    if len(payload) > limit:
+                        limit = len(payload)  # a pair larger than the limit: raised for this snapshot
+                    count += pairs
+                    if cw.size >= chunk_bytes:
+                        chunks.append(replace(cw.finish(), section=section))
+                        cw = None
+                        if progress is not None:
+                            progress(count, total)
+                    elif progress is not None and records % _PROGRESS_EVERY == 0:
+                        progress(count, total)
+                if cw is not None:  # a section ends its chunk: the next section starts its own
+                    chunks.append(replace(cw.finish(), section=section))
+                    cw = None
+        finally:
+            if cw is not None:
+                cw.abort()
+        counted.append(count)
+        return Manifest(
+            lsn=lsn,
+            store_id=store_id,
+            created_us=time.time_ns() // 1000,
+            count=count,
+            bytes=sum(c.bytes for c in chunks),
+            chunks=tuple(replace(c, max_record_bytes=limit) for c in chunks),
+            max_record_bytes=limit,
+            sections=tuple(name for name, _ in runs[1:]),
+            bookkeeping=tuple(sorted(n for n in bookkeeping if n in named)),
+        )
+
+    info = _commit(fs or OS_FS, parent, lsn, fill, exist_ok=exist_ok, before_commit=before_commit)
+    if progress is not None and counted:
+        progress(counted[0], total)
+    return info
+
+
+def copy(source: Snapshot, parent: str | os.PathLike[str], *, store_id: str | None,
+         fs: FileSystem | None = None) -> SnapshotInfo:
+    """Write ``parent/snap-<lsn>/`` as a copy of ``source`` (same LSN, same
+    chunks byte for byte) that names ``store_id`` as its store: what a
+    restore gives its new store when no log entry follows the snapshot it
+    restored, at the cost of a file copy rather than of encoding every pair
+    again. Each chunk's copy is checked as it is written against the CRC
+    and size ``source``'s manifest states, so a chunk that changed or was
+    damaged since it was read is a CorruptionError naming it, and nothing
+    is committed. Durability and a snapshot already at the LSN: as
+    :func:`write` (without ``exist_ok``)."""
+    parent = os.fspath(parent)
+    if store_id is not None and (not isinstance(store_id, str) or len(store_id) > 256):
+        raise ValueError("store_id must be None or a string of at most 256 characters")
+
+    def fill(fs: FileSystem, tmp: str) -> Manifest:
+        for chunk in source.all_chunks:
+            _copy_chunk(source, chunk, fs, os.path.join(tmp, chunk.name))
+        return replace(source.manifest, store_id=store_id, created_us=time.time_ns() // 1000)
+
+    return _commit(fs or OS_FS, parent, source.lsn, fill)
+
+
+def _copy_chunk(source: Snapshot, chunk: ChunkInfo, fs: FileSystem, path: str) -> None:
+    """Copy one chunk file of ``source`` to ``path``, fsynced, checked against its manifest entry."""
+    crc = size = 0
+    with open_chunk(source.fs, source.path, chunk) as src:
+        out = fs.open(path, create=True, exclusive=True)
+        try:
+            while block := src.read(_COPY_BLOCK):
+                out.pwrite(block, size)
+                crc = extend(crc, block)
+                size += len(block)
+            out.sync()
+        finally:
+            out.close()
+    if size != chunk.bytes or crc != chunk.crc32c:
+        raise damaged_chunk(f"chunk file changed while it was copied ({size} bytes, CRC {crc:#010x}; the manifest "
+                            f"says {chunk.bytes}, {chunk.crc32c:#010x})",
+                            source.fs.display(source.fs.join(source.path, chunk.name)), 0, Damage.CHECKSUM)
+
+
+def _commit(fs: FileSystem, parent: str, lsn: int, fill: Callable[[FileSystem, str], Manifest], *,
+            exist_ok: bool = False, before_commit: Callable[[], None] | None = None) -> SnapshotInfo:
+    """The protocol of the module docstring around ``fill(fs, tmp)``, which
+    writes the chunk files into ``tmp`` (each fsynced) and returns the
+    manifest that names them; ``exist_ok`` and ``before_commit``: :func:`write`'s."""
+    final = os.path.join(parent, snapshot_dir_name(lsn))
     try:
         existing = _existing(fs, final)
         if existing is not None:
@@ -152,46 +252,10 @@ def write(
 
     lock = DirLock(tmp)
     committed = False
-    cw: ChunkWriter | None = None
     try:
         fs.fsync_dir(parent)
-        chunks: list[ChunkInfo] = []
-        count = 0
-        limit = max(max_record_bytes, HEADER_SIZE)
-        records = 0
-        for section, pairs_in in runs:
-            for payload, first, last, pairs in _records(pairs_in, record_bytes):
-                records += 1
-                if cw is None:
-                    name = chunk_file_name(len(chunks))
-                    cw = ChunkWriter(fs, os.path.join(tmp, name), name, index=len(chunks), lsn=lsn,
-                                     max_record_bytes=MAX_RECORD_LIMIT)
-                cw.add(payload, first, last, pairs)
-                if len(payload) > limit:
-                    limit = len(payload)  # a pair larger than the limit: raised for this snapshot
-                count += pairs
-                if cw.size >= chunk_bytes:
-                    chunks.append(replace(cw.finish(), section=section))
-                    cw = None
-                    if progress is not None:
-                        progress(count, total)
-                elif progress is not None and records % _PROGRESS_EVERY == 0:
-                    progress(count, total)
-            if cw is not None:  # a section ends its chunk: the next section starts its own
-                chunks.append(replace(cw.finish(), section=section))
-                cw = None
+        manifest = fill(fs, tmp)
         fs.fsync_dir(tmp)  # every chunk's name is durable before the manifest names it
-        manifest = Manifest(
-            lsn=lsn,
-            store_id=store_id,
-            created_us=time.time_ns() // 1000,
-            count=count,
-            bytes=sum(c.bytes for c in chunks),
-            chunks=tuple(replace(c, max_record_bytes=limit) for c in chunks),
-            max_record_bytes=limit,
-            sections=tuple(name for name, _ in runs[1:]),
-            bookkeeping=tuple(sorted(n for n in bookkeeping if n in named)),
-        )
         fs.write_file(os.path.join(tmp, MANIFEST_NAME), encode_manifest(manifest))
         fs.fsync_dir(tmp)
         if before_commit is not None:
@@ -207,9 +271,8 @@ def write(
         fs.rename(tmp, final)  # the commit point
         committed = True
         fs.fsync_dir(parent)
-        if progress is not None:
-            progress(count, total)
-        log.info("wrote snapshot %s: %d pairs in %d chunks, %d bytes", final, count, len(chunks), manifest.bytes)
+        log.info("wrote snapshot %s: %d pairs in %d chunks, %d bytes", final, manifest.count, len(manifest.chunks),
+                 manifest.bytes)
         return manifest.info(final)
     except OSError as e:
         if committed:
@@ -219,8 +282,6 @@ def write(
             ) from e
         raise SnapshotError(f"cannot write a snapshot at LSN {lsn} in {parent}: {e}") from e
     finally:
-        if cw is not None:
-            cw.abort()
         lock.release()
         if not committed:
             _remove_quietly(fs, tmp)

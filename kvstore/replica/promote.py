@@ -36,10 +36,10 @@ import os
 import shutil
 from typing import Any, Protocol
 
-import snapshot
 import wal
 from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.store import recovery
+from kvstore.store.snapshots import write_view
 from kvstore.store.store import KVStore
 from wal.fs import OS_FS
 from wal.timeline import History, fork_history, history_until, new_timeline
@@ -77,7 +77,7 @@ def promote(rep: Promotable, options: dict[str, Any]) -> KVStore:
                           history=fork_history(lineage, new_timeline(rep.history, applied + 1))) as new_log:
                 store_id, history = new_log.store_id, new_log.history
             with state.read_view() as view:
-                snapshot.write(snaps, view.lsn, view.pairs(), sections=view.sections(), store_id=store_id, total=view.count)
+                write_view(state, view, snaps, store_id=store_id)
             recovery.write_session(os.path.join(path, LMDB_DIR), store_id, clean=False, history=history)
             OS_FS.unlink(os.path.join(path, REPLICA_NAME))
             OS_FS.fsync_dir(path)

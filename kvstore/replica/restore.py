@@ -16,7 +16,13 @@ directory that is renamed into place when it is whole:
    it, up to ``to_lsn`` (point-in-time restore; default: the durable end);
 3. give the target its own log, empty and continuing at ``to_lsn + 1``, and
    a snapshot at ``to_lsn``, so that it is a store like any other: it can be
-   opened, written, and rebuilt after a machine crash of its own.
+   opened, written, and rebuilt after a machine crash of its own. When no
+   log entry followed the local snapshot it started from, that snapshot's
+   chunk files are copied (checked against their manifest as they are) and
+   named the target's (:func:`snapshot.copy`; in a restore of 1M keys the
+   copy took 0.15 s where encoding every pair again took 0.7 s of 1.86);
+   otherwise the snapshot is written from the restored state, with every
+   section a store's own snapshot has (:func:`~kvstore.store.snapshots.write_view`).
 
 The target is a new store (a new store id): its history diverges from the
 source's after ``to_lsn``. A snapshot directory given as the source restores
@@ -39,7 +45,7 @@ import wal
 from kvstore.archive.reader import time_to_us, us_to_text
 from kvstore.layout import LMDB_DIR, REPLICA_NAME, SNAPSHOTS_DIR, WAL_DIR
 from kvstore.store import recovery
-from kvstore.store.snapshots import choose_base
+from kvstore.store.snapshots import choose_base, write_view
 from wal import Entry, list_segments, read_durable_lsn, read_log, read_store_id
 from wal.errors import CorruptionError, Damage, ReplicaError, RestoreTimeError, SnapshotError, WalkvError
 from wal.fs import OS_FS, file_in_the_way
@@ -218,8 +224,11 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
                     raise CorruptionError(f"restore reached LSN {view.lsn}, not {target_lsn}",
                                           kind=Damage.SEQUENCE, path=source, offset=0, lsn=view.lsn + 1)
                 count = view.count
-                snapshot.write(os.path.join(tmp, SNAPSHOTS_DIR), view.lsn, view.pairs(), sections=view.sections(), store_id=store_id,
-                               total=count)
+                snapshots_dir = os.path.join(tmp, SNAPSHOTS_DIR)
+                if base is not None and base.lsn == target_lsn and base.fs is OS_FS:
+                    snapshot.copy(base, snapshots_dir, store_id=store_id)  # the state is the base's: its files
+                else:
+                    write_view(state, view, snapshots_dir, store_id=store_id)
         finally:
             state.close(sync=True)
         recovery.write_session(lmdb_dir, store_id, clean=True, history=new_history)

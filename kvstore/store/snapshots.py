@@ -34,12 +34,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import snapshot
 import wal
 from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 from kvstore.state.machine import State
+from kvstore.state.readers import ReadView
 from kvstore.store.groups import group_start
 from wal import list_segments, read_durable_lsn
 from wal.errors import ClosedError, CorruptionError, Damage, SnapshotError
@@ -139,19 +140,28 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         if newest and newest[-1].lsn == lsn:
             return newest[-1]
         _move_foreign_aside(parent, lsn, store_id, fs)
-        # the keyspaces' sections ("ks:<name>"), the expiry metadata's ("ttl:...", "lease:...") and the
-        # staged groups' ("groups"), which are bookkeeping: the snapshot's count of keys leaves them out
-        bookkeeping = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
-        bookkeeping.update((name, view.db_pairs(db)) for name, db in view.run(state.groups.sections).items())
-        sections = {**view.sections(), **bookkeeping}
-        items = view.db_pairs(None)  # the view stays open for the sections (before_commit closes it)
-        info = snapshot.write(
-            parent, lsn, items, sections=sections, store_id=store_id, fs=fs, progress=progress, total=view.count,
-            before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
-            max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES), bookkeeping=bookkeeping.keys(),
-        )
+        info = write_view(state, view, parent, store_id=store_id, fs=fs, progress=progress,
+                          before_commit=before_commit, chunk_bytes=chunk_bytes or snapshot.DEFAULT_CHUNK_BYTES,
+                          max_record_bytes=max(log.max_record_bytes, snapshot.MAX_RECORD_BYTES))
     log_.info("snapshot of %s at LSN %d: %d keys in %s", os.path.dirname(parent), lsn, info.count, info.path)
     return info
+
+
+def write_view(state: State, view: ReadView, parent: str, *, store_id: str | None,
+               **options: Any) -> snapshot.SnapshotInfo:
+    """Write the snapshot of ``state`` at ``view``'s LSN into ``parent``
+    (:func:`snapshot.write`, with ``options``; durable on return): the
+    default keyspace, and a section for each named keyspace ("ks:<name>"),
+    for the expiry metadata ("ttl:...", "lease:...") and for the staged
+    groups ("groups"); the last two are bookkeeping (the snapshot's count
+    of keys leaves them out). Every snapshot of a store's state holds all
+    of them: one without the expiry sections would rebuild its keys as
+    never expiring. ``view`` stays open (its owner closes it, or
+    ``before_commit`` does)."""
+    bookkeeping = {name: view.db_pairs(db) for name, db in view.run(state.expiry.sections).items()}
+    bookkeeping.update((name, view.db_pairs(db)) for name, db in view.run(state.groups.sections).items())
+    return snapshot.write(parent, view.lsn, view.db_pairs(None), sections={**view.sections(), **bookkeeping},
+                          bookkeeping=bookkeeping.keys(), store_id=store_id, total=view.count, **options)
 
 
 def _move_foreign_aside(parent: str, lsn: int, store_id: str, fs: FileSystem) -> None:
