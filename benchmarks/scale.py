@@ -26,6 +26,17 @@ process (:mod:`benchmarks.scale_children`) on the loaded stores:
 * ``restore``: walkv ``kvstore.restore(store, new)`` vs loading that dump
   into a new LevelDB; entries/s.
 
+Before each timed child the parent reads the files that system's reads and
+writes use (walkv's LMDB, LevelDB's tables and log; not walkv's log and
+snapshots) into the page cache (:func:`warm`): each system is measured warm,
+as far as the machine's memory holds its files. Without it the order of the
+loads decides: at 50M keys (walkv's LMDB 8 GB, its log 7 GB, LevelDB's
+compactions) on a 24 GB machine, the system loaded first had its pages
+evicted by the other's load, and its gets ran at the disk's random-read rate
+(8-12 thousand/s for both), a measurement of the disk and the order, not of
+either store. Per size the report states the bytes warmed and the machine's
+memory.
+
 Peak RSS is each child's VmHWM (file pages of mapped files included) and,
 beside it, its peak anonymous memory (RssAnon); per size the maximum over all
 of that system's children. The report (:mod:`benchmarks.scale_report`) gives
@@ -52,6 +63,7 @@ from benchmarks.harness import WALKV, Config, Contender, Context, Limit, Measure
 from benchmarks.kv_workloads import LOAD_CHUNK, SYSTEMS
 from benchmarks.scale_metrics import LABELS, METRICS, SYSTEMS_MEASURED, Metric, size_label
 from benchmarks.timing import in_child, spawn_child
+from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 
 CHILDREN = "benchmarks.scale_children"
 KILL_AFTER = 50_000  # overwrites written before the SIGKILL
@@ -59,6 +71,43 @@ KILL_AFTER = 50_000  # overwrites written before the SIGKILL
 
 def _du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def warm(system: str, path: str) -> int:
+    """Read the files of the store at ``path`` that its reads and writes use
+    into the page cache (walkv: all but its log and snapshots, which no get
+    or put reads); return the bytes read."""
+    skip = {WAL_DIR, SNAPSHOTS_DIR} if system == WALKV else set()
+    total = 0
+    for directory, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d not in skip]
+        for name in files:
+            total += _read_data(os.path.join(directory, name))
+    return total
+
+
+def _read_data(path: str) -> int:
+    """Read the file's data, not its holes (a sparse map would fill the
+    cache with zeros); return the bytes read."""
+    total = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size, offset = os.fstat(fd).st_size, 0
+        while offset < size:
+            try:
+                offset = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(fd, offset, os.SEEK_HOLE)
+            while offset < end:
+                chunk = os.pread(fd, min(8 << 20, end - offset), offset)
+                if not chunk:
+                    return total
+                offset += len(chunk)
+                total += len(chunk)
+    finally:
+        os.close(fd)
+    return total
 
 
 def load(system: str, path: str, n: int, cfg: Config, label: str) -> dict[str, Any]:
@@ -110,6 +159,13 @@ def _run(metric: Metric, system: str, store: str, n: int, secs: float,
     def child(name: str, **kwargs: Any) -> Measurement:
         return in_child(f"{CHILDREN}:{name}", system=system, **kwargs)
 
+    def warmed(run: Callable[[Context], Measurement]) -> Callable[[Context], Measurement]:
+        def measure(ctx: Context) -> Measurement:
+            warm(system, store)
+            return run(ctx)
+
+        return measure
+
     def restore(ctx: Context) -> Measurement:
         target = os.path.join(ctx.fresh_dir("restore"), "target")
         try:
@@ -128,7 +184,7 @@ def _run(metric: Metric, system: str, store: str, n: int, secs: float,
         "snapshot": lambda ctx: child("child_snapshot", path=store, n=n, dump=dump),
         "restore": restore,
     }
-    return runs[metric.name]
+    return warmed(runs[metric.name])
 
 
 def size_workloads(n: int, stores: dict[str, str], dump: str, secs: float,
@@ -192,6 +248,7 @@ def run_scale(sizes: list[int], repeats: int | None = None, duration: float | No
             for w in size_workloads(n, stores, os.path.join(root, "leveldb.dump"), secs, metrics):
                 entry["workloads"].append(run_workload(w, cfg))
             entry["bytes_after"] = {s: _du(stores[s]) for s in SYSTEMS_MEASURED}
+            entry["warm_bytes"] = {s: warm(s, stores[s]) for s in SYSTEMS_MEASURED}
         finally:
             if not keep:
                 shutil.rmtree(root, ignore_errors=True)

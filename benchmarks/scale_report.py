@@ -139,7 +139,9 @@ def print_table(report: dict[str, Any], stream: TextIO | None = None) -> None:
         replayed = [x.get("replayed") for x in killed["contenders"]["walkv"]["extra"]] if killed else []
         load = ", ".join(f"{LABELS[s]} {v['seconds']:g} s, {v['bytes'] / 2**30:.2f} GiB"
                          for s, v in size["load"].items())
-        stream.write(f"{size['label']}: load {load}; walkv replayed after kill -9: {replayed}\n")
+        warmed = ", ".join(f"{LABELS[s]} {b / 2**30:.2f} GiB" for s, b in size.get("warm_bytes", {}).items())
+        stream.write(f"{size['label']}: load {load}; walkv replayed after kill -9: {replayed}; "
+                     f"warmed before each timed run: {warmed or '-'} (memory {m.get('memory_mb', '?')} MB)\n")
 
 
 def plot(report: dict[str, Any], path: str) -> None:
