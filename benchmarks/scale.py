@@ -2,9 +2,11 @@
 1M,10M,50M [--repeats N] [--duration S] [--json FILE] [--plot FILE.png]
 [--dir DIR] [--keep]`` (minutes to hours; never part of the default run).
 
-At each size N (16-byte keys, 100-byte values) walkv and LevelDB (plyvel)
-are loaded with keys 0..N-1 (untimed: write batches of 10,000, not synced,
-then a clean close; progress on stderr), then each metric runs as a workload
+At each size N (16-byte keys, 100-byte values) walkv and LevelDB (plyvel,
+with a Bloom filter and every table held open:
+:data:`benchmarks.scale_metrics.LEVELDB_OPTIONS`) are loaded with keys
+0..N-1 (untimed: write batches of 10,000, not synced, then a clean close;
+progress on stderr), then each metric runs as a workload
 of the usual harness (:mod:`benchmarks.harness`: walkv and LevelDB
 alternating, ``--repeats`` rounds, default 1), every run in a fresh child
 process (:mod:`benchmarks.scale_children`) on the loaded stores:
@@ -61,7 +63,7 @@ from typing import Any, Callable
 from benchmarks import data
 from benchmarks.harness import WALKV, Config, Contender, Context, Limit, Measurement, Workload, now_iso, run_workload
 from benchmarks.kv_workloads import LOAD_CHUNK, SYSTEMS
-from benchmarks.scale_metrics import LABELS, METRICS, SYSTEMS_MEASURED, Metric, size_label
+from benchmarks.scale_metrics import LABELS, METRICS, SYSTEMS_MEASURED, Metric, open_store, size_label
 from benchmarks.timing import in_child, spawn_child
 from kvstore.layout import SNAPSHOTS_DIR, WAL_DIR
 
@@ -114,7 +116,7 @@ def load(system: str, path: str, n: int, cfg: Config, label: str) -> dict[str, A
     """Put keys 0..n-1 in write batches of 10,000 (not synced), then close;
     a progress line on stderr every ~10%."""
     t0 = time.perf_counter()
-    db = SYSTEMS[system](path, False)
+    db = open_store(system, path, False)
     step = max(LOAD_CHUNK, n // 10 // LOAD_CHUNK * LOAD_CHUNK)
     try:
         for start in range(0, n, LOAD_CHUNK):

@@ -30,6 +30,7 @@ from typing import Any, Callable
 from benchmarks import data
 from benchmarks.child import AnonPeak
 from benchmarks.kv_workloads import LOAD_CHUNK, SYSTEMS
+from benchmarks.scale_metrics import LEVELDB_OPTIONS, open_store
 from benchmarks.snapshot_workloads import child_restore_walkv, child_snapshot_walkv
 from benchmarks.timing import threaded
 
@@ -65,7 +66,7 @@ def child_puts(system: str, path: str, n: int, threads: int, seconds: float, syn
     """Puts/s from ``threads`` threads for ``seconds`` (durable when ``sync``:
     walkv ``sync="always"``, LevelDB ``put(sync=True)``; else walkv
     ``sync="none"``, LevelDB ``put()``). The close is not timed."""
-    db = SYSTEMS[system](path, sync)
+    db = open_store(system, path, sync)
     try:
         m = threaded(threads, seconds, lambda i: _random_overwrite(db, n, seed=i))
     finally:
@@ -76,7 +77,7 @@ def child_puts(system: str, path: str, n: int, threads: int, seconds: float, syn
 @_with_anon_peak
 def child_gets(system: str, path: str, n: int, seconds: float) -> dict[str, Any]:
     """Gets/s of random existing keys, one thread, for ``seconds``."""
-    db = SYSTEMS[system](path, False)
+    db = open_store(system, path, False)
     try:
         get, key = db.reader(), data.key
         found = get(key(n - 1))  # values differ by process (data's pool is random), not their size
@@ -97,7 +98,7 @@ def child_open(system: str, path: str) -> dict[str, Any]:
     for requirement in SYSTEMS[system].requires:
         importlib.import_module(requirement.partition(":")[0])
     t0 = time.perf_counter()
-    db = SYSTEMS[system](path, True)
+    db = open_store(system, path, True)
     seconds = time.perf_counter() - t0
     replayed = getattr(getattr(db, "db", None), "replayed", None)
     db.close()
@@ -108,7 +109,7 @@ def child_write_until_killed(system: str, path: str, n: int, ready_after: int) -
     """Non-durable random overwrites, one thread, forever: after
     ``ready_after`` of them print ``ready`` on stdout, for the parent to
     SIGKILL this process in the middle of writing."""
-    db = SYSTEMS[system](path, False)
+    db = open_store(system, path, False)
     op = _random_overwrite(db, n, seed=99)
     for i in range(ready_after):
         op(i)
@@ -130,7 +131,7 @@ def child_snapshot(system: str, path: str, n: int, dump: str) -> dict[str, Any]:
         return child_snapshot_walkv(path=path, n=n)
     import plyvel
 
-    db = plyvel.DB(path)
+    db = plyvel.DB(path, **LEVELDB_OPTIONS)
     try:
         t0 = time.perf_counter()
         count = 0
@@ -160,7 +161,7 @@ def child_restore(system: str, source: str, target: str, n: int) -> dict[str, An
     import plyvel
 
     t0 = time.perf_counter()
-    db = plyvel.DB(target, create_if_missing=True, error_if_exists=True)
+    db = plyvel.DB(target, create_if_missing=True, error_if_exists=True, **LEVELDB_OPTIONS)
     count = 0
 
     def write(items: list[tuple[bytes, bytes]], sync: bool) -> None:
