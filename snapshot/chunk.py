@@ -102,6 +102,17 @@ def damaged_chunk(message: str, path: str | None, offset: int = 0, kind: Damage 
     return CorruptionError(message, kind=kind, path=path, offset=offset, hint=SNAPSHOT_HINT)
 
 
+def check_file_sums(chunk: ChunkInfo, size: int, crc: int, path: str | None) -> None:
+    """A chunk file of ``size`` bytes whose CRC-32C is ``crc`` against its
+    manifest entry ``chunk``: a CorruptionError naming ``path`` when either differs."""
+    if size != chunk.bytes:
+        raise damaged_chunk(f"chunk file is {size} bytes, the manifest says {chunk.bytes}", path, 0,
+                            Damage.TOO_LARGE if size > chunk.bytes else Damage.FRAMING)
+    if crc != chunk.crc32c:
+        raise damaged_chunk(f"chunk file checksum {crc:#010x} differs from the manifest's {chunk.crc32c:#010x}",
+                            path, 0, Damage.CHECKSUM)
+
+
 def decode_record(payload: bytes, path: str | None = None, offset: int = 0
                   ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
     """A data record's ``(keys, values)``, checked: shape, types, key order.

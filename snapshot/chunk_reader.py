@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from itertools import chain, starmap
 from typing import BinaryIO, cast
 
-from snapshot.chunk import HEADER_SIZE, ChunkInfo, damaged_chunk, decode_header, decode_record
+from snapshot.chunk import HEADER_SIZE, ChunkInfo, check_file_sums, damaged_chunk, decode_header, decode_record
 from wal.crc import extend
 from wal.errors import CorruptionError, Damage, SnapshotError
 from wal.record import MAX_RECORD_LIMIT
@@ -146,16 +146,7 @@ class ChunkRecords:
             )
         if self.prev != chunk.last_key:
             raise damaged_chunk("chunk's last key differs from the manifest's", name)
-        if tee.size != chunk.bytes:
-            raise damaged_chunk(f"chunk file is {tee.size} bytes, the manifest says {chunk.bytes}", name, 0,
-                           Damage.TOO_LARGE if tee.size > chunk.bytes else Damage.FRAMING)
-        if tee.crc != chunk.crc32c:
-            raise damaged_chunk(
-                f"chunk file checksum {tee.crc:#010x} differs from the manifest's {chunk.crc32c:#010x}",
-                name,
-                0,
-                Damage.CHECKSUM,
-            )
+        check_file_sums(chunk, tee.size, tee.crc, name)
 
 
 def read_chunk_columns(

@@ -26,7 +26,7 @@ from typing import Any
 
 import msgpack
 
-from snapshot.chunk import HEADER_SIZE, MAX_RECORD_BYTES, ChunkInfo, damaged_chunk
+from snapshot.chunk import HEADER_SIZE, MAX_RECORD_BYTES, ChunkInfo
 from snapshot.chunk_writer import ChunkWriter
 from snapshot.layout import (
     MANIFEST_NAME,
@@ -39,9 +39,8 @@ from snapshot.layout import (
     tmp_dir_name,
 )
 from snapshot.manifest import Manifest, SnapshotInfo, check_section_name, encode_manifest
-from snapshot.reader import Snapshot, open_chunk, open_snapshot
-from wal.crc import extend
-from wal.errors import CorruptionError, Damage, SnapshotError
+from snapshot.reader import Snapshot, check_chunk_bytes, open_snapshot
+from wal.errors import CorruptionError, SnapshotError
 from wal.fs import OS_FS, FileSystem
 from wal.progress import Progress
 from wal.record import MAX_RECORD_LIMIT
@@ -57,7 +56,6 @@ _PAIR_OVERHEAD = 3  # msgpack bytes per key or value header, about
 _PROGRESS_EVERY = 16  # records
 
 _BYTES_ONLY = {bytes}
-_COPY_BLOCK = 8 << 20  # bytes per read and write of a chunk copy
 
 
 def write(
@@ -195,10 +193,11 @@ def copy(source: Snapshot, parent: str | os.PathLike[str], *, store_id: str | No
     chunks byte for byte) that names ``store_id`` as its store: what a
     restore gives its new store when no log entry follows the snapshot it
     restored, at the cost of a file copy rather than of encoding every pair
-    again. Each chunk's copy is checked as it is written against the CRC
-    and size ``source``'s manifest states, so a chunk that changed or was
-    damaged since it was read is a CorruptionError naming it, and nothing
-    is committed. Durability and a snapshot already at the LSN: as
+    again. Each chunk's bytes are checked as they are copied against the
+    CRC and size ``source``'s manifest states
+    (:func:`snapshot.reader.check_chunk_bytes`), so a chunk that changed or
+    was damaged since it was read is a CorruptionError naming it, and
+    nothing is committed. Durability and a snapshot already at the LSN: as
     :func:`write` (without ``exist_ok``)."""
     parent = os.fspath(parent)
     if store_id is not None and (not isinstance(store_id, str) or len(store_id) > 256):
@@ -214,21 +213,18 @@ def copy(source: Snapshot, parent: str | os.PathLike[str], *, store_id: str | No
 
 def _copy_chunk(source: Snapshot, chunk: ChunkInfo, fs: FileSystem, path: str) -> None:
     """Copy one chunk file of ``source`` to ``path``, fsynced, checked against its manifest entry."""
-    crc = size = 0
-    with open_chunk(source.fs, source.path, chunk) as src:
-        out = fs.open(path, create=True, exclusive=True)
-        try:
-            while block := src.read(_COPY_BLOCK):
-                out.pwrite(block, size)
-                crc = extend(crc, block)
-                size += len(block)
-            out.sync()
-        finally:
-            out.close()
-    if size != chunk.bytes or crc != chunk.crc32c:
-        raise damaged_chunk(f"chunk file changed while it was copied ({size} bytes, CRC {crc:#010x}; the manifest "
-                            f"says {chunk.bytes}, {chunk.crc32c:#010x})",
-                            source.fs.display(source.fs.join(source.path, chunk.name)), 0, Damage.CHECKSUM)
+    out = fs.open(path, create=True, exclusive=True)
+    written = [0]
+
+    def write(block: bytes) -> None:
+        out.pwrite(block, written[0])
+        written[0] += len(block)
+
+    try:
+        check_chunk_bytes(source.fs, source.path, chunk, write)
+        out.sync()
+    finally:
+        out.close()
 
 
 def _commit(fs: FileSystem, parent: str, lsn: int, fill: Callable[[FileSystem, str], Manifest], *,

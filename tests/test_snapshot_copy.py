@@ -1,7 +1,9 @@
 """snapshot.copy: a snapshot's chunks copied byte for byte under another
 store's name. Round trips with sections and bookkeeping (hypothesis); a
 chunk that changed since its snapshot was opened is corruption and nothing
-is committed; a snapshot already at the LSN is refused."""
+is committed; a snapshot already at the LSN is refused. And
+Snapshot.verify_checksums, the whole-file check a rebuild or restore makes
+before loading: a flipped byte, a truncated or an extended chunk."""
 
 from __future__ import annotations
 
@@ -70,3 +72,28 @@ def test_a_snapshot_already_at_the_lsn_is_refused(tmp_path, source):
     with pytest.raises(SnapshotError, match="already exists"):
         snapshot.copy(source, dst, store_id="other")
     assert [s.store_id for s in snapshot.list_snapshots(dst)] == ["new"]
+
+
+def _flip_middle(path: str) -> None:
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("damage, kind", [
+    (_flip_middle, Damage.CHECKSUM),
+    (lambda path: os.truncate(path, os.path.getsize(path) - 1), Damage.FRAMING),
+    (lambda path: open(path, "ab").write(b"x"), Damage.TOO_LARGE),
+], ids=["flipped", "truncated", "extended"])
+def test_verify_checksums_finds_a_damaged_chunk_file(tmp_path, damage, kind):
+    info = snapshot.write(tmp_path / "s", 7, [(b"%05d" % i, b"v" * 50) for i in range(2000)], chunk_bytes=16 << 10)
+    snap = snapshot.open(info.path)
+    snap.verify_checksums()  # whole: no error
+    victim = snap.all_chunks[1]
+    damage(os.path.join(info.path, victim.name))  # after the open: its checks of the sizes passed
+    with pytest.raises(CorruptionError) as err:
+        snap.verify_checksums()
+    assert err.value.kind == kind and victim.name in str(err.value)

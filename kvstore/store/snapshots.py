@@ -222,8 +222,12 @@ def retain(parent: str, log: wal.Log, keep: int, fs: FileSystem, floor: int | No
 
 def choose_base(snapshot_dirs: list[str], wal_dir: str | None, log_first: int, target: int | None,
                 store_id: str | None = None) -> snapshot.Snapshot | None:
-    """The newest snapshot (of ``snapshot_dirs``, newest first) that verifies,
-    is at or below ``target`` (None: any) and from which the log reaches it;
+    """The newest snapshot (of ``snapshot_dirs``, newest first) whose files
+    are whole (:meth:`snapshot.Snapshot.verify_checksums`: their sizes and
+    CRCs are the manifest's; their records are checked by the load that
+    reads them, so a snapshot whose writer wrote a bad record is a
+    CorruptionError of the load, not passed over), is at or below
+    ``target`` (None: any) and from which the log reaches it;
     ``None`` when none is and the log starts at LSN 1 (replay it all).
     Used by rebuilds and by restore. Raises :class:`SnapshotError` naming
     what was wrong with each candidate otherwise."""
@@ -244,7 +248,7 @@ def choose_base(snapshot_dirs: list[str], wal_dir: str | None, log_first: int, t
             problems.append(f"{path}: the log no longer reaches back to LSN {snap.lsn + 1}")
             continue
         try:
-            snap.verify()
+            snap.verify_checksums()  # the load checks every record as it reads it
         except (CorruptionError, SnapshotError) as e:
             log_.warning("snapshot %s is unusable (%s); falling back to an older one", path, e)
             problems.append(f"{path}: {e}")
