@@ -22,7 +22,8 @@ only with ``--only spark``).
 ``python -m benchmarks --scale 1M,10M,50M`` runs instead the scale benchmark
 of issue 15 (how cost grows with the store's size, vs LevelDB; minutes to
 hours): :mod:`benchmarks.scale`, :mod:`benchmarks.scale_children`,
-:mod:`benchmarks.scale_report`.
+:mod:`benchmarks.scale_report`; ``python -m benchmarks.scale_lmdb 1M,10M,50M``
+measures py-lmdb alone at the same sizes (the B-tree's own cost of size).
 
 ``python -m benchmarks.group_commit_model`` measures a model of group commit,
 serial against pipelined, in bare Python threads: what pipelining would buy on
