@@ -298,7 +298,7 @@ def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
         for i in range(50):
             d.put(b"k%03d" % i, b"v")
         state = d._state
-        with state.read_view() as view:
+        with state.expiring_reads.read_view() as view:
             d.put(b"later", b"x")          # after the view: not in it
             assert (view.lsn, view.count) == (50, 50)
             assert state.lmdb.gate.active   # holds its place in the gate
@@ -311,18 +311,18 @@ def test_read_view_is_one_lsn_and_releases_when_exhausted(store) -> None:
             state.flush()  # the overlay's writes into LMDB
         assert pairs == [(b"k%03d" % i, b"v") for i in range(50)]
         assert d._state.lmdb.map_grows > 0
-        view = state.read_view()
+        view = state.expiring_reads.read_view()
         it = view.pairs()
         assert next(it) == (b"big00000", b"x" * 1000)
         it.close()                           # closed early: released too
         assert not state.lmdb.gate.active
         assert view.lsn == d.applied_lsn and view.count == 3051
-        with state.read_view() as view:      # never iterated: the with releases it
+        with state.expiring_reads.read_view() as view:      # never iterated: the with releases it
             pass
         assert not state.lmdb.gate.active
         assert list(view.pairs()) == []      # a closed view has no pairs
     with pytest.raises(kvstore.ClosedError):
-        state.read_view()
+        state.expiring_reads.read_view()
 
 
 def test_write_of_bad_input_is_a_type_or_value_error(db) -> None:
@@ -343,7 +343,7 @@ def test_closed_store_errors_name_the_path(store) -> None:
     d = kvstore.open(store, sync="none")
     d.put(b"k", b"v")
     d.close()
-    for call in (lambda: d.get(b"k"), lambda: len(d), lambda: d._state.read_view()):
+    for call in (lambda: d.get(b"k"), lambda: len(d), lambda: d._state.expiring_reads.read_view()):
         with pytest.raises(kvstore.ClosedError, match=f"the store {re.escape(d.path)} is closed"):
             call()
 

@@ -76,7 +76,7 @@ def promote(rep: Promotable, options: dict[str, Any]) -> KVStore:
             with wal.open(wal_dir, start_lsn=applied + 1, store_id=rep.source.store_id,
                           history=fork_history(lineage, new_timeline(rep.history, applied + 1))) as new_log:
                 store_id, history = new_log.store_id, new_log.history
-            with state.read_view() as view:
+            with state.expiring_reads.read_view() as view:
                 write_view(state, view, snaps, store_id=store_id)
             recovery.write_session(os.path.join(path, LMDB_DIR), store_id, clean=False, history=history)
             OS_FS.unlink(os.path.join(path, REPLICA_NAME))

@@ -260,7 +260,7 @@ class Replica(Lookups):
 
     def __len__(self) -> int:
         self._check_open()
-        return self._served.read(lambda s: s.count())
+        return self._served.read(lambda s: s.expiring_reads.count())
 
     def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
              prefix: bytes | None = None, reverse: bool = False) -> Generator[tuple[bytes, bytes], None, None]:
@@ -274,7 +274,7 @@ class Replica(Lookups):
         """Several keys as of one LSN (:meth:`kvstore.KVStore.view`); closed
         by a rebuild's swap (:mod:`kvstore.replica.served`)."""
         self._check_open()
-        return self._served.read(lambda s: s.view(max_seconds))
+        return self._served.read(lambda s: s.expiring_reads.view(max_seconds))
 
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,

@@ -219,7 +219,7 @@ def build(target: str, log_source: recovery.LogSource, base: snapshot.Snapshot |
         )
         try:
             replayed = target_lsn - base_lsn
-            with state.read_view() as view:
+            with state.expiring_reads.read_view() as view:
                 if view.lsn != target_lsn:
                     raise CorruptionError(f"restore reached LSN {view.lsn}, not {target_lsn}",
                                           kind=Damage.SEQUENCE, path=source, offset=0, lsn=view.lsn + 1)

@@ -86,7 +86,7 @@ class ServedState:
         state = self.current
         while True:
             try:
-                for key, value in state.scan(lo, hi, reverse):
+                for key, value in state.expiring_reads.scan(lo, hi, reverse):
                     if reverse:
                         hi = key
                     else:

@@ -35,15 +35,16 @@ has the parts it delegates to: the environment (:mod:`kvstore.state.environment`
 (:mod:`kvstore.state.meta`), the overlay, its LMDB commits
 (:mod:`kvstore.state.commits`), a read path for gets
 (:mod:`kvstore.state.reads`, whose :class:`~kvstore.state.reads.GetSelection`
-picks the one its ``get`` is) and the reads that know expiry and keyspaces
-(:mod:`kvstore.state.expiring_reads`).
+picks the one its ``get`` is) and the reads that know expiry and keyspaces,
+``state.expiring_reads`` (:mod:`kvstore.state.expiring_reads`: views, scans,
+counts, keyspaces' reads, expiry metadata), which callers use directly.
 """
 
 from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -72,10 +73,8 @@ from kvstore.state.expiry import Expiry
 from kvstore.state.groups import Groups
 from kvstore.state.meta import mark_complete, read_meta, write_meta
 from kvstore.state.overlay import Overlay
-from kvstore.state.readers import ReadView
 from kvstore.state.reads import CachedReads, FreshReads, Get, GetMany, GetSelection
 from kvstore.state.staged import StagedApply
-from kvstore.state.view import View
 from wal.errors import CorruptionError, Damage, WalkvError
 from wal.forkguard import track
 from wal.segment import Payload, payload_size
@@ -364,59 +363,12 @@ class State:
             return None
         return StagedApply(self, first_lsn, batches, payloads)
 
-    # -- reads that know expiry and keyspaces (kvstore/state/expiring_reads.py) ----
-
-    def view(self, max_seconds: float) -> View:
-        """:meth:`ExpiringReads.view <kvstore.state.expiring_reads.ExpiringReads.view>`."""
-        return self.expiring_reads.view(max_seconds)
-
-    def view_in(self, keyspace: str, max_seconds: float) -> View:
-        """:meth:`ExpiringReads.view_in <kvstore.state.expiring_reads.ExpiringReads.view_in>`."""
-        return self.expiring_reads.view_in(keyspace, max_seconds)
-
-    def read_view(self) -> ReadView:
-        """:meth:`ExpiringReads.read_view <kvstore.state.expiring_reads.ExpiringReads.read_view>`."""
-        return self.expiring_reads.read_view()
-
-    def count(self) -> int:
-        """:meth:`ExpiringReads.count <kvstore.state.expiring_reads.ExpiringReads.count>`."""
-        return self.expiring_reads.count()
-
-    def scan(self, lo: bytes, hi: bytes | None, reverse: bool = False
-             ) -> Generator[tuple[bytes, bytes], None, None]:
-        """:meth:`ExpiringReads.scan <kvstore.state.expiring_reads.ExpiringReads.scan>`."""
-        return self.expiring_reads.scan(lo, hi, reverse)
-
-    def read_expiry(self, fn: Callable[[lmdb.Transaction, Expiry], Any]) -> Any:
-        """:meth:`ExpiringReads.read_expiry <kvstore.state.expiring_reads.ExpiringReads.read_expiry>`."""
-        return self.expiring_reads.read_expiry(fn)
+    # -- reads that know expiry and keyspaces: state.expiring_reads (kvstore/state/expiring_reads.py) ----
 
     def read(self, keyspace: str, key: bytes) -> bytes | None:
         """``key``'s value in ``keyspace`` ("": the default one), or None: what
         conditions are decided against (:func:`kvstore.entry.conditions.decide_group`)."""
         return self.expiring_reads.get_in(keyspace, key)
-
-    def get_in(self, keyspace: str, key: bytes, default: bytes | None = None) -> bytes | None:
-        """:meth:`ExpiringReads.get_in <kvstore.state.expiring_reads.ExpiringReads.get_in>`."""
-        return self.expiring_reads.get_in(keyspace, key, default)
-
-    def get_many_in(self, keyspace: str, keys: Iterable[bytes], default: bytes | None = None
-                    ) -> list[bytes | None]:
-        """:meth:`ExpiringReads.get_many_in <kvstore.state.expiring_reads.ExpiringReads.get_many_in>`."""
-        return self.expiring_reads.get_many_in(keyspace, keys, default)
-
-    def scan_in(self, keyspace: str, lo: bytes, hi: bytes | None, reverse: bool = False
-                ) -> Generator[tuple[bytes, bytes], None, None]:
-        """:meth:`ExpiringReads.scan_in <kvstore.state.expiring_reads.ExpiringReads.scan_in>`."""
-        return self.expiring_reads.scan_in(keyspace, lo, hi, reverse)
-
-    def count_in(self, keyspace: str) -> int:
-        """:meth:`ExpiringReads.count_in <kvstore.state.expiring_reads.ExpiringReads.count_in>`."""
-        return self.expiring_reads.count_in(keyspace)
-
-    def keyspaces(self) -> list[str]:
-        """:meth:`ExpiringReads.keyspaces <kvstore.state.expiring_reads.ExpiringReads.keyspaces>`."""
-        return self.expiring_reads.keyspaces()
 
     def read_at(self, read: Callable[[], T]) -> tuple[T, int]:
         """``(read(), lsn)``: a read of this state and the applied LSN it

@@ -286,7 +286,7 @@ class ReadView:
     (the applied LSN, read in that same transaction), :attr:`count` (keys,
     of every keyspace), :meth:`pairs` (the default keyspace's) and
     :meth:`sections` (the other keyspaces', as snapshot sections). Create
-    with :meth:`kvstore.state.machine.State.read_view`.
+    with :meth:`kvstore.state.expiring_reads.ExpiringReads.read_view`.
 
     While it is open the LMDB map cannot be grown (py-lmdb needs no live
     transaction for that), so a writer that fills the map meanwhile waits

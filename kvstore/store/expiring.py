@@ -125,13 +125,13 @@ class _StateMeta:
         self._state = state
 
     def key_meta(self, space: str, key: bytes) -> Meta | None:
-        return self._state.read_expiry(lambda txn, e: e.key_meta(txn, space, key))
+        return self._state.expiring_reads.read_expiry(lambda txn, e: e.key_meta(txn, space, key))
 
     def lease(self, lease_id: int) -> LeaseRecord | None:
-        return self._state.read_expiry(lambda txn, e: e.lease(txn, lease_id))
+        return self._state.expiring_reads.read_expiry(lambda txn, e: e.lease(txn, lease_id))
 
     def lease_keys(self, lease_id: int, limit: int) -> list[SpacedKey]:
-        return self._state.read_expiry(lambda txn, e: e.lease_keys(txn, lease_id, limit))
+        return self._state.expiring_reads.read_expiry(lambda txn, e: e.lease_keys(txn, lease_id, limit))
 
 
 class Expiring:
@@ -294,7 +294,7 @@ class Expiring:
             if txn.get(key, db=data) is None:
                 return None
             return expiry.remaining_us(txn, keyspace, key)
-        at = self._state.read_expiry(read)
+        at = self._state.expiring_reads.read_expiry(read)
         if at is None or at <= now:
             return None
         return (at - now) / 1e6
@@ -324,7 +324,7 @@ class Expiring:
         the round has room; return how many keys were deleted."""
         limit = self.sweep_keys if max_keys is None else max(1, int(max_keys))
         now = self.clock.now_us()
-        keys, leases = self._state.read_expiry(lambda txn, e: e.due(txn, now, limit))
+        keys, leases = self._state.expiring_reads.read_expiry(lambda txn, e: e.due(txn, now, limit))
         deleted = 0
         if keys:
             req: Listing = ExpireKeys(keys)

@@ -142,7 +142,7 @@ class Keyspaces:
 
     def names(self) -> list[str]:
         """The named keyspaces that hold at least one key, sorted."""
-        return self._state.keyspaces()
+        return self._state.expiring_reads.keyspaces()
 
     def drop(self, name: str) -> int:
         """Log the drop of keyspace ``name`` (one op); its LSN."""
@@ -245,16 +245,16 @@ class Keyspace(MutableLookups):
         """The value of ``key`` in this keyspace, or ``default``; sees every
         write that returned before it was called."""
         self.store._check_open()
-        return self.store._state.get_in(self.name, key, default)
+        return self.store._state.expiring_reads.get_in(self.name, key, default)
 
     def get_many(self, keys: Iterable[bytes], default: bytes | None = None) -> list[bytes | None]:
         """The values of ``keys`` in this keyspace, in order, from one LMDB read transaction."""
         self.store._check_open()
-        return self.store._state.get_many_in(self.name, keys, default)
+        return self.store._state.expiring_reads.get_many_in(self.name, keys, default)
 
     def __len__(self) -> int:
         self.store._check_open()
-        return self.store._state.count_in(self.name)
+        return self.store._state.expiring_reads.count_in(self.name)
 
     def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
              prefix: bytes | None = None, reverse: bool = False
@@ -262,12 +262,12 @@ class Keyspace(MutableLookups):
         """:meth:`kvstore.KVStore.scan` of this keyspace."""
         lo, hi = scan_bounds(start, stop, prefix)
         self.store._check_open()
-        return self.store._state.scan_in(self.name, lo, hi, reverse)
+        return self.store._state.expiring_reads.scan_in(self.name, lo, hi, reverse)
 
     def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
         """:meth:`kvstore.KVStore.view` of this keyspace."""
         self.store._check_open()
-        return self.store._state.view_in(self.name, max_seconds)
+        return self.store._state.expiring_reads.view_in(self.name, max_seconds)
 
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,

@@ -135,7 +135,7 @@ def take(state: State, log: wal.Log, parent: str, *, store_id: str, fs: FileSyst
         log.check_directory()
         _make_durable(log, lsn)
 
-    with state.read_view() as view, state.lmdb.sequential_scan() as scan:
+    with state.expiring_reads.read_view() as view, state.lmdb.sequential_scan() as scan:
         lsn = view.lsn
         if newest and newest[-1].lsn == lsn:
             return newest[-1]

@@ -371,7 +371,7 @@ class KVStore(MutableLookups):
     def __len__(self) -> int:
         """The number of keys (LMDB keeps the count; O(1))."""
         self._check_open()
-        return self._state.count()
+        return self._state.expiring_reads.count()
 
     def scan(self, start: bytes | None = None, stop: bytes | None = None, *,
              prefix: bytes | None = None, reverse: bool = False
@@ -391,7 +391,7 @@ class KVStore(MutableLookups):
         """
         lo, hi = scan_bounds(start, stop, prefix)
         self._check_open()
-        return self._state.scan(lo, hi, reverse)
+        return self._state.expiring_reads.scan(lo, hi, reverse)
 
     def view(self, max_seconds: float = DEFAULT_MAX_VIEW_SECONDS) -> View:
         """A consistent read of several keys: everything as of one LSN::
@@ -408,7 +408,7 @@ class KVStore(MutableLookups):
         waits for younger views. After the ``with`` block: ClosedError. See
         :mod:`kvstore.state.view`."""
         self._check_open()
-        return self._state.view(max_seconds)
+        return self._state.expiring_reads.view(max_seconds)
 
     def watch(self, prefix: bytes | None = None, *, start: bytes | None = None, stop: bytes | None = None,
               from_lsn: int | None = None, timeout: float | None = None,

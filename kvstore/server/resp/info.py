@@ -106,7 +106,7 @@ def _expiring(served: Served, keyspace: str) -> int:
                 n += 1
         return n
 
-    return int(state.read_expiry(count))
+    return int(state.expiring_reads.read_expiry(count))
 
 
 _BUILDERS: Final[dict[str, Callable[[Served], list[str]]]] = {
