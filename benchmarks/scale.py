@@ -157,13 +157,13 @@ def killed_then_reopened(system: str, path: str, n: int, child_timeout: float = 
 
 
 def _run(metric: Metric, system: str, store: str, n: int, secs: float,
-         dump: str) -> Callable[[Context], Measurement]:
+         dump: str, warmed: dict[str, int]) -> Callable[[Context], Measurement]:
     def child(name: str, **kwargs: Any) -> Measurement:
         return in_child(f"{CHILDREN}:{name}", system=system, **kwargs)
 
-    def warmed(run: Callable[[Context], Measurement]) -> Callable[[Context], Measurement]:
+    def warm_first(run: Callable[[Context], Measurement]) -> Callable[[Context], Measurement]:
         def measure(ctx: Context) -> Measurement:
-            warm(system, store)
+            warmed[system] = warm(system, store)  # the bytes the report states
             return run(ctx)
 
         return measure
@@ -186,12 +186,13 @@ def _run(metric: Metric, system: str, store: str, n: int, secs: float,
         "snapshot": lambda ctx: child("child_snapshot", path=store, n=n, dump=dump),
         "restore": restore,
     }
-    return warmed(runs[metric.name])
+    return warm_first(runs[metric.name])
 
 
-def size_workloads(n: int, stores: dict[str, str], dump: str, secs: float,
+def size_workloads(n: int, stores: dict[str, str], dump: str, secs: float, warmed: dict[str, int],
                    metrics: tuple[Metric, ...] = METRICS) -> list[Workload]:
-    """One harness workload per metric at size ``n``, on the loaded ``stores``."""
+    """One harness workload per metric at size ``n``, on the loaded ``stores``;
+    each timed child's warm-up records its bytes in ``warmed``."""
     label = size_label(n)
     out = []
     for m in metrics:
@@ -199,7 +200,7 @@ def size_workloads(n: int, stores: dict[str, str], dump: str, secs: float,
         out.append(Workload(
             name=f"scale.{label}.{m.name}", issue=15, unit=m.unit, title=f"{m.title}, {n:,} keys",
             limits=limits, params={"keys": n, "metric": m.name, "seconds": secs},
-            contenders=[Contender(s, _run(m, s, stores[s], n, secs, dump), requires=SYSTEMS[s].requires,
+            contenders=[Contender(s, _run(m, s, stores[s], n, secs, dump, warmed), requires=SYSTEMS[s].requires,
                                   label=f"{LABELS[s]} {m.name}") for s in SYSTEMS_MEASURED]))
     return out
 
@@ -247,10 +248,10 @@ def run_scale(sizes: list[int], repeats: int | None = None, duration: float | No
             stores = {s: os.path.join(root, s) for s in SYSTEMS_MEASURED}
             for s in SYSTEMS_MEASURED:
                 entry["load"][s] = load(s, stores[s], n, cfg, label)
-            for w in size_workloads(n, stores, os.path.join(root, "leveldb.dump"), secs, metrics):
+            entry["warm_bytes"] = warmed = {}  # per system, what its last timed child had warmed
+            for w in size_workloads(n, stores, os.path.join(root, "leveldb.dump"), secs, warmed, metrics):
                 entry["workloads"].append(run_workload(w, cfg))
             entry["bytes_after"] = {s: _du(stores[s]) for s in SYSTEMS_MEASURED}
-            entry["warm_bytes"] = {s: warm(s, stores[s]) for s in SYSTEMS_MEASURED}
         finally:
             if not keep:
                 shutil.rmtree(root, ignore_errors=True)

@@ -127,17 +127,17 @@ def write(
             raise ValueError(f"{name} must be a positive integer, not {v!r}")
     if max_record_bytes > MAX_RECORD_LIMIT:
         raise ValueError(f"max_record_bytes must be at most {MAX_RECORD_LIMIT} (1 GiB), not {max_record_bytes}")
-    if store_id is not None and (not isinstance(store_id, str) or len(store_id) > 256):
-        raise ValueError("store_id must be None or a string of at most 256 characters")
+    _check_store_id(store_id)
     named = dict(sections or {})
     for section in named:
         why = check_section_name(section)
         if why is not None:
             raise ValueError(f"bad snapshot section name {section!r:.120}: {why}")
     runs: list[tuple[str, Iterable[tuple[bytes, bytes]]]] = [("", items), *sorted(named.items())]
-    counted: list[int] = []  # the pairs written, once they are
+    written: int | None = None  # the pairs, once fill wrote them
 
     def fill(fs: FileSystem, tmp: str) -> Manifest:
+        nonlocal written
         chunks: list[ChunkInfo] = []
         count = 0
         limit = max(max_record_bytes, HEADER_SIZE)
@@ -168,7 +168,7 @@ def write(
         finally:
             if cw is not None:
                 cw.abort()
-        counted.append(count)
+        written = count
         return Manifest(
             lsn=lsn,
             store_id=store_id,
@@ -182,8 +182,8 @@ def write(
         )
 
     info = _commit(fs or OS_FS, parent, lsn, fill, exist_ok=exist_ok, before_commit=before_commit)
-    if progress is not None and counted:
-        progress(counted[0], total)
+    if progress is not None and written is not None:
+        progress(written, total)
     return info
 
 
@@ -200,8 +200,7 @@ def copy(source: Snapshot, parent: str | os.PathLike[str], *, store_id: str | No
     nothing is committed. Durability and a snapshot already at the LSN: as
     :func:`write` (without ``exist_ok``)."""
     parent = os.fspath(parent)
-    if store_id is not None and (not isinstance(store_id, str) or len(store_id) > 256):
-        raise ValueError("store_id must be None or a string of at most 256 characters")
+    _check_store_id(store_id)
 
     def fill(fs: FileSystem, tmp: str) -> Manifest:
         for chunk in source.all_chunks:
@@ -281,6 +280,11 @@ def _commit(fs: FileSystem, parent: str, lsn: int, fill: Callable[[FileSystem, s
         lock.release()
         if not committed:
             _remove_quietly(fs, tmp)
+
+
+def _check_store_id(store_id: object) -> None:
+    if store_id is not None and (not isinstance(store_id, str) or len(store_id) > 256):
+        raise ValueError("store_id must be None or a string of at most 256 characters")
 
 
 def _existing(fs: FileSystem, final: str) -> SnapshotInfo | None:

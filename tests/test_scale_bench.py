@@ -45,6 +45,8 @@ def test_every_metric_is_measured_for_both_systems(tiny_report):
     assert tiny_report["machine"]["walkv_commit"]
     (size,) = tiny_report["sizes"]
     assert size["keys"] == 2000 and set(size["load"]) == {"walkv", "leveldb"}
+    # each child ran warm: its system's files read first (walkv's LMDB, LevelDB's tables)
+    assert set(size["warm_bytes"]) == {"walkv", "leveldb"} and all(b > 0 for b in size["warm_bytes"].values())
     assert [w["params"]["metric"] for w in size["workloads"]] == [m.name for m in METRICS]
     for w in size["workloads"]:
         for system in ("walkv", "leveldb"):
