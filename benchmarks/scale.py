@@ -34,7 +34,7 @@ snapshots) into the page cache (:func:`warm`): each system is measured warm,
 as far as the machine's memory holds its files. Without it the order of the
 loads decides: at 50M keys (walkv's LMDB 8 GB, its log 7 GB, LevelDB's
 compactions) on a 24 GB machine, the system loaded first had its pages
-evicted by the other's load, and its gets ran at the disk's random-read rate
+evicted by what ran after its load, and its gets ran at the disk's random-read rate
 (8-12 thousand/s for both), a measurement of the disk and the order, not of
 either store. Per size the report states the bytes warmed and the machine's
 memory.
