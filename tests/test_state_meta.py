@@ -52,11 +52,11 @@ def test_a_base_load_fills_every_keyspace_and_marks_the_environment_complete(tmp
     n = s.load_base(iter(pairs), 40, chunk=7, sections={"ks:users": [(b"u1", b"x"), (b"u2", b"y")]})
     assert n == 27
     assert (s.applied_lsn, s.complete) == (40, True)
-    assert s.count() == 25 and s.get(b"k007") == b"v7"
-    assert s.keyspaces() == ["users"] and s.get_many_in("users", [b"u2", b"u3"]) == [b"y", None]
+    assert s.expiring_reads.count() == 25 and s.get(b"k007") == b"v7"
+    assert s.expiring_reads.keyspaces() == ["users"] and s.expiring_reads.get_many_in("users", [b"u2", b"u3"]) == [b"y", None]
     s.close()
     s = state_at(tmp_path)
-    assert (s.applied_lsn, s.complete, s.count_in("users")) == (40, True, 2)
+    assert (s.applied_lsn, s.complete, s.expiring_reads.count_in("users")) == (40, True, 2)
     s.close()
 
 
@@ -80,11 +80,11 @@ def test_a_keyspace_created_by_a_write_that_does_not_commit_is_forgotten(tmp_pat
 
     with pytest.raises(RuntimeError):
         env.write(create_then_fail)
-    assert env.keyspace_db("orders") is None and s.keyspaces() == []
+    assert env.keyspace_db("orders") is None and s.expiring_reads.keyspaces() == []
     epoch = env.keyspace_epoch
     env.write(lambda txn: txn.put(b"k", b"v", db=env.keyspace_db_in(txn, "orders")))
     assert env.keyspace_epoch > epoch
-    assert s.keyspaces() == ["orders"] and s.get_in("orders", b"k") == b"v"
+    assert s.expiring_reads.keyspaces() == ["orders"] and s.expiring_reads.get_in("orders", b"k") == b"v"
     s.close()
 
 
@@ -117,7 +117,7 @@ _OPEN_BESIDE_A_WRITE = textwrap.dedent("""
     alive = writer.is_alive()  # (a keyspace never written: told at once, the write still on)
     checked.set()
     print(alive, absent, flush=True)
-    print(env.keyspace_db("orders") is not None, s.get_in("orders", b"k"), flush=True)
+    print(env.keyspace_db("orders") is not None, s.expiring_reads.get_in("orders", b"k"), flush=True)
     writer.join()
     print(s.get(b"x999"))
     s.close()
