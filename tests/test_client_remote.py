@@ -178,13 +178,15 @@ def test_what_the_client_cannot_do_is_a_typed_error_naming_it(tmp_path):
     table = readme[readme.index("What `kvstore.connect(url)` can and cannot do"):]
     table = table[:table.index("\n\n", table.index("| the embedded API"))]
     unsupported = {"view": (), "write": (b"x",), "sweep_expired": (), "list_snapshots": (),
-                   "wait_for_snapshots": (), "flush_archive": (), "start_timeline": (), "refuse_writes": (None,),
-                   "append_replicated": ([],), "discard_after": (0, ()), "write_group": ([],),
+                   "wait_for_snapshots": (), "flush_archive": (), "start_timeline": (), "write_group": ([],),
                    "committed_version": ("app",), "read_at": (lambda: None,)}
     with ServerThread(tmp_path / "s") as server, kvstore.connect(server.url) as db:
         public = [n for n in dir(kvstore.KVStore) if not n.startswith("_") and n not in ("path", "store")]
         missing = [n for n in public if not hasattr(RemoteStore, n)]
         assert not missing, missing
+        with pytest.raises(kvstore.NotSupportedRemotelyError) as caught:
+            db.following.refuse_writes(None)
+        assert caught.value.method == "following" and "`following`" in table
         for name, args in unsupported.items():
             with pytest.raises(kvstore.NotSupportedRemotelyError) as caught:
                 getattr(db, name)(*args)

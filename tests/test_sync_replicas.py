@@ -139,18 +139,18 @@ def test_a_follower_store_refuses_its_writers_and_copies_a_log(tmp_path):
           store_id=sid)
     with kvstore.open(follower_path, sweep_interval=None) as f:
         refusal = NotLeaderError("not the leader", leader="http://x", epoch=5)
-        f.refuse_writes(refusal)
+        f.following.refuse_writes(refusal)
         with pytest.raises(NotLeaderError):
             f.put(b"mine", b"x")
         with pytest.raises(NotLeaderError):
             f.update({b"a": b"b"})
-        f.append_replicated(entries[:10])
+        f.following.append_replicated(entries[:10])
         f.start_timeline(timeline=history[-1])
-        f.append_replicated(entries[10:])
+        f.following.append_replicated(entries[10:])
         assert f.history == history and f.last_lsn == 11
         assert f.get(b"batch") == b"1" and f.get(b"k0") is None and f.get(b"k9") == b"v9"
         assert [e.timestamp_us for e in f._log.read_entries()] == [e.timestamp_us for e in entries]
-        f.refuse_writes(None)
+        f.following.refuse_writes(None)
         assert f.put(b"mine", b"x") == 12
 
 
@@ -167,7 +167,7 @@ def test_discard_after_drops_what_the_leaders_history_does_not_hold(tmp_path):
             db.put(b"late%d" % i, b"x")
         db.snapshot()   # at LSN 15: past the fork, so it goes
         leader = (TimelineStart(1, 1), t5, TimelineStart(6, 13, 99))
-        assert db.discard_after(12, leader) == 3
+        assert db.following.discard_after(12, leader) == 3
         assert db.last_lsn == 12 and db.history == leader and db.applied_lsn == 15  # applied past it: reopen
     with kvstore.open(path) as db:  # rebuilt: what it discarded is not served
         assert db.applied_lsn == 12 and db.rebuilt is not None
@@ -188,7 +188,7 @@ def test_discard_after_refuses_when_nothing_would_be_left_to_rebuild_from(tmp_pa
         db.snapshot(keep=1)   # at LSN 15; the log before it goes
         assert db.list_snapshots()[0].lsn == 15 and db._log.first_lsn > 1
         with pytest.raises(SnapshotError, match="leader's snapshot"):
-            db.discard_after(12, (TimelineStart(1, 1), t5, TimelineStart(6, 13, 99)))
+            db.following.discard_after(12, (TimelineStart(1, 1), t5, TimelineStart(6, 13, 99)))
         assert db.last_lsn == 15 and db.history[-1] == t5 and [s.lsn for s in db.list_snapshots()] == [15]
 
 
@@ -208,13 +208,13 @@ def test_a_timeline_begun_and_never_written_on_gives_way_to_the_leaders_line(tmp
     leader = (TimelineStart(1, 1), TimelineStart(10, 12, 77))
     with kvstore.open(path) as db:
         assert db.history[-1].timeline == 9 and db.last_lsn == 10
-        assert db.discard_after(10, leader) == 0
+        assert db.following.discard_after(10, leader) == 0
         assert db.history == (TimelineStart(1, 1),)
     with kvstore.open(path) as db:  # durable: the empty timeline is gone for good
-        assert db.history == (TimelineStart(1, 1),) and db.discard_after(10, leader) == 0
-        db.refuse_writes(NotLeaderError("not the leader", leader="http://x", epoch=10))
+        assert db.history == (TimelineStart(1, 1),) and db.following.discard_after(10, leader) == 0
+        db.following.refuse_writes(NotLeaderError("not the leader", leader="http://x", epoch=10))
         last = entries[-1]
-        db.append_replicated([Entry(11, last.timestamp_us, last.payload)])
+        db.following.append_replicated([Entry(11, last.timestamp_us, last.payload)])
         db.start_timeline(timeline=leader[1])
-        db.append_replicated([Entry(12, last.timestamp_us, last.payload)])
+        db.following.append_replicated([Entry(12, last.timestamp_us, last.payload)])
         assert db.history == leader and db.last_lsn == 12

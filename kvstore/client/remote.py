@@ -365,14 +365,9 @@ class RemoteStore(MutableLookups):
     def start_timeline(self, number: int | None = None, **_: Any) -> NoReturn:
         not_remotely("start_timeline()", "a timeline begins in the server's own log (a promote, a failover)")
 
-    def refuse_writes(self, error: Any) -> NoReturn:
-        not_remotely("refuse_writes()", "a cluster node refuses writes itself while it is not the leader")
-
-    def append_replicated(self, entries: Any) -> NoReturn:
-        not_remotely("append_replicated()", "a cluster's follower copies its leader's log in its own process")
-
-    def discard_after(self, lsn: int, follow: Any) -> NoReturn:
-        not_remotely("discard_after()", "a cluster's follower discards what its leader does not hold itself")
+    @property
+    def following(self) -> NoReturn:
+        not_remotely("following", "a cluster's follower copies its leader's log into its own store, in its own process")
 
     @property
     def closed(self) -> bool:

@@ -4,10 +4,10 @@ entry, and so can take over from it (:mod:`kvstore.cluster.node`).
 Unlike a read replica (:mod:`kvstore.replica`), which applies its source's
 entries to an LMDB state and keeps no log, a follower is a whole store: the
 leader's entries are written into its own log with their own LSNs and
-commit times (:meth:`kvstore.KVStore.append_replicated`: written, fsynced,
+commit times (:meth:`kvstore.store.following.Following.append_replicated`: written, fsynced,
 then applied), its history is the leader's (it begins each of the leader's
 timelines where the leader did), and its own writers are refused
-(:class:`~wal.errors.NotLeaderError`, :meth:`kvstore.KVStore.refuse_writes`).
+(:class:`~wal.errors.NotLeaderError`, :meth:`kvstore.store.following.Following.refuse_writes`).
 
 How it reads: ``GET /v1/log/segment?from_lsn=NEXT&wait=S&replica=ME&epoch=E``
 on the leader (:mod:`kvstore.server.log`), the leader's segment bytes read
@@ -29,7 +29,7 @@ What it refuses, so that histories never mix (:mod:`wal.timeline`):
   compared with this store's, so nothing is discarded for it;
 * entries past a fork: when the leader's history left this store's at LSN
   F and this store holds LSNs after F (it led once, and wrote entries no
-  replica confirmed), it discards them (:meth:`kvstore.KVStore.discard_after`,
+  replica confirmed), it discards them (:meth:`kvstore.store.following.Following.discard_after`,
   logging how many) and goes on on the leader's line. When its state had
   applied any of them the store must be reopened first (the state is
   rebuilt): :attr:`Follower.needs` says so and the follower stops. A
@@ -218,13 +218,13 @@ class Follower:
                 self._stop_for(f"bootstrap: the leader {url}'s log starts at LSN {leader_first}, after this "
                                f"store's next LSN {store.last_lsn + 1} (its retention trimmed it)")
             if history_until(theirs, store.last_lsn + 1) != history_until(store.history, store.last_lsn + 1):
-                store.discard_after(store.last_lsn, theirs)  # a timeline it began and never wrote on: none of its
+                store.following.discard_after(store.last_lsn, theirs)  # a timeline it began and never wrote on: none of its
             return                                           # entries to drop, the leader's line from here
         if fork + 1 < leader_first:
             self._stop_for(f"bootstrap: this store left the leader {url}'s history after LSN {fork}, before "
                            f"the leader's log starts (LSN {leader_first})")
         try:
-            dropped = store.discard_after(fork, theirs)
+            dropped = store.following.discard_after(fork, theirs)
         except SnapshotError as exc:
             self._stop_for(f"bootstrap: {exc}")
             raise
@@ -261,7 +261,7 @@ class Follower:
                 here = timeline_at(history, entry.lsn)
                 if not same_timeline(here, store.history[-1]):
                     if group:
-                        store.append_replicated(group)
+                        store.following.append_replicated(group)
                         group, size = [], 0
                     if here.first_lsn != entry.lsn:
                         raise ReplicaError(f"{url}'s history puts LSN {entry.lsn} on {here}, which began at LSN "
@@ -270,9 +270,9 @@ class Follower:
                 group.append(entry)
                 size += len(entry.payload)
                 if len(group) >= GROUP_ENTRIES or size >= GROUP_BYTES:
-                    store.append_replicated(group)
+                    store.following.append_replicated(group)
                     group, size = [], 0
             if group:
-                store.append_replicated(group)
+                store.following.append_replicated(group)
         finally:
             stream.close()

@@ -141,7 +141,7 @@ class ClusterNode:
                                   fence=self._fence, sweep_interval=None, **self.store_options)
         assert store.replicas is not None
         store.replicas.active = False  # a replica waits for nobody; the leader's writes wait (_lead)
-        store.refuse_writes(self._not_leader())
+        store.following.refuse_writes(self._not_leader())
         return store
 
     async def close_store(self) -> None:
@@ -181,14 +181,14 @@ class ClusterNode:
             log.warning("cluster %s: %s steps down (%s)", self.cluster, self.me,
                         "no leader" if leader is None else f"{leader.url} leads epoch {leader.epoch}")
             self.role = "replica"
-            store.refuse_writes(self._not_leader())
+            store.following.refuse_writes(self._not_leader())
             await self.elector.resign()
             self.reopen.set()
             return
         if leader is not None and leader.url == self.me:
             await self._lead(leader.epoch)
             return
-        store.refuse_writes(self._not_leader())
+        store.following.refuse_writes(self._not_leader())
         if self.follower is not None:
             self.follower.follow(None if leader is None else leader.url, 0 if leader is None else leader.epoch)
 
@@ -207,7 +207,7 @@ class ClusterNode:
             await self.elector.hold(epoch)  # before its epoch's first write (election.py: a disk that goes back)
             assert store.replicas is not None
             store.replicas.active = True
-            store.refuse_writes(None)
+            store.following.refuse_writes(None)
         except Exception as exc:  # noqa: BLE001 - it cannot lead: let the key go, start over
             log.error("cluster %s: %s won epoch %d but cannot lead: %s", self.cluster, self.me, epoch, exc)
             await self.elector.resign()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, TypeVar
 
 import snapshot
@@ -53,6 +53,7 @@ from kvstore.store import groups, snapshots, txn
 from kvstore.store.clock import Clock
 from kvstore.store.expiring import DEFAULT_SWEEP_INTERVAL, Expiring, sweep_seconds
 from kvstore.store.fast_path import GetPath, WritePath
+from kvstore.store.following import Following
 from kvstore.store.group_hooks import GroupHooks
 from kvstore.store.keyspace import Keyspace, Keyspaces, keyspace_name, new_batch, new_transaction
 from kvstore.store.leases import Lease
@@ -85,7 +86,8 @@ class KVStore(MutableLookups):
     :class:`kvstore.store.readonly.ReadOnly` in its place), its expiry
     (:class:`kvstore.store.expiring.Expiring`) and keyspaces
     (:class:`kvstore.store.keyspace.Keyspaces`); its methods delegate to
-    them. Every write goes through one
+    them. A cluster's follower drives it through :attr:`following`
+    (:class:`kvstore.store.following.Following`). Every write goes through one
     :class:`kvstore.store.fast_path.WritePath`, the one place that refuses
     writes.
 
@@ -155,6 +157,8 @@ class KVStore(MutableLookups):
         self._writes = WritePath(None if self._log is None else self._log.appender, self.max_value_bytes,
                                  self._expiring.put, self._write_refusal)
         self._keyspaces = Keyspaces(self._state, self.path, self._writes)
+        self.following = Following(self._writer, self._state, self._expiring, self._check_open)
+        """A cluster's follower's controls of this store (:mod:`kvstore.store.following`)."""
         # put and get bound to the compiled paths (docs/architecture.md, "The path of a put")
         if type(self).get is KVStore.get:
             self.get = GetPath(self._state).get  # type: ignore[method-assign]
@@ -497,37 +501,6 @@ class KVStore(MutableLookups):
         if self.replicas is not None:
             self.replicas.epoch = start.timeline
         return start
-
-    # -- following another store's log (kvstore/cluster/follower.py) ---------------
-
-    def refuse_writes(self, error: WalkvError | None) -> None:
-        """While ``error`` is set every write raises it (a cluster's follower:
-        :class:`~wal.errors.NotLeaderError` naming the leader), and expired
-        keys are not swept (the leader's sweeps arrive through its log);
-        None: writes are taken again. :meth:`append_replicated` goes on."""
-        self._check_open()
-        self._writer.refuse_appends(error)
-        self._expiring.pause_sweeper(error is not None)
-
-    def append_replicated(self, entries: Sequence[wal.Entry]) -> int:
-        """Write and apply entries of another log of this store (its leader's),
-        with their own LSNs and commit times; the first must be this store's
-        next LSN. Durable and applied on return (:meth:`wal.Log.append_replicated`)."""
-        self._check_open()
-        return self._writer.append_replicated(entries)
-
-    def discard_after(self, lsn: int, follow: History) -> int:
-        """Drop the log's entries after ``lsn`` (what only this store holds past
-        the point where ``follow``, its leader's history, left its own: a
-        deposed leader's unacknowledged writes) and go on on ``follow``'s line;
-        return how many were dropped. Snapshots past ``lsn`` are deleted. When
-        the state had applied any of them (:attr:`applied_lsn` is past
-        ``lsn``), it is marked to be rebuilt: close the store and open it
-        again before reading or following on. :class:`~wal.errors.SnapshotError`,
-        with nothing changed, when no snapshot at or before ``lsn`` is left to
-        rebuild it from (build the store again from its leader's snapshot)."""
-        self._check_open()
-        return self._writer.discard_after(lsn, follow, self._state)
 
     @property
     def closed(self) -> bool:

@@ -174,7 +174,7 @@ class StoreWriter:
                                history=self.log.history, fs=self._fs)
 
     def discard_after(self, lsn: int, follow: History, state: State) -> int:
-        """:meth:`kvstore.KVStore.discard_after`: when the state applied past
+        """:meth:`kvstore.store.following.Following.discard_after`: when the state applied past
         ``lsn`` it is marked to be rebuilt at the next open (the caller
         reopens the store), snapshots past ``lsn`` go, then the log is cut and
         goes on on ``follow``'s line."""
