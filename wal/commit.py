@@ -253,7 +253,7 @@ class GroupCommit:
             w.lead = w.exclusive = False
             self._waiters.append(w)
             m.release()
-            w.lock.acquire()  # released by the leader: done, failed, or our turn to lead
+            self._wait(w)  # released by the leader: done, failed, or our turn to lead
             after = w.next  # the next acknowledged appender: wake it first (module docstring)
             if after is not None:
                 w.next = None
@@ -263,27 +263,58 @@ class GroupCommit:
                     raise self._group_failure()
                 return first
             m.acquire()
-            self._gather()
+            interrupted = self._gather()
         else:
             self._leading = True
-            self._gather()
+            interrupted = self._gather()
         done = self._lead_group()
         self._handoff()
         m.release()
         _run_callbacks(done)
+        if interrupted is not None:
+            raise interrupted
         if self.acked_lsn < last:
             raise self._group_failure()
         return first
 
-    def _gather(self) -> None:
+    def _wait(self, w: _Waiter) -> None:
+        """Sleep until the leader releases ``w`` (mutex not held). When the
+        wait is interrupted (KeyboardInterrupt in the main thread), the
+        appender leaves the line before the exception goes on: its entries
+        stay queued, for the next group; and what the leader handed it, the
+        wake-up of the next appender of its chain or the leadership, is
+        passed on, so that no other appender waits for it."""
+        try:
+            w.lock.acquire()
+        except BaseException:
+            self._local.waiter = None  # (its lock's state is its own from here on)
+            with self.mutex:
+                if w in self._waiters:  # not released yet
+                    self._waiters.remove(w)
+                else:  # released as the exception came: pass on what the leader set before it released it
+                    after, w.next = w.next, None
+                    if after is not None:
+                        after.lock.release()
+                    if w.lead:
+                        self._handoff()
+            raise
+
+    def _gather(self) -> BaseException | None:
         """Mutex held, leading a group not yet taken: when the last group
         woke several appenders, wait (at most ``gather_seconds``) until as
         many entries are queued, so that they share this group's fsync
-        (module docstring). The wait releases the mutex."""
+        (module docstring). The wait releases the mutex. An interrupted
+        wait (KeyboardInterrupt) is returned, for the caller to raise once it
+        has written the group and handed the leadership on."""
         if self._woken > 1 and len(self._queue) < self._woken and self.failure is None:
             self._gathering = True
-            self._arrived.wait(self.gather_seconds)
-            self._gathering = False
+            try:
+                self._arrived.wait(self.gather_seconds)
+            except BaseException as e:  # noqa: BLE001 - raised by the caller, after the group
+                return e
+            finally:
+                self._gathering = False
+        return None
 
     def submit_nowait(self, payloads: list[Payload], contexts: Sequence[object], callback: Callback) -> int:
         """Queue ``payloads`` (each with its context) as one run without
@@ -421,7 +452,7 @@ class GroupCommit:
             w.exclusive = True
             self._waiters.append(w)
             m.release()
-            w.lock.acquire()
+            self._wait(w)
             m.acquire()
         else:
             self._leading = True
