@@ -4,7 +4,8 @@
 
 T Python threads each make a small payload (a msgpack of a put, plus a loop: a few µs of
 Python, as a walkv put spends) and append it to one preallocated file through a group
-commit that wakes its waiters as :mod:`wal.commit` does (a lock each), in one of four ways:
+commit that wakes its waiters as :mod:`wal.commit` did when it was measured (a lock each, all
+released by the leader; wal.commit now wakes them along a chain), in one of four ways:
 
 - ``serial``: one leader at a time takes the queue, writes it, ``fdatasync``-s it and
   acknowledges it; then the oldest waiter not yet written leads (LevelDB's writer queue);
@@ -59,8 +60,9 @@ class _Waiter:
 
 class Model:
     """One group commit of ``mode`` over the file ``fd``, for ``threads``
-    appenders, woken as :mod:`wal.commit` wakes them (a lock per waiter,
-    released by the leader: no thundering herd)."""
+    appenders, each woken by a lock of its own that the leader releases
+    (no thundering herd; :mod:`wal.commit` woke them so when this model was
+    measured)."""
 
     def __init__(self, fd: int, mode: str, threads: int) -> None:
         self.fd = fd
