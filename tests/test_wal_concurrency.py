@@ -11,10 +11,7 @@ must be there when the log is reopened with the normal file system.
 from __future__ import annotations
 
 import errno
-import os
-import signal
 import threading
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -310,76 +307,6 @@ def test_a_raising_callback_does_not_fail_the_log(tmp_path: Path, caplog) -> Non
         assert log.append(b"still fine") == 21
     assert sorted(calls) == list(range(1, 21))
     assert "callback raised" in caplog.text
-
-
-class HeldSyncFS(FileSystem):
-    """Real files; while ``hold`` is set, ``File.sync`` sets ``held`` and
-    waits for ``go`` (a leader kept in its fsync while others queue)."""
-
-    def __init__(self) -> None:
-        self.hold, self.held, self.go = threading.Event(), threading.Event(), threading.Event()
-
-    def open(self, path: str, **kw) -> File:  # type: ignore[override]
-        f = super().open(path, **kw)
-        return _HeldFile(f.path, f.fd, self)
-
-
-class _HeldFile(File):
-    def __init__(self, path: str, fd: int, fs: HeldSyncFS) -> None:
-        super().__init__(path, fd)
-        self._fs = fs
-
-    def sync(self, *, full: bool = False) -> None:
-        if self._fs.hold.is_set():
-            self._fs.held.set()
-            assert self._fs.go.wait(60), "the test never let the fsync go"
-        super().sync(full=full)
-
-
-def test_an_interrupted_wait_leaves_the_line(tmp_path: Path) -> None:
-    """Ctrl-C (KeyboardInterrupt) in the main thread while its append waits
-    behind a leader's fsync, first in line, two appenders behind it: it
-    leaves the line. The leadership it would have been handed goes to the
-    next, the two behind it return, close() does not hang, and its entry,
-    queued before the interrupt, is written with theirs."""
-    fs = HeldSyncFS()
-    appends = None
-    with wal.open(tmp_path / "log", sync="always", fs=fs) as log:
-        appends = log._appends  # the line itself: who is queued, in order
-        log.append(b"first")
-        fs.hold.set()
-        leader = threading.Thread(target=log.append, args=(b"leader",))
-        leader.start()
-        assert fs.held.wait(30)
-        fs.hold.clear()
-
-        def behind(n: int, payload: bytes) -> None:
-            while len(appends._waiters) < n:
-                time.sleep(0.001)
-            log.append(payload)
-
-        def interrupt() -> None:
-            while len(appends._waiters) < 3:
-                time.sleep(0.001)
-            time.sleep(0.1)  # the main thread asleep in its wait, not on its way to it
-            os.kill(os.getpid(), signal.SIGINT)
-
-        others = [threading.Thread(target=behind, args=(1, b"second")),
-                  threading.Thread(target=behind, args=(2, b"third")), threading.Thread(target=interrupt)]
-        for t in others:
-            t.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                log.append(b"interrupted")
-            assert [w.lsn for w in appends._waiters] == [4, 5], "the interrupted appender left the line"
-        finally:
-            fs.go.set()
-        for t in [leader, *others]:
-            t.join(60)
-            assert not t.is_alive(), "an appender behind the interrupted one was left waiting"
-        assert log.durable_lsn == 5
-    with wal.open(tmp_path / "log") as log:
-        assert [p for _, p in read_all(log)] == [b"first", b"leader", b"interrupted", b"second", b"third"]
 
 
 # -- failures ---------------------------------------------------------------------------

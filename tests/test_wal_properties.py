@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -350,7 +351,7 @@ def test_a_leader_gathers_the_appenders_the_last_group_woke() -> None:
         e = threading.Thread(target=append, args=("E",))
         e.start()
         deadline = time.monotonic() + 30
-        while not gc._gathering:
+        while gc._arrived is None:
             assert time.monotonic() < deadline, "E did not gather"
             time.sleep(0.001)
         assert "E" not in returned
@@ -368,3 +369,44 @@ def test_a_leader_gathers_the_appenders_the_last_group_woke() -> None:
             assert [p for _, p in reopened.read(1)] == [b"A", b"B", b"C", b"D", b"E", b"F", b"G"]
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_an_interrupted_wait_leaves_the_line(tmp_path: Path) -> None:
+    """Ctrl-C (KeyboardInterrupt) in the main thread while its append waits
+    behind a leader's fsync, first in line, two appenders behind it: it
+    leaves the line. The leadership it would have been handed goes to the
+    next, the two behind it return, close() does not hang, and its entry,
+    queued before the interrupt, is written with theirs."""
+    fs = HeldSyncFS()
+    with wal.open(tmp_path / "log", sync="always", fs=fs) as log:
+        log.append(b"first")
+        fs.hold = 1
+        leader = threading.Thread(target=log.append, args=(b"leader",))
+        leader.start()
+        assert fs.entered.wait(30)
+
+        def behind(n: int, payload: bytes) -> None:
+            _wait_for_waiters(log, n)
+            log.append(payload)
+
+        def interrupt() -> None:
+            _wait_for_waiters(log, 3)
+            time.sleep(0.1)  # the main thread asleep in its wait, not on its way to it
+            os.kill(os.getpid(), signal.SIGINT)
+
+        others = [threading.Thread(target=behind, args=(1, b"second")),
+                  threading.Thread(target=behind, args=(2, b"third")), threading.Thread(target=interrupt)]
+        for t in others:
+            t.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                log.append(b"interrupted")
+            assert [w.lsn for w in log._gc._waiters] == [4, 5], "the interrupted appender left the line"
+        finally:
+            fs.release.set()
+        for t in [leader, *others]:
+            t.join(60)
+            assert not t.is_alive(), "an appender behind the interrupted one was left waiting"
+        assert log.durable_lsn == 5
+    with wal.open(tmp_path / "log") as log:
+        assert [p for _, p in log.read(1)] == [b"first", b"leader", b"interrupted", b"second", b"third"]

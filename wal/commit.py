@@ -48,6 +48,15 @@ released.
 
 Operations that need the log to themselves (sync, truncate, close) wait their
 turn in the same line with :meth:`GroupCommit.exclusive`.
+
+Ctrl-C: a KeyboardInterrupt reaches the main thread in whichever blocking
+acquire it is in. An appender interrupted while it waits leaves the line
+and passes on what it was handed (:meth:`GroupCommit._wait`); a leader, or
+an appender handed the leadership, keeps the interrupt until its group is
+written and the leadership passed on (:meth:`GroupCommit._relock`), and
+each waiter is told its own group's outcome (``_Waiter.failed``), so an
+interrupt never leaves the log with nobody leading or a waiter asleep. An
+interrupted append's entries may still be written: its caller cannot know.
 """
 
 from __future__ import annotations
@@ -79,7 +88,7 @@ Done = tuple[list[tuple[int, Callback]], "BaseException | None"]
 
 
 class _Waiter:
-    __slots__ = ("exclusive", "lead", "lock", "lsn", "next")
+    __slots__ = ("exclusive", "failed", "lead", "lock", "lsn", "next")
 
     def __init__(self) -> None:
         self.lock = Mutex()
@@ -88,6 +97,7 @@ class _Waiter:
         self.lead = False
         self.exclusive = False
         self.next: _Waiter | None = None
+        self.failed: BaseException | None = None  # set with its release: why its group failed (None: acknowledged)
 
 
 class GroupCommit:
@@ -123,8 +133,8 @@ class GroupCommit:
         self.stopping = False
         self._frozen = False  # no LSN may be handed out (truncate_after renumbers)
         self._thawed = condition(self.mutex)
-        self._arrived = condition(self.mutex)  # enough entries queued for a gathering leader
-        self._gathering = False
+        self._arrived: threading.Lock | None = None  # released when enough entries are queued for a gathering leader
+        self._kept: BaseException | None = None  # an interrupt the leader kept until its group is done (_relock)
         self._woken = 0  # appenders the last group released
         self.gather_seconds = GATHER_SECONDS
         self.next_lsn = next_lsn
@@ -187,13 +197,13 @@ class GroupCommit:
         if error is not None:
             self._after_direct(first, last, error)
             raise self._group_failure()
-        m.acquire()
+        self._relock()
         if self._waiters or self._queue:
             self._after_direct(first, last, None)  # releases the mutex
         else:
             self.acked_lsn = last
             self._leading = False
-            m.release()
+            self._release_leadership()
         return first
 
     def _take_lsns(self, count: int) -> int:
@@ -220,11 +230,10 @@ class GroupCommit:
         it failed; released on return): acknowledge or fail the group and
         wake or fail whoever queued meanwhile, then hand the leadership on."""
         if error is not None:
-            self.mutex.acquire()
+            self._relock()
         done = self._acknowledge(first, last, error, [])
         self._handoff()
-        self.mutex.release()
-        _run_callbacks(done)
+        self._release_leadership(done)
 
     def _submit_queued(self, payloads: list[Payload], contexts: list[object]) -> int:
         """:meth:`submit` (mutex held, released on return) when a leader is
@@ -246,8 +255,10 @@ class GroupCommit:
             self._queue.extend(payloads)
             self._contexts.extend(contexts)
         if self._leading:
-            if self._gathering and len(self._queue) >= self._woken:
-                self._arrived.notify()
+            arrived = self._arrived
+            if arrived is not None and len(self._queue) >= self._woken:
+                self._arrived = None
+                arrived.release()
             w = self._waiter()
             w.lsn = last
             w.lead = w.exclusive = False
@@ -259,20 +270,16 @@ class GroupCommit:
                 w.next = None
                 after.lock.release()
             if not w.lead:
-                if self.acked_lsn < last:
-                    raise self._group_failure()
+                if w.failed is not None:
+                    raise w.failed
                 return first
-            m.acquire()
-            interrupted = self._gather()
+            self._relock()
         else:
             self._leading = True
-            interrupted = self._gather()
+        self._gather()
         done = self._lead_group()
         self._handoff()
-        m.release()
-        _run_callbacks(done)
-        if interrupted is not None:
-            raise interrupted
+        self._release_leadership(done)
         if self.acked_lsn < last:
             raise self._group_failure()
         return first
@@ -288,33 +295,62 @@ class GroupCommit:
             w.lock.acquire()
         except BaseException:
             self._local.waiter = None  # (its lock's state is its own from here on)
-            with self.mutex:
-                if w in self._waiters:  # not released yet
-                    self._waiters.remove(w)
-                else:  # released as the exception came: pass on what the leader set before it released it
-                    after, w.next = w.next, None
-                    if after is not None:
-                        after.lock.release()
-                    if w.lead:
-                        self._handoff()
+            self._relock()
+            if w in self._waiters:  # not released yet
+                self._waiters.remove(w)
+            else:  # released as the exception came: pass on what the leader set before it released it
+                after, w.next = w.next, None
+                if after is not None:
+                    after.lock.release()
+                if w.lead:
+                    self._handoff()
+            self._kept = None  # (the one raised now)
+            self.mutex.release()
             raise
 
-    def _gather(self) -> BaseException | None:
+    def _relock(self) -> None:
+        """Take the mutex again while leading, or while owing the line
+        something: a blocked acquire interrupted (KeyboardInterrupt in the
+        main thread) is retried, and the interrupt kept in ``_kept``, raised
+        once the leadership is passed on (:meth:`_release_leadership`), so
+        that no group is left half done with nobody leading."""
+        m = self.mutex
+        while True:
+            try:
+                m.acquire()
+                return
+            except BaseException as e:  # noqa: BLE001 - kept, raised by _release_leadership
+                self._kept = e
+
+    def _release_leadership(self, done: Done | None = None) -> None:
+        """Mutex held, the leadership passed on or given up: release the
+        mutex, run the group's callbacks, then raise an interrupt that
+        :meth:`_relock` or :meth:`_gather` kept."""
+        kept, self._kept = self._kept, None
+        self.mutex.release()
+        _run_callbacks(done)
+        if kept is not None:
+            raise kept
+
+    def _gather(self) -> None:
         """Mutex held, leading a group not yet taken: when the last group
         woke several appenders, wait (at most ``gather_seconds``) until as
         many entries are queued, so that they share this group's fsync
-        (module docstring). The wait releases the mutex. An interrupted
-        wait (KeyboardInterrupt) is returned, for the caller to raise once it
-        has written the group and handed the leadership on."""
+        (module docstring). The wait releases the mutex, on a lock of its
+        own that the appender who fills the group releases (not a
+        condition's wait, whose taking the mutex back could be interrupted
+        and leave it not held); an interrupted wait ends it, and is kept
+        (:meth:`_relock`)."""
         if self._woken > 1 and len(self._queue) < self._woken and self.failure is None:
-            self._gathering = True
+            arrived = self._arrived = threading.Lock()
+            arrived.acquire()
+            self.mutex.release()
             try:
-                self._arrived.wait(self.gather_seconds)
-            except BaseException as e:  # noqa: BLE001 - raised by the caller, after the group
-                return e
-            finally:
-                self._gathering = False
-        return None
+                arrived.acquire(timeout=self.gather_seconds)
+            except BaseException as e:  # noqa: BLE001 - kept, raised once the group is done
+                self._kept = e
+            self._relock()
+            self._arrived = None
 
     def submit_nowait(self, payloads: list[Payload], contexts: Sequence[object], callback: Callback) -> int:
         """Queue ``payloads`` (each with its context) as one run without
@@ -365,7 +401,7 @@ class GroupCommit:
                 self._writer.write_group(group)
             except BaseException as e:  # noqa: BLE001 - any failure here fails the log
                 error = e
-            self.mutex.acquire()
+            self._relock()
         return self._acknowledge(group.first_lsn, group.last_lsn, error, callbacks)
 
     def _acknowledge(self, first: int, last: int, error: BaseException | None,
@@ -389,6 +425,7 @@ class GroupCommit:
         tail: _Waiter | None = None
         while waiters and not waiters[0].exclusive and (waiters[0].lsn <= acked or error is not None):
             w = waiters.popleft()
+            w.failed = error
             if tail is None:
                 head = w
             else:
@@ -402,6 +439,7 @@ class GroupCommit:
             self._waiters = deque(w for w in waiters if w.exclusive)
             for w in waiters:
                 if not w.exclusive:
+                    w.failed = error
                     w.lock.release()
         return (callbacks, error) if callbacks else None
 
@@ -453,20 +491,23 @@ class GroupCommit:
             self._waiters.append(w)
             m.release()
             self._wait(w)
-            m.acquire()
+            self._relock()
         else:
             self._leading = True
         done = []
         while drain and self._queue and self.failure is None:
             done.append(self._lead_group())
         failure = self.failure
-        if failure is not None:
+        kept, self._kept = self._kept, None  # (an interrupt while draining: the leadership goes on, then it is raised)
+        if failure is not None or kept is not None:
             self._handoff()
         elif freeze:
             self._frozen = True
         m.release()
         for d in done:
             _run_callbacks(d)
+        if kept is not None:
+            raise kept
         if failure is not None:
             raise failure
         try:
