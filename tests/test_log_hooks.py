@@ -51,3 +51,78 @@ def test_the_base_loghooks_does_nothing(tmp_path) -> None:
 def test_hooks_and_hook_callables_are_refused_together(tmp_path) -> None:
     with pytest.raises(ValueError, match="either as hooks= or as on_prepare="):
         wal.open(tmp_path / "log", hooks=wal.LogHooks(), on_commit=lambda g: None)
+
+
+class _Work:
+    """A Staged that records its calls into ``calls``."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def run(self) -> None:
+        self.calls.append("run")
+
+    def publish(self) -> None:
+        self.calls.append("publish")
+
+    def abort(self) -> None:
+        self.calls.append("abort")
+
+
+class _Staging(wal.LogHooks):
+    """Stages every group, and notes what the log's files held at that moment."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+        self.calls: list[str] = []
+        self.on_disk_at_stage: list[bytes] = []
+
+    def stage(self, group: Group) -> Staged | None:
+        self.on_disk_at_stage.append(_segment_bytes(self.log_dir))
+        self.calls.append("stage")
+        return _Work(self.calls)
+
+    def commit(self, group: Group) -> None:
+        self.calls.append("commit")
+
+
+def _segment_bytes(log_dir: str) -> bytes:
+    import glob
+    import os
+
+    out = b""
+    for name in sorted(glob.glob(os.path.join(log_dir, "*.wal"))):
+        with open(name, "rb") as f:
+            out += f.read()
+    return out
+
+
+def test_stage_comes_before_the_group_is_written_and_its_work_after(tmp_path) -> None:
+    """``stage`` is asked before the group reaches the file, its work runs
+    while it is written and synced, and is published once it is durable,
+    before ``commit``."""
+    log_dir = str(tmp_path / "log")
+    hooks = _Staging(log_dir)
+    with wal.open(log_dir, sync="always", hooks=hooks) as log:
+        log.append(b"first-payload")
+        log.append(b"second-payload")
+        assert b"first-payload" in _segment_bytes(log_dir)
+    assert b"first-payload" not in hooks.on_disk_at_stage[0]
+    assert b"second-payload" not in hooks.on_disk_at_stage[1] and b"first-payload" in hooks.on_disk_at_stage[1]
+    assert hooks.calls == ["stage", "run", "publish", "commit"] * 2
+
+
+def test_a_failed_write_aborts_the_staged_work(tmp_path) -> None:
+    from tests.faultfs import FaultFS, close_quietly
+
+    fs = FaultFS()
+    hooks = _Staging(str(tmp_path / "log"))
+    log = wal.open(tmp_path / "log", sync="always", hooks=hooks, fs=fs)
+    try:
+        log.append(b"ok")
+        fs.fail("write")
+        with pytest.raises(wal.LogFailedError):
+            log.append(b"lost")
+    finally:
+        close_quietly(log)
+    assert hooks.calls == ["stage", "run", "publish", "commit", "stage", "run", "abort"]

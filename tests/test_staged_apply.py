@@ -1,7 +1,8 @@
-"""A bulk group's LMDB write overlapped with its fsync (wal/log_writer.py's
-``on_stage``, :class:`kvstore.state.staged.StagedApply`): it runs while the
-fsync does, is visible only once the fsync returned, and a failed or killed
-fsync leaves LMDB without the group; a reopen replays it when the log has it.
+"""A bulk group's LMDB write overlapped with its log write and fsync
+(wal/log_writer.py's ``on_stage``, :class:`kvstore.state.staged.StagedApply`):
+it runs while they do, is visible only once the fsync returned, and a failed
+or killed fsync leaves LMDB without the group; a reopen replays it when the
+log has it.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ class SeenFS(FileSystem):
 
 
 def test_a_bulk_group_is_written_to_lmdb_while_it_syncs_and_shown_after(tmp_path) -> None:
-    """The fsync of a bulk batch runs on a helper thread (the caller writes
-    LMDB meanwhile), and a read during it sees none of the batch; a single
+    """The write and fsync of a bulk batch run on a helper thread (the caller
+    writes LMDB meanwhile), and a read during the fsync sees none of the batch; a single
     put syncs on the caller's thread, as before."""
     seen: list[tuple[str, bytes | None, bytes | None, int]] = []
     db: kvstore.KVStore | None = None
@@ -78,7 +79,7 @@ def test_a_bulk_group_is_written_to_lmdb_while_it_syncs_and_shown_after(tmp_path
         lsn = bulk(db, b"a")
         assert lsn == small + 1
         (thread, during, small_during, lmdb_lsn_during), = seen
-        assert thread == "walkv-fsync"
+        assert thread == "walkv-write"
         assert during is None and small_during == b"1" and lmdb_lsn_during < lsn
         assert db.get(b"a000000") == b"a-value-0" and db.get(b"a%06d" % (BULK - 1)) is not None
         assert db._state.commits.applied_lsn == lsn == db.applied_lsn

@@ -7,10 +7,10 @@ The log's leader calls its hooks once per group, on every write's path
   written and committed by then): the payloads to write instead (same number,
   same LSNs), or None to write them as they are. The layer above decides
   there what depends on the order of the log.
-- ``stage(group)``, with ``sync="always"`` only, once the group is written and
-  before its fsync: a :class:`Staged`, work that runs while the fsync does and
-  is published only once the fsync returned (aborted if the group fails), or
-  None.
+- ``stage(group)``, with ``sync="always"`` only, after ``prepare`` and before
+  the group is written: a :class:`Staged`, work that runs while the group is
+  written and fsynced (on another thread) and is published only once the
+  fsync returned (aborted if the group fails), or None.
 - ``commit(group)``, after the group is acknowledged (durable, with
   ``sync="always"``) and before any of its appenders returns. If it raises,
   the log fails.
@@ -38,7 +38,7 @@ PrepareHook = Callable[[Group], "list[Payload] | None"]
 
 
 class Staged(Protocol):
-    """Work the layer above does for one group while its fsync runs (all
+    """Work the layer above does for one group while the log writes and syncs it (all
     three methods on the leader's thread, so a resource bound to a thread,
     an LMDB write transaction, may be begun in one and ended in another)."""
 

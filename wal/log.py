@@ -90,7 +90,7 @@ class Log:
     the layer above does with each :class:`~wal.group.Group` the log writes
     (LSNs, payloads and the contexts their appenders passed): a
     :class:`~wal.hooks.LogHooks` whose ``prepare``, ``stage`` and ``commit``
-    the log's leader calls before the group is framed, before its fsync, and
+    the log's leader calls before the group is framed, before it is written, and
     once it is acknowledged, before its appenders return (:mod:`wal.hooks`
     says what each may do), or instead any of ``on_prepare``, ``on_stage``
     and ``on_commit``, plain callables for the same; ``max_record_bytes``, the

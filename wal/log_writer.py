@@ -15,11 +15,15 @@ writes through it; it changes what readers copy (the segments, the
 positions) only under ``mutex``, the group commit's.
 
 A group's sync, with ``sync="always"`` (:meth:`LogWriter.write_group`): the
-group is framed and written, then, when the hooks' ``stage`` returns a
-:class:`~wal.hooks.Staged` for it (the layer above has work worth overlapping: a bulk
-write to its state), the fsync runs on a helper thread while the leader runs
-``staged.run()`` (the fsync releases the GIL), and the leader waits for the
-fsync. Only after the fsync returned, and the directory check passed, is
+hooks' ``stage`` is asked first, before the group is framed, whether the
+layer above has work worth overlapping with its write and fsync (a bulk
+write to its state). When it returned a :class:`~wal.hooks.Staged`, the
+group is framed, written and fsynced on a helper thread while the leader
+runs ``staged.run()`` (the write and the fsync release the GIL), and the
+leader waits for the helper. The 12 MB ``pwritev`` of a batch of 100,000
+puts took 10 ms before its LMDB write could start; overlapped, such a
+batch commits in 26.5-30.1 ms instead of 30.1-36.1 (medians of 25 fresh
+stores, old and new alternating, AMD EPYC VM, 2026-12-04). Only after the fsync returned, and the directory check passed, is
 the group durable, published (``DURABLE``), ``staged.publish()``-ed, and
 handed to the hooks' ``commit``; if anything failed, ``staged.abort()`` drops the
 staged work and the group fails (the log with it). So staged work is never
@@ -52,6 +56,17 @@ from wal.truncation import mark_truncate
 PREALLOC_STEP: Final = 8 << 20  # the active segment grows by this much (at most) at a time
 DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the directory at least this often
 _time_ns: Final = time.time_ns
+
+
+def _write(active: ActiveSegment, first: int, payloads: list[Payload], now_us: int,
+           timestamps: list[int] | None) -> tuple[int, bool]:
+    """Frame and write one group: at ``now_us``, or (``timestamps``) at the
+    entries' own commit times. The bytes written and whether the file grew."""
+    if timestamps is None:
+        return active.write_group(first, payloads, now_us, gathered(payloads))
+    return _write_timed(active, first, payloads, timestamps)
+
+
 def _write_timed(active: ActiveSegment, first: int, payloads: list[Payload], timestamps: list[int]
                  ) -> tuple[int, bool]:
     """``payloads`` written with their own commit times: one write per run of
@@ -138,29 +153,26 @@ class LogWriter:
         elif not self._always and abs(now_us - self._checked_us) >= self._directory_check_us:
             self.lock.check()
             self._checked_us = now_us
-        if timestamps is None:
-            written, grew = active.write_group(first, payloads, now_us, gathered(payloads))
-        else:
-            written, grew = _write_timed(active, first, payloads, timestamps)
-        lsn = first + len(payloads)
-        self.written = (lsn - 1, active.data_end)
-        if self._always:
-            staged = hooks.stage(group)
+        staged = hooks.stage(group) if self._always else None  # (before the write: module docstring)
+        try:
             if staged is None:
-                self.timed_sync(full=grew)
+                written, grew = _write(active, first, payloads, now_us, timestamps)
+                self.written = (first + len(payloads) - 1, active.data_end)
+                if self._always:
+                    self.timed_sync(full=grew)
+            else:
+                written = self._write_while(staged, active, first, payloads, now_us, timestamps)
+            lsn = first + len(payloads)
+            if self._always:
                 self.lock.check()  # after the fsync: acknowledged durable means in the store's files
                 self.durable = self.written
                 self._durable_marker.publish(lsn - 1)
-            else:
-                try:
-                    self._sync_while(staged, grew)
-                    self.lock.check()
-                    self.durable = self.written
-                    self._durable_marker.publish(lsn - 1)
-                except BaseException:
-                    staged.abort()
-                    raise
-                staged.publish()
+        except BaseException:
+            if staged is not None:
+                staged.abort()
+            raise
+        if staged is not None:
+            staged.publish()
         else:
             self._unsynced_bytes += written
             if self.flusher is not None and self._unsynced_bytes >= self.sync_bytes:
@@ -169,26 +181,32 @@ class LogWriter:
         self.stats.group(len(payloads), written)
         hooks.commit(group)
 
-    def _sync_while(self, staged: Staged, full: bool) -> None:
-        """The group's fsync on a helper thread while this one runs
-        ``staged.run()``; returns once both are done, raising the fsync's
-        error first (it fails the log), else the work's."""
+    def _write_while(self, staged: Staged, active: ActiveSegment, first: int, payloads: list[Payload],
+                     now_us: int, timestamps: list[int] | None) -> int:
+        """The group's write and fsync on a helper thread while this one runs
+        ``staged.run()``; returns the bytes written once both are done,
+        raising the helper's error first (it fails the log), else the work's."""
         failed: list[BaseException] = []
+        written: list[int] = []
 
-        def sync() -> None:
+        def write_and_sync() -> None:
             try:
-                self.timed_sync(full)
+                n, grew = _write(active, first, payloads, now_us, timestamps)
+                self.written = (first + len(payloads) - 1, active.data_end)
+                self.timed_sync(grew)
+                written.append(n)
             except BaseException as exc:  # noqa: BLE001 - handed to the leader
                 failed.append(exc)
 
-        syncer = threading.Thread(target=sync, name="walkv-fsync", daemon=True)
-        syncer.start()
+        writer = threading.Thread(target=write_and_sync, name="walkv-write", daemon=True)
+        writer.start()
         try:
             staged.run()
         finally:
-            syncer.join()
+            writer.join()
             if failed:
                 raise failed[0]
+        return written[0]
 
     def timed_sync(self, full: bool = False) -> None:
         active = self.files.active

@@ -351,8 +351,8 @@ class State:
         """What the log's ``on_stage`` returns for a group (:mod:`wal.log_writer`):
         for a group of at least :data:`DIRECT_OPS` operations, which is
         written to LMDB in one transaction anyway, a :class:`StagedApply` that
-        writes it into an LMDB write transaction while the log's fsync runs
-        and commits it once the fsync returned; None for any other group (a
+        writes it into an LMDB write transaction while the log writes and
+        fsyncs it, and commits it once the fsync returned; None for any other group (a
         single put costs one length test here)."""
         if len(batches) == 1:
             if len(batches[0]) < DIRECT_OPS:

@@ -7,8 +7,8 @@ lock belongs to the thread that took it): :meth:`StagedApply.run` applies
 the group as :meth:`~kvstore.state.machine.State.apply` would, except that
 the one write transaction (the overlay's frozen writes, then the group's) is
 left open, with the overlay's flush lock held
-(:class:`~kvstore.state.commits.ThroughWrite`), while the log's fsync runs on
-another thread; :meth:`StagedApply.publish` commits
+(:class:`~kvstore.state.commits.ThroughWrite`), while the log writes and
+fsyncs the group on another thread; :meth:`StagedApply.publish` commits
 it once the fsync returned; :meth:`StagedApply.abort` drops it when the
 write, the fsync or the run failed. No reader sees a staged write before it
 is durable, and LMDB's applied LSN never passes the log's durable LSN.

@@ -10,10 +10,10 @@ a subclass of :class:`wal.hooks.LogHooks` that the log calls directly:
   writer decides, reading the expiry of their keys), then what expiry decides in log order
   (:mod:`kvstore.store.expiring`: leases, TTL puts). A group of plain writes,
   the common one, costs a look at its first op.
-- ``stage`` (``sync="always"`` only) runs once the group is written, before
-  its fsync. For a bulk group (:meth:`kvstore.state.State.stage`: one that
-  goes to LMDB in one write transaction anyway) it returns the work the log
-  runs while the fsync does: the group written into an LMDB transaction that
+- ``stage`` (``sync="always"`` only) runs before the group is written. For
+  a bulk group (:meth:`kvstore.state.State.stage`: one that goes to LMDB in
+  one write transaction anyway) it returns the work the log runs while it
+  writes and fsyncs the group: the group written into an LMDB transaction that
   is committed only once the fsync returned
   (:class:`kvstore.state.staged.StagedApply`); for any other group, and for
   every group of a store with synchronous replicas, None.
@@ -86,7 +86,7 @@ class GroupHooks(LogHooks):
         return out
 
     def stage(self, group: Group) -> StagedApply | None:
-        """The work to do while the group's fsync runs, or None (module docstring)."""
+        """The work to do while the log writes and fsyncs the group, or None (module docstring)."""
         state = self._state
         assert state is not None, "the log wrote before the store was bound"
         if self.replicas is not None:  # published only after the replicas confirmed: in commit
