@@ -223,7 +223,7 @@ class _HeldSyncFile(File):
 def _wait_for_waiters(log: wal.Log, n: int) -> None:
     """Until ``n`` appenders wait behind the leader (they queued in turn)."""
     deadline = time.monotonic() + 30
-    while len(log._gc._waiters) < n:
+    while len(log._gc._line.waiters) < n:
         assert time.monotonic() < deadline, "appenders did not queue"
         time.sleep(0.001)
 
@@ -363,7 +363,7 @@ def test_a_leader_gathers_the_appenders_the_last_group_woke() -> None:
         assert log.stats()["groups"] == 3 and log.durable_lsn == 6
         assert gc._woken == 1  # {E, F} woke F only: the next lone append is direct
         gc.gather_seconds = 0.0
-        assert log.append(b"G") == 7 and not gc._waiters and log.stats()["groups"] == 4
+        assert log.append(b"G") == 7 and not gc._line.waiters and log.stats()["groups"] == 4
         log.close()
         with wal.open(d) as reopened:
             assert [p for _, p in reopened.read(1)] == [b"A", b"B", b"C", b"D", b"E", b"F", b"G"]
@@ -401,7 +401,7 @@ def test_an_interrupted_wait_leaves_the_line(tmp_path: Path) -> None:
         try:
             with pytest.raises(KeyboardInterrupt):
                 log.append(b"interrupted")
-            assert [w.lsn for w in log._gc._waiters] == [4, 5], "the interrupted appender left the line"
+            assert [w.lsn for w in log._gc._line.waiters] == [4, 5], "the interrupted appender left the line"
         finally:
             fs.release.set()
         for t in [leader, *others]:

@@ -5,19 +5,18 @@ the queue is always in LSN order. The first appender to find no leader leads:
 it takes the whole queue, releases the mutex, has the log write (and sync) it
 as one group, then wakes the appenders the group covered and hands the
 leadership to the oldest appender still waiting, whose entries are already
-queued behind. Each waiting thread sleeps on a lock of its own, so waking a
-group costs one lock release per thread and no thundering herd on the mutex.
+queued behind. The appenders wait in a line (:mod:`wal.line`), each
+asleep on a lock of its own, so waking a group costs one lock release per
+thread and no thundering herd on the mutex.
 
 The leader releases only the first appender of the group it wrote; each
-appender, as it wakes, releases the next (a chain: ``_Waiter.next``). Woken
-all at once, the group's threads all ran for the GIL, and all but one went
-back to sleep on it, to be woken once more when it was free: with 32
-threads, 3.9 context switches per append and 80% of the time in the kernel.
-Along the chain, a thread's successor is scheduled while it returns and
-appends again, and mostly finds the GIL free: 2.7 switches per append, and
-20-25% more durable appends per second from 32 threads (5% from 8).
-Only appenders already acknowledged are chained, so no thread returns before
-the fsync that covers it, however late its predecessor wakes.
+appender, as it wakes, releases the next (a chain). Woken all at once, the
+group's threads all ran for the GIL, and all but one went back to sleep on
+it, to be woken once more when it was free: with 32 threads, 3.9 context
+switches per append and 80% of the time in the kernel. Along the chain, a
+thread's successor is scheduled while it returns and appends again, and
+mostly finds the GIL free: 2.7 switches per append, and 20-25% more
+durable appends per second from 32 threads (5% from 8).
 
 One appender with nobody else writing pays for none of that: when nobody
 leads, nothing is queued and the last group woke at most one other appender,
@@ -54,7 +53,7 @@ acquire it is in. An appender interrupted while it waits leaves the line
 and passes on what it was handed (:meth:`GroupCommit._wait`); a leader, or
 an appender handed the leadership, keeps the interrupt until its group is
 written and the leadership passed on (:meth:`GroupCommit._relock`), and
-each waiter is told its own group's outcome (``_Waiter.failed``), so an
+each waiter is told its own group's outcome (``Waiter.failed``), so an
 interrupt never leaves the log with nobody leading or a waiter asleep. An
 interrupted append's entries may still be written: its caller cannot know.
 """
@@ -63,13 +62,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
 from wal.forkguard import forked_error
 from wal.group import Group
+from wal.line import Waiter, WaitingLine
 from wal.log_writer import LogWriter
 from wal.mutex import Mutex, condition
 from wal.segment import Payload
@@ -85,19 +84,6 @@ Callback = Callable[[int, "BaseException | None"], None]
 # callback)`` for each run of nowait entries in the group, and the error that
 # failed them (None: all acknowledged).
 Done = tuple[list[tuple[int, Callback]], "BaseException | None"]
-
-
-class _Waiter:
-    __slots__ = ("exclusive", "failed", "lead", "lock", "lsn", "next")
-
-    def __init__(self) -> None:
-        self.lock = Mutex()
-        self.lock.acquire()
-        self.lsn = 0
-        self.lead = False
-        self.exclusive = False
-        self.next: _Waiter | None = None
-        self.failed: BaseException | None = None  # set with its release: why its group failed (None: acknowledged)
 
 
 class GroupCommit:
@@ -126,9 +112,8 @@ class GroupCommit:
         self._queue: list[Payload] = []
         self._contexts: list[object] = []
         self._callbacks: list[tuple[int, Callback]] = []  # (first LSN of a run, its callback)
-        self._waiters: deque[_Waiter] = deque()
+        self._line = WaitingLine()  # the appenders asleep until their group is written (wal/line.py)
         self._leading = False
-        self._local = threading.local()
         self._committer: threading.Thread | None = None
         self.stopping = False
         self._frozen = False  # no LSN may be handed out (truncate_after renumbers)
@@ -156,12 +141,6 @@ class GroupCommit:
         if self.failure is None:
             raise RuntimeError("group commit: a group was neither acknowledged nor failed")
         return self.failure
-
-    def _waiter(self) -> _Waiter:
-        w = getattr(self._local, "waiter", None)
-        if w is None:
-            w = self._local.waiter = _Waiter()
-        return w
 
     # -- appending -------------------------------------------------------------
 
@@ -198,7 +177,7 @@ class GroupCommit:
             self._after_direct(first, last, error)
             raise self._group_failure()
         self._relock()
-        if self._waiters or self._queue:
+        if self._line.waiters or self._queue:
             self._after_direct(first, last, None)  # releases the mutex
         else:
             self.acked_lsn = last
@@ -259,10 +238,7 @@ class GroupCommit:
             if arrived is not None and len(self._queue) >= self._woken:
                 self._arrived = None
                 arrived.release()
-            w = self._waiter()
-            w.lsn = last
-            w.lead = w.exclusive = False
-            self._waiters.append(w)
+            w = self._line.join(last)
             m.release()
             self._wait(w)  # released by the leader: done, failed, or our turn to lead
             after = w.next  # the next acknowledged appender: wake it first (module docstring)
@@ -284,7 +260,7 @@ class GroupCommit:
             raise self._group_failure()
         return first
 
-    def _wait(self, w: _Waiter) -> None:
+    def _wait(self, w: Waiter) -> None:
         """Sleep until the leader releases ``w`` (mutex not held). When the
         wait is interrupted (KeyboardInterrupt in the main thread), the
         appender leaves the line before the exception goes on: its entries
@@ -294,11 +270,8 @@ class GroupCommit:
         try:
             w.lock.acquire()
         except BaseException:
-            self._local.waiter = None  # (its lock's state is its own from here on)
             self._relock()
-            if w in self._waiters:  # not released yet
-                self._waiters.remove(w)
-            else:  # released as the exception came: pass on what the leader set before it released it
+            if not self._line.leave(w):  # released as the exception came: pass on what the leader set before it released it
                 after, w.next = w.next, None
                 if after is not None:
                     after.lock.release()
@@ -418,38 +391,12 @@ class GroupCommit:
             # What is queued behind a failed group will never be written.
             callbacks = callbacks + self._callbacks
             self._queue, self._contexts, self._callbacks = [], [], []
-        waiters = self._waiters
-        acked = self.acked_lsn
-        woken = 0
-        head: _Waiter | None = None
-        tail: _Waiter | None = None
-        while waiters and not waiters[0].exclusive and (waiters[0].lsn <= acked or error is not None):
-            w = waiters.popleft()
-            w.failed = error
-            if tail is None:
-                head = w
-            else:
-                tail.next = w
-            tail = w
-            woken += 1
-        if head is not None:
-            head.lock.release()
-        self._woken = woken
-        if error is not None and waiters:
-            self._waiters = deque(w for w in waiters if w.exclusive)
-            for w in waiters:
-                if not w.exclusive:
-                    w.failed = error
-                    w.lock.release()
+        self._woken = self._line.wake_acknowledged(self.acked_lsn, error)
         return (callbacks, error) if callbacks else None
 
     def _handoff(self) -> None:
         """Mutex held, leading: pass the leadership on, or give it up."""
-        if self._waiters:
-            w = self._waiters.popleft()
-            w.lead = True
-            w.lock.release()
-        else:
+        if not self._line.pass_leadership():
             self._leading = False
             if self._queue:
                 self._work.notify()
@@ -484,11 +431,7 @@ class GroupCommit:
             m.release()
             raise
         if self._leading:
-            w = self._waiter()
-            w.lsn = self.next_lsn - 1
-            w.lead = False
-            w.exclusive = True
-            self._waiters.append(w)
+            w = self._line.join(self.next_lsn - 1, exclusive=True)
             m.release()
             self._wait(w)
             self._relock()

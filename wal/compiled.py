@@ -58,6 +58,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "wal.segments",
     "wal.group",
     "wal.hooks",
+    "wal.line",
     "wal.commit",
     "wal.log_writer",
     "wal.append",
