@@ -124,7 +124,7 @@ def test_a_keyspace_get_is_the_logs_value_at_the_lsn_it_says(tmp_path):
 
 def test_a_get_beside_bulk_batches_committed_while_the_log_syncs_is_at_its_lsn(tmp_path):
     """Batches of 5,000 puts are staged (kvstore/state/staged.py): written
-    into LMDB while the log's fsync runs, made visible by the commit after."""
+    into LMDB while the log writes and fsyncs them, made visible by the commit after."""
     with kvstore.open(tmp_path / "s", sync="always") as db:
         def batch(i: int) -> tuple[int, bytes]:
             value = b"v%d" % i

@@ -126,3 +126,49 @@ def test_a_failed_write_aborts_the_staged_work(tmp_path) -> None:
     finally:
         close_quietly(log)
     assert hooks.calls == ["stage", "run", "publish", "commit", "stage", "run", "abort"]
+
+
+def test_ctrl_c_while_the_leader_waits_for_the_write_is_raised_once_it_is_done(tmp_path) -> None:
+    """A KeyboardInterrupt in the main thread while it waits for the helper
+    that writes and syncs a staged group is kept until the helper is done:
+    the group is then written and synced, and the log's failure says so
+    (not that it was never written, with the helper still writing)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from tests.test_wal_properties import HeldSyncFS
+
+    fs = HeldSyncFS()
+    hooks = _Staging(str(tmp_path / "log"))
+    log = wal.open(tmp_path / "log", sync="always", hooks=hooks, fs=fs)
+    try:
+        log.append(b"first")
+        fs.hold = 1  # the next fsync (the staged group's, on the helper) waits
+
+        helpers: list[threading.Thread] = []
+
+        def interrupt() -> None:
+            assert fs.entered.wait(30)
+            helpers.extend(th for th in threading.enumerate() if th.name == "walkv-write")
+            time.sleep(0.1)  # the main thread asleep in its join, past staged.run()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            fs.release.set()
+
+        t = threading.Thread(target=interrupt)
+        t.start()
+        with pytest.raises(wal.LogFailedError, match=r"KeyboardInterrupt.*LSN 2 is written to the OS"):
+            log.append(b"second")  # (an interrupt inside a group's write fails the log, as it always has)
+        done_at_raise = [h.is_alive() for h in helpers]
+        t.join(30)
+        assert done_at_raise == [False], "the helper outlived the raise"
+        assert log._writer.written[0] == 2 and fs.release.is_set()  # written, and its held fsync let go
+    finally:
+        fs.release.set()
+        try:
+            log.close()
+        except wal.WalkvError:
+            pass
+    assert hooks.calls[-3:] == ["stage", "run", "abort"]

@@ -19,17 +19,18 @@ hooks' ``stage`` is asked first, before the group is framed, whether the
 layer above has work worth overlapping with its write and fsync (a bulk
 write to its state). When it returned a :class:`~wal.hooks.Staged`, the
 group is framed, written and fsynced on a helper thread while the leader
-runs ``staged.run()`` (the write and the fsync release the GIL), and the
-leader waits for the helper. The 12 MB ``pwritev`` of a batch of 100,000
-puts took 10 ms before its LMDB write could start; overlapped, such a
-batch commits in 26.5-30.1 ms instead of 30.1-36.1 (medians of 25 fresh
-stores, old and new alternating, AMD EPYC VM, 2026-12-04). Only after the fsync returned, and the directory check passed, is
-the group durable, published (``DURABLE``), ``staged.publish()``-ed, and
-handed to the hooks' ``commit``; if anything failed, ``staged.abort()`` drops the
-staged work and the group fails (the log with it). So staged work is never
-visible before its group is durable. Every other group (``stage``
-returned None: the single put, any small group) syncs on the leader, as
-before, with no thread.
+runs ``staged.run()`` (the ``pwritev`` and the fsync release the GIL; the
+framing holds it), and the leader waits for the helper. The 12 MB
+``pwritev`` of a batch of 100,000 puts took 10 ms before its LMDB write
+could start; overlapped, such a batch commits in 26.5-30.1 ms instead of
+30.1-36.1 (medians of 25 fresh stores, old and new alternating, AMD EPYC
+VM, 2026-12-04). Only after the fsync returned, and the directory check
+passed, is the group durable, published (``DURABLE``),
+``staged.publish()``-ed, and handed to the hooks' ``commit``; if anything
+failed, ``staged.abort()`` drops the staged work and the group fails (the
+log with it). So staged work is never visible before its group is durable.
+Every other group (``stage`` returned None: the single put, any small
+group) is written and synced on the leader, with no thread.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ class LogWriter:
     def write_group(self, group: Group, timestamps: list[int] | None = None) -> None:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
         it to the hooks' ``commit``. Called by the leader only, without the
-        mutex. ``timestamps``: the entries' own commit times (entries another
+        mutex (a staged group is framed, written and synced on a helper
+        thread meanwhile, :meth:`_write_while`). ``timestamps``: the entries' own commit times (entries another
         log decided and timed, :meth:`wal.Log.append_replicated`: the hooks'
         ``prepare`` is not called for them); None: now, one clock read."""
         hooks = self.hooks
@@ -183,9 +185,12 @@ class LogWriter:
 
     def _write_while(self, staged: Staged, active: ActiveSegment, first: int, payloads: list[Payload],
                      now_us: int, timestamps: list[int] | None) -> int:
-        """The group's write and fsync on a helper thread while this one runs
-        ``staged.run()``; returns the bytes written once both are done,
-        raising the helper's error first (it fails the log), else the work's."""
+        """The group's framing, write and fsync on a helper thread while this
+        one runs ``staged.run()``; returns the bytes written once both are
+        done, raising the helper's error first (it fails the log), else the
+        work's. A KeyboardInterrupt while this thread waits for the helper is
+        kept until the helper is done (so ``written`` and the files say what
+        it did before the log fails), then raised."""
         failed: list[BaseException] = []
         written: list[int] = []
 
@@ -203,9 +208,16 @@ class LogWriter:
         try:
             staged.run()
         finally:
-            writer.join()
+            interrupt: BaseException | None = None
+            while writer.is_alive():
+                try:
+                    writer.join()
+                except BaseException as e:  # noqa: BLE001 - kept until the helper is done
+                    interrupt = e
             if failed:
                 raise failed[0]
+            if interrupt is not None:
+                raise interrupt
         return written[0]
 
     def timed_sync(self, full: bool = False) -> None:

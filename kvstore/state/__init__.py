@@ -5,7 +5,7 @@ and every read of it.
   which has the parts below and delegates to them;
 * :mod:`kvstore.state.commits`: the write transactions that carry applied
   writes into LMDB with their applied LSN, their kept failure and counters;
-  :mod:`kvstore.state.staged`: a bulk group applied while the log syncs it;
+  :mod:`kvstore.state.staged`: a bulk group applied while the log writes and syncs it;
 * :mod:`kvstore.state.meta`: walkv's bookkeeping keys in LMDB (format, store
   id, applied LSN); :mod:`kvstore.state.base_load`: a snapshot loaded into it;
 * :mod:`kvstore.state.expiring_reads`: the reads that know expiry and

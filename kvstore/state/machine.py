@@ -345,7 +345,7 @@ class State:
         if expiry:
             self.gets.expiry_changed()
 
-    # -- staging a bulk group while the log syncs it (the log's on_stage) -------
+    # -- staging a bulk group while the log writes and syncs it (the log's on_stage) -
 
     def stage(self, first_lsn: int, batches: Sequence[Ops], payloads: Sequence[Payload]) -> StagedApply | None:
         """What the log's ``on_stage`` returns for a group (:mod:`wal.log_writer`):

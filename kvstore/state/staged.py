@@ -1,4 +1,4 @@
-"""A bulk group applied while the log syncs it: the log's
+"""A bulk group applied while the log writes and syncs it: the log's
 :class:`~wal.hooks.Staged` for a state machine
 (:meth:`kvstore.state.machine.State.stage`).
 
@@ -44,12 +44,13 @@ class StagingState(Protocol):
 
 
 class StagedApply:
-    """A bulk group applied while the log syncs it (:meth:`kvstore.state.machine.State.stage`; the
-    log's :class:`~wal.hooks.Staged`), all on the log's leader thread.
+    """A bulk group applied while the log writes and syncs it
+    (:meth:`kvstore.state.machine.State.stage`; the log's
+    :class:`~wal.hooks.Staged`), all on the log's leader thread.
 
     Durability: :meth:`run` writes the group (after the overlay's writes)
-    into an LMDB write transaction it leaves open, while the log's fsync of
-    the group runs; no reader sees any of it. :meth:`publish`, called once
+    into an LMDB write transaction it leaves open, while the log writes and
+    fsyncs the group on another thread; no reader sees any of it. :meth:`publish`, called once
     the fsync returned, commits that transaction: the group becomes visible
     and LMDB's applied LSN reaches it, never before the log holds it
     durably. :meth:`abort` (the write, the fsync or :meth:`run` failed)
