@@ -116,6 +116,21 @@ def reboot(monkeypatch: pytest.MonkeyPatch):
     return _reboot
 
 
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt in the main thread, as at a terminal,
+    for the test's duration: a process started in the background by a
+    non-interactive shell (``make test``'s second half) inherits SIGINT
+    ignored, and Python then leaves it ignored."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(params=["embedded", "http"])
 def open_api(request: pytest.FixtureRequest):
     """``open_api(path, **options)``: a context manager giving the embedded

@@ -128,7 +128,7 @@ def test_a_failed_write_aborts_the_staged_work(tmp_path) -> None:
     assert hooks.calls == ["stage", "run", "publish", "commit", "stage", "run", "abort"]
 
 
-def test_ctrl_c_while_the_leader_waits_for_the_write_is_raised_once_it_is_done(tmp_path) -> None:
+def test_ctrl_c_while_the_leader_waits_for_the_write_is_raised_once_it_is_done(tmp_path, ctrl_c) -> None:
     """A KeyboardInterrupt in the main thread while it waits for the helper
     that writes and syncs a staged group is kept until the helper is done:
     the group is then written and synced, and the log's failure says so

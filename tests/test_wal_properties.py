@@ -371,7 +371,7 @@ def test_a_leader_gathers_the_appenders_the_last_group_woke() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_an_interrupted_wait_leaves_the_line(tmp_path: Path) -> None:
+def test_an_interrupted_wait_leaves_the_line(tmp_path: Path, ctrl_c: None) -> None:
     """Ctrl-C (KeyboardInterrupt) in the main thread while its append waits
     behind a leader's fsync, first in line, two appenders behind it: it
     leaves the line. The leadership it would have been handed goes to the
