@@ -59,15 +59,6 @@ DIRECTORY_CHECK_US = 1_000_000  # sync="batch"/"none": groups check the director
 _time_ns: Final = time.time_ns
 
 
-def _write(active: ActiveSegment, first: int, payloads: list[Payload], now_us: int,
-           timestamps: list[int] | None) -> tuple[int, bool]:
-    """Frame and write one group: at ``now_us``, or (``timestamps``) at the
-    entries' own commit times. The bytes written and whether the file grew."""
-    if timestamps is None:
-        return active.write_group(first, payloads, now_us, gathered(payloads))
-    return _write_timed(active, first, payloads, timestamps)
-
-
 def _write_timed(active: ActiveSegment, first: int, payloads: list[Payload], timestamps: list[int]
                  ) -> tuple[int, bool]:
     """``payloads`` written with their own commit times: one write per run of
@@ -138,9 +129,10 @@ class LogWriter:
         """Frame, write and (when ``sync="always"``) sync one group, then hand
         it to the hooks' ``commit``. Called by the leader only, without the
         mutex (a staged group is framed, written and synced on a helper
-        thread meanwhile, :meth:`_write_while`). ``timestamps``: the entries' own commit times (entries another
-        log decided and timed, :meth:`wal.Log.append_replicated`: the hooks'
-        ``prepare`` is not called for them); None: now, one clock read."""
+        thread meanwhile, :meth:`_write_while`). ``timestamps``: the
+        entries' own commit times (entries another log decided and timed,
+        :meth:`wal.Log.append_replicated`: the hooks' ``prepare`` is not
+        called for them); None: now, one clock read."""
         hooks = self.hooks
         prepared = hooks.prepare(group) if timestamps is None else None
         if prepared is not None:
@@ -158,8 +150,7 @@ class LogWriter:
         staged = hooks.stage(group) if self._always else None  # (before the write: module docstring)
         try:
             if staged is None:
-                written, grew = _write(active, first, payloads, now_us, timestamps)
-                self.written = (first + len(payloads) - 1, active.data_end)
+                written, grew = self._write(active, first, payloads, now_us, timestamps)
                 if self._always:
                     self.timed_sync(full=grew)
             else:
@@ -183,6 +174,18 @@ class LogWriter:
         self.stats.group(len(payloads), written)
         hooks.commit(group)
 
+    def _write(self, active: ActiveSegment, first: int, payloads: list[Payload], now_us: int,
+               timestamps: list[int] | None) -> tuple[int, bool]:
+        """Frame and write one group into ``active`` (at ``now_us``, or at
+        the entries' own ``timestamps``) and record how far the log is
+        written; the bytes written and whether the file grew."""
+        if timestamps is None:
+            result = active.write_group(first, payloads, now_us, gathered(payloads))
+        else:
+            result = _write_timed(active, first, payloads, timestamps)
+        self.written = (first + len(payloads) - 1, active.data_end)
+        return result
+
     def _write_while(self, staged: Staged, active: ActiveSegment, first: int, payloads: list[Payload],
                      now_us: int, timestamps: list[int] | None) -> int:
         """The group's framing, write and fsync on a helper thread while this
@@ -196,8 +199,7 @@ class LogWriter:
 
         def write_and_sync() -> None:
             try:
-                n, grew = _write(active, first, payloads, now_us, timestamps)
-                self.written = (first + len(payloads) - 1, active.data_end)
+                n, grew = self._write(active, first, payloads, now_us, timestamps)
                 self.timed_sync(grew)
                 written.append(n)
             except BaseException as exc:  # noqa: BLE001 - handed to the leader
